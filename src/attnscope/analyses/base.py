@@ -1,0 +1,113 @@
+"""The contract every analysis follows, and the registry that finds them by name.
+
+An analysis accumulates sums and counts in ``update(batch)``, combines with another instance
+of itself in ``merge(other)`` (so shards can be processed on different machines), and divides
+only in ``finalize()``. Its result must not depend on how the data was batched or sharded.
+It never modifies the batch it is given.
+
+>>> a = ANALYSES["relative-position"](); a.update(batch); a.finalize()   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from attnscope.extract.batch import AttentionBatch
+
+#: What an analysis may declare in ``requires``.
+REQUIREMENTS = {
+    "word_level": "word-level maps (extract with --word-level)",
+    "dependencies": "examples with heads and relns (attnscope prepare depparse)",
+    "coreference": "examples with coreference mentions and clusters",
+    "model": "the model itself (gradients), not only stored maps",
+}
+
+
+@dataclass
+class Result:
+    """What an analysis returns.
+
+    ``tables``: name -> list of row dicts (JSON-able), e.g. one row per head with ``layer``,
+    ``head`` (0-indexed) and ``name`` (the paper's 1-indexed ``"8-10"``).
+    ``arrays``: name -> numpy array, e.g. a ``[L H]`` statistic.
+    ``summary``: findings in plain words. ``params``: the analysis's parameters and seeds.
+    """
+
+    analysis: str
+    params: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, list[dict]] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    summary: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "analysis": self.analysis, "params": self.params, "tables": self.tables,
+            "arrays": {k: {"shape": list(v.shape), "dtype": str(v.dtype), "data": v.tolist()}
+                       for k, v in self.arrays.items()},
+            "summary": self.summary, "meta": self.meta,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Result":
+        arrays = {k: np.asarray(v["data"], dtype=v["dtype"]).reshape(v["shape"])
+                  for k, v in d.get("arrays", {}).items()}
+        return cls(analysis=d["analysis"], params=d.get("params", {}), tables=d.get("tables", {}),
+                   arrays=arrays, summary=d.get("summary", []), meta=d.get("meta", {}))
+
+    def save(self, path: str | Path) -> None:
+        from attnscope.data.io import atomic_write_text
+
+        atomic_write_text(Path(path), json.dumps(self.to_json(), indent=1, ensure_ascii=False))
+
+
+class Analysis(ABC):
+    """Base class: subclasses set ``name`` and ``requires`` and implement the three methods."""
+
+    name: ClassVar[str]
+    requires: ClassVar[frozenset[str]] = frozenset()
+
+    @abstractmethod
+    def update(self, batch: AttentionBatch) -> None:
+        """Accumulate one batch (never modify it)."""
+
+    @abstractmethod
+    def merge(self, other: "Analysis") -> "Analysis":
+        """Fold ``other`` (same class, same parameters) into ``self`` and return ``self``."""
+
+    @abstractmethod
+    def finalize(self) -> Result:
+        """Divide the sums and return the result; does not change the accumulated state."""
+
+    def params(self) -> dict[str, Any]:
+        """The analysis's explicit parameters (recorded in its result)."""
+        return {}
+
+    def _check_mergeable(self, other: "Analysis") -> None:
+        if type(other) is not type(self) or other.params() != self.params():
+            raise ValueError(f"cannot merge {type(other).__name__}{other.params()} into "
+                             f"{type(self).__name__}{self.params()}")
+
+
+ANALYSES: dict[str, type[Analysis]] = {}
+
+
+def register(cls: type[Analysis]) -> type[Analysis]:
+    """Class decorator: make an analysis available by its stable ``name``."""
+    if cls.name in ANALYSES and ANALYSES[cls.name] is not cls:
+        raise ValueError(f"analysis name {cls.name!r} registered twice")
+    ANALYSES[cls.name] = cls
+    return cls
+
+
+def get_analysis(name: str) -> type[Analysis]:
+    try:
+        return ANALYSES[name]
+    except KeyError:
+        raise KeyError(f"unknown analysis {name!r}; known: {', '.join(sorted(ANALYSES))}") from None

@@ -1,0 +1,83 @@
+"""``attnscope extract``: examples in, a store out."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from attnscope.cli.common import command_line, console, progress_bar, read_inputs
+
+
+class Dtype(str, Enum):
+    float16 = "float16"
+    float32 = "float32"
+
+
+class FromWord(str, Enum):
+    mean = "mean"
+    first = "first"
+
+
+def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
+    @app.command("extract")
+    def extract_cli(
+        input: Path = typer.Argument(..., help="Examples: JSON list, JSON Lines, or CoNLL-U."),
+        out: Path = typer.Option(..., "--out", "-o", help="Store folder to write."),
+        model: str = typer.Option("default", "--model", "-m",
+                                  help="Hub id, local folder, 'default' (packaged MiniLM) or debug:<bert|roberta|gpt2>."),
+        debug: bool = typer.Option(False, "--debug", help="Use a tiny random BERT (like the paper code's --debug)."),
+        max_seq_len: int = typer.Option(128, "--max-seq-len", help="Longer examples are skipped (or cut with --truncate)."),
+        truncate: bool = typer.Option(False, "--truncate", help="Cut over-long examples instead of skipping them."),
+        batch_size: int = typer.Option(16, "--batch-size"),
+        cased: bool = typer.Option(None, "--cased/--uncased", help="Default: the tokenizer's own setting."),
+        word_level: bool = typer.Option(False, "--word-level", help="Convert to words (paper section 4.1)."),
+        from_word: FromWord = typer.Option(FromWord.mean, "--from-word",
+                                           help="Attention FROM a split word: mean of its pieces (paper) or first piece (paper code)."),
+        dtype: Dtype = typer.Option(Dtype.float16, "--dtype"),
+        shard_size: int = typer.Option(128, "--shard-size", help="Examples per shard file."),
+        seed: int = typer.Option(0, "--seed"),
+        resume: bool = typer.Option(False, "--resume", help="Continue an interrupted store."),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
+        quiet: bool = typer.Option(False, "--quiet", "-q"),
+    ) -> None:
+        """Run a model over examples and write every head's attention to a store."""
+        from attnscope.data.io import file_fingerprint
+        from attnscope.errors import InputError
+        from attnscope.extract.runner import ExtractOptions
+        from attnscope.models import load_model
+        from attnscope.store import extract_to_store
+
+        examples = read_inputs(input)
+        lm = load_model("debug" if debug else model, seed=seed)
+        options = ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, word_level=word_level,
+                                 from_word=from_word.value, truncate=truncate,
+                                 casing=None if cased is None else ("cased" if cased else "uncased"),
+                                 seed=seed)
+        source = {"path": str(input), "file_sha256": file_fingerprint(input)}
+        try:
+            with progress_bar("extract", len(examples), quiet) as advance:
+                stats = extract_to_store(examples, out, lm, options=options, dtype=dtype.value,
+                                         shard_size=shard_size, resume=resume, overwrite=overwrite,
+                                         source=source, command=command_line(), progress=advance)
+        except InputError as exc:
+            if exc.where is None:
+                raise InputError(input, str(exc)) from None
+            raise
+        for w in stats.warnings:
+            console.print(f"[yellow]warning:[/] {w}")
+        if not quiet:
+            print_extract_summary(stats, out, options)
+
+
+def print_extract_summary(stats, out: Path, options) -> None:
+    skipped = stats.skipped
+    console.print(f"[bold]{out}[/]: {stats.examples_out} examples written, {stats.tokens} tokens, "
+                  f"{getattr(stats, 'elapsed_s', 0):.1f} s")
+    if skipped:
+        shown = ", ".join(str(s["index"]) for s in skipped[:20]) + (" ..." if len(skipped) > 20 else "")
+        console.print(f"skipped {len(skipped)} examples longer than {options.max_seq_len} tokens "
+                      f"(indices {shown}); use --truncate to cut them or raise --max-seq-len")
+    if stats.truncated:
+        console.print(f"cut {len(stats.truncated)} examples to {options.max_seq_len} tokens")

@@ -1,0 +1,60 @@
+"""``attnscope prepare unlabeled|depparse``: raw inputs into example files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from attnscope.cli.common import console
+
+
+def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
+    prepare_app = typer.Typer(help="Turn raw inputs into example files (JSON) for extract.",
+                              no_args_is_help=True)
+    app.add_typer(prepare_app, name="prepare")
+
+    @prepare_app.command("unlabeled")
+    def unlabeled_cli(
+        file: Path = typer.Argument(..., help="Sentence-per-line text, blank lines between documents."),
+        out: Path = typer.Option(..., "--out", "-o", help="Where to write the examples (JSON)."),
+        model: str = typer.Option("default", "--model", help="Model whose tokenizer counts lengths."),
+        max_seq_len: int = typer.Option(128, "--max-seq-len", help="Tokens per example, special tokens included."),
+        num_docs: int = typer.Option(None, "--num-docs", help="Use at most this many documents."),
+        num_examples: int = typer.Option(None, "--num-examples", help="Write at most this many examples."),
+        seed: int = typer.Option(0, "--seed", help="Seed for the A/B split points."),
+    ) -> None:
+        """Build [CLS] A [SEP] B [SEP] examples (segment ids 0/1) as in BERT pre-training."""
+        from attnscope.data.io import write_examples
+        from attnscope.data.unlabeled import UnlabeledStats, prepare_unlabeled
+        from attnscope.models import load_model
+
+        lm = load_model(model, seed=seed)
+        stats = UnlabeledStats()
+        examples = prepare_unlabeled(file, lm.tokenizer, max_seq_len=max_seq_len, seed=seed,
+                                     num_docs=num_docs, num_examples=num_examples, stats=stats)
+        write_examples(examples, out)
+        console.print(f"{out}: {stats.examples} examples from {stats.documents} documents "
+                      f"({stats.sentences} sentences; {len(stats.cut_sentences)} over-long sentences cut; seed {seed})")
+
+    @prepare_app.command("depparse")
+    def depparse_cli(
+        path: Path = typer.Argument(..., help="A paper-format file (word head-relation) or CoNLL-U; "
+                                              "a folder with train/dev files writes one output per split."),
+        out: Path = typer.Option(..., "--out", "-o", help="Output JSON (or a folder for a split folder)."),
+        limit: int = typer.Option(None, "--limit", help="Keep at most this many sentences per file."),
+    ) -> None:
+        """Read dependency trees into examples with words, heads, relns and pos."""
+        import itertools
+
+        from attnscope.data.depparse import depparse_splits, iter_depparse
+        from attnscope.data.io import write_examples
+
+        if path.is_dir():
+            for split, f in depparse_splits(path).items():
+                target = out / f"{split}.json"
+                n = write_examples(itertools.islice(iter_depparse(f), limit), target)
+                console.print(f"{target}: {n} sentences from {f}")
+        else:
+            n = write_examples(itertools.islice(iter_depparse(path), limit), out)
+            console.print(f"{out}: {n} sentences from {path}")

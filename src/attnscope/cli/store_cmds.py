@@ -1,0 +1,73 @@
+"""``attnscope info|export|import``: look into a store, write or read the paper's pickle."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from attnscope.cli.common import console
+
+
+class ExportFormat(str, Enum):
+    paper_pickle = "paper-pickle"
+
+
+def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
+    @app.command("info")
+    def info_cli(
+        store: Path = typer.Argument(..., help="Store folder."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        verify: bool = typer.Option(False, "--verify", help="Check every shard's checksum."),
+    ) -> None:
+        """Print what a store holds."""
+        from attnscope.errors import StoreError
+        from attnscope.store import open_store
+
+        s = open_store(store)
+        summary = s.summary()
+        if verify:
+            problems = s.verify()
+            summary["verify"] = problems or "ok"
+        if as_json:
+            print(json.dumps(summary, indent=1))
+        else:
+            from rich.table import Table
+
+            t = Table(show_header=False, title=str(store))
+            for k, v in summary.items():
+                t.add_row(k, str(v))
+            console.print(t)
+        if verify and summary["verify"] != "ok":
+            raise StoreError(f"{store}: {len(problems)} problem(s): {problems[0]}")
+
+    @app.command("export")
+    def export_cli(
+        store: Path = typer.Argument(..., help="Store folder."),
+        format: ExportFormat = typer.Option(ExportFormat.paper_pickle, "--format"),
+        out: Path = typer.Option(None, "--out", "-o", help="Default: <store name>_attn.pkl beside the store."),
+    ) -> None:
+        """Write the paper code's <name>_attn.pkl (list of dicts with tokens and float16 attns)."""
+        from attnscope.store import open_store
+        from attnscope.store.paper_pickle import export_paper_pickle
+
+        s = open_store(store)
+        target = out or store.parent / f"{store.name}_attn.pkl"
+        n = export_paper_pickle(s, target)
+        console.print(f"{target}: {n} examples in the paper code's pickle layout")
+
+    @app.command("import")
+    def import_cli(
+        file: Path = typer.Argument(..., help="A paper-code *_attn.pkl file."),
+        out: Path = typer.Option(..., "--out", "-o", help="Store folder to write."),
+        allow_pickle: bool = typer.Option(False, "--allow-pickle",
+                                          help="Needed: loading a pickle can run code. Only for files you trust."),
+        overwrite: bool = typer.Option(False, "--overwrite"),
+    ) -> None:
+        """Read a paper-code pickle into a store (refused without --allow-pickle)."""
+        from attnscope.store.paper_pickle import import_paper_pickle
+
+        n = import_paper_pickle(file, out, allow_pickle=allow_pickle, overwrite=overwrite)
+        console.print(f"{out}: {n} examples imported from {file}")

@@ -1,0 +1,209 @@
+"""Reading and writing example files: a JSON list of dicts, or JSON Lines.
+
+Each dict has exactly one of ``text`` (a string), ``words`` (a list of strings) or ``tokens``
+(a list of strings that already include the model's special tokens), optionally
+``text_pair`` or ``words_pair``, optional annotations, and any other fields, which are carried
+through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from attnscope.data.records import CONTENT_KEYS, Example
+from attnscope.errors import InputError
+
+
+def read_text(path: str | Path) -> str:
+    """Read a UTF-8 file, naming the file and line of the first undecodable byte."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(path, "no such file") from None
+    except IsADirectoryError:
+        raise InputError(path, "is a folder, expected a file") from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read: {exc.strerror}") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise InputError(path, f"not UTF-8 (byte 0x{raw[exc.start]:02x})", line=line) from None
+
+
+def _check_str_list(value: Any, key: str, where: str, path: Path | None, line: int | None) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
+        raise InputError(path, f"{where}: '{key}' must be a list of strings", line=line)
+    if not value:
+        raise InputError(path, f"{where}: '{key}' is empty", line=line)
+    if any(not w.strip() for w in value):
+        raise InputError(path, f"{where}: '{key}' holds an empty or blank string", line=line)
+    return list(value)
+
+
+def example_from_dict(d: Any, index: int, path: str | Path | None = None,
+                      line: int | None = None) -> Example:
+    """Validate one input dict and turn it into an :class:`Example`.
+
+    ``index`` is the example's 0-based position, used in error messages.
+    """
+    path = None if path is None else Path(path)
+    where = f"example {index}"
+    if not isinstance(d, dict):
+        raise InputError(path, f"{where}: expected an object, got {type(d).__name__}", line=line)
+    present = [k for k in CONTENT_KEYS if k in d]
+    if len(present) != 1:
+        what = "none" if not present else " and ".join(present)
+        raise InputError(path, f"{where}: needs exactly one of text/words/tokens, has {what}", line=line)
+    key = present[0]
+    ex = Example()
+    if key == "text":
+        if not isinstance(d["text"], str):
+            raise InputError(path, f"{where}: 'text' must be a string", line=line)
+        if not d["text"].strip():
+            raise InputError(path, f"{where}: 'text' is empty", line=line)
+        ex.text = d["text"]
+    else:
+        setattr(ex, key, _check_str_list(d[key], key, where, path, line))
+    if "text_pair" in d and "words_pair" in d:
+        raise InputError(path, f"{where}: has both text_pair and words_pair", line=line)
+    if "text_pair" in d:
+        if key != "text" or not isinstance(d["text_pair"], str) or not d["text_pair"].strip():
+            raise InputError(path, f"{where}: 'text_pair' must be a non-empty string beside 'text'", line=line)
+        ex.text_pair = d["text_pair"]
+    if "words_pair" in d:
+        if key != "words":
+            raise InputError(path, f"{where}: 'words_pair' goes with 'words'", line=line)
+        ex.words_pair = _check_str_list(d["words_pair"], "words_pair", where, path, line)
+    n = ex.num_words
+    if "heads" in d:
+        heads = d["heads"]
+        if n is None:
+            raise InputError(path, f"{where}: 'heads' needs 'words'", line=line)
+        if not isinstance(heads, list) or len(heads) != n or not all(
+                isinstance(h, int) and not isinstance(h, bool) for h in heads):
+            raise InputError(path, f"{where}: 'heads' must be {n} integers", line=line)
+        bad = [h for h in heads if h < 0 or h > n]
+        if bad:
+            raise InputError(path, f"{where}: head {bad[0]} out of range 0..{n}", line=line)
+        check_tree(heads, path, line, where)
+        ex.heads = list(heads)
+    for key_ in ("relns", "pos", "upos"):
+        if key_ in d:
+            vals = d[key_]
+            if n is None or not isinstance(vals, list) or len(vals) != n or not all(
+                    isinstance(v, str) for v in vals):
+                raise InputError(path, f"{where}: '{key_}' must be one string per word", line=line)
+            setattr(ex, key_, list(vals))
+    if "feats" in d:
+        ex.feats = d["feats"]
+    ex.fields = {k: v for k, v in d.items() if k not in (
+        "text", "words", "tokens", "text_pair", "words_pair", "heads", "relns", "pos", "upos", "feats")}
+    return ex
+
+
+def check_tree(heads: list[int], path: Path | str | None, line: int | None, where: str) -> None:
+    """Reject dependency structures with a cycle (every word must reach the root 0)."""
+    node = find_cycle(heads)
+    if node is not None:
+        raise InputError(path, f"{where}: dependency cycle through word {node}", line=line)
+
+
+def find_cycle(heads: list[int]) -> int | None:
+    """A 1-based word on a cycle of ``heads`` (1-based, 0 = root), or None for a tree."""
+    n = len(heads)
+    state = [0] * (n + 1)  # 0 unknown, 1 visiting, 2 reaches root
+    state[0] = 2
+    for start in range(1, n + 1):
+        path_nodes = []
+        node = start
+        while state[node] == 0:
+            state[node] = 1
+            path_nodes.append(node)
+            node = heads[node - 1]
+        if state[node] == 1:
+            return node
+        for p in path_nodes:
+            state[p] = 2
+    return None
+
+
+def read_examples(path: str | Path) -> list[Example]:
+    """Read a JSON list of dicts or a JSON Lines file into examples (validated)."""
+    return list(iter_examples(path))
+
+
+def iter_examples(path: str | Path) -> Iterator[Example]:
+    path = Path(path)
+    text = read_text(path)
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(path, f"invalid JSON: {exc.msg} (column {exc.colno})", line=exc.lineno) from None
+        if not isinstance(data, list):
+            raise InputError(path, "expected a JSON list of objects")
+        if not data:
+            raise InputError(path, "holds no examples")
+        for i, d in enumerate(data):
+            yield example_from_dict(d, i, path)
+        return
+    count = 0
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            d = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise InputError(path, f"invalid JSON: {exc.msg} (column {exc.colno})", line=lineno) from None
+        yield example_from_dict(d, count, path, line=lineno)
+        count += 1
+    if count == 0:
+        raise InputError(path, "holds no examples")
+
+
+def write_examples(examples: Iterable[Example | dict], path: str | Path) -> int:
+    """Write examples as a JSON list, atomically (a temporary file renamed into place)."""
+    items = [e.to_dict() if isinstance(e, Example) else e for e in examples]
+    atomic_write_text(Path(path), json.dumps(items, ensure_ascii=False, indent=1) + "\n")
+    return len(items)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader sees either the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """sha256 of a file's bytes (for provenance records)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

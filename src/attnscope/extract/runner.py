@@ -1,0 +1,208 @@
+"""Run a model over examples and yield :class:`AttentionBatch` items, without touching disk.
+
+Examples are read in windows; within a window they are sorted by length and cut into
+batches, so each batch is padded only to its own longest example. The plan depends only on
+the inputs and the arguments, which is what lets a store resume exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attnscope.data.records import Example
+from attnscope.errors import AttnscopeError
+from attnscope.extract.batch import AttentionBatch, AttentionMap
+from attnscope.extract.encode import Encoded, Encoder, word_units
+from attnscope.extract.wordlevel import to_word_level
+from attnscope.models.loading import LoadedModel, load_model
+
+
+@dataclass
+class ExtractOptions:
+    """Everything that decides what the maps are; recorded in a store's manifest."""
+
+    max_seq_len: int = 128
+    batch_size: int = 16
+    word_level: bool = False
+    from_word: str = "mean"  # "first": the paper code's behaviour
+    truncate: bool = False
+    casing: str | None = None  # None: the tokenizer's own; "cased" / "uncased"
+    window: int = 1024  # examples sorted by length together
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ExtractStats:
+    """What happened: counts, and which examples were skipped and why."""
+
+    examples_in: int = 0
+    examples_out: int = 0
+    tokens: int = 0
+    truncated: list[int] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)  # {"index", "reason", "tokens"}
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Extractor:
+    """Encodes, plans and runs batches for one model and one set of options."""
+
+    def __init__(self, model: LoadedModel | str = "default", options: ExtractOptions | None = None,
+                 stats: ExtractStats | None = None):
+        self.lm = load_model(model) if isinstance(model, str) else model
+        self.options = options or ExtractOptions()
+        self.stats = stats if stats is not None else ExtractStats()
+        limit = self.lm.max_positions
+        if self.options.max_seq_len > limit:
+            raise AttnscopeError(f"--max-seq-len {self.options.max_seq_len} is above the position "
+                                 f"limit of {self.lm.name} ({limit})")
+        if self.options.from_word not in ("mean", "first"):
+            raise AttnscopeError(f"--from-word must be 'mean' or 'first', not {self.options.from_word!r}")
+        self.encoder = Encoder(self.lm, self.options.casing, warn=self.stats.warnings.append)
+
+    # -- planning -------------------------------------------------------------------------
+    def encode_all(self, examples: Iterable[Example]) -> Iterator[Encoded]:
+        """Encode examples, dropping (and counting) or cutting the ones that are too long."""
+        max_len = self.options.max_seq_len
+        for index, ex in enumerate(examples):
+            self.stats.examples_in += 1
+            enc = self.encoder.encode(ex, index)
+            if len(enc) > max_len:
+                if not self.options.truncate:
+                    self.stats.skipped.append({"index": index, "reason": "too long", "tokens": len(enc)})
+                    continue
+                enc = _truncate(enc, max_len)
+                self.stats.truncated.append(index)
+            yield enc
+
+    def plan(self, examples: Iterable[Example]) -> Iterator[list[Encoded]]:
+        """Batches of encoded examples, similar lengths together, in a deterministic order."""
+        window: list[Encoded] = []
+        for enc in self.encode_all(examples):
+            window.append(enc)
+            if len(window) >= self.options.window:
+                yield from self._batches(window)
+                window = []
+        if window:
+            yield from self._batches(window)
+
+    def _batches(self, window: list[Encoded]) -> Iterator[list[Encoded]]:
+        order = sorted(window, key=lambda e: (len(e), e.index))
+        bs = self.options.batch_size
+        for i in range(0, len(order), bs):
+            yield order[i:i + bs]
+
+    # -- running --------------------------------------------------------------------------
+    def run_batch(self, batch: list[Encoded]) -> AttentionBatch:
+        """Run the model on one planned batch; padded positions never leave this function."""
+        import torch
+
+        lengths = [len(e) for e in batch]
+        width = max(lengths)
+        pad = self.lm.tokenizer.pad_token_id
+        pad = 0 if pad is None else pad
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        types = torch.zeros((len(batch), width), dtype=torch.long)
+        for b, e in enumerate(batch):
+            n = len(e)
+            ids[b, :n] = torch.tensor(e.input_ids)
+            mask[b, :n] = 1
+            if e.token_type_ids is not None:
+                types[b, :n] = torch.tensor(e.token_type_ids)
+        kwargs = {"input_ids": ids, "attention_mask": mask, "output_attentions": True}
+        if self.lm.family.token_types:
+            kwargs["token_type_ids"] = types
+        with torch.inference_mode():
+            out = self.lm.model(**kwargs)
+        attn = torch.stack(out.attentions, dim=1).float().numpy()  # [B L H T T]
+        items = []
+        for b, e in enumerate(batch):
+            n = len(e)
+            items.append(self._to_map(e, attn[b, :, :, :n, :n]))
+            self.stats.tokens += n
+            self.stats.examples_out += 1
+        return AttentionBatch(items)
+
+    def _to_map(self, e: Encoded, attn: np.ndarray) -> AttentionMap:
+        special = np.asarray(e.special, dtype=bool)
+        word_ids = np.asarray(e.word_ids, dtype=np.int64)
+        segment = np.asarray(e.segment, dtype=np.int64)
+        if not self.options.word_level:
+            return AttentionMap(e.index, np.ascontiguousarray(attn), list(e.tokens), special, segment,
+                                word_ids, "token", e.example)
+        units = word_units(word_ids, special)
+        wattn = to_word_level(attn, units, self.options.from_word)
+        first = np.searchsorted(units, np.arange(int(units[-1]) + 1))
+        words = _unit_texts(e, units)
+        return AttentionMap(e.index, wattn, words, special[first], segment[first], word_ids[first],
+                            "word", e.example)
+
+
+def _unit_texts(e: Encoded, units: np.ndarray) -> list[str]:
+    """The text of each word-level unit: the input word where known, else the joined pieces."""
+    words = e.example.all_words
+    out: list[str] = []
+    for u in range(int(units[-1]) + 1):
+        toks = np.nonzero(units == u)[0]
+        t0 = toks[0]
+        if e.special[t0]:
+            out.append(e.tokens[t0])
+        elif words is not None:
+            out.append(words[e.word_ids[t0]])
+        else:
+            out.append(_join_pieces([e.tokens[t] for t in toks]))
+    return out
+
+
+def _join_pieces(pieces: list[str]) -> str:
+    text = "".join(p[2:] if i and p.startswith("##") else p for i, p in enumerate(pieces))
+    return text.replace("Ġ", "").replace("▁", "")
+
+
+def _truncate(enc: Encoded, max_len: int) -> Encoded:
+    """Cut an encoded example to ``max_len`` tokens, keeping its final special token(s)."""
+    tail = 0
+    while tail < len(enc) and enc.special[len(enc) - 1 - tail]:
+        tail += 1
+    tail = min(tail, 1)
+    keep = list(range(max_len - tail)) + list(range(len(enc) - tail, len(enc)))
+
+    def cut(xs):
+        return None if xs is None else [xs[i] for i in keep]
+
+    return Encoded(index=enc.index, example=enc.example, input_ids=cut(enc.input_ids),
+                   token_type_ids=cut(enc.token_type_ids), tokens=cut(enc.tokens),
+                   special=cut(enc.special), segment=cut(enc.segment), word_ids=cut(enc.word_ids))
+
+
+def extract(examples: Iterable[Example | dict], model: LoadedModel | str = "default", *,
+            options: ExtractOptions | None = None, stats: ExtractStats | None = None,
+            on_batch: Callable[[AttentionBatch], None] | None = None,
+            **kwargs) -> Iterator[AttentionBatch]:
+    """Yield the attention of ``examples`` batch by batch, without writing anything.
+
+    ``examples`` are :class:`Example` records or input dicts (validated like file inputs).
+    Keyword arguments are :class:`ExtractOptions` fields, e.g. ``word_level=True``.
+
+    >>> for batch in extract([{"text": "The cat sat."}], model="debug"):  # doctest: +SKIP
+    ...     print(batch.items[0].attn.shape)   # [layer, head, query, key]
+    """
+    from attnscope.data.io import example_from_dict
+
+    opts = options or ExtractOptions(**kwargs)
+    ex_iter = (e if isinstance(e, Example) else example_from_dict(e, i) for i, e in enumerate(examples))
+    extractor = Extractor(model, opts, stats)
+    for planned in extractor.plan(ex_iter):
+        batch = extractor.run_batch(planned)
+        if on_batch is not None:
+            on_batch(batch)
+        yield batch

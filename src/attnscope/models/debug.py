@@ -1,0 +1,136 @@
+"""Tiny random models built in memory from a config and a small hand-written vocabulary.
+
+They are what the paper's code calls ``--debug``: fast enough for tests, real architectures
+(BERT with WordPiece, RoBERTa and GPT-2 with byte-level BPE), seeded, so their attention is
+reproducible. They know only a few dozen words; anything else splits into pieces, which is
+what the word-level tests want.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from attnscope.errors import ModelError
+from attnscope.models.families import family_for
+from attnscope.models.loading import LoadedModel, seed_everything
+
+_WORDS = (
+    "the a an of to and in is was it that he she they his her their this on for with as at by "
+    "from be are cat dog sat mat ran saw man woman house big small red old new said who what "
+    "when where because not but or if then there here one two three"
+).split()
+_SUFFIXES = ["s", "ed", "ing", "er", "ly", "es", "ion"]
+_CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789")
+_PUNCT = list(".,;:!?'\"()-[]<>/&@#$%*+=_")
+
+TINY = {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 64, "positions": 512}
+
+
+def _wordpiece_tokenizer():
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab_list = specials + _PUNCT + _CHARS + ["##" + c for c in _CHARS] + _WORDS + [
+        "##" + s for s in _SUFFIXES]
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(vocab_list))}
+    tok = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls, sep = vocab["[CLS]"], vocab["[SEP]"]
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tok.decoder = decoders.WordPiece()
+    from transformers import BertTokenizerFast
+
+    del PreTrainedTokenizerFast
+    return BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                             cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+                             do_lower_case=True)
+
+
+def _bpe_tokenizer(kind: str):
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import BPE
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    merges: list[tuple[str, str]] = []
+    vocab_list = list(alphabet)
+    for word in _WORDS:  # merge every known word left to right, with and without a leading space
+        for form in (word, "Ġ" + word):
+            current = form[0]
+            for ch in form[1:]:
+                pair = (current, ch)
+                current = current + ch
+                if pair not in merges:
+                    merges.append(pair)
+                    vocab_list.append(current)
+    if kind == "roberta":
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    else:
+        specials = ["<|endoftext|>"]
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(specials + vocab_list))}
+    tok = Tokenizer(BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    if kind == "roberta":
+        from transformers import RobertaTokenizerFast
+
+        tok.post_processor = processors.RobertaProcessing(("</s>", vocab["</s>"]), ("<s>", vocab["<s>"]),
+                                                          add_prefix_space=False, trim_offsets=True)
+        return RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                    sep_token="</s>", cls_token="<s>", unk_token="<unk>",
+                                    pad_token="<pad>", mask_token="<mask>")
+    from transformers import GPT2TokenizerFast
+
+    t = GPT2TokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                          unk_token="<|endoftext|>")
+    t.pad_token = t.eos_token
+    return t
+
+
+def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int = 0) -> LoadedModel:
+    """A tiny random model of ``family`` ("bert", "roberta" or "gpt2"), 2 layers x 2 heads."""
+    import torch
+    import transformers
+
+    seed_everything(seed)
+    if family == "bert":
+        tokenizer = _wordpiece_tokenizer()
+        config = transformers.BertConfig(
+            vocab_size=len(tokenizer), hidden_size=TINY["hidden"], num_hidden_layers=TINY["layers"],
+            num_attention_heads=TINY["heads"], intermediate_size=TINY["intermediate"],
+            max_position_embeddings=TINY["positions"], type_vocab_size=2)
+        cls = transformers.BertForMaskedLM if mlm_head else transformers.BertModel
+    elif family == "roberta":
+        tokenizer = _bpe_tokenizer("roberta")
+        config = transformers.RobertaConfig(
+            vocab_size=len(tokenizer), hidden_size=TINY["hidden"], num_hidden_layers=TINY["layers"],
+            num_attention_heads=TINY["heads"], intermediate_size=TINY["intermediate"],
+            max_position_embeddings=TINY["positions"] + 2, type_vocab_size=1, pad_token_id=1,
+            bos_token_id=0, eos_token_id=2)
+        cls = transformers.RobertaForMaskedLM if mlm_head else transformers.RobertaModel
+    elif family == "gpt2":
+        if mlm_head:
+            raise ModelError("debug:gpt2: a causal model has no masked-LM head")
+        tokenizer = _bpe_tokenizer("gpt2")
+        config = transformers.GPT2Config(
+            vocab_size=len(tokenizer), n_embd=TINY["hidden"], n_layer=TINY["layers"],
+            n_head=TINY["heads"], n_positions=TINY["positions"], bos_token_id=0, eos_token_id=0)
+        cls = transformers.GPT2Model
+    else:
+        raise ModelError(f"debug:{family}: unknown debug family (choose bert, roberta or gpt2)")
+    config._attn_implementation = "eager"
+    tokenizer.model_max_length = TINY["positions"]
+    torch.manual_seed(seed)
+    model = cls(config)
+    model.eval()
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().numpy().tobytes())
+    return LoadedModel(model=model, tokenizer=tokenizer, family=family_for(config.model_type),
+                       name=f"debug:{family}", source=f"debug:{family} (random, seed {seed})",
+                       weights_hash=h.hexdigest(), has_mlm_head=mlm_head, extra={"seed": seed})

@@ -1,0 +1,64 @@
+"""What attnscope needs to know about each model family, keyed by ``config.model_type``.
+
+Nothing else in attnscope names a special token or a module path: it asks this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    """Facts about one architecture family.
+
+    ``query``/``key`` are module paths (``{layer}`` is filled in) of the projections that the
+    neuron view hooks; ``fused_qkv`` marks a single projection producing query, key and value
+    concatenated (GPT-2's ``c_attn``).
+    """
+
+    name: str
+    causal: bool
+    mlm_class: str | None  # transformers class with a masked-LM head
+    token_types: bool  # trained with segment ids 0/1
+    query: str | None = None
+    key: str | None = None
+    fused_qkv: bool = False
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in [
+        Family("bert", False, "BertForMaskedLM", True,
+               "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key"),
+        Family("roberta", False, "RobertaForMaskedLM", False,
+               "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key"),
+        Family("xlm-roberta", False, "XLMRobertaForMaskedLM", False,
+               "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key"),
+        Family("camembert", False, "CamembertForMaskedLM", False,
+               "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key"),
+        Family("electra", False, "ElectraForMaskedLM", True,
+               "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key"),
+        Family("distilbert", False, "DistilBertForMaskedLM", False,
+               "transformer.layer.{layer}.attention.q_lin", "transformer.layer.{layer}.attention.k_lin"),
+        Family("mpnet", False, "MPNetForMaskedLM", False,
+               "encoder.layer.{layer}.attention.attn.q", "encoder.layer.{layer}.attention.attn.k"),
+        Family("albert", False, "AlbertForMaskedLM", True,
+               "encoder.albert_layer_groups.0.albert_layers.0.attention.query",
+               "encoder.albert_layer_groups.0.albert_layers.0.attention.key"),
+        Family("gpt2", True, None, False, "h.{layer}.attn.c_attn", "h.{layer}.attn.c_attn",
+               fused_qkv=True),
+    ]
+}
+
+
+def family_for(model_type: str) -> Family:
+    """The family of a ``config.model_type``; unknown types get a generic encoder entry.
+
+    A generic entry still works for extraction (special tokens come from the tokenizer); only
+    the neuron view and the masked-LM gradient analysis need the table's module names.
+    """
+    fam = FAMILIES.get(model_type)
+    if fam is not None:
+        return fam
+    return Family(model_type, causal=False, mlm_class=None, token_types=False)

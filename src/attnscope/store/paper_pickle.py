@@ -1,0 +1,141 @@
+"""The paper code's ``<name>_attn.pkl`` layout, for people with the old notebooks.
+
+That file is a pickled list of the input dicts, each with ``tokens`` (the model's tokens,
+special tokens included) and ``attns`` (float16 ``[layer, head, query, key]``). Writing one is
+safe. Reading one runs the pickle machinery, which can execute code: :func:`read_paper_pickle`
+refuses unless ``allow_pickle=True``, and even then only rebuilds lists, dicts, strings,
+numbers and numpy arrays (any other class in the file is rejected).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from attnscope.data.io import atomic_write_bytes
+from attnscope.errors import InputError, StoreError
+from attnscope.store.reader import Store
+
+
+def export_paper_pickle(store: Store, path: str | Path) -> int:
+    """Write the store as the paper code's pickle; returns the number of examples."""
+    items = []
+    for m in (store[i] for i in range(len(store))):
+        d = m.example.to_dict()
+        d["tokens"] = list(m.tokens)
+        d["attns"] = m.attn.astype(np.float16)
+        items.append(d)
+    atomic_write_bytes(Path(path), pickle.dumps(items, protocol=4))
+    return len(items)
+
+
+_ALLOWED = {
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"), ("builtins", "list"), ("builtins", "dict"),
+    ("collections", "OrderedDict"), ("numpy", "float16"), ("numpy", "float32"),
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a pickle")
+
+
+def read_paper_pickle(path: str | Path, *, allow_pickle: bool = False) -> list[dict]:
+    """Read a paper-code ``*_attn.pkl`` (only with ``allow_pickle=True``)."""
+    path = Path(path)
+    if not allow_pickle:
+        raise InputError(path, "is a pickle, and loading a pickle can run code: pass --allow-pickle "
+                               "if you trust where it came from")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(path, f"cannot read: {exc.strerror}") from None
+    try:
+        data = _RestrictedUnpickler(io.BytesIO(raw), encoding="latin1").load()
+    except Exception as exc:
+        raise InputError(path, f"not a readable paper-format pickle ({exc})") from None
+    if not isinstance(data, list) or not data:
+        raise InputError(path, "expected a non-empty list of example dicts")
+    for i, d in enumerate(data):
+        if not isinstance(d, dict) or "tokens" not in d or "attns" not in d:
+            raise InputError(path, f"example {i}: needs 'tokens' and 'attns'")
+        a = np.asarray(d["attns"])
+        n = len(d["tokens"])
+        if a.ndim != 4 or a.shape[2:] != (n, n):
+            raise InputError(path, f"example {i}: 'attns' has shape {a.shape}, expected [L, H, {n}, {n}]")
+    return data
+
+
+def import_paper_pickle(path: str | Path, out: str | Path, *, allow_pickle: bool = False,
+                        overwrite: bool = False, shard_size: int = 128, dtype: str = "float16") -> int:
+    """Turn a paper-code pickle into a store (token level, as that code stores tokens)."""
+    import json
+    import shutil
+
+    from attnscope.data.io import atomic_write_text
+    from attnscope.data.records import Example
+    from attnscope.extract.batch import AttentionMap
+    from attnscope.store.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, SHARDS
+    from attnscope.store.writer import DTYPES, ShardWriter, _write_index, file_sha256, versions
+
+    data = read_paper_pickle(path, allow_pickle=allow_pickle)
+    root = Path(out)
+    if root.exists() and any(root.iterdir()):
+        if not overwrite:
+            raise StoreError(f"{root}: already exists (use --overwrite to replace it)")
+        shutil.rmtree(root)
+    (root / SHARDS).mkdir(parents=True, exist_ok=True)
+    L, H = np.asarray(data[0]["attns"]).shape[:2]
+    specials = {"[CLS]", "[SEP]", "<s>", "</s>", "[PAD]"}
+    manifest = {
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "status": "incomplete",
+        "model": {"name": "imported", "source": f"paper pickle {Path(path).name}",
+                  "weights_sha256": "unknown", "family": "unknown", "num_layers": int(L),
+                  "num_heads": int(H)},
+        "level": "token", "from_word": None, "dtype": dtype, "seed": None,
+        "arguments": {"options": {"max_seq_len": max(len(d["tokens"]) for d in data)},
+                      "dtype": dtype, "shard_size": shard_size},
+        "input": {"path": str(path), "sha256": file_sha256(Path(path)), "examples": len(data)},
+        "versions": versions(), "command": None,
+    }
+    atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=1))
+    writer = ShardWriter(root, shard_size, dtype if dtype in DTYPES else "float16", set())
+    for i, d in enumerate(data):
+        tokens = [str(t) for t in d["tokens"]]
+        fields = {k: v for k, v in d.items() if k not in ("tokens", "attns")}
+        ex = Example.from_dict(_jsonable(fields)) if any(k in fields for k in ("text", "words", "tokens")) \
+            else Example(tokens=tokens, fields=_jsonable(fields))
+        special = np.array([t in specials for t in tokens])
+        seg, segment = 0, []
+        for t in tokens:
+            segment.append(seg)
+            if t in ("[SEP]", "</s>"):
+                seg = 1
+        writer.add(i, AttentionMap(i, np.asarray(d["attns"], dtype=np.float32), tokens, special,
+                                   np.array(segment), np.where(special, -1, np.cumsum(~special) - 1),
+                                   "token", ex))
+    writer.finish()
+    _write_index(root, shard_size)
+    manifest["status"] = "complete"
+    manifest["summary"] = {"examples_in": len(data), "examples_out": len(data), "skipped": []}
+    atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=1))
+    return len(data)
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    return x

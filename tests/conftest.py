@@ -1,0 +1,93 @@
+"""Shared fixtures: tiny models (built once per session), the shared corpora, hand-made maps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="run slow tests (real model, corpora)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data``; tests that need it skip with a reason when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"{SHARED_DATA} is absent (the shared corpora are not on this machine)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def debug_bert():
+    from attnscope.models import load_model
+
+    return load_model("debug:bert")
+
+
+@pytest.fixture(scope="session")
+def debug_roberta():
+    from attnscope.models import load_model
+
+    return load_model("debug:roberta")
+
+
+@pytest.fixture(scope="session")
+def debug_gpt2():
+    from attnscope.models import load_model
+
+    return load_model("debug:gpt2")
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    from attnscope.models import load_model
+
+    return load_model("default")
+
+
+def make_map(attn, tokens, *, special=None, segment=None, word_ids=None, level="word",
+             index=0, example=None):
+    """A hand-made :class:`AttentionMap` (``attn`` is ``[L H n n]`` or ``[n n]``).
+
+    By default the first and last tokens are special, and the words in between are numbered
+    0, 1, ... in order.
+    """
+    from attnscope.data.records import Example
+    from attnscope.extract.batch import AttentionMap
+
+    attn = np.asarray(attn, dtype=np.float32)
+    if attn.ndim == 2:
+        attn = attn[None, None]
+    n = len(tokens)
+    if special is None:
+        special = np.zeros(n, bool)
+        special[0] = special[-1] = True
+    special = np.asarray(special, bool)
+    if word_ids is None:
+        word_ids = np.where(special, -1, np.cumsum(~special) - 1)
+    if segment is None:
+        segment = np.zeros(n, np.int64)
+    if example is None:
+        example = Example(words=[t for t, s in zip(tokens, special) if not s])
+    return AttentionMap(index, attn, list(tokens), special, np.asarray(segment), np.asarray(word_ids),
+                        level, example)
+
+
+@pytest.fixture
+def map_factory():
+    return make_map
