@@ -1,0 +1,48 @@
+"""What each analysis family hands to the report: a :class:`Section`.
+
+The analysis modules write their own tables and figures (with :mod:`attnscope.report.tables`
+and :mod:`attnscope.report.figures`) and describe them in a Section; the HTML report only
+assembles sections, so adding an analysis never touches the report's code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class TableArtifact:
+    name: str  # file stem, e.g. "table1_syntax"
+    caption: str
+    rows: list[dict]
+    columns: list[str]
+    paths: list[Path] = field(default_factory=list)  # .csv/.json/.md/.tex
+
+
+@dataclass
+class FigureArtifact:
+    name: str  # file stem, e.g. "figure2_special_tokens"
+    caption: str
+    paths: list[Path] = field(default_factory=list)  # .png and .svg
+
+
+@dataclass
+class Section:
+    """One part of the report.
+
+    ``findings``: plain sentences about this model. ``methods``: notes with the formula and
+    the paper section each number comes from. ``paper``: rows ``{"what", "paper", "ours"}``
+    setting the paper's BERT-base numbers beside ours where they compare. ``best_heads``:
+    ``(layer, head, example_index, label)`` tuples (0-indexed) that the report links into the
+    head view.
+    """
+
+    key: str
+    title: str
+    findings: list[str] = field(default_factory=list)
+    tables: list[TableArtifact] = field(default_factory=list)
+    figures: list[FigureArtifact] = field(default_factory=list)
+    methods: list[str] = field(default_factory=list)
+    paper: list[dict] = field(default_factory=list)
+    best_heads: list[tuple[int, int, int, str]] = field(default_factory=list)
