@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -35,7 +36,8 @@ class Section:
     the paper section each number comes from. ``paper``: rows ``{"what", "paper", "ours"}``
     setting the paper's BERT-base numbers beside ours where they compare. ``best_heads``:
     ``(layer, head, example_index, label)`` tuples (0-indexed) that the report links into the
-    head view.
+    head view; ``maps`` holds the :class:`AttentionMap` of each example those tuples name, so
+    the report can draw them without a store.
     """
 
     key: str
@@ -46,3 +48,4 @@ class Section:
     methods: list[str] = field(default_factory=list)
     paper: list[dict] = field(default_factory=list)
     best_heads: list[tuple[int, int, int, str]] = field(default_factory=list)
+    maps: dict[int, Any] = field(default_factory=dict)  # example index -> AttentionMap for best_heads
