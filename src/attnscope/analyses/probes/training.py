@@ -1,0 +1,155 @@
+"""Training and scoring the probes: seeded minibatch Adam with early stopping on dev UAS.
+
+Several probes that read the same sentences are trained in ONE pass over the stream per
+epoch (each with its own optimiser and its own early stopping), so a store is read once per
+epoch however many probes use it.
+
+UAS = share of scored (non-punctuation) dependents whose highest-scoring candidate is the
+gold head; each dependent picks its head independently (no tree decoding), as in the paper.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attnscope.analyses.probes.features import SentenceSource, collate
+from attnscope.analyses.probes.models import right_branching
+
+
+@dataclass
+class TrainConfig:
+    """Training parameters (recorded in results)."""
+
+    epochs: int = 10
+    patience: int = 2  # epochs without dev improvement before stopping
+    batch_size: int = 32  # sentences per minibatch
+    lr: float = 0.01
+    seed: int = 0
+    buffer_chunks: int = 8  # shuffle window, in store shards
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ProbeRun:
+    """What training one probe produced."""
+
+    name: str
+    uas: float = float("nan")
+    correct: int = 0
+    total: int = 0
+    best_epoch: int = 0
+    epochs_run: int = 0
+    history: list[dict] = field(default_factory=list)  # per epoch: loss, dev_uas, seconds
+    seconds_per_epoch: float = float("nan")
+    parameters: int = 0
+
+
+def masked_scores(module, batch):
+    """Scores with impossible candidates (padding, the word itself) at -inf: ``[B j i]``."""
+    import torch
+
+    s = module(batch)
+    return s.masked_fill(~batch.candidates, float("-inf"))
+
+
+def evaluate(module, source: SentenceSource, batch_size: int = 64) -> tuple[int, int]:
+    """``(correct, total)`` over the scored dependents of ``source``."""
+    import torch
+
+    module.eval()
+    correct = total = 0
+    needs_attn = _needs_attn(module)
+    with torch.no_grad():
+        for sents in source.ordered_batches(batch_size):
+            b = collate(sents, with_attn=needs_attn)
+            pred = masked_scores(module, b).argmax(-1)  # [B j]
+            mask = b.scored
+            correct += int(((pred == b.heads) & mask).sum())
+            total += int(mask.sum())
+    return correct, total
+
+
+def _needs_attn(module) -> bool:
+    return getattr(module, "name", "") != "distance+glove"
+
+
+def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, config: TrainConfig,
+                 progress: Callable[[str, int, int | None], None] | None = None) -> dict[str, ProbeRun]:
+    """Train every module in ``modules`` (name -> nn.Module) on ``train``; keep the state with
+    the best dev UAS; stop a module after ``patience`` epochs without improvement."""
+    import torch
+
+    torch.manual_seed(config.seed)
+    rng = np.random.default_rng(config.seed)
+    opts = {n: torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=config.lr)
+            for n, m in modules.items()}
+    runs = {n: ProbeRun(n, parameters=sum(p.numel() for p in m.parameters() if p.requires_grad))
+            for n, m in modules.items()}
+    best_state = {n: copy.deepcopy(m.state_dict()) for n, m in modules.items()}
+    best = {n: -1.0 for n in modules}
+    waited = {n: 0 for n in modules}
+    active = set(modules)
+    needs_attn = any(_needs_attn(m) for m in modules.values())
+    for epoch in range(1, config.epochs + 1):
+        if not active:
+            break
+        start = time.perf_counter()
+        losses = {n: 0.0 for n in active}
+        counts = {n: 0 for n in active}
+        for m in (modules[n] for n in active):
+            m.train()
+        for step, sents in enumerate(train.shuffled_batches(config.batch_size, rng, config.buffer_chunks)):
+            b = collate(sents, with_attn=needs_attn)
+            target = b.heads.clone()  # [B j]; ROOT and padding rows are ignored (-1)
+            for n in sorted(active):
+                s = masked_scores(modules[n], b)  # [B j i]
+                s = s.masked_fill(target[..., None] < 0, 0.0)  # rows ignored below: keep finite
+                loss = torch.nn.functional.cross_entropy(s.reshape(-1, s.shape[-1]), target.reshape(-1),
+                                                         ignore_index=-1)
+                opts[n].zero_grad()
+                loss.backward()
+                opts[n].step()
+                losses[n] += float(loss) * len(sents)
+                counts[n] += len(sents)
+            if progress is not None:
+                progress(f"probes epoch {epoch}", step + 1, None)
+        elapsed = time.perf_counter() - start
+        for n in sorted(active):
+            c, t = evaluate(modules[n], dev)
+            uas = c / t if t else float("nan")
+            run = runs[n]
+            run.history.append({"epoch": epoch, "loss": losses[n] / max(counts[n], 1), "dev_uas": uas,
+                                "seconds": elapsed})
+            run.epochs_run = epoch
+            if uas > best[n]:
+                best[n], waited[n] = uas, 0
+                best_state[n] = copy.deepcopy(modules[n].state_dict())
+                run.best_epoch, run.correct, run.total, run.uas = epoch, c, t, uas
+            else:
+                waited[n] += 1
+                if waited[n] >= config.patience:
+                    active.discard(n)
+    for n, m in modules.items():
+        m.load_state_dict(best_state[n])
+        secs = [h["seconds"] for h in runs[n].history]
+        runs[n].seconds_per_epoch = float(np.mean(secs)) if secs else float("nan")
+    return runs
+
+
+def right_branching_uas(dev: SentenceSource) -> ProbeRun:
+    """The right-branching baseline scored like the probes."""
+    correct = total = 0
+    for chunk in dev.chunks():
+        for s in chunk:
+            pred = right_branching(s.num_words)
+            correct += int(((pred == s.heads) & s.scored).sum())
+            total += int(s.scored.sum())
+    return ProbeRun("right-branching", uas=correct / total if total else float("nan"),
+                    correct=correct, total=total)
