@@ -1,0 +1,51 @@
+"""Complete self-contained HTML pages for one example: what the report and the CLI embed.
+
+>>> html = head_view_html(amap, layer=7, heads=[9])          # doctest: +SKIP
+>>> Path("head.html").write_text(html)                      # doctest: +SKIP
+
+Every page carries all layers and heads of the example, so its tabs (head, model, heatmap;
+neuron when query/key vectors were captured) switch views without a server.
+"""
+
+from __future__ import annotations
+
+from attnscope.extract.batch import AttentionMap
+from attnscope.viz.payload import page_payload
+from attnscope.viz.render import render_page
+
+
+def view_html(amap: AttentionMap, view: str = "head", *, layer: int = 0, heads=None,
+              head: int | None = None, pair_filter: str = "all", hide_special: bool = False,
+              title: str | None = None, neuron: dict | None = None, model: str | None = None) -> str:
+    """A page opening on ``view`` ("head", "model", "heatmap" or "neuron")."""
+    payload = page_payload(amap, view, layer=layer, heads=heads, head=head, pair_filter=pair_filter,
+                           hide_special=hide_special, title=title, neuron=neuron, model=model)
+    return render_page(payload)
+
+
+def head_view_html(amap: AttentionMap, *, layer: int = 0, heads=None, title: str | None = None,
+                   **kwargs) -> str:
+    """The head view of ``layer`` (0-indexed) for ``heads`` (all by default)."""
+    return view_html(amap, "head", layer=layer, heads=heads, title=title, **kwargs)
+
+
+def model_view_html(amap: AttentionMap, *, title: str | None = None, **kwargs) -> str:
+    """The grid of every layer and head; clicking a thumbnail opens it in the head view."""
+    return view_html(amap, "model", title=title, **kwargs)
+
+
+def heatmap_html(amap: AttentionMap, *, layer: int = 0, head: int = 0, title: str | None = None,
+                 **kwargs) -> str:
+    """One head's matrix with token labels."""
+    return view_html(amap, "heatmap", layer=layer, head=head, title=title, **kwargs)
+
+
+def neuron_view_html(amap: AttentionMap, lm, *, layer: int = 0, head: int = 0, query: int = 0,
+                     title: str | None = None, **kwargs) -> str:
+    """The neuron view of ``layer``: runs ``lm`` on the map's example to capture q and k."""
+    from attnscope.viz.neuron import capture_qk, neuron_payload
+
+    qk = capture_qk(lm, amap.example, layer, index=amap.index)
+    neuron = neuron_payload(qk, head=head, query=query)
+    return view_html(amap, "neuron", layer=layer, head=head, title=title, neuron=neuron,
+                     model=kwargs.pop("model", lm.name), **kwargs)

@@ -1,0 +1,214 @@
+"""Pure functions from an :class:`AttentionMap` to the plain dicts that the views draw.
+
+Two kinds of dict:
+
+- *view states* (:func:`head_payload`, :func:`heatmap_payload`, :func:`model_payload`): exactly
+  what one view shows for one choice of layer, heads, pair filter and special-token toggle, as
+  nested lists. They define the semantics; the page's JavaScript applies the same rules to the
+  embedded data interactively, and the browser tests check that it agrees with them.
+- the *page payload* (:func:`page_payload`): everything a page needs to switch between views
+  with no server: tokens, every layer and head (as a compact blob, see
+  :mod:`attnscope.viz.encoding`), model-view thumbnails, the initial state, and optionally the
+  neuron view's query/key vectors.
+
+Semantics (also in docs/views.md):
+
+- pair filters ``"A->B"`` etc. keep queries of the first segment and keys of the second; they
+  select, they do not renormalise (a shown weight is still a share of the whole row).
+- ``hide_special=True`` removes special tokens from queries and keys and divides each row by
+  its mass on the remaining (non-special) keys, so each row sums to 1 again (a row with no
+  mass left stays 0). Pages say so when the toggle is on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnscope.errors import AttnscopeError
+from attnscope.extract.batch import AttentionMap
+from attnscope.viz.encoding import encode_u8
+
+PAIR_FILTERS = ("all", "A->A", "A->B", "B->A", "B->B")
+VIEWS = ("head", "model", "heatmap", "neuron")
+RENORM_NOTE = ("special tokens hidden: each row is divided by its attention to non-special "
+               "tokens, so the weights shown are shares of the attention to real tokens")
+PAYLOAD_VERSION = 1
+
+
+def _where(amap: AttentionMap) -> str:
+    return f"example {amap.index}"
+
+
+def check_layer_heads(amap: AttentionMap, layer: int, heads) -> list[int]:
+    """Validate ``layer`` and ``heads`` against the map; returns the head list (all by default)."""
+    num_layers, num_heads = amap.attn.shape[:2]
+    if not 0 <= layer < num_layers:
+        raise AttnscopeError(f"{_where(amap)}: layer {layer} out of range (the model has "
+                             f"{num_layers} layers, 0-indexed)")
+    if heads is None:
+        return list(range(num_heads))
+    heads = [int(h) for h in heads]
+    bad = [h for h in heads if not 0 <= h < num_heads]
+    if bad or not heads:
+        raise AttnscopeError(f"{_where(amap)}: head {bad[0] if bad else '(none)'} out of range "
+                             f"(the model has {num_heads} heads per layer, 0-indexed)")
+    return heads
+
+
+def is_pair(amap: AttentionMap) -> bool:
+    """Whether the example has a second segment."""
+    return bool((np.asarray(amap.segment) == 1).any())
+
+
+def visible_units(amap: AttentionMap, pair_filter: str = "all",
+                  hide_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Query units (rows) and key units (columns) shown, as sorted index arrays ``[r]``, ``[c]``.
+
+    >>> # [CLS] a [SEP] b [SEP] with segments 0 0 0 1 1: "A->B" keeps rows 0-2, columns 3-4
+    """
+    if pair_filter not in PAIR_FILTERS:
+        raise AttnscopeError(f"unknown pair filter {pair_filter!r}; choose one of "
+                             f"{', '.join(PAIR_FILTERS)}")
+    n = amap.num_units
+    seg = np.asarray(amap.segment)
+    keep = np.ones(n, bool)
+    if hide_special:
+        keep &= ~np.asarray(amap.special, bool)
+    rows = cols = keep
+    if pair_filter != "all":
+        if not is_pair(amap):
+            raise AttnscopeError(f"{_where(amap)}: filter {pair_filter} needs a sentence pair, "
+                                 "but the example has one segment")
+        src, dst = pair_filter.split("->")
+        rows = keep & (seg == (0 if src == "A" else 1))
+        cols = keep & (seg == (0 if dst == "A" else 1))
+    return np.nonzero(rows)[0], np.nonzero(cols)[0]
+
+
+def renormalise_without_special(attn: np.ndarray, special: np.ndarray) -> np.ndarray:
+    """``attn [.., q, k]`` with special keys zeroed and rows rescaled to sum to 1 (0 rows stay 0)."""
+    a = np.where(np.asarray(special, bool), 0.0, attn.astype(np.float64))  # [.. q k]
+    total = a.sum(-1, keepdims=True)
+    return np.divide(a, total, out=np.zeros_like(a), where=total > 0)
+
+
+def _matrices(amap: AttentionMap, layer: int, heads: list[int], pair_filter: str,
+              hide_special: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    a = amap.attn[layer][heads].astype(np.float64)  # [h q k]
+    if hide_special:
+        a = renormalise_without_special(a, amap.special)
+    rows, cols = visible_units(amap, pair_filter, hide_special)
+    return a[:, rows][:, :, cols], rows, cols  # [h r c]
+
+
+def _units(amap: AttentionMap) -> dict:
+    return {"tokens": list(amap.tokens), "special": [bool(s) for s in amap.special],
+            "segment": [int(s) for s in amap.segment], "level": amap.level,
+            "is_pair": is_pair(amap)}
+
+
+def head_payload(amap: AttentionMap, layer: int = 0, heads=None, *, pair_filter: str = "all",
+                 hide_special: bool = False) -> dict:
+    """What the head view shows: ``attn`` is ``[len(heads), len(rows), len(cols)]``.
+
+    ``rows``/``cols`` are the unit positions of the shown queries and keys.
+    """
+    heads = check_layer_heads(amap, layer, heads)
+    a, rows, cols = _matrices(amap, layer, heads, pair_filter, hide_special)
+    return {"view": "head", "index": amap.index, "layer": layer, "heads": heads, **_units(amap),
+            "pair_filter": pair_filter, "hide_special": hide_special, "renormalised": hide_special,
+            "note": RENORM_NOTE if hide_special else "", "rows": rows.tolist(),
+            "cols": cols.tolist(), "attn": a.tolist()}
+
+
+def heatmap_payload(amap: AttentionMap, layer: int = 0, head: int = 0, *, pair_filter: str = "all",
+                    hide_special: bool = False) -> dict:
+    """One head's matrix with its labels: ``attn`` is ``[len(rows), len(cols)]``."""
+    p = head_payload(amap, layer, [head], pair_filter=pair_filter, hide_special=hide_special)
+    p.update(view="heatmap", head=head, attn=p["attn"][0],
+             row_labels=[amap.tokens[i] for i in p["rows"]],
+             col_labels=[amap.tokens[j] for j in p["cols"]])
+    del p["heads"]
+    return p
+
+
+def bin_edges(n: int, size: int) -> np.ndarray:
+    """Edges of ``min(n, size)`` near-equal bins over ``n`` positions, ``[t + 1]``."""
+    t = max(1, min(n, size))
+    return np.rint(np.linspace(0, n, t + 1)).astype(np.int64)
+
+
+def pool(attn: np.ndarray, size: int) -> np.ndarray:
+    """Shrink ``[..., n, n]`` to ``[..., t, t]`` (``t = min(n, size)``) for thumbnails.
+
+    A cell is the mean over its query bin of the summed weight on its key bin, so each pooled
+    row still sums to 1, like the rows it stands for.
+    """
+    n = attn.shape[-1]
+    edges = bin_edges(n, size)
+    starts, widths = edges[:-1], np.diff(edges)
+    summed = np.add.reduceat(attn.astype(np.float64), starts, axis=-1)  # [.. n t]
+    return np.add.reduceat(summed, starts, axis=-2) / widths[:, None]  # [.. t t]
+
+
+def model_payload(amap: AttentionMap, *, thumb_size: int = 32) -> dict:
+    """The grid of every layer and head: ``thumbnails`` is ``[L][H][t][t]`` (see :func:`pool`)."""
+    num_layers, num_heads = amap.attn.shape[:2]
+    edges = bin_edges(amap.num_units, thumb_size)
+    return {"view": "model", "index": amap.index, **_units(amap), "num_layers": num_layers,
+            "num_heads": num_heads, "bins": edges.tolist(),
+            "thumbnails": pool(amap.attn, thumb_size).tolist()}
+
+
+def example_text(amap: AttentionMap) -> str:
+    """A one-line text of the example (its text, or its words / tokens joined)."""
+    ex = amap.example
+    if ex.text is not None:
+        first = ex.text
+    elif ex.words is not None:
+        first = " ".join(ex.words)
+    elif ex.tokens is not None:
+        first = " ".join(ex.tokens)
+    else:
+        first = " ".join(t for t, s in zip(amap.tokens, amap.special) if not s)
+    second = ex.text_pair if ex.text_pair is not None else (
+        " ".join(ex.words_pair) if ex.words_pair else None)
+    return first if second is None else f"{first} || {second}"
+
+
+def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, heads=None,
+                 head: int | None = None, pair_filter: str = "all", hide_special: bool = False,
+                 title: str | None = None, neuron: dict | None = None, thumb_size: int = 32,
+                 model: str | None = None) -> dict:
+    """Everything a self-contained page needs for one example (JSON-able).
+
+    ``attn`` is a ``u8`` blob ``[L H n n]``; ``thumbnails`` a ``u8`` blob ``[L H t t]``;
+    ``state`` the view to open first; ``neuron`` the :func:`attnscope.viz.neuron.neuron_payload`
+    of one layer, when given.
+    """
+    if view not in VIEWS:
+        raise AttnscopeError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
+    if view == "neuron" and neuron is None:
+        raise AttnscopeError("the neuron view needs query/key vectors (neuron_payload)")
+    heads = check_layer_heads(amap, layer, heads)
+    head = heads[0] if head is None else check_layer_heads(amap, layer, [head])[0]
+    visible_units(amap, pair_filter, hide_special)  # validates the filter early
+    num_layers, num_heads = amap.attn.shape[:2]
+    attn = np.asarray(amap.attn, dtype=np.float32)  # [L H n n]
+    return {
+        "version": PAYLOAD_VERSION,
+        "title": title or f"example {amap.index}",
+        "index": amap.index,
+        "text": example_text(amap),
+        "model": model,
+        **_units(amap),
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "state": {"view": view, "layer": layer, "heads": heads, "head": head,
+                  "pair_filter": pair_filter, "hide_special": bool(hide_special)},
+        "renorm_note": RENORM_NOTE,
+        "attn": encode_u8(attn),
+        "thumb_bins": bin_edges(amap.num_units, thumb_size).tolist(),
+        "thumbnails": encode_u8(pool(attn, thumb_size)),
+        "neuron": neuron,
+    }

@@ -1,0 +1,51 @@
+"""Render a payload into one self-contained HTML page: jinja2 with autoescape, our own inline
+CSS and JavaScript, the payload as JSON in a ``<script type="application/json">`` block.
+
+The page loads nothing: a Content-Security-Policy forbids every request (``default-src
+'none'``; images only from ``data:``/``blob:``), so it works offline and behind firewalls.
+Tokens are never written into markup by Python; the page puts them in with ``textContent``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+from attnscope import __version__
+
+
+def embed_json(obj) -> str:
+    """JSON that is safe inside ``<script>``: ``<``, ``>``, ``&`` and U+2028/9 are \\u-escaped,
+    so no string (``"</script>"``, ``"<!--"``) can end or alter the block."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                    ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return text
+
+
+@lru_cache(maxsize=None)
+def static_text(name: str) -> str:
+    """The text of a file in ``attnscope/viz/static`` (our own JS/CSS)."""
+    return resources.files("attnscope.viz").joinpath("static", name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=None)
+def _env():
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("attnscope.viz", "templates"),
+                              autoescape=True, undefined=jinja2.StrictUndefined)
+
+
+def render_page(payload: dict, title: str | None = None) -> str:
+    """A complete HTML page showing ``payload`` (a :func:`attnscope.viz.payload.page_payload`)."""
+    from markupsafe import Markup
+
+    css = static_text("attnscope.css")
+    js = static_text("attnscope.js")
+    return _env().get_template("page.html.j2").render(
+        title=title or payload.get("title") or "attnscope", version=__version__,
+        css=Markup(css.replace("</", "<\\/")), js=Markup(js.replace("</", "<\\/")),
+        payload_json=Markup(embed_json(payload)))

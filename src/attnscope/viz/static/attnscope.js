@@ -1,0 +1,630 @@
+/* attnscope views: head, model, heatmap and neuron views drawn as SVG from a JSON payload.
+ *
+ * Written for attnscope; no libraries, no network. Every token reaches the page through
+ * textContent (never innerHTML), so an input such as "<script>" is shown as text.
+ * Payload: see attnscope/viz/payload.py (page_payload). Blobs ("u8"/"f32") are deflated and
+ * base64-encoded; they are inflated with the browser's DecompressionStream.
+ *
+ * The rules for pair filters and hiding special tokens are the same as in payload.py
+ * (head_payload): filters select rows/columns without renormalising; hiding special tokens
+ * drops them and divides each row by its mass on the remaining keys.
+ */
+(function (global) {
+  "use strict";
+
+  var SVGNS = "http://www.w3.org/2000/svg";
+  var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                 "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a",
+                 "#637939", "#843c39", "#7b4173", "#3182bd"];
+  var MAX_LINES = 30000;
+  var FONT = "12px sans-serif";
+
+  function headColour(h) { return PALETTE[h % PALETTE.length]; }
+
+  // ---- decoding -----------------------------------------------------------------------
+  function b64ToBytes(s) {
+    var bin = atob(s), out = new Uint8Array(bin.length);
+    for (var i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+
+  function inflate(bytes) {
+    var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
+    return new Response(stream).arrayBuffer().then(function (buf) { return new Uint8Array(buf); });
+  }
+
+  function decodeBlob(blob) {
+    return inflate(b64ToBytes(blob.data)).then(function (raw) {
+      if (blob.dtype === "u8") return { shape: blob.shape, data: raw, scale: 255 };
+      if (blob.dtype === "f32") {
+        var copy = new Uint8Array(raw.length); copy.set(raw);
+        return { shape: blob.shape, data: new Float32Array(copy.buffer), scale: 1 };
+      }
+      throw new Error("unknown blob dtype " + blob.dtype);
+    });
+  }
+
+  // ---- DOM helpers ----------------------------------------------------------------------
+  function el(tag, attrs, parent, text) {
+    var e = document.createElement(tag);
+    if (attrs) for (var k in attrs) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+
+  function svg(tag, attrs, parent, text) {
+    var e = document.createElementNS(SVGNS, tag);
+    if (attrs) for (var k in attrs) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+
+  var measureCtx = null;
+  function textWidth(s) {
+    if (!measureCtx) { measureCtx = document.createElement("canvas").getContext("2d"); measureCtx.font = FONT; }
+    return measureCtx.measureText(s).width;
+  }
+
+  function shorten(s, max) { return s.length > max ? s.slice(0, max - 1) + "\u2026" : s; }
+
+  // a canvas image (data URL) of a rows x cols grid, colour(v) -> [r, g, b]
+  function gridImage(rows, cols, value, colour) {
+    var c = document.createElement("canvas");
+    c.width = Math.max(1, cols); c.height = Math.max(1, rows);
+    var ctx = c.getContext("2d"), img = ctx.createImageData(c.width, c.height);
+    for (var r = 0; r < rows; r++) {
+      for (var k = 0; k < cols; k++) {
+        var rgb = colour(value(r, k)), o = 4 * (r * cols + k);
+        img.data[o] = rgb[0]; img.data[o + 1] = rgb[1]; img.data[o + 2] = rgb[2]; img.data[o + 3] = 255;
+      }
+    }
+    ctx.putImageData(img, 0, 0);
+    return c.toDataURL("image/png");
+  }
+
+  function blues(v) {  // 0 -> white, 1 -> dark blue
+    v = Math.max(0, Math.min(1, v));
+    return [Math.round(255 - 247 * v), Math.round(255 - 207 * v), Math.round(255 - 148 * v)];
+  }
+
+  function diverging(v) {  // -1 blue, 0 white, +1 red
+    v = Math.max(-1, Math.min(1, v));
+    if (v >= 0) return [255, Math.round(255 - 200 * v), Math.round(255 - 200 * v)];
+    return [Math.round(255 + 200 * v), Math.round(255 + 200 * v), 255];
+  }
+
+  function pixelImage(parent, href, x, y, w, h) {
+    var im = svg("image", { x: x, y: y, width: w, height: h, preserveAspectRatio: "none",
+                            style: "image-rendering:pixelated" }, parent);
+    im.setAttribute("href", href);
+    return im;
+  }
+
+  // ---- the viewer -----------------------------------------------------------------------
+  function Viewer(root, payload, attn, thumbs, options) {
+    this.root = root;
+    this.p = payload;
+    this.attn = attn;       // u8 [L H n n]
+    this.thumbs = thumbs;   // u8 [L H t t]
+    this.options = options || {};
+    this.neuron = null;     // decoded neuron data
+    this.n = payload.tokens.length;
+    this.L = payload.num_layers;
+    this.H = payload.num_heads;
+    var s = payload.state;
+    this.state = { view: s.view, layer: s.layer, heads: s.heads.slice(), head: s.head,
+                   pair_filter: s.pair_filter, hide_special: s.hide_special,
+                   min_weight: 0.01, query: 0 };
+    this.focus = null;
+    this.build();
+  }
+
+  Viewer.prototype.value = function (l, h, q, k) {
+    var n = this.n;
+    return this.attn.data[((l * this.H + h) * n + q) * n + k] / 255;
+  };
+
+  // rows/cols shown, as in payload.visible_units
+  Viewer.prototype.visibleUnits = function (filter, hide) {
+    var p = this.p, rows = [], cols = [];
+    var src = null, dst = null;
+    if (filter && filter !== "all") {
+      var parts = filter.split("->"); src = parts[0] === "A" ? 0 : 1; dst = parts[1] === "A" ? 0 : 1;
+    }
+    for (var i = 0; i < this.n; i++) {
+      if (hide && p.special[i]) continue;
+      if (src === null || p.segment[i] === src) rows.push(i);
+      if (dst === null || p.segment[i] === dst) cols.push(i);
+    }
+    return { rows: rows, cols: cols };
+  };
+
+  // what the head view shows: {rows, cols, heads, attn: [h][r][c]} (payload.head_payload)
+  Viewer.prototype.currentMatrix = function (opts) {
+    var st = Object.assign({}, this.state, opts || {});
+    var heads = st.view === "heatmap" || st.view === "neuron" ? [st.head] : st.heads;
+    var vu = this.visibleUnits(st.pair_filter, st.hide_special), p = this.p, n = this.n;
+    var out = [];
+    for (var hi = 0; hi < heads.length; hi++) {
+      var m = [];
+      for (var ri = 0; ri < vu.rows.length; ri++) {
+        var q = vu.rows[ri], denom = 1;
+        if (st.hide_special) {
+          denom = 0;
+          for (var k = 0; k < n; k++) if (!p.special[k]) denom += this.value(st.layer, heads[hi], q, k);
+        }
+        var row = [];
+        for (var ci = 0; ci < vu.cols.length; ci++) {
+          var v = this.value(st.layer, heads[hi], q, vu.cols[ci]);
+          row.push(st.hide_special ? (denom > 0 ? v / denom : 0) : v);
+        }
+        m.push(row);
+      }
+      out.push(m);
+    }
+    return { rows: vu.rows, cols: vu.cols, heads: heads, attn: out };
+  };
+
+  Viewer.prototype.setState = function (patch) {
+    Object.assign(this.state, patch);
+    this.focus = null;
+    return this.render();
+  };
+
+  Viewer.prototype.build = function () {
+    var self = this, p = this.p, root = this.root;
+    root.textContent = "";
+    root.classList.add("attnscope");
+    var head = el("div", { "class": "as-title" }, root);
+    el("strong", null, head, p.title);
+    el("span", { "class": "as-sub" }, head, " " + (p.model ? p.model + " \u00b7 " : "") +
+       this.L + " layers \u00d7 " + this.H + " heads \u00b7 " + this.n + " " +
+       (p.level === "word" ? "words" : "tokens") + " (" + p.level + " level)");
+    var bar = this.bar = el("div", { "class": "as-toolbar" }, root);
+
+    var tabs = el("span", { "class": "as-tabs" }, bar);
+    this.tabButtons = {};
+    ["head", "model", "heatmap", "neuron"].forEach(function (v) {
+      if (v === "neuron" && !p.neuron && !self.options.neuronLoader) return;
+      var b = el("button", { type: "button", "data-view": v }, tabs, v);
+      b.addEventListener("click", function () { self.setState({ view: v }); });
+      self.tabButtons[v] = b;
+    });
+
+    var lab = el("label", null, bar, "layer ");
+    var ls = this.layerSelect = el("select", { "class": "as-layer" }, lab);
+    for (var l = 0; l < this.L; l++) el("option", { value: l }, ls, String(l + 1));
+    ls.addEventListener("change", function () { self.setState({ layer: +ls.value }); });
+
+    var hs = this.headBoxes = el("span", { "class": "as-heads" }, bar);
+    el("span", null, hs, "heads ");
+    this.headChecks = [];
+    for (var h = 0; h < this.H; h++) {
+      (function (h) {
+        var lb = el("label", { "class": "as-head", style: "border-color:" + headColour(h) }, hs);
+        var cb = el("input", { type: "checkbox", "data-head": h }, lb);
+        el("span", null, lb, String(h + 1));
+        cb.addEventListener("change", function () {
+          var hsel = [];
+          self.headChecks.forEach(function (c, i) { if (c.checked) hsel.push(i); });
+          self.setState({ heads: hsel });
+        });
+        self.headChecks.push(cb);
+      })(h);
+    }
+    var hl = this.oneHead = el("label", null, bar, "head ");
+    var os = this.headSelect = el("select", { "class": "as-head-select" }, hl);
+    for (h = 0; h < this.H; h++) el("option", { value: h }, os, String(h + 1));
+    os.addEventListener("change", function () { self.setState({ head: +os.value }); });
+
+    if (p.is_pair) {
+      var fl = el("label", null, bar, "pairs ");
+      var fs = this.filterSelect = el("select", { "class": "as-filter" }, fl);
+      ["all", "A->A", "A->B", "B->A", "B->B"].forEach(function (f) { el("option", { value: f }, fs, f); });
+      fs.addEventListener("change", function () { self.setState({ pair_filter: fs.value }); });
+    }
+    var sl = el("label", null, bar);
+    var sc = this.specialCheck = el("input", { type: "checkbox", "class": "as-hide-special" }, sl);
+    el("span", null, sl, " hide special tokens");
+    sc.addEventListener("change", function () { self.setState({ hide_special: sc.checked }); });
+
+    var wl = this.weightLabel = el("label", null, bar, "min weight ");
+    var wi = el("input", { type: "number", min: 0, max: 1, step: 0.01, value: this.state.min_weight,
+                           "class": "as-min-weight" }, wl);
+    wi.addEventListener("change", function () { self.setState({ min_weight: Math.max(0, +wi.value || 0) }); });
+
+    var png = el("button", { type: "button", "class": "as-export-png" }, bar, "PNG");
+    png.addEventListener("click", function () {
+      self.exportPNG(2).then(function (url) { download(url, self.fileStem() + ".png"); });
+    });
+    var svgb = el("button", { type: "button", "class": "as-export-svg" }, bar, "SVG");
+    svgb.addEventListener("click", function () {
+      var url = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(self.exportSVG());
+      download(url, self.fileStem() + ".svg");
+    });
+
+    this.note = el("div", { "class": "as-note" }, root);
+    this.stage = el("div", { "class": "as-stage" }, root);
+    this.tip = el("div", { "class": "as-tip", hidden: "" }, root);
+  };
+
+  function download(url, name) {
+    var a = el("a", { href: url, download: name }, document.body);
+    a.click();
+    a.remove();
+  }
+
+  Viewer.prototype.fileStem = function () {
+    var s = this.state;
+    var which = s.view === "model" ? "model" : s.view === "head" ? "L" + (s.layer + 1) :
+                "L" + (s.layer + 1) + "-H" + (s.head + 1);
+    return "attnscope-" + this.p.index + "-" + s.view + "-" + which;
+  };
+
+  Viewer.prototype.syncControls = function () {
+    var s = this.state, self = this;
+    for (var v in this.tabButtons) this.tabButtons[v].classList.toggle("as-active", v === s.view);
+    this.layerSelect.value = s.layer;
+    this.headChecks.forEach(function (c, i) { c.checked = s.heads.indexOf(i) >= 0; });
+    this.headSelect.value = s.head;
+    this.headBoxes.hidden = s.view !== "head";
+    this.oneHead.hidden = !(s.view === "heatmap" || s.view === "neuron");
+    this.weightLabel.hidden = s.view !== "head";
+    this.layerSelect.parentNode.hidden = s.view === "model";
+    if (this.filterSelect) {
+      this.filterSelect.value = s.pair_filter;
+      this.filterSelect.parentNode.hidden = s.view === "model" || s.view === "neuron";
+    }
+    this.specialCheck.checked = s.hide_special;
+    this.specialCheck.parentNode.hidden = s.view === "model" || s.view === "neuron";
+    var note = "";
+    if (s.hide_special && (s.view === "head" || s.view === "heatmap")) note = self.p.renorm_note + ".";
+    this.note.textContent = note;
+  };
+
+  Viewer.prototype.render = function () {
+    var self = this;
+    this.syncControls();
+    this.stage.textContent = "";
+    this.tip.hidden = true;
+    var s = this.state, done;
+    if (s.view === "head") done = this.renderHead();
+    else if (s.view === "model") done = this.renderModel();
+    else if (s.view === "heatmap") done = this.renderHeatmap();
+    else done = this.renderNeuron();
+    return Promise.resolve(done).then(function () {
+      self.root.setAttribute("data-rendered-view", s.view);
+      return self;
+    });
+  };
+
+  Viewer.prototype.caption = function (g, x, y, text) {
+    return svg("text", { x: x, y: y, "class": "as-caption" }, g, text);
+  };
+
+  // ---- head view ------------------------------------------------------------------------
+  Viewer.prototype.renderHead = function () {
+    var self = this, s = this.state, p = this.p;
+    var M = this.currentMatrix();
+    var rowH = 18, top = 44;
+    var maxW = 0;
+    p.tokens.forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 24))); });
+    var colW = Math.ceil(Math.min(maxW, 200)) + 12, gap = 180;
+    var xL = colW, xR = colW + gap, width = 2 * colW + gap + 8;
+    var nr = Math.max(M.rows.length, M.cols.length), height = top + nr * rowH + 8;
+    var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
+                            "class": "as-svg as-head-view" }, this.stage);
+    svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
+    var hn = M.heads.map(function (h) { return (s.layer + 1) + "-" + (h + 1); }).join(", ");
+    this.caption(root, 4, 14, "Layer " + (s.layer + 1) + ", heads " + (hn || "(none)") +
+                 (s.pair_filter !== "all" ? ", " + s.pair_filter : ""));
+    this.caption(root, 4, 30, s.hide_special ? "special tokens hidden, rows renormalised" :
+                 "lines: weight \u2265 " + s.min_weight);
+    var lines = svg("g", { "class": "as-lines" }, root);
+    var boxes = svg("g", { "class": "as-boxes" }, root);
+    var yOf = function (i) { return top + i * rowH + rowH / 2; };
+    var makeTokens = function (list, side) {
+      var g = svg("g", { "class": "as-tokens as-" + side }, root);
+      list.forEach(function (u, i) {
+        var t = svg("text", { x: side === "q" ? xL - 6 : xR + 6, y: yOf(i) + 4,
+                              "text-anchor": side === "q" ? "end" : "start",
+                              "class": "as-token" + (p.special[u] ? " as-special" : ""),
+                              "data-unit": u, "data-side": side }, g, shorten(p.tokens[u], 24));
+        svg("title", null, t, p.tokens[u]);
+        t.addEventListener("mouseenter", function () { self.focus = { side: side, i: i }; drawLines(); });
+        t.addEventListener("mouseleave", function () { self.focus = null; drawLines(); });
+      });
+    };
+    makeTokens(M.rows, "q");
+    makeTokens(M.cols, "k");
+    var drawLines = function () {
+      lines.textContent = ""; boxes.textContent = "";
+      var cand = [], f = self.focus, total = 0;
+      for (var hi = 0; hi < M.heads.length; hi++) {
+        var m = M.attn[hi];
+        for (var r = 0; r < M.rows.length; r++) {
+          if (f && f.side === "q" && f.i !== r) continue;
+          for (var c = 0; c < M.cols.length; c++) {
+            if (f && f.side === "k" && f.i !== c) continue;
+            var w = m[r][c];
+            if (w > 0 && w >= s.min_weight) cand.push([w, hi, r, c]);
+          }
+        }
+      }
+      total = cand.length;
+      if (cand.length > MAX_LINES) {
+        cand.sort(function (a, b) { return b[0] - a[0]; });
+        cand.length = MAX_LINES;
+      }
+      var frag = document.createDocumentFragment();
+      cand.forEach(function (x) {
+        frag.appendChild(svg("line", { x1: xL, y1: yOf(x[2]), x2: xR, y2: yOf(x[3]),
+                                       stroke: headColour(M.heads[x[1]]), "stroke-width": 2,
+                                       "stroke-opacity": Math.min(1, x[0]).toFixed(3) }));
+      });
+      lines.appendChild(frag);
+      if (f) {  // weights of the focused token as boxes behind the tokens on the other side
+        var list = f.side === "q" ? M.cols : M.rows, bx = f.side === "q" ? xR + 2 : 2;
+        var hh = 14 / Math.max(1, M.heads.length);
+        for (var hi2 = 0; hi2 < M.heads.length; hi2++) {
+          for (var j = 0; j < list.length; j++) {
+            var w2 = f.side === "q" ? M.attn[hi2][f.i][j] : M.attn[hi2][j][f.i];
+            svg("rect", { x: bx, y: yOf(j) - 7 + hi2 * hh, width: colW - 4, height: hh,
+                          fill: headColour(M.heads[hi2]), "fill-opacity": Math.min(1, w2).toFixed(3) }, boxes);
+          }
+        }
+      }
+      self.root.setAttribute("data-lines", String(cand.length));
+      self.status("head", total > MAX_LINES ? "showing the " + MAX_LINES + " strongest of " + total +
+                  " lines" : cand.length + " lines");
+    };
+    drawLines();
+  };
+
+  Viewer.prototype.status = function (view, text) {
+    this.root.setAttribute("data-status", text);
+  };
+
+  // ---- model view -----------------------------------------------------------------------
+  Viewer.prototype.renderModel = function () {
+    var self = this, L = this.L, H = this.H, t = this.thumbs.shape[2];
+    var cell = Math.max(28, Math.min(72, Math.floor(900 / H))), pad = 16, left = 34, top = 34;
+    var width = left + H * (cell + 6) + 4, height = top + L * (cell + pad) + 4;
+    var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
+                            "class": "as-svg as-model-view" }, this.stage);
+    svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
+    this.caption(root, 4, 14, "Every layer (rows) and head (columns); click a head to open it");
+    var data = this.thumbs.data;
+    for (var h = 0; h < H; h++) svg("text", { x: left + h * (cell + 6) + cell / 2, y: top - 4,
+                                               "text-anchor": "middle", "class": "as-axis" }, root, String(h + 1));
+    for (var l = 0; l < L; l++) {
+      svg("text", { x: left - 6, y: top + l * (cell + pad) + cell / 2 + 4, "text-anchor": "end",
+                    "class": "as-axis" }, root, String(l + 1));
+      for (h = 0; h < H; h++) {
+        (function (l, h) {
+          var base = (l * H + h) * t * t;
+          var url = gridImage(t, t, function (r, k) { return data[base + r * t + k] / 255; }, blues);
+          var x = left + h * (cell + 6), y = top + l * (cell + pad);
+          var g = svg("g", { "class": "as-thumb", "data-layer": l, "data-head": h, cursor: "pointer" }, root);
+          pixelImage(g, url, x, y, cell, cell);
+          svg("rect", { x: x, y: y, width: cell, height: cell, fill: "none", stroke: "#999" }, g);
+          svg("title", null, g, "head " + (l + 1) + "-" + (h + 1));
+          g.addEventListener("click", function () {
+            self.setState({ view: "head", layer: l, heads: [h], head: h });
+          });
+        })(l, h);
+      }
+    }
+    this.status("model", L * H + " heads");
+  };
+
+  // ---- heatmap view ---------------------------------------------------------------------
+  Viewer.prototype.renderHeatmap = function () {
+    var self = this, s = this.state, p = this.p;
+    var M = this.currentMatrix(), m = M.attn[0], R = M.rows.length, C = M.cols.length;
+    var cell = Math.max(1, Math.min(20, Math.floor(720 / Math.max(R, C, 1))));
+    var labels = cell >= 8, maxW = 0;
+    if (labels) p.tokens.forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 16))); });
+    var lm = labels ? Math.ceil(maxW) + 10 : 10, top = 40 + (labels ? Math.ceil(maxW) + 10 : 0);
+    var width = lm + C * cell + 10, height = top + R * cell + 10;
+    var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
+                            "class": "as-svg as-heatmap-view" }, this.stage);
+    svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
+    this.caption(root, 4, 14, "Head " + (s.layer + 1) + "-" + (s.head + 1) + ": rows attend (query), columns are attended (key)");
+    this.caption(root, 4, 30, (s.hide_special ? "special tokens hidden, rows renormalised; " : "") +
+                 (labels ? "" : "labels hidden at this size; hover for values"));
+    var url = gridImage(R, C, function (r, k) { return m[r][k]; }, blues);
+    var im = pixelImage(root, url, lm, top, C * cell, R * cell);
+    svg("rect", { x: lm, y: top, width: C * cell, height: R * cell, fill: "none", stroke: "#999" }, root);
+    if (labels) {
+      M.rows.forEach(function (u, i) {
+        svg("text", { x: lm - 4, y: top + i * cell + cell / 2 + 4, "text-anchor": "end",
+                      "class": "as-token" + (p.special[u] ? " as-special" : "") }, root, shorten(p.tokens[u], 16));
+      });
+      M.cols.forEach(function (u, j) {
+        var x = lm + j * cell + cell / 2 + 4, y = top - 4;
+        svg("text", { x: x, y: y, transform: "rotate(-90 " + x + " " + y + ")",
+                      "class": "as-token" + (p.special[u] ? " as-special" : "") }, root, shorten(p.tokens[u], 16));
+      });
+    }
+    im.addEventListener("mousemove", function (ev) {
+      var box = im.getBoundingClientRect();
+      var r = Math.floor((ev.clientY - box.top) / box.height * R), c = Math.floor((ev.clientX - box.left) / box.width * C);
+      if (r < 0 || c < 0 || r >= R || c >= C) return;
+      self.showTip(ev, p.tokens[M.rows[r]] + " \u2192 " + p.tokens[M.cols[c]] + ": " + m[r][c].toFixed(3));
+    });
+    im.addEventListener("mouseleave", function () { self.tip.hidden = true; });
+    this.status("heatmap", R + " x " + C);
+  };
+
+  Viewer.prototype.showTip = function (ev, text) {
+    var t = this.tip, box = this.root.getBoundingClientRect();
+    t.textContent = text;
+    t.hidden = false;
+    t.style.left = (ev.clientX - box.left + 12) + "px";
+    t.style.top = (ev.clientY - box.top + 12) + "px";
+  };
+
+  // ---- neuron view ----------------------------------------------------------------------
+  Viewer.prototype.loadNeuron = function (layer) {
+    var self = this, src;
+    if (this.neuron && this.neuron.layer === layer) return Promise.resolve(this.neuron);
+    if (this.options.neuronLoader) src = this.options.neuronLoader(layer);
+    else if (this.p.neuron) src = Promise.resolve(this.p.neuron);
+    else return Promise.reject(new Error("no neuron data in this page"));
+    return src.then(function (np) {
+      return Promise.all([decodeBlob(np.query), decodeBlob(np.key), decodeBlob(np.model_attn)]).then(function (b) {
+        self.neuron = { meta: np, layer: np.layer, q: b[0], k: b[1], attn: b[2] };
+        return self.neuron;
+      });
+    });
+  };
+
+  // q, k_j, q*k_j, q.k_j/sqrt(d) and softmax for one head and query (neuron.py QueryKey)
+  Viewer.prototype.neuronValues = function (head, query) {
+    var N = this.neuron, sh = N.q.shape, n = sh[1], d = sh[2], Q = N.q.data, K = N.k.data;
+    var qv = Array.prototype.slice.call(Q, (head * n + query) * d, (head * n + query + 1) * d);
+    var prods = [], dots = [], maxDot = -Infinity;
+    for (var j = 0; j < n; j++) {
+      var pj = [], sum = 0;
+      for (var i = 0; i < d; i++) { var v = qv[i] * K[(head * n + j) * d + i]; pj.push(v); sum += v; }
+      prods.push(pj);
+      var masked = N.meta.causal && j > query;
+      var dot = masked ? null : sum / Math.sqrt(d);
+      dots.push(dot);
+      if (dot !== null) maxDot = Math.max(maxDot, dot);
+    }
+    var z = 0, soft = dots.map(function (x) { var e = x === null ? 0 : Math.exp(x - maxDot); z += e; return e; });
+    soft = soft.map(function (e) { return e / z; });
+    var model = [];
+    for (j = 0; j < n; j++) model.push(N.attn.data[(head * n + query) * n + j]);
+    return { q: qv, prods: prods, dots: dots, softmax: soft, model: model, n: n, d: d };
+  };
+
+  Viewer.prototype.renderNeuron = function () {
+    var self = this, s = this.state;
+    var msg = el("div", { "class": "as-loading" }, this.stage, "loading query/key vectors\u2026");
+    var want = this.options.neuronLoader ? s.layer : (this.p.neuron ? this.p.neuron.layer : s.layer);
+    return this.loadNeuron(want).then(function (N) {
+      msg.remove();
+      if (s.layer !== N.layer) { s.layer = N.layer; self.syncControls(); }
+      self.drawNeuron(N);
+    }, function (err) {
+      msg.textContent = "neuron view unavailable: " + (err && err.message ? err.message : err);
+      msg.classList.add("as-error");
+    });
+  };
+
+  Viewer.prototype.drawNeuron = function (N) {
+    var self = this, s = this.state, meta = N.meta, toks = meta.tokens;
+    var query = Math.min(s.query, toks.length - 1);
+    var V = this.neuronValues(s.head, query), n = V.n, d = V.d;
+    var cw = Math.max(2, Math.min(8, Math.floor(320 / d))), rowH = 16, top = 70, maxW = 0;
+    toks.forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 20))); });
+    var tokW = Math.ceil(maxW) + 12;
+    var xQ = 4, xK = xQ + tokW + 16, xKv = xK + tokW + 6, xP = xKv + d * cw + 16, xDot = xP + d * cw + 16;
+    var xSoft = xDot + 70, showModel = !meta.softmax_matches_model;
+    var width = xSoft + 170 + (showModel ? 70 : 0), height = top + n * rowH + 10;
+    var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
+                            "class": "as-svg as-neuron-view" }, this.stage);
+    svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
+    this.caption(root, 4, 14, "Head " + (N.layer + 1) + "-" + (s.head + 1) + " (" + meta.family +
+                 "), query: \u201c" + toks[query] + "\u201d; click a token on the left to change it");
+    if (meta.note) this.caption(root, 4, 30, meta.note);
+    var maxQ = 1e-9, maxP = 1e-9, maxK = 1e-9;
+    V.q.forEach(function (v) { maxQ = Math.max(maxQ, Math.abs(v)); });
+    V.prods.forEach(function (r) { r.forEach(function (v) { maxP = Math.max(maxP, Math.abs(v)); }); });
+    var K = N.k.data;
+    for (var j = 0; j < n * d; j++) maxK = Math.max(maxK, Math.abs(K[s.head * n * d + j]));
+    var hy = top - 10;
+    svg("text", { x: xK, y: hy, "class": "as-axis" }, root, "key");
+    svg("text", { x: xKv, y: hy, "class": "as-axis" }, root, "k");
+    svg("text", { x: xP, y: hy, "class": "as-axis" }, root, "q \u00d7 k");
+    svg("text", { x: xDot, y: hy, "class": "as-axis" }, root, "q\u00b7k/\u221ad");
+    svg("text", { x: xSoft, y: hy, "class": "as-axis" }, root, "softmax");
+    if (showModel) svg("text", { x: xSoft + 170, y: hy, "class": "as-axis" }, root, "model");
+    svg("text", { x: xKv, y: 46, "class": "as-axis", "text-anchor": "end", dx: -4 }, root, "q");
+    pixelImage(root, gridImage(1, d, function (r, i) { return V.q[i] / maxQ; }, diverging), xKv, 38, d * cw, 10);
+    pixelImage(root, gridImage(n, d, function (r, i) { return K[(s.head * n + r) * d + i] / maxK; }, diverging),
+               xKv, top, d * cw, n * rowH);
+    pixelImage(root, gridImage(n, d, function (r, i) { return V.prods[r][i] / maxP; }, diverging),
+               xP, top, d * cw, n * rowH);
+    for (j = 0; j < n; j++) {
+      (function (j) {
+        var y = top + j * rowH + rowH / 2 + 4;
+        var qt = svg("text", { x: xQ + tokW, y: y, "text-anchor": "end", cursor: "pointer",
+                               "class": "as-token as-neuron-query" + (j === query ? " as-selected" : "") +
+                               (meta.special[j] ? " as-special" : ""), "data-unit": j }, root, shorten(toks[j], 20));
+        qt.addEventListener("click", function () { self.setState({ query: j }); });
+        svg("text", { x: xK, y: y, "class": "as-token" + (meta.special[j] ? " as-special" : "") }, root, shorten(toks[j], 20));
+        svg("text", { x: xDot, y: y, "class": "as-num" }, root, V.dots[j] === null ? "masked" : V.dots[j].toFixed(2));
+        svg("rect", { x: xSoft, y: y - 10, width: Math.max(0, 100 * V.softmax[j]), height: 12, fill: headColour(s.head) }, root);
+        svg("text", { x: xSoft + 106, y: y, "class": "as-num" }, root, V.softmax[j].toFixed(3));
+        if (showModel) svg("text", { x: xSoft + 170, y: y, "class": "as-num" }, root, V.model[j].toFixed(3));
+      })(j);
+    }
+    this.status("neuron", n + " keys");
+  };
+
+  // ---- export ---------------------------------------------------------------------------
+  Viewer.prototype.currentSvg = function () { return this.stage.querySelector("svg"); };
+
+  Viewer.prototype.svgSize = function () {
+    var e = this.currentSvg();
+    return e ? { width: +e.getAttribute("width"), height: +e.getAttribute("height") } : null;
+  };
+
+  Viewer.prototype.exportSVG = function () {
+    var e = this.currentSvg();
+    if (!e) throw new Error("nothing to export");
+    var copy = e.cloneNode(true);
+    var st = document.createElementNS(SVGNS, "style");
+    st.textContent = SVG_STYLE;
+    copy.insertBefore(st, copy.firstChild);
+    return new XMLSerializer().serializeToString(copy);
+  };
+
+  // the current view as a PNG data URL, `scale` pixels per SVG unit
+  Viewer.prototype.exportPNG = function (scale) {
+    scale = scale || 1;
+    var size = this.svgSize(), text = this.exportSVG();
+    return new Promise(function (resolve, reject) {
+      var img = new Image();
+      img.onload = function () {
+        var c = document.createElement("canvas");
+        c.width = Math.round(size.width * scale); c.height = Math.round(size.height * scale);
+        var ctx = c.getContext("2d");
+        ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, c.width, c.height);
+        ctx.drawImage(img, 0, 0, c.width, c.height);
+        resolve(c.toDataURL("image/png"));
+      };
+      img.onerror = function () { reject(new Error("could not rasterise the SVG")); };
+      img.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(text);
+    });
+  };
+
+  var SVG_STYLE = "text{font:12px sans-serif;fill:#222}.as-special{fill:#888;font-style:italic}" +
+                  ".as-caption{font-size:12px;fill:#444}.as-axis{font-size:11px;fill:#555}" +
+                  ".as-num{font:11px monospace}.as-selected{font-weight:bold;fill:#c00}";
+
+  // ---- public API -----------------------------------------------------------------------
+  function mount(root, payload, options) {
+    root.setAttribute("data-ready", "false");
+    return Promise.all([decodeBlob(payload.attn), decodeBlob(payload.thumbnails)]).then(function (b) {
+      var v = new Viewer(root, payload, b[0], b[1], options);
+      return v.render();
+    }).then(function (v) {
+      root.setAttribute("data-ready", "true");
+      global.attnscope = v;
+      return v;
+    }, function (err) {
+      root.textContent = "attnscope: could not open this view: " + (err && err.message ? err.message : err);
+      root.setAttribute("data-ready", "error");
+      throw err;
+    });
+  }
+
+  global.AttnScope = { mount: mount, decodeBlob: decodeBlob, headColour: headColour };
+})(window);
