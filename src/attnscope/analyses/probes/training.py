@@ -116,7 +116,7 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
                 opts[n].zero_grad()
                 loss.backward()
                 opts[n].step()
-                losses[n] += float(loss) * len(sents)
+                losses[n] += loss.item() * len(sents)
                 counts[n] += len(sents)
             if progress is not None:
                 progress(f"probes epoch {epoch}", step + 1, None)
