@@ -300,8 +300,17 @@
     });
   };
 
-  Viewer.prototype.caption = function (g, x, y, text) {
-    return svg("text", { x: x, y: y, "class": "as-caption" }, g, text);
+  // a caption line; widens the SVG (and its white background) when the text needs it
+  Viewer.prototype.caption = function (root, x, y, text) {
+    var t = svg("text", { x: x, y: y, "class": "as-caption" }, root, text);
+    var need = Math.ceil(x + textWidth(text) + 8), w = +root.getAttribute("width");
+    if (need > w) {
+      var h = root.getAttribute("height");
+      root.setAttribute("width", need);
+      root.setAttribute("viewBox", "0 0 " + need + " " + h);
+      root.firstChild.setAttribute("width", need);
+    }
+    return t;
   };
 
   // ---- head view ------------------------------------------------------------------------
@@ -395,7 +404,7 @@
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
                             "class": "as-svg as-model-view" }, this.stage);
     svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
-    this.caption(root, 4, 14, "Every layer (rows) and head (columns); click a head to open it");
+    this.caption(root, 4, 14, "Every layer (rows) and head (columns), each scaled to its own maximum; click a head to open it");
     var data = this.thumbs.data;
     for (var h = 0; h < H; h++) svg("text", { x: left + h * (cell + 6) + cell / 2, y: top - 4,
                                                "text-anchor": "middle", "class": "as-axis" }, root, String(h + 1));
@@ -405,7 +414,9 @@
       for (h = 0; h < H; h++) {
         (function (l, h) {
           var base = (l * H + h) * t * t;
-          var url = gridImage(t, t, function (r, k) { return data[base + r * t + k] / 255; }, blues);
+          var mx = 0;
+          for (var i = 0; i < t * t; i++) mx = Math.max(mx, data[base + i]);
+          var url = gridImage(t, t, function (r, k) { return mx ? data[base + r * t + k] / mx : 0; }, blues);
           var x = left + h * (cell + 6), y = top + l * (cell + pad);
           var g = svg("g", { "class": "as-thumb", "data-layer": l, "data-head": h, cursor: "pointer" }, root);
           pixelImage(g, url, x, y, cell, cell);
@@ -427,7 +438,7 @@
     var cell = Math.max(1, Math.min(20, Math.floor(720 / Math.max(R, C, 1))));
     var labels = cell >= 8, maxW = 0;
     if (labels) p.tokens.forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 16))); });
-    var lm = labels ? Math.ceil(maxW) + 10 : 10, top = 40 + (labels ? Math.ceil(maxW) + 10 : 0);
+    var lm = labels ? Math.ceil(maxW) + 10 : 10, top = 56 + (labels ? Math.ceil(maxW) + 10 : 0);
     var width = lm + C * cell + 10, height = top + R * cell + 10;
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
                             "class": "as-svg as-heatmap-view" }, this.stage);
@@ -435,7 +446,10 @@
     this.caption(root, 4, 14, "Head " + (s.layer + 1) + "-" + (s.head + 1) + ": rows attend (query), columns are attended (key)");
     this.caption(root, 4, 30, (s.hide_special ? "special tokens hidden, rows renormalised; " : "") +
                  (labels ? "" : "labels hidden at this size; hover for values"));
-    var url = gridImage(R, C, function (r, k) { return m[r][k]; }, blues);
+    var top1 = 0;
+    m.forEach(function (row) { row.forEach(function (v) { top1 = Math.max(top1, v); }); });
+    this.caption(root, 4, 30 + 16, "colour: white = 0, dark blue = " + top1.toFixed(3) + " (the largest weight shown)");
+    var url = gridImage(R, C, function (r, k) { return top1 > 0 ? m[r][k] / top1 : 0; }, blues);
     var im = pixelImage(root, url, lm, top, C * cell, R * cell);
     svg("rect", { x: lm, y: top, width: C * cell, height: R * cell, fill: "none", stroke: "#999" }, root);
     if (labels) {

@@ -1,0 +1,74 @@
+"""``attnscope view``: one stored example as a self-contained HTML view (and PNG/SVG)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from attnscope.cli.common import console
+
+
+class ViewKind(str, Enum):
+    head = "head"
+    model = "model"
+    heatmap = "heatmap"
+    neuron = "neuron"
+
+
+class PairFilter(str, Enum):
+    all = "all"
+    aa = "A->A"
+    ab = "A->B"
+    ba = "B->A"
+    bb = "B->B"
+
+
+def _parse_heads(text: str | None) -> list[int] | None:
+    from attnscope.errors import AttnscopeError
+
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise AttnscopeError(f"--heads: expected comma-separated head numbers, got {text!r}") from None
+
+
+def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
+    @app.command("view")
+    def view_cli(
+        store: Path = typer.Argument(..., help="Store folder (attnscope extract)."),
+        example: int = typer.Option(0, "--example", "-e", help="Input index of the example."),
+        view: ViewKind = typer.Option(ViewKind.head, "--view", help="Which view opens first."),
+        out: Path = typer.Option(..., "--out", "-o", help="HTML file to write."),
+        layer: int = typer.Option(0, "--layer", help="Layer, 0-indexed (pages show 1-indexed)."),
+        heads: str = typer.Option(None, "--heads", help="Head view: heads, 0-indexed, e.g. 0,3 (default all)."),
+        head: int = typer.Option(None, "--head", help="Heatmap/neuron view: the head, 0-indexed."),
+        query: int = typer.Option(0, "--query", help="Neuron view: the query token position."),
+        pair_filter: PairFilter = typer.Option(PairFilter.all, "--pair-filter",
+                                               help="Sentence pairs: which segment attends to which."),
+        hide_special: bool = typer.Option(False, "--hide-special",
+                                          help="Hide special tokens and renormalise rows."),
+        model: str = typer.Option(None, "--model", "-m",
+                                  help="Neuron view: model to run (default: the store's)."),
+        png: Path = typer.Option(None, "--png", help="Also export the view as PNG (headless Chromium)."),
+        svg: Path = typer.Option(None, "--svg", help="Also export the view as SVG (headless Chromium)."),
+        scale: float = typer.Option(2.0, "--scale", help="PNG pixels per SVG unit."),
+        chromium: str = typer.Option(None, "--chromium", help="Chromium binary (default /usr/bin/chromium)."),
+    ) -> None:
+        """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
+        from attnscope.viz.write import write_view
+
+        res = write_view(store, example, view.value, out, layer=layer, heads=_parse_heads(heads),
+                         head=head, query=query, pair_filter=pair_filter.value,
+                         hide_special=hide_special, model=model, png=png, svg=svg, scale=scale,
+                         chromium=chromium)
+        for w in res["warnings"]:
+            console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"{res['html']}: {view.value} view, {res['bytes']:,} bytes")
+        for key in ("png", "svg"):
+            if res[key]:
+                w, h = res[f"{key}_size"]
+                console.print(f"{res[key]}: {w} x {h}")

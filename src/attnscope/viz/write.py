@@ -1,0 +1,98 @@
+"""One example of a store to view files: HTML, and optionally PNG/SVG of the opening view.
+
+This is the library side of ``attnscope view``; it returns what it wrote. Nothing is written
+unless everything succeeded: exports run first into a temporary folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from attnscope.errors import AttnscopeError
+
+
+def load_example(store, example: int):
+    """The map of input example ``example`` from an open store, with a one-line error if absent."""
+    try:
+        return store.by_index(example)
+    except KeyError:
+        idx = store.indices()
+        span = f"{idx[0]}..{idx[-1]}" if idx else "none"
+        raise AttnscopeError(f"{store.path}: example {example} is not in the store "
+                             f"(stored examples: {span}, {len(idx)} in all)") from None
+
+
+def model_for_store(store, model: str | None = None):
+    """Load the model that made ``store`` (or ``model``), for the neuron view.
+
+    Returns ``(LoadedModel, warnings)``; a weights hash that differs from the manifest's is a
+    warning (the vectors may not match the stored maps).
+    """
+    from attnscope.models import load_model
+
+    info = store.manifest.get("model", {})
+    name = model or info.get("name")
+    if not name:
+        raise AttnscopeError(f"{store.path}: the manifest names no model; pass --model")
+    lm = load_model(name, seed=store.manifest.get("seed") or 0)
+    warnings = []
+    want = info.get("weights_sha256")
+    if want and lm.weights_hash != want and want != "unknown":
+        warnings.append(f"model {name}: its weights differ from the ones that made {store.path}")
+    return lm, warnings
+
+
+def write_view(store_path: str | Path, example: int, view: str, out: str | Path, *,
+               layer: int = 0, heads=None, head: int | None = None, query: int = 0,
+               pair_filter: str = "all", hide_special: bool = False, model: str | None = None,
+               png: str | Path | None = None, svg: str | Path | None = None, scale: float = 2.0,
+               chromium: str | None = None) -> dict:
+    """Write ``out`` (HTML) for one stored example; ``png``/``svg`` export the opening view.
+
+    Returns ``{"html", "png", "svg", "png_size", "svg_size", "bytes", "warnings"}``.
+    """
+    from attnscope.store import open_store
+    from attnscope.viz.pages import view_html
+
+    store = open_store(store_path)
+    amap = load_example(store, example)
+    warnings: list[str] = []
+    neuron = None
+    model_name = store.manifest.get("model", {}).get("name")
+    if view == "neuron":
+        from attnscope.viz.neuron import capture_qk, neuron_payload
+
+        lm, warnings = model_for_store(store, model)
+        qk = capture_qk(lm, amap.example, layer, index=amap.index)
+        neuron = neuron_payload(qk, head=head if head is not None else 0, query=query)
+        model_name = lm.name
+    html = view_html(amap, view, layer=layer, heads=heads, head=head, pair_filter=pair_filter,
+                     hide_special=hide_special, neuron=neuron, model=model_name,
+                     title=f"{Path(store_path).name}: example {amap.index}")
+    result = {"html": str(out), "png": None, "svg": None, "bytes": len(html.encode("utf-8")),
+              "warnings": warnings}
+    with tempfile.TemporaryDirectory(prefix="attnscope-export-") as tmp:
+        if png is not None or svg is not None:
+            from attnscope.viz.export import export_html
+
+            tpng = Path(tmp) / "view.png" if png is not None else None
+            tsvg = Path(tmp) / "view.svg" if svg is not None else None
+            sizes = export_html(html, png=tpng, svg=tsvg, scale=scale, chromium=chromium)
+            for src, dst, key in ((tpng, png, "png"), (tsvg, svg, "svg")):
+                if src is not None:
+                    _move_atomic(src, Path(dst))
+                    result[key] = str(dst)
+                    result[f"{key}_size"] = sizes[key]
+        from attnscope.data.io import atomic_write_text
+
+        atomic_write_text(Path(out), html)
+    return result
+
+
+def _move_atomic(src: Path, dst: Path) -> None:
+    from attnscope.data.io import atomic_write_bytes
+
+    atomic_write_bytes(dst, src.read_bytes())
+    shutil.os.remove(src)
