@@ -214,7 +214,8 @@ class DependencyHeads(Analysis):
         correct = self.correct[f].sum(axis=0)  # [R L H 2]
         offc = self.offset_correct[f].sum(axis=0)  # [R K]
         total = self.total[f].sum(axis=0)  # [R]
-        correct = np.concatenate([correct, correct.sum(axis=0, keepdims=True)]).reshape(-1, L, H, 2)
+        correct = np.concatenate([correct.reshape(len(self.relations), L, H, 2),
+                                  correct.sum(axis=0).reshape(1, L, H, 2)])
         offc = np.concatenate([offc, offc.sum(axis=0, keepdims=True)])
         total = np.concatenate([total, [total.sum()]])
         return HeadCounts(self.relations + [ALL], correct, offc, total, self.offsets)

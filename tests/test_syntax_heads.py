@@ -1,0 +1,238 @@
+"""Per-head dependency accuracy (Table 1) on hand-built maps with hand-worked answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnscope.analyses.base import ANALYSES
+from attnscope.analyses.syntax import (ALL, DependencyHeads, HeadCounts, binary_bootstrap_ci,
+                                       relation_label, table1_rows)
+from attnscope.data.records import Example
+from attnscope.extract.batch import AttentionBatch
+
+from conftest import make_map
+
+TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
+WORDS = TOKENS[1:-1]
+HEADS = [2, 3, 0, 6, 6, 3]
+RELNS = ["det", "nsubj", "root", "case", "det", "obl"]
+
+
+def sentence_map(index: int = 0):
+    """Units 0..7 = [CLS] w1..w6 [SEP]. Background 0.001*(col+1) + 0.0001*(row+1) (no ties).
+
+    Head 0 ("gold"): every word puts 1.0 on its gold head ([CLS] for the root word).
+    Head 1 ("previous"): every word puts 1.0 on the unit before it.
+    """
+    n = len(TOKENS)
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    a = np.zeros((1, 2, n, n)) + 0.001 * (j + 1) + 0.0001 * (i + 1)
+    for w, h in enumerate(HEADS, start=1):
+        a[0, 0, w, h if h else 0] += 1.0
+        a[0, 1, w, w - 1] += 1.0
+    ex = Example(words=list(WORDS), heads=list(HEADS), relns=list(RELNS))
+    return make_map(a, TOKENS, example=ex, index=index)
+
+
+def test_hand_worked_sentence():
+    d = DependencyHeads()
+    d.update(AttentionBatch([sentence_map()]))
+    c = d.counts()
+    assert c.relations == ["det", "nsubj", "case", "obl", ALL]
+    assert c.total.tolist() == [2, 1, 1, 1, 5]
+    # [relation, layer, head, direction]; worked out in sentence_map's docstring terms:
+    # gold head, dep->head: all right. gold head, head->dep: the(1) <- mat (largest row) wrong,
+    # cat <- the wrong, on <- mat right, the(5) <- mat right, mat <- the(5) wrong.
+    # previous head, dep->head: all wrong. previous head, head->dep: the(1) <- cat right,
+    # cat <- sat right, on <- the wrong, the(5) <- mat right, mat <- the(5) wrong.
+    expect = {  # relation: (gold d->h, gold h->d, prev d->h, prev h->d)
+        "det": (2, 1, 0, 2), "nsubj": (1, 0, 0, 1), "case": (1, 1, 0, 0), "obl": (1, 0, 0, 0),
+        ALL: (5, 2, 0, 3)}
+    for r, rel in enumerate(c.relations):
+        got = (c.correct[r, 0, 0, 0], c.correct[r, 0, 0, 1], c.correct[r, 0, 1, 0], c.correct[r, 0, 1, 1])
+        assert tuple(int(x) for x in got) == expect[rel], rel
+    # offsets -3..3: gold offsets are +1 +1 +2 +1 -3
+    offs = dict(zip(c.offsets, c.offset_correct[c.get(ALL)].tolist()))
+    assert offs == {-3: 1, -2: 0, -1: 0, 1: 3, 2: 1, 3: 0}
+    rows = {r["relation"]: r for r in table1_rows(c, min_count=1)}
+    assert rows["det"]["head"] == "1-1" and rows["det"]["direction"] == "dep->head"
+    assert rows["det"]["accuracy"] == 100.0 and rows["det"]["offset"] == "+1"
+    assert rows["case"]["offset"] == "+2" and rows["obl"]["offset"] == "-3"
+    assert rows[ALL]["offset_accuracy"] == pytest.approx(60.0)
+    assert list(rows)[-1] == ALL
+
+
+def test_ties_go_to_lowest_word_and_self_and_specials_are_ignored():
+    # uniform attention except a huge weight on [CLS] and on the word itself: both ignored,
+    # so every prediction is a tie among the other words -> the lowest word index.
+    n = len(TOKENS)
+    a = np.full((n, n), 0.1)
+    a[:, 0] = 5.0
+    a[np.arange(n), np.arange(n)] = 9.0
+    ex = Example(words=list(WORDS), heads=list(HEADS), relns=list(RELNS))
+    d = DependencyHeads()
+    d.update(AttentionBatch([make_map(a, TOKENS, example=ex)]))
+    s = d.counts()
+    # dep->head predicts word 0 ("the") for all but the(1) itself, which predicts word 1 (cat):
+    # the(1) -> cat right; cat -> the wrong; on, the(5), mat -> the(1) wrong. 1 of 5.
+    assert int(s.correct[s.get(ALL), 0, 0, 0]) == 1
+
+
+def test_possessive_rule_uses_the_clitic():
+    toks = ["[CLS]", "John", "'s", "dog", "[SEP]"]
+    ex = Example(words=["John", "'s", "dog"], heads=[3, 1, 0], relns=["nmod:poss", "case", "root"])
+    a = np.full((5, 5), 0.01)
+    a[1, 2] = 1.0  # John looks at 's (wrong by itself)
+    a[2, 3] = 1.0  # 's looks at dog: John's head
+    m = make_map(a, toks, example=ex)
+    on, off = DependencyHeads(), DependencyHeads(possessive_rule=False)
+    on.update(AttentionBatch([m]))
+    off.update(AttentionBatch([m]))
+    r_on, r_off = on.counts(), off.counts()
+    assert int(r_on.correct[r_on.get("nmod:poss"), 0, 0, 0]) == 1
+    assert int(r_off.correct[r_off.get("nmod:poss"), 0, 0, 0]) == 0
+    # offsets use the same redirection: 's + 1 = dog
+    assert int(r_on.offset_correct[r_on.get("nmod:poss"), list(on.offsets).index(1)]) == 1
+
+
+def test_collapse_subtypes_and_min_count():
+    assert relation_label("acl:relcl", True) == "acl"
+    ex = Example(words=["a", "b", "c"], heads=[3, 3, 0], relns=["nmod:poss", "nmod", "root"])
+    m = make_map(np.full((5, 5), 0.2), ["[CLS]", "a", "b", "c", "[SEP]"], example=ex)
+    d = DependencyHeads(collapse_subtypes=True)
+    d.update(AttentionBatch([m]))
+    c = d.counts()
+    assert c.relations == ["nmod", ALL] and c.total.tolist() == [2, 2]
+    rows = table1_rows(c, min_count=3)
+    assert [r["relation"] for r in rows] == [ALL]
+
+
+def test_held_out_selection_scores_the_head_chosen_elsewhere():
+    L, H = 1, 2
+    sel = HeadCounts(["det", ALL], np.zeros((2, L, H, 2), np.int64), np.zeros((2, 6), np.int64),
+                     np.array([10, 10]), (-3, -2, -1, 1, 2, 3))
+    sel.correct[:, 0, 1, 0] = 9  # head 1-2 is best on the selection data
+    sel.offset_correct[:, 4] = 7  # offset +2
+    score = HeadCounts(["det", ALL], np.zeros((2, L, H, 2), np.int64), np.zeros((2, 6), np.int64),
+                       np.array([100, 100]), sel.offsets)
+    score.correct[:, 0, 0, 0] = 90
+    score.correct[:, 0, 1, 0] = 40
+    score.offset_correct[:, 3] = 50
+    score.offset_correct[:, 4] = 20
+    paper = {r["relation"]: r for r in table1_rows(score, None, min_count=1)}
+    held = {r["relation"]: r for r in table1_rows(score, sel, min_count=1)}
+    assert paper["det"]["head"] == "1-1" and paper["det"]["accuracy"] == 90.0
+    assert held["det"]["head"] == "1-2" and held["det"]["accuracy"] == 40.0
+    assert held["det"]["offset"] == "+2" and held["det"]["offset_accuracy"] == 20.0
+
+
+def test_fold_counts_split_by_example_parity():
+    d = DependencyHeads()
+    d.update(AttentionBatch([sentence_map(0), sentence_map(1), sentence_map(3)]))
+    assert d.counts((0,)).total[-1] == 5 and d.counts((1,)).total[-1] == 10
+
+
+def test_binary_bootstrap_matches_resampling():
+    from attnscope.analyses.stats import bootstrap_ci
+
+    values = np.array([1] * 30 + [0] * 70)
+    lo, hi = binary_bootstrap_ci(30, 100, n_boot=4000, seed=1)
+    lo2, hi2 = bootstrap_ci(values, n_boot=4000, seed=1)
+    assert abs(lo - lo2) <= 0.02 and abs(hi - hi2) <= 0.02
+    assert lo < 0.3 < hi
+
+
+# -- an independent reference: the obvious loop ------------------------------------------------
+def naive_counts(maps):
+    """Loop over sentences, heads, directions and words, like the paper's notebook."""
+    out = {}
+    for m in maps:
+        pos = m.word_positions()
+        n = len(pos)
+        for layer in range(m.attn.shape[0]):
+            for head in range(m.attn.shape[1]):
+                a = m.attn[layer, head]
+                for d in range(n):
+                    g = m.example.heads[d] - 1
+                    if g < 0:
+                        continue
+                    best_dh = best_hd = None
+                    for c in range(n):
+                        if c == d:
+                            continue
+                        if best_dh is None or a[pos[d], pos[c]] > a[pos[d], pos[best_dh]]:
+                            best_dh = c
+                        if best_hd is None or a[pos[c], pos[d]] > a[pos[best_hd], pos[d]]:
+                            best_hd = c
+                    for key in (m.example.relns[d], ALL):
+                        acc = out.setdefault(key, np.zeros((m.attn.shape[0], m.attn.shape[1], 2), int))
+                        acc[layer, head, 0] += best_dh == g
+                        acc[layer, head, 1] += best_hd == g
+    return out
+
+
+@st.composite
+def random_maps(draw):
+    maps = []
+    for index in range(draw(st.integers(1, 6))):
+        n = draw(st.integers(2, 7))
+        order = draw(st.permutations(list(range(n))))
+        heads = [0] * n
+        for k, w in enumerate(order[1:], start=1):  # attach to an earlier word of the order
+            heads[w] = order[draw(st.integers(0, k - 1))] + 1
+        rel = [draw(st.sampled_from(["det", "obj", "nmod:poss"])) if h else "root" for h in heads]
+        seed = draw(st.integers(0, 10_000))
+        a = np.random.default_rng(seed).random((2, 3, n + 2, n + 2)).astype(np.float32)
+        toks = ["[CLS]"] + [f"w{i}" for i in range(n)] + ["[SEP]"]
+        ex = Example(words=toks[1:-1], heads=heads, relns=rel)
+        maps.append(make_map(a, toks, example=ex, index=index))
+    return maps
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_maps(), st.data())
+def test_matches_naive_loop_for_any_batching(maps, data):
+    ref = naive_counts(maps)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(maps) - 1)), max_size=3)))
+    parts = [maps[a:b] for a, b in zip([0] + cuts, cuts + [len(maps)]) if maps[a:b]]
+    pieces = []
+    for p in parts:
+        d = DependencyHeads(possessive_rule=False)
+        d.update(AttentionBatch(p))
+        pieces.append(d)
+    merged = pieces[0]
+    for p in pieces[1:]:
+        merged.merge(p)
+    one = DependencyHeads(possessive_rule=False)
+    one.update(AttentionBatch(maps))
+    for d in (merged, one):
+        c = d.counts()
+        assert set(c.relations) == set(ref)
+        for rel, expect in ref.items():
+            np.testing.assert_array_equal(c.correct[c.get(rel)], expect)
+    assert merged.finalize().to_json()["arrays"]["accuracy"] is not None
+
+
+def test_registered_and_result_roundtrip(tmp_path):
+    assert ANALYSES["dependency-heads"] is DependencyHeads
+    d = DependencyHeads()
+    empty = d.finalize()
+    assert empty.arrays["total"].tolist() == [0]
+    d.update(AttentionBatch([sentence_map()]))
+    res = d.finalize()
+    res.save(tmp_path / "r.json")
+    from attnscope.analyses.base import Result
+    import json
+
+    back = Result.from_json(json.loads((tmp_path / "r.json").read_text()))
+    np.testing.assert_array_equal(back.arrays["accuracy"], res.arrays["accuracy"])
+
+
+def test_rejects_token_level_maps():
+    m = sentence_map()
+    m.level = "token"
+    with pytest.raises(ValueError, match="word-level"):
+        DependencyHeads().update(AttentionBatch([m]))
