@@ -178,10 +178,10 @@ def family_function(spec: FamilySpec) -> Callable[..., Section] | None:
 
 def check_config(cfg: RunConfig) -> None:
     """Refuse arguments that cannot work, with one line naming the argument or file."""
-    if cfg.text is None and cfg.deps is None and not cfg.coref:
-        raise AttnscopeError("nothing to do: give at least one of --text, --deps, --coref")
     if cfg.deps_train is not None and cfg.deps is None:
         raise AttnscopeError("--deps-train needs --deps (the split that Table 1 and the probes score)")
+    if cfg.text is None and cfg.deps is None and not cfg.coref:
+        raise AttnscopeError("nothing to do: give at least one of --text, --deps, --coref")
     if cfg.gradients not in GRADIENT_MODES:
         raise AttnscopeError(f"--gradients must be one of {', '.join(GRADIENT_MODES)}, not {cfg.gradients!r}")
     if cfg.window not in WINDOW_MODES:
