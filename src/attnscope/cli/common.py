@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 
 
 def command_line() -> str:

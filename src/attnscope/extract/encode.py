@@ -172,7 +172,8 @@ def _word_at(spans: list[tuple[int, int]], char: int) -> int:
 
 
 def _vocab_is_cased(tok) -> bool:
-    vocab = tok.get_vocab()
+    specials = set(tok.all_special_tokens)
+    vocab = [w for w in tok.get_vocab() if w not in specials and not w.startswith(("[", "<"))]
     upper = sum(1 for w in vocab if any(c.isupper() for c in w))
     return upper > 0.01 * len(vocab)
 

@@ -15,7 +15,7 @@ import numpy as np
 from attnscope import __version__
 from attnscope.data.io import atomic_write_bytes, atomic_write_text
 from attnscope.data.records import Example
-from attnscope.errors import StoreError
+from attnscope.errors import AttnscopeError, StoreError
 from attnscope.extract.batch import AttentionMap
 from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
 from attnscope.models.loading import LoadedModel, load_model
@@ -140,25 +140,19 @@ def extract_to_store(examples: Iterable[Example], out: str | Path, model: Loaded
             what = "a store" if old is not None else "other files"
             raise StoreError(f"{root}: already holds {what} (use --resume to continue it or "
                              "--overwrite to replace it)")
+    fresh = not done
     (root / SHARDS).mkdir(parents=True, exist_ok=True)
-    if not done:
+    if fresh:
         atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False))
 
     start = time.perf_counter()
     writer = ShardWriter(root, shard_size, dtype, done)
-    pos = 0
-    for planned in extractor.plan(examples):
-        positions = list(range(pos, pos + len(planned)))
-        pos += len(planned)
-        if all(writer.shard_of(p) in done for p in positions):
-            stats.examples_out += len(planned)
-            stats.tokens += sum(len(e) for e in planned)
-        else:
-            batch = extractor.run_batch(planned)
-            for p, item in zip(positions, batch.items):
-                writer.add(p, item)
-        if progress is not None:
-            progress(stats.examples_out, stats.tokens)
+    try:
+        _run_plan(extractor, examples, writer, stats, progress)
+    except AttnscopeError:
+        if fresh:  # bad input: leave nothing behind (a resumed store keeps its whole shards)
+            shutil.rmtree(root, ignore_errors=True)
+        raise
     writer.finish()
     _write_index(root, shard_size)
     manifest["status"] = "complete"
@@ -168,6 +162,24 @@ def extract_to_store(examples: Iterable[Example], out: str | Path, model: Loaded
     atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False))
     stats.elapsed_s = time.perf_counter() - start  # type: ignore[attr-defined]
     return stats
+
+
+def _run_plan(extractor: Extractor, examples: list[Example], writer: ShardWriter, stats: ExtractStats,
+              progress: Callable[[int, int], None] | None) -> None:
+    """Run every planned batch whose shard is not on disk yet; hand the maps to the writer."""
+    pos = 0
+    for planned in extractor.plan(examples):
+        positions = list(range(pos, pos + len(planned)))
+        pos += len(planned)
+        if all(writer.shard_of(p) in writer.done for p in positions):
+            stats.examples_out += len(planned)
+            stats.tokens += sum(len(e) for e in planned)
+        else:
+            batch = extractor.run_batch(planned)
+            for p, item in zip(positions, batch.items):
+                writer.add(p, item)
+        if progress is not None:
+            progress(stats.examples_out, stats.tokens)
 
 
 def _read_json(path: Path) -> dict:
@@ -182,6 +194,8 @@ def _valid_shards(root: Path) -> set[int]:
     from safetensors import safe_open
 
     ok = set()
+    for tmp in (root / SHARDS).glob(".*.tmp"):  # a shard in flight when the run was killed
+        tmp.unlink()
     for f in sorted((root / SHARDS).glob("*.safetensors")):
         try:
             with safe_open(str(f), framework="np") as sf:

@@ -1,0 +1,101 @@
+"""The command line: happy paths and one-line errors for bad input, with no partial output."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from attnscope.cli.main import main
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def good(tmp_path):
+    p = tmp_path / "in.json"
+    p.write_text(json.dumps([{"words": ["the", "cat", "sat"]}, {"text": "a dog ran."}]))
+    return p
+
+
+def test_extract_info_export_import(tmp_path, good, capsys):
+    code, _, err = run(capsys, "extract", good, "--model", "debug", "--out", tmp_path / "s", "--word-level")
+    assert code == 0 and "2 examples written" in err
+    code, out, _ = run(capsys, "info", tmp_path / "s", "--json", "--verify")
+    info = json.loads(out)
+    assert code == 0 and info["examples"] == 2 and info["level"] == "word" and info["verify"] == "ok"
+    code, _, err = run(capsys, "export", tmp_path / "s", "--format", "paper-pickle")
+    pkl = tmp_path / "s_attn.pkl"
+    assert code == 0 and pkl.exists()
+    code, _, err = run(capsys, "import", pkl, "--out", tmp_path / "back")
+    assert code == 2 and "--allow-pickle" in err and not (tmp_path / "back").exists()
+    code, _, _ = run(capsys, "import", pkl, "--out", tmp_path / "back", "--allow-pickle")
+    assert code == 0 and (tmp_path / "back" / "index.json").exists()
+
+
+def test_prepare_commands(tmp_path, capsys, shared_data):
+    code, _, err = run(capsys, "prepare", "depparse", shared_data / "ud-ewt" / "en_ewt-ud-dev.conllu",
+                       "--out", tmp_path / "dev.json", "--limit", "5")
+    data = json.loads((tmp_path / "dev.json").read_text())
+    assert code == 0 and len(data) == 5 and {"words", "heads", "relns", "pos"} <= set(data[0])
+    txt = tmp_path / "t.txt"
+    txt.write_text("One. Two.\nThree.\n\nFour.\n")
+    code, _, err = run(capsys, "prepare", "unlabeled", txt, "--model", "debug", "--out", tmp_path / "u.json")
+    assert code == 0 and len(json.loads((tmp_path / "u.json").read_text())) == 2
+
+
+@pytest.mark.parametrize("content, expect", [
+    ("[{\"text\": \"a\"},\n {\"text\": ]", "in.json:2: invalid JSON"),
+    ("[{\"text\": \"a\", \"tokens\": [\"a\"]}]", "in.json: example 0: needs exactly one of text/words/tokens"),
+    ("[{\"tokens\": [\"[CLS]\", \"zebra\", \"[SEP]\"]}]", "in.json: example 0: token 'zebra' is not in the vocabulary"),
+])
+def test_bad_inputs_leave_no_store(tmp_path, capsys, content, expect):
+    p = tmp_path / "in.json"
+    p.write_text(content)
+    code, _, err = run(capsys, "extract", p, "--model", "debug", "--out", tmp_path / "s")
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: ") and expect in line
+    assert not (tmp_path / "s").exists()
+
+
+def test_model_errors(tmp_path, good, capsys):
+    code, _, err = run(capsys, "extract", good, "--model", "nobody/no-such-model-xyz", "--out", tmp_path / "s")
+    assert code == 2 and "not found locally" in err
+    (tmp_path / "notmodel").mkdir()
+    code, _, err = run(capsys, "extract", good, "--model", tmp_path / "notmodel", "--out", tmp_path / "s")
+    assert code == 2 and "not a model folder" in err
+    code, _, err = run(capsys, "extract", good, "--model", "debug", "--max-seq-len", "100000", "--out", tmp_path / "s")
+    assert code == 2 and "position limit" in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_existing_output_and_corrupt_store(tmp_path, good, capsys):
+    assert run(capsys, "extract", good, "--model", "debug", "--out", tmp_path / "s")[0] == 0
+    code, _, err = run(capsys, "extract", good, "--model", "debug", "--out", tmp_path / "s")
+    assert code == 2 and "already holds a store" in err
+    shard = next((tmp_path / "s" / "shards").glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    code, _, err = run(capsys, "info", tmp_path / "s", "--verify")
+    assert code == 2 and shard.name in err
+
+
+def test_unknown_debug_family_and_unreadable_file(tmp_path, good, capsys):
+    code, _, err = run(capsys, "extract", good, "--model", "debug:t5", "--out", tmp_path / "s")
+    assert code == 2 and "unknown debug family" in err
+    code, _, err = run(capsys, "extract", tmp_path / "missing.json", "--model", "debug", "--out", tmp_path / "s")
+    assert code == 2 and "missing.json: no such file" in err
+
+
+def test_real_process_prints_one_line_and_no_traceback(tmp_path):
+    p = tmp_path / "in.jsonl"
+    p.write_text('{"text": "ok"}\n{"words": []}\n')
+    r = subprocess.run([sys.executable, "-m", "attnscope", "extract", str(p), "--model", "debug", "--out",
+                        str(tmp_path / "s"), "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"error: {p}:2: example 1: 'words' is empty"
+    assert "Traceback" not in r.stderr

@@ -1,0 +1,164 @@
+"""Probing classifiers (Table 3): features, baselines worked out by hand, a planted head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from attnscope.analyses.probes.features import (SentenceSource, collate, probe_sentence,  # noqa: E402
+                                                punctuation_mask, sentences_from_maps)
+from attnscope.analyses.probes.models import (AttentionGloveProbe, AttentionProbe,  # noqa: E402
+                                              DistanceGloveMLP, distance_features, right_branching)
+from attnscope.analyses.probes.training import (TrainConfig, evaluate, right_branching_uas,  # noqa: E402
+                                                train_probes)
+from attnscope.data.records import Example  # noqa: E402
+from attnscope.extract.batch import AttentionBatch  # noqa: E402
+
+from conftest import make_map  # noqa: E402
+
+
+def random_tree(rng, n):
+    order = rng.permutation(n)
+    heads = [0] * n
+    for k in range(1, n):
+        heads[order[k]] = int(order[rng.integers(0, k)]) + 1
+    return heads
+
+
+def planted_maps(count, seed, L=2, H=2, planted=(1, 0)):
+    """Random attention except head ``planted``, where each word puts most weight on its gold
+    head ([CLS] for the root word)."""
+    rng = np.random.default_rng(seed)
+    maps = []
+    for index in range(count):
+        n = int(rng.integers(3, 9))
+        heads = random_tree(rng, n)
+        toks = ["[CLS]"] + [f"w{i}" for i in range(n)] + ["[SEP]"]
+        a = rng.random((L, H, n + 2, n + 2))
+        spike = np.zeros((n + 2, n + 2))
+        for w, h in enumerate(heads, start=1):
+            spike[w, h] = 3.0  # h = 0 is [CLS] = ROOT
+        a[planted] = a[planted] * 0.3 + spike
+        a = a / a.sum(-1, keepdims=True)
+        ex = Example(words=toks[1:-1], heads=heads, relns=["dep"] * n)
+        maps.append(make_map(a, toks, example=ex, index=index))
+    return maps
+
+
+def source_of(maps, glove=None, chunk=16, cache_bytes=1 << 30):
+    def batches():
+        for i in range(0, len(maps), chunk):
+            yield AttentionBatch(maps[i:i + chunk])
+
+    return SentenceSource(batches, glove, cache_bytes=cache_bytes)
+
+
+def test_root_features_sum_to_and_mean_from_specials():
+    toks = ["[CLS]", "a", "b", "[SEP]"]
+    a = np.array([[0.1, 0.2, 0.3, 0.4],
+                  [0.5, 0.1, 0.2, 0.2],
+                  [0.3, 0.3, 0.3, 0.1],
+                  [0.0, 0.6, 0.4, 0.0]])
+    m = make_map(a, toks, example=Example(words=["a", "b"], heads=[2, 0], relns=["x", "root"]))
+    s = probe_sentence(m)
+    f = s.attn[0].astype(np.float32)
+    # words -> ROOT: a: 0.5 + 0.2 = 0.7, b: 0.3 + 0.1 = 0.4; ROOT -> words: mean of rows 0 and 3
+    np.testing.assert_allclose(f[1:, 0], [0.7, 0.4], atol=1e-3)
+    np.testing.assert_allclose(f[0, 1:], [(0.2 + 0.6) / 2, (0.3 + 0.4) / 2], atol=1e-3)
+    np.testing.assert_allclose(f[1:, 1:], a[1:3, 1:3], atol=1e-3)
+    first = probe_sentence(m, root="first").attn[0].astype(np.float32)
+    np.testing.assert_allclose(first[1:, 0], [0.5, 0.3], atol=1e-3)
+    assert s.heads.tolist() == [2, 0]
+
+
+def test_punctuation_from_upos_pos_or_characters():
+    assert punctuation_mask(Example(words=["a", "."], upos=["NOUN", "PUNCT"])).tolist() == [False, True]
+    assert punctuation_mask(Example(words=["a", "."], pos=["NN", "."])).tolist() == [False, True]
+    assert punctuation_mask(Example(words=["a", "--", "b"])).tolist() == [False, True, False]
+
+
+def test_right_branching_worked_by_hand():
+    # sentence 1: heads [2, 3, 0] = right-branching exactly: 3/3
+    # sentence 2: heads [0, 1, 1, 1] with a final "." (PUNCT, not scored): rb = [2, 3, 4, 0]
+    #   scored words 1..3: 0 != 2, 1 != 3, 1 != 4 -> 0/3
+    maps = []
+    for i, (words, heads, upos) in enumerate([
+            (["a", "b", "c"], [2, 3, 0], ["X", "X", "X"]),
+            (["d", "e", "f", "."], [0, 1, 1, 1], ["X", "X", "X", "PUNCT"])]):
+        toks = ["[CLS]"] + words + ["[SEP]"]
+        n = len(toks)
+        ex = Example(words=words, heads=heads, relns=["dep"] * len(words), upos=upos)
+        maps.append(make_map(np.full((n, n), 1 / n), toks, example=ex, index=i))
+    run = right_branching_uas(source_of(maps))
+    assert (run.correct, run.total) == (3, 6)
+    assert right_branching(1).tolist() == [0]
+
+
+def test_distance_features_by_hand():
+    f = distance_features(4)  # [dependent j, candidate i, F]
+    assert f.shape == (4, 4, 13)
+    assert f[1, 2, 0] == 1 and f[1, 2, :10].sum() == 1  # i - j = +1: first "ahead" indicator
+    assert f[3, 1, 6] == 1  # i - j = -2: second "behind" indicator
+    assert f[1, 3, 10] == pytest.approx(0.2) and f[1, 3, 11] == 0  # continuous ahead distance
+    assert f[2, 0, 12] == 1 and f[2, 0, :12].sum() == 0  # ROOT
+
+
+def test_planted_head_gives_the_attention_probe_full_uas():
+    train = source_of(planted_maps(120, seed=1))
+    dev = source_of(planted_maps(40, seed=2))
+    torch.manual_seed(0)
+    probe = AttentionProbe(4)
+    before = evaluate(probe, dev)
+    runs = train_probes({"attn": probe}, train, dev, TrainConfig(epochs=15, patience=3, lr=0.1, seed=0))
+    c, t = evaluate(probe, dev)
+    assert before[0] < t  # an untrained probe is not already perfect
+    assert c == t and runs["attn"].uas == 1.0
+    # the planted head (layer 1, head 0 -> k = 2) dominates the dependent -> candidate weights
+    assert int(torch.argmax(probe.u.detach())) == 2
+
+
+def test_glove_probe_and_mlp_train_and_are_seeded():
+    vectors = np.random.default_rng(0).normal(size=(11, 5)).astype(np.float32)
+    maps = planted_maps(40, seed=3)
+
+    class G:  # a tiny GloVe-like table: word "wi" -> row i
+        def lookup(self, words):
+            return np.array([int(w[1:]) for w in words])
+
+    def once():
+        train, dev = source_of(maps, G()), source_of(planted_maps(10, seed=4), G())
+        torch.manual_seed(0)
+        mods = {"attn+glove": AttentionGloveProbe(4, vectors), "distance+glove": DistanceGloveMLP(vectors, 16)}
+        return train_probes(mods, train, dev, TrainConfig(epochs=3, patience=5, lr=0.05, seed=0))
+
+    a, b = once(), once()
+    for n in a:
+        assert a[n].history == [dict(h, seconds=h2["seconds"]) for h, h2 in zip(b[n].history, a[n].history)] or \
+            [h["loss"] for h in a[n].history] == [h["loss"] for h in b[n].history]
+        assert a[n].total > 0 and a[n].epochs_run == 3
+    assert a["attn+glove"].uas > 0.9  # the planted head is there to be found
+
+
+def test_stream_without_cache_gives_the_same_batches():
+    maps = planted_maps(30, seed=5)
+    cached, streamed = source_of(maps), source_of(maps, cache_bytes=0)
+    for _ in range(2):  # second pass: from the cache / read again
+        a = [[s.index for s in b] for b in cached.shuffled_batches(4, np.random.default_rng(0), 2)]
+        b = [[s.index for s in b] for b in streamed.shuffled_batches(4, np.random.default_rng(0), 2)]
+        assert a == b
+    assert cached._cache is not None and streamed._cache is None
+    assert sorted(i for b in a for i in b) == list(range(30))
+
+
+def test_collate_masks_self_and_padding():
+    sents = sentences_from_maps(planted_maps(2, seed=6))
+    b = collate(sents)
+    M = max(s.num_words for s in sents) + 1
+    assert b.candidates.shape == (2, M, M)
+    for k, s in enumerate(sents):
+        m = s.num_words + 1
+        assert not b.candidates[k].diagonal().any()
+        assert b.candidates[k, 1, :m].sum() == m - 1 and not b.candidates[k, :, m:].any()
+        assert b.heads[k, 0] == -1
