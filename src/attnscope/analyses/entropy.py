@@ -1,0 +1,104 @@
+"""How broad each head's attention is: entropy and maximum weight per row (paper section 3.3).
+
+For one example with ``n`` units and one head's attention ``a`` (``[n n]``):
+
+- entropy (nats): ``mean_i H(a[i])`` with ``H(p) = -sum_j p_j ln p_j`` (``0 ln 0 = 0``)
+- entropy from the first unit (``[CLS]`` / ``<s>``): ``H(a[0])`` (Figure 4, right)
+- maximum weight: ``mean_i max_j a[i, j]``, and the share of rows whose maximum is at most
+  ``max_weight_threshold`` (0.1: the paper's "at most 10% of their attention on any single word")
+- uniform reference: ``mean_i ln k_i`` with ``k_i`` the keys row ``i`` may see (``n``; ``i + 1``
+  for a causal model), the entropy every head would have if it attended uniformly.
+
+Each value is averaged over examples (mean of per-example means, as the paper's code).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.relative_position import PerExampleMeans, per_head_rows
+from attnscope.extract.batch import AttentionBatch
+
+STATS = ("entropy", "entropy_first", "max_weight", "rows_max_below", "uniform")
+
+
+def row_entropy(attn: np.ndarray) -> np.ndarray:
+    """Entropy in nats of every row: ``[..., q, k] -> [..., q]``; zeros contribute nothing.
+
+    >>> row_entropy(np.array([[0.5, 0.5], [1.0, 0.0]])).round(4).tolist()
+    [0.6931, 0.0]
+    """
+    a = np.asarray(attn, dtype=np.float32)
+    safe = np.where(a > 0, a, np.float32(1.0))
+    return -(a * np.log(safe)).sum(-1, dtype=np.float64)
+
+
+@register
+class Entropy(Analysis):
+    """Per head: mean row entropy, entropy from the first unit, and maximum weight per row."""
+
+    name = "entropy"
+    requires = frozenset()
+
+    def __init__(self, causal: bool = False, max_weight_threshold: float = 0.1):
+        self.causal = bool(causal)
+        self.max_weight_threshold = float(max_weight_threshold)
+        self.acc = PerExampleMeans(STATS)
+        self.examples = 0
+        self.units = 0
+
+    def params(self) -> dict[str, Any]:
+        return {"causal": self.causal, "max_weight_threshold": self.max_weight_threshold,
+                "average": "mean over examples of per-example means", "unit": "nats"}
+
+    def _add(self, attn: np.ndarray) -> None:
+        n = attn.shape[-1]
+        ent = row_entropy(attn)  # [L H q]
+        mx = attn.max(-1)  # [L H q]
+        keys = np.arange(1, n + 1) if self.causal else np.full(n, n)
+        values = np.stack([
+            ent.mean(-1), ent[..., 0], mx.mean(-1, dtype=np.float64),
+            (mx <= self.max_weight_threshold).mean(-1, dtype=np.float64),
+            np.full(attn.shape[:2], np.log(keys).mean()),
+        ])  # [S L H]
+        self.acc.add(values, np.ones(len(STATS), dtype=bool))
+        self.examples += 1
+        self.units += n
+
+    def update(self, batch: AttentionBatch) -> None:
+        for m in batch:
+            if m.num_units:
+                self._add(m.attn)
+
+    def merge(self, other: "Entropy") -> "Entropy":
+        self._check_mergeable(other)
+        self.acc.merge(other.acc)
+        self.examples += other.examples
+        self.units += other.units
+        return self
+
+    def finalize(self) -> Result:
+        means = self.acc.means()
+        res = Result(self.name, params=self.params(),
+                     meta={"examples": self.examples, "mean_units": self.units / max(self.examples, 1)})
+        if not means:
+            res.summary.append("no examples")
+            return res
+        uniform = float(means["uniform"][0, 0])
+        res.meta["uniform_entropy"] = uniform
+        arrays = {k: v.copy() for k, v in means.items() if k != "uniform"}
+        res.arrays = arrays
+        res.tables["entropy"] = per_head_rows(arrays)
+        last = arrays["entropy_first"][-1]
+        res.summary.append(f"the last layer's attention from the first token has a mean entropy of "
+                           f"{last.mean():.2f} nats (uniform attention: {uniform:.2f})")
+        layer_ent = arrays["entropy"].mean(1)
+        res.summary.append("mean entropy per layer (nats): "
+                           + ", ".join(f"{i + 1}: {v:.2f}" for i, v in enumerate(layer_ent)))
+        broad = np.nonzero((arrays["rows_max_below"] > 0.5).ravel())[0]
+        res.summary.append(f"{len(broad)} heads put at most {self.max_weight_threshold:.0%} on any "
+                           "single unit in most of their rows")
+        return res

@@ -1,0 +1,141 @@
+"""Attention to the current, previous and next token, per head (paper section 3.1).
+
+For one example with ``n`` units and one head with attention ``a`` (``[n n]``, row = from):
+
+- current:  ``sum_i a[i, i] / n``
+- previous: ``sum_{i>=1} a[i, i-1] / (n - 1)`` (only units that have a previous one)
+- next:     ``sum_{i<=n-2} a[i, i+1] / (n - 1)``
+
+Each statistic is averaged over examples (the mean of the per-example means, as the paper's
+code does). The paper's released code divides previous and next by ``n`` instead of
+``n - 1``; ``denominator="paper-code"`` reproduces that.
+
+>>> import numpy as np
+>>> a = RelativePosition(); a._add(np.eye(3, k=-1)[None, None] + np.eye(3, k=2)[None, None], 3)
+>>> a.finalize().arrays["previous"].tolist()
+[[1.0]]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnscope.analyses.base import Analysis, Result, register
+from attnscope.data.records import HeadId
+from attnscope.extract.batch import AttentionBatch
+
+STATS = ("current", "previous", "next")
+DENOMINATORS = ("valid", "paper-code")
+
+
+def per_head_rows(arrays: dict[str, np.ndarray], digits: int | None = None) -> list[dict]:
+    """One row per head: ``layer``, ``head`` (0-indexed), ``name`` (paper's 1-indexed) + stats.
+
+    ``arrays`` maps a statistic's name to its ``[L H]`` array.
+    """
+    first = next(iter(arrays.values()))
+    rows = []
+    for layer in range(first.shape[0]):
+        for head in range(first.shape[1]):
+            row: dict[str, Any] = {"layer": layer, "head": head, "name": str(HeadId(layer, head))}
+            for k, v in arrays.items():
+                x = float(v[layer, head])
+                row[k] = round(x, digits) if digits is not None else x
+            rows.append(row)
+    return rows
+
+
+class PerExampleMeans:
+    """Sums of per-example means ``[S L H]`` and how many examples each statistic saw ``[S]``.
+
+    The shared accumulator of the per-head statistics of section 3: ``add`` one example's
+    ``[S L H]`` values with a ``[S]`` mask of the statistics that example defines.
+    """
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = names
+        self.sums: np.ndarray | None = None  # [S L H] float64
+        self.counts = np.zeros(len(names), dtype=np.int64)  # [S]
+
+    def add(self, values: np.ndarray, defined: np.ndarray) -> None:
+        if self.sums is None:
+            self.sums = np.zeros((len(self.names),) + values.shape[1:], dtype=np.float64)
+        elif self.sums.shape[1:] != values.shape[1:]:
+            raise ValueError(f"maps of shape {values.shape[1:]} after maps of shape {self.sums.shape[1:]} "
+                             "(different models mixed in one analysis)")
+        self.sums[defined] += values[defined]
+        self.counts += defined.astype(np.int64)
+
+    def merge(self, other: "PerExampleMeans") -> None:
+        if other.sums is None:
+            return
+        if self.sums is None:
+            self.sums = other.sums.copy()
+        else:
+            if self.sums.shape != other.sums.shape:
+                raise ValueError("cannot merge accumulators of different models")
+            self.sums += other.sums
+        self.counts += other.counts
+
+    def means(self) -> dict[str, np.ndarray]:
+        """``name -> [L H]`` mean over the examples that define it (NaN where none did)."""
+        if self.sums is None:
+            return {}
+        with np.errstate(invalid="ignore", divide="ignore"):
+            m = self.sums / np.where(self.counts > 0, self.counts, np.nan)[:, None, None]
+        return {k: m[s] for s, k in enumerate(self.names)}
+
+
+@register
+class RelativePosition(Analysis):
+    """Per head: mean attention to the current, previous and next unit (paper section 3.1)."""
+
+    name = "relative-position"
+    requires = frozenset()
+
+    def __init__(self, denominator: str = "valid"):
+        if denominator not in DENOMINATORS:
+            raise ValueError(f"denominator must be one of {DENOMINATORS}, not {denominator!r}")
+        self.denominator = denominator
+        self.acc = PerExampleMeans(STATS)
+        self.examples = 0
+
+    def params(self) -> dict[str, Any]:
+        return {"denominator": self.denominator, "average": "mean over examples of per-example means"}
+
+    def _add(self, attn: np.ndarray, n: int) -> None:
+        """One example's ``attn`` ``[L H n n]``."""
+        cur = np.diagonal(attn, axis1=2, axis2=3).sum(-1)  # [L H]
+        prev = np.diagonal(attn, offset=-1, axis1=2, axis2=3).sum(-1)  # a[i+1, i]
+        nxt = np.diagonal(attn, offset=1, axis1=2, axis2=3).sum(-1)  # a[i, i+1]
+        side = n if self.denominator == "paper-code" else n - 1
+        values = np.stack([cur / n, prev / max(side, 1), nxt / max(side, 1)])  # [3 L H]
+        defined = np.array([n > 0, n > 1, n > 1])
+        self.acc.add(values, defined)
+        self.examples += 1
+
+    def update(self, batch: AttentionBatch) -> None:
+        for m in batch:
+            self._add(m.attn, m.num_units)
+
+    def merge(self, other: "RelativePosition") -> "RelativePosition":
+        self._check_mergeable(other)
+        self.acc.merge(other.acc)
+        self.examples += other.examples
+        return self
+
+    def finalize(self) -> Result:
+        means = self.acc.means()
+        res = Result(self.name, params=self.params(), meta={"examples": self.examples})
+        if not means:
+            res.summary.append("no examples")
+            return res
+        res.arrays = {k: v.copy() for k, v in means.items()}
+        res.tables["relative_position"] = per_head_rows(means)
+        for stat in ("previous", "next"):
+            heads = [str(HeadId(int(a), int(b))) for a, b in zip(*np.nonzero(means[stat] > 0.5))]
+            res.summary.append(f"{len(heads)} heads put more than half their attention on the "
+                               f"{stat} token" + (f": {', '.join(heads)}" if heads else ""))
+        return res

@@ -1,0 +1,556 @@
+"""The general analyses of the paper (sections 3 and 6) as one job: :func:`run_general`.
+
+One streamed pass over the maps (from a store, or straight from the model) feeds relative
+position, special tokens, entropy and head distances (and, when the model has a masked-LM
+head, gradient importance); then heads are labelled and placed in 2-D, and the tables
+(CSV/JSON/Markdown/LaTeX), the figures (PNG/SVG: Figures 1, 2, 3, 4 and 6 of the paper) and
+``results/general.json`` are written. The returned :class:`Section` is what the HTML report
+shows. Only one map (the example drawn in Figure 1) is kept in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnscope.analyses.clustering import LABELS, Thresholds, cluster_heads
+from attnscope.analyses.distances import HeadDistances
+from attnscope.analyses.entropy import Entropy
+from attnscope.analyses.gradients import FitOptions, GradientImportance, MlmScorer, fit_mlm_head
+from attnscope.analyses.relative_position import RelativePosition
+from attnscope.analyses.special_tokens import SpecialTokens
+from attnscope.analyses.token_classes import TokenClasser
+from attnscope.data.records import Example, HeadId
+from attnscope.errors import AttnscopeError
+from attnscope.extract.batch import AttentionBatch, AttentionMap
+from attnscope.report.section import FigureArtifact, Section, TableArtifact
+
+GRADIENT_MODES = ("auto", "off", "on", "fit-head")
+#: Longest example (in units) preferred for the Figure 1 drawing.
+FIGURE1_MAX_UNITS = 40
+LABEL_COLOURS = {"[SEP]": "#d62728", "[CLS]": "#9467bd", "punctuation": "#8c564b",
+                 "previous": "#1f77b4", "next": "#17becf", "broad": "#2ca02c", "other": "#7f7f7f"}
+
+Progress = Callable[[str, int, "int | None"], None] | None
+
+
+# -- the pass -------------------------------------------------------------------------------
+class _ExampleKeeper:
+    """Keeps the one map Figure 1 draws: the lowest-index example of at most
+    ``FIGURE1_MAX_UNITS`` units with two segments, else the shortest; independent of order."""
+
+    def __init__(self):
+        self.best: AttentionMap | None = None
+
+    @staticmethod
+    def _key(m: AttentionMap) -> tuple:
+        two_segments = bool((np.asarray(m.segment) == 1).any())
+        fits = m.num_units <= FIGURE1_MAX_UNITS
+        return (not (fits and two_segments), not fits, m.num_units if not fits else 0, m.index)
+
+    def update(self, batch: AttentionBatch) -> None:
+        for m in batch:
+            if self.best is None or self._key(m) < self._key(self.best):
+                self.best = m
+
+
+def general_analyses(*, classer: TokenClasser, causal: bool, scorer: MlmScorer | None = None,
+                     seed: int = 0, grad_batch_size: int = 8) -> list:
+    """The analyses of one general pass, with their parameters."""
+    out = [RelativePosition(), SpecialTokens(classer), Entropy(causal=causal), HeadDistances()]
+    if scorer is not None:
+        out.append(GradientImportance(scorer, seed=seed, classer=classer, batch_size=grad_batch_size))
+    return out
+
+
+def _batches_from(source, model, options, stats) -> Iterator[AttentionBatch]:
+    from attnscope.extract.runner import Extractor
+
+    if hasattr(source, "batches"):
+        yield from source.batches()
+        return
+    extractor = Extractor(model, options, stats)
+    for planned in extractor.plan(source):
+        yield extractor.run_batch(planned)
+
+
+def _scorer_for(model, gradients: str, source, classer_examples, seed: int, notes: list[str],
+                progress: Progress, max_seq_len: int) -> MlmScorer | None:
+    if gradients not in GRADIENT_MODES:
+        raise AttnscopeError(f"--gradients must be one of {', '.join(GRADIENT_MODES)}, not {gradients!r}")
+    if gradients == "off":
+        notes.append("gradient importance (Figure 3) was turned off")
+        return None
+    if model is None:
+        notes.append("gradient importance (Figure 3) needs the model; a store alone has only the maps")
+        if gradients == "on":
+            raise AttnscopeError("gradient importance needs --model (a store holds only the maps)")
+        return None
+    if model.family.causal:
+        msg = f"{model.name} is causal: no masked-LM objective, so no gradient importance (Figure 3)"
+        if gradients in ("on", "fit-head"):
+            raise AttnscopeError(msg)
+        notes.append(msg)
+        return None
+    if model.has_mlm_head:
+        if gradients == "fit-head":
+            notes.append(f"{model.name} has a pre-trained masked-LM head; it is used (nothing fitted)")
+        return MlmScorer(model)
+    if gradients == "auto":
+        notes.append(f"{model.name} has no masked-LM head, so gradient importance (Figure 3) was "
+                     "skipped; --fit-mlm-head trains an output layer on the frozen encoder first")
+        return None
+    if gradients == "on":
+        raise AttnscopeError(f"{model.name}: the model has no masked-LM head; use --fit-mlm-head "
+                             "to train one on the frozen encoder")
+    head = fit_mlm_head(model, classer_examples(), FitOptions(seed=seed), progress=progress)
+    rep = head.report
+    notes.append(f"{model.name} has no masked-LM head: an output layer was trained on the frozen "
+                 f"encoder ({rep['steps']} steps, {rep['masked_tokens']} masked tokens from "
+                 f"{rep['examples']} examples, seed {seed}); held-out masked-token accuracy "
+                 f"{rep['heldout_accuracy']:.3f} (train {rep['train_accuracy']:.3f})")
+    return MlmScorer(model, head)
+
+
+def _token_inputs(source, model, max_seq_len: int, limit: int):
+    """``(tokens, special, segment, index)`` of the first ``limit`` examples, for head fitting."""
+    from attnscope.extract.encode import Encoder
+
+    def build():
+        out = []
+        if hasattr(source, "batches"):
+            for m in source:
+                if m.level == "token":
+                    out.append((m.tokens, m.special, m.segment, m.index))
+                if len(out) >= limit:
+                    break
+            return out
+        enc = Encoder(model)
+        for i, ex in enumerate(source):
+            e = enc.encode(ex, i)
+            if len(e) <= max_seq_len:
+                out.append((e.tokens, np.asarray(e.special), np.asarray(e.segment), i))
+            if len(out) >= limit:
+                break
+        return out
+
+    return build
+
+
+def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_seq_len: int = 128,
+                batch_size: int = 16, seed: int = 0, gradients: str = "auto", progress: Progress = None,
+                save_maps: Path | None = None) -> Section:
+    """Run every general analysis over ``examples`` (or a store) and write their outputs.
+
+    ``examples``: a list of :class:`Example` (the model is run, maps are never all held) or
+    an opened :class:`~attnscope.store.Store` (``model`` may then be None). ``gradients``:
+    "auto" (only if the model has a masked-LM head), "off", "on", "fit-head" (train an output
+    layer on the frozen encoder when there is no head). ``save_maps``: also write the maps to
+    this store folder (the analyses then read them back from it). Writes
+    ``out_dir/tables``, ``out_dir/figures`` and ``out_dir/results/general.json``.
+    """
+    from attnscope.extract.runner import ExtractOptions, ExtractStats
+    from attnscope.models.loading import seed_everything
+
+    seed_everything(seed)
+    out_dir = Path(out_dir)
+    notes: list[str] = []
+    options = ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, seed=seed)
+    stats = ExtractStats()
+    source = examples
+    is_store = hasattr(source, "batches")
+    if not is_store:
+        if model is None:
+            raise AttnscopeError("run_general: examples need a model (or pass a store)")
+        source = list(examples)
+        if save_maps is not None:
+            from attnscope.store import extract_to_store, open_store
+
+            stats = extract_to_store(source, save_maps, model, options=options,
+                                     progress=(lambda d, t: progress("extract", d, len(source)))
+                                     if progress else None)
+            source = open_store(save_maps)
+            is_store = True
+            notes.append(f"maps saved to {save_maps}; the analyses read them back from there")
+    if is_store:
+        if source.level != "token":
+            notes.append("the store holds word-level maps: statistics are per word, not per token")
+        causal = bool(source.manifest["model"].get("causal", False))
+        model_desc = source.manifest["model"]
+        total = len(source)
+    else:
+        causal = bool(model.family.causal)
+        model_desc = model.describe()
+        total = len(source)
+    if model is not None:
+        classer = TokenClasser.from_tokenizer(model.tokenizer)
+    else:
+        classer = TokenClasser.positional()
+        notes.append("token classes from positions (store without a model): the special unit at "
+                     "position 0 is the first special token, every other special unit a separator")
+    scorer = _scorer_for(model, gradients, source, _token_inputs(source, model, max_seq_len, 512),
+                         seed, notes, progress, max_seq_len)
+    analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=seed)
+    keeper = _ExampleKeeper()
+    done = 0
+    timings = {a.name: 0.0 for a in analyses}
+    t0 = time.perf_counter()
+    for batch in _batches_from(source, model, options, stats):
+        for a in analyses:
+            t = time.perf_counter()
+            a.update(batch)
+            timings[a.name] += time.perf_counter() - t
+        keeper.update(batch)
+        done += len(batch)
+        if progress is not None:
+            progress("general", done, total)
+    elapsed = time.perf_counter() - t0
+    if done == 0:
+        raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
+                             f"{max_seq_len})")
+    results = {a.name: a.finalize() for a in analyses}
+    if not is_store and stats.skipped:
+        notes.append(f"{len(stats.skipped)} examples longer than {max_seq_len} tokens were skipped")
+    return write_general(results, out_dir, model_desc=model_desc, example_map=keeper.best,
+                         notes=notes, seed=seed,
+                         run={"examples": done, "seconds": elapsed, "analysis_seconds": timings,
+                              "skipped": len(stats.skipped) if not is_store else 0,
+                              "max_seq_len": max_seq_len, "batch_size": batch_size,
+                              "gradients": gradients})
+
+
+# -- outputs --------------------------------------------------------------------------------
+def head_stats(results: dict) -> dict[str, np.ndarray]:
+    """All ``[L H]`` statistics of the pass, by name (the inputs of the behaviour labels)."""
+    out: dict[str, np.ndarray] = {}
+    for key in ("relative-position", "special-tokens", "entropy"):
+        if key in results:
+            out.update(results[key].arrays)
+    return out
+
+
+def choose_heads(stats: dict[str, np.ndarray]) -> list[tuple[int, int, str]]:
+    """Heads drawn in Figure 1: the strongest previous, next, separator and broadest head."""
+    picks = []
+    for key, label in (("previous", "attends to the previous token"), ("next", "attends to the next token"),
+                       ("separator", "attends to separators"), ("entropy", "attends broadly")):
+        arr = stats.get(key)
+        if arr is None or not np.isfinite(arr).any():
+            continue
+        layer, head = np.unravel_index(int(np.nanargmax(arr)), arr.shape)
+        if (layer, head) not in [(p[0], p[1]) for p in picks]:
+            picks.append((int(layer), int(head), label))
+    return picks
+
+
+def _tex_safe(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("$", r"\$")
+
+
+def plot_token_lines(m: AttentionMap, heads: list[tuple[int, int, str]]):
+    """Figure 1 style: for each head, tokens on two columns, a line from each token (left) to
+    each token it attends to (right), darker for more attention."""
+    from attnscope.report.figures import new_figure
+
+    k = max(len(heads), 1)
+    n = m.num_units
+    fig, axes = new_figure(1, k, figsize=(3.2 * k, max(3.0, 0.2 * n + 1)), squeeze=False)
+    for ax, (layer, head, label) in zip(axes[0], heads):
+        a = m.attn[layer, head]  # [q k]
+        ys = -np.arange(n)
+        for i in range(n):
+            for j in range(n):
+                w = float(a[i, j])
+                if w > 0.02:
+                    ax.plot([0.25, 0.75], [ys[i], ys[j]], color="#1f4e9e", alpha=min(1.0, w), lw=1.5)
+        for i, t in enumerate(m.tokens):
+            ax.text(0.22, ys[i], _tex_safe(t), ha="right", va="center", fontsize=7)
+            ax.text(0.78, ys[i], _tex_safe(t), ha="left", va="center", fontsize=7)
+        ax.set_xlim(-0.2, 1.2)
+        ax.set_ylim(-n, 1)
+        ax.axis("off")
+        ax.set_title(f"head {HeadId(layer, head)}\n{label}", fontsize=8)
+    return fig
+
+
+def _layer_scatter(ax, arr: np.ndarray, label: str, colour: str, offset: float = 0.0) -> None:
+    L, H = arr.shape
+    x = np.repeat(np.arange(1, L + 1), H) + offset
+    ax.scatter(x, arr.ravel(), s=10, color=colour, alpha=0.5)
+    ax.plot(np.arange(1, L + 1) + offset, np.nanmean(arr, axis=1), color=colour, label=label, marker="o")
+
+
+def plot_figure2(stats: dict[str, np.ndarray]):
+    """Figure 2: per layer, each head's mean attention to token classes (dots) and the layer
+    mean (line). Panels: to first special / separators / periods or commas; from separators
+    vs from other tokens to separators; to the previous / next / current token."""
+    from attnscope.report.figures import new_figure
+
+    fig, axes = new_figure(1, 3, figsize=(13, 3.8))
+    for key, label, colour in (("first", "first special ([CLS])", "#9467bd"),
+                               ("separator", "separators ([SEP])", "#d62728"),
+                               ("punct", ". or ,", "#8c564b")):
+        if key in stats:
+            _layer_scatter(axes[0], stats[key], label, colour)
+    axes[0].set_title("attention to token classes")
+    for key, label, colour in (("sep_to_sep", "separator -> separators", "#d62728"),
+                               ("other_to_sep", "other -> separators", "#7f7f7f")):
+        if key in stats:
+            _layer_scatter(axes[1], stats[key], label, colour)
+    axes[1].set_title("attention to separators, by source")
+    for key, label, colour, off in (("previous", "previous token", "#1f77b4", -0.1),
+                                    ("next", "next token", "#17becf", 0.1),
+                                    ("current", "current token", "#ff7f0e", 0.0)):
+        if key in stats:
+            _layer_scatter(axes[2], stats[key], label, colour, off)
+    axes[2].set_title("attention by relative position")
+    for ax in axes:
+        ax.set_xlabel("layer")
+        ax.set_ylabel("mean attention")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def plot_figure3(grad: "Any"):
+    """Figure 3: mean |dL/d attention| per layer, to separators, periods/commas and others."""
+    from attnscope.report.figures import new_figure
+
+    fig, ax = new_figure(figsize=(5, 3.6))
+    for key, label, colour in (("separator", "separators ([SEP])", "#d62728"),
+                               ("punct", ". or ,", "#8c564b"), ("other", "other", "#7f7f7f")):
+        y = grad.arrays[f"layer_{key}"]
+        ax.plot(np.arange(1, len(y) + 1), y, marker="o", label=label, color=colour)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean |gradient of MLM loss|")
+    ax.set_title("gradient-based importance of attention")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_figure4(stats: dict[str, np.ndarray], uniform: float):
+    """Figure 4: each head's mean attention entropy per layer, overall and from the first token,
+    with the entropy of uniform attention as a dashed line."""
+    from attnscope.report.figures import new_figure
+
+    fig, axes = new_figure(1, 2, figsize=(9, 3.6))
+    for ax, key, title in ((axes[0], "entropy", "entropy of attention"),
+                           (axes[1], "entropy_first", "entropy of attention from the first token")):
+        _layer_scatter(ax, stats[key], "heads (dots), layer mean (line)", "#2ca02c")
+        ax.axhline(uniform, ls="--", color="k", label=f"uniform attention ({uniform:.2f})")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("entropy (nats)")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def plot_figure6(coords: np.ndarray, labels: np.ndarray):
+    """Figure 6: heads placed by MDS of their distances, coloured by behaviour and by layer."""
+    from attnscope.report.figures import new_figure
+
+    L, H = labels.shape
+    fig, axes = new_figure(1, 2, figsize=(11, 4.6))
+    flat = labels.ravel()
+    for lab in LABELS:
+        sel = flat == lab
+        if sel.any():
+            axes[0].scatter(coords[sel, 0], coords[sel, 1], s=22, color=LABEL_COLOURS[lab], label=lab)
+    axes[0].set_title("heads by behaviour")
+    axes[0].legend(fontsize=7)
+    layers = np.repeat(np.arange(1, L + 1), H)
+    sc = axes[1].scatter(coords[:, 0], coords[:, 1], s=22, c=layers, cmap="viridis")
+    fig.colorbar(sc, ax=axes[1], label="layer")
+    axes[1].set_title("heads by layer")
+    for ax in axes:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return fig
+
+
+def _fmt_heads(mask: np.ndarray) -> list[str]:
+    return [str(HeadId(int(a), int(b))) for a, b in zip(*np.nonzero(mask))]
+
+
+def findings(stats: dict[str, np.ndarray], uniform: float, labels: np.ndarray, model_name: str,
+             examples: int, grad=None) -> list[str]:
+    """The paper's findings, stated for this model (plain sentences)."""
+    out = [f"{model_name} over {examples} examples:"]
+    for key in ("previous", "next"):
+        heads = _fmt_heads(np.nan_to_num(stats[key], nan=0) > 0.5)
+        out.append(f"{len(heads)} heads put more than half their attention on the {key} token"
+                   + (f" ({', '.join(heads)})" if heads else "") + ".")
+    sep_layer = np.nanmean(stats["separator"], axis=1)
+    if np.nanmax(sep_layer) > 0:
+        mostly = [str(i + 1) for i in np.nonzero(sep_layer > 0.5)[0]]
+        out.append("Layers where over half of the attention goes to separator tokens: "
+                   + (", ".join(mostly) if mostly else "none")
+                   + f" (the most: layer {int(np.nanargmax(sep_layer)) + 1}, {np.nanmax(sep_layer):.0%}).")
+        ss = stats.get("sep_to_sep")
+        if ss is not None and np.isfinite(ss).any():
+            heads90 = _fmt_heads(np.nan_to_num(ss, nan=0) > 0.9)
+            out.append(f"{len(heads90)} heads put over 90% of a separator's attention on separators.")
+    else:
+        out.append("The inputs have no separator tokens.")
+    first_layer = np.nanmean(stats["first"], axis=1)
+    out.append(f"Attention to the first special token peaks at layer {int(np.nanargmax(first_layer)) + 1} "
+               f"({np.nanmax(first_layer):.0%} on average over its heads).")
+    punct_layer = np.nanmean(stats["punct"], axis=1)
+    out.append(f"Attention to periods and commas peaks at layer {int(np.nanargmax(punct_layer)) + 1} "
+               f"({np.nanmax(punct_layer):.0%}).")
+    ent_layer = np.nanmean(stats["entropy"], axis=1)
+    out.append(f"Mean attention entropy per layer ranges from {ent_layer.min():.2f} to "
+               f"{ent_layer.max():.2f} nats (uniform attention: {uniform:.2f}); the last layer's "
+               f"attention from the first token has {np.nanmean(stats['entropy_first'][-1]):.2f} nats.")
+    counts = {lab: int((labels == lab).sum()) for lab in LABELS}
+    out.append("Head behaviours (paper thresholds): "
+               + ", ".join(f"{lab} {c}" for lab, c in counts.items() if c) + ".")
+    if grad is not None and "layer_separator" in grad.arrays:
+        s, o = grad.arrays["layer_separator"], grad.arrays["layer_other"]
+        lower = [str(i + 1) for i in np.nonzero(s < o)[0]]
+        out.append("Gradient importance: attention to separators matters less to the masked-LM "
+                   "loss than attention to other tokens in layers " + (", ".join(lower) or "none") + ".")
+    return out
+
+
+METHODS = [
+    "Relative position (section 3.1): previous = sum_{i>=1} a[i,i-1] / (n-1), next = "
+    "sum_{i<=n-2} a[i,i+1] / (n-1), current = sum_i a[i,i] / n, per example, then averaged over "
+    "examples. The paper's code divides previous/next by n.",
+    "Special tokens (section 3.2, Figure 2): to class C = sum_i sum_{j in C} a[i,j] / n; separator "
+    "-> separators averaged over separator rows, other -> separators over the other rows (the paper's "
+    "code divides by 2 and n-2, assuming exactly two [SEP]). Token classes come from the tokenizer's "
+    "named special tokens and the unit text, not from BERT literals.",
+    "Entropy (section 3.3, Figure 4): H(a[i]) = -sum_j a[i,j] ln a[i,j] in nats, averaged over rows; "
+    "from the first token: H(a[0]); uniform reference mean_i ln k_i.",
+    "Gradient importance (section 3.2, Figure 3): mean |dL/d alpha[l,h,i,j]| per layer over heads, "
+    "rows and key columns of each class, for the masked-LM loss with BERT-style seeded masking.",
+    "Head distances (section 6): d(i,j) = (1/T) sum_tokens JS(P_i, P_j), rows smoothed as "
+    "0.001/n + 0.999 p (the paper's script); the script sums instead of averaging.",
+    "Clustering (Figure 6): metric MDS to 2-D (n_init 4, max_iter 300, eps 1e-6, random_state 0); "
+    "labels [SEP]/[CLS]/punctuation > 0.6, previous/next > 0.5, broad: entropy > uniform - "
+    "(ln 128 - 3.8) nats (3.8 at 128 tokens).",
+]
+
+
+def write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map: AttentionMap | None,
+                  notes: list[str], seed: int, run: dict) -> Section:
+    """Tables, figures, results JSON and the Section, from finalized results."""
+    from attnscope.data.io import atomic_write_text
+    from attnscope.report.figures import save_figure
+    from attnscope.report.tables import write_table
+
+    tables_dir, figures_dir, results_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
+    for d in (tables_dir, figures_dir, results_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    stats = head_stats(results)
+    uniform = float(results["entropy"].meta["uniform_entropy"])
+    dist = results["head-distances"].arrays["distances"]
+    clusters = cluster_heads(dist, stats, uniform, Thresholds())
+    labels = clusters["labels"]
+    L, H = labels.shape
+    sec = Section(key="general", title="What do the heads attend to? (paper sections 3 and 6)")
+
+    # per-head table
+    cols = ["layer", "head", "name", "current", "previous", "next", "first", "separator", "period",
+            "comma", "punct", "sep_to_sep", "other_to_sep", "entropy", "entropy_first", "max_weight",
+            "rows_max_below", "behaviour", "mds_x", "mds_y"]
+    rows = []
+    for r in clusters["rows"]:
+        row = {"layer": r["layer"], "head": r["head"], "name": r["name"]}
+        for k in cols[3:17]:
+            v = stats[k][r["layer"], r["head"]]
+            row[k] = float(v) if np.isfinite(v) else None
+        row.update(behaviour=r["behaviour"], mds_x=r["x"], mds_y=r["y"])
+        rows.append(row)
+    cap = ("Per head (layer and head 0-indexed; name is the paper's 1-indexed layer-head): mean "
+           "attention to the current/previous/next unit and to token classes, entropy in nats, "
+           "and the behaviour label of Figure 6.")
+    sec.tables.append(TableArtifact("general_heads", cap, rows, cols,
+                                    write_table(rows, tables_dir / "general_heads", columns=cols, caption=cap)))
+    lcols = ["layer", "name", "previous", "next", "first", "separator", "punct", "entropy", "entropy_first"]
+    lrows = [{"layer": i, "name": str(i + 1),
+              **{k: float(np.nanmean(stats[k][i])) for k in lcols[2:]}} for i in range(L)]
+    lcap = "Per layer (0-indexed layer; name 1-indexed): the mean over its heads."
+    sec.tables.append(TableArtifact("general_layers", lcap, lrows, lcols,
+                                    write_table(lrows, tables_dir / "general_layers", columns=lcols, caption=lcap)))
+    drows = results["head-distances"].tables["head_distances"]
+    dcols = ["head_a", "head_b", "layer_a", "head_a_index", "layer_b", "head_b_index", "js"]
+    dcap = "Jensen-Shannon distance (nats per token) between every pair of heads (1-indexed names)."
+    sec.tables.append(TableArtifact("head_distances", dcap, [], dcols,
+                                    write_table(drows, tables_dir / "head_distances", columns=dcols,
+                                                caption=dcap, formats=("csv", "json"))))
+    grad = results.get("gradient-importance")
+    if grad is not None and grad.tables:
+        gcols = ["layer", "name", "separator", "punct", "first", "other"]
+        gcap = "Mean |d loss / d attention| per layer (0-indexed; name 1-indexed) by key class."
+        grows = grad.tables["gradient_importance"]
+        sec.tables.append(TableArtifact("gradient_importance", gcap, grows, gcols,
+                                        write_table(grows, tables_dir / "gradient_importance",
+                                                    columns=gcols, caption=gcap)))
+
+    # figures
+    picks = choose_heads(stats)
+    if example_map is not None and picks:
+        fig = plot_token_lines(example_map, picks)
+        sec.figures.append(FigureArtifact("figure1_examples", "Figure 1 style: example heads on "
+                                          f"example {example_map.index}; line darkness = attention weight.",
+                                          save_figure(fig, figures_dir / "figure1_examples")))
+        for layer, head, label in picks:
+            sec.best_heads.append((layer, head, example_map.index, label))
+        sec.maps[example_map.index] = example_map
+    sec.figures.append(FigureArtifact("figure2_special_tokens", "Figure 2: mean attention of every "
+                                      "head (dots) and layer means (lines) to token classes, to "
+                                      "separators by source, and by relative position.",
+                                      save_figure(plot_figure2(stats), figures_dir / "figure2_special_tokens")))
+    if grad is not None and "layer_separator" in grad.arrays:
+        sec.figures.append(FigureArtifact("figure3_gradients", "Figure 3: gradient-based importance "
+                                          "of attention to separators, periods/commas and other tokens.",
+                                          save_figure(plot_figure3(grad), figures_dir / "figure3_gradients")))
+    sec.figures.append(FigureArtifact("figure4_entropy", "Figure 4: entropy of each head's attention "
+                                      "(dots), layer means (line), uniform attention (dashed).",
+                                      save_figure(plot_figure4(stats, uniform), figures_dir / "figure4_entropy")))
+    sec.figures.append(FigureArtifact("figure6_clusters", "Figure 6: heads placed by MDS of their "
+                                      "Jensen-Shannon distances, coloured by behaviour and by layer.",
+                                      save_figure(plot_figure6(clusters["coords"], labels),
+                                                  figures_dir / "figure6_clusters")))
+
+    # words
+    model_name = model_desc.get("name", "the model")
+    sec.findings = findings(stats, uniform, labels, model_name, run["examples"], grad) + notes
+    sec.methods = list(METHODS)
+    prev_heads = _fmt_heads(np.nan_to_num(stats["previous"], nan=0) > 0.5)
+    next_heads = _fmt_heads(np.nan_to_num(stats["next"], nan=0) > 0.5)
+    sep_layer = np.nanmean(stats["separator"], axis=1)
+    sec.paper = [
+        {"what": "heads with >50% attention on the previous token", "paper": "4 (layers 2, 4, 7, 8)",
+         "ours": f"{len(prev_heads)}" + (f" ({', '.join(prev_heads)})" if prev_heads else "")},
+        {"what": "heads with >50% attention on the next token", "paper": "5 (layers 1, 2, 2, 3, 6)",
+         "ours": f"{len(next_heads)}" + (f" ({', '.join(next_heads)})" if next_heads else "")},
+        {"what": "layers where over half the attention goes to [SEP]", "paper": "6-10",
+         "ours": ", ".join(str(i + 1) for i in np.nonzero(sep_layer > 0.5)[0]) or "none"},
+        {"what": "entropy of the last layer's attention from [CLS] (nats)", "paper": 3.89,
+         "ours": round(float(np.nanmean(stats["entropy_first"][-1])), 2)},
+    ]
+    payload = {"family": "general", "model": model_desc, "seed": seed, "run": run, "notes": notes,
+               "findings": sec.findings, "paper": sec.paper,
+               "clustering": {"params": clusters["params"], "rows": clusters["rows"]},
+               "analyses": {k: r.to_json() for k, r in results.items()}}
+    atomic_write_text(results_dir / "general.json",
+                      json.dumps(payload, indent=1, ensure_ascii=False, default=_json_default))
+    return sec
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    raise TypeError(f"not JSON-able: {type(o).__name__}")
