@@ -1,0 +1,132 @@
+"""What the viewer shows from an analysis results folder, when one is given.
+
+Looks for ``results/*.json`` (written by :meth:`attnscope.analyses.base.Result.save`; also
+``*.json`` directly in the folder) and ``tables/*.csv``. From them it takes:
+
+- per-head statistics: every table with one row per ``(layer, head)`` gives one ``[L][H]``
+  grid per numeric column, and every ``[L, H]`` array gives one grid;
+- the head-clustering scatter: a table with ``layer``, ``head``, ``x`` and ``y`` per head
+  (the clustering analysis writes these, with a ``behaviour`` label per head).
+
+Anything unreadable is listed in ``problems`` and skipped; a missing folder or no results give
+an empty answer, not an error.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def _num(v):
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v) if np.isfinite(v) else None
+    if isinstance(v, str):
+        try:
+            x = float(v)
+        except ValueError:
+            return None
+        return x if np.isfinite(x) else None
+    return None
+
+
+def _per_head(rows: list[dict], L: int, H: int) -> tuple[dict[str, list], bool]:
+    """Numeric columns of a one-row-per-head table as ``[L][H]`` grids (``None`` = missing)."""
+    seen = set()
+    grids: dict[str, list] = {}
+    for r in rows:
+        try:
+            layer, head = int(r["layer"]), int(r["head"])
+        except (KeyError, TypeError, ValueError):
+            return {}, False
+        if not (0 <= layer < L and 0 <= head < H) or (layer, head) in seen:
+            return {}, False
+        seen.add((layer, head))
+        for k, v in r.items():
+            if k in ("layer", "head"):
+                continue
+            x = _num(v)
+            if x is None:
+                continue
+            grids.setdefault(k, [[None] * H for _ in range(L)])[layer][head] = x
+    return grids, True
+
+
+def _scatter(rows: list[dict], source: str) -> dict | None:
+    if not rows or not all(k in rows[0] for k in ("layer", "head", "x", "y")):
+        return None
+    points = []
+    for r in rows:
+        x, y = _num(r.get("x")), _num(r.get("y"))
+        if x is None or y is None:
+            continue
+        points.append({"layer": int(r["layer"]), "head": int(r["head"]), "x": x, "y": y,
+                       "label": str(r.get("behaviour", r.get("label", "")))})
+    return {"source": source, "points": points} if points else None
+
+
+def load_results(folder: str | Path | None, num_layers: int, num_heads: int) -> dict:
+    """``{"stats": [{"name", "source", "values": [L][H]}], "scatter": {...} | None,
+    "summaries": [{"analysis", "summary"}], "problems": [str]}``."""
+    out: dict = {"stats": [], "scatter": None, "summaries": [], "problems": []}
+    if folder is None:
+        return out
+    folder = Path(folder)
+    if not folder.is_dir():
+        out["problems"].append(f"{folder}: no such results folder")
+        return out
+    L, H = num_layers, num_heads
+    jsons = sorted((folder / "results").glob("*.json")) + sorted(folder.glob("*.json"))
+    for path in jsons:
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+            analysis = d["analysis"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            out["problems"].append(f"{path}: not an analysis result ({type(exc).__name__})")
+            continue
+        if d.get("summary"):
+            out["summaries"].append({"analysis": analysis, "summary": list(d["summary"])})
+        for tname, rows in (d.get("tables") or {}).items():
+            if not isinstance(rows, list):
+                continue
+            sc = _scatter(rows, f"{analysis}: {tname}")
+            if sc and out["scatter"] is None:
+                out["scatter"] = sc
+            grids, ok = _per_head(rows, L, H)
+            for col, values in grids.items():
+                if col in ("x", "y"):
+                    continue
+                out["stats"].append({"name": f"{analysis}: {tname}.{col}",
+                                     "source": str(path), "values": values})
+        for aname, arr in (d.get("arrays") or {}).items():
+            try:
+                if list(arr["shape"]) == [L, H]:
+                    a = np.asarray(arr["data"], dtype=float).reshape(L, H)
+                    out["stats"].append({"name": f"{analysis}: {aname}", "source": str(path),
+                                         "values": [[_num(v) for v in row] for row in a.tolist()]})
+            except (KeyError, TypeError, ValueError):
+                out["problems"].append(f"{path}: array {aname!r} is malformed")
+    json_tables = {name.split(": ", 1)[1].split(".", 1)[0] for name in
+                   (st["name"] for st in out["stats"]) if ": " in name}
+    for path in sorted((folder / "tables").glob("*.csv")):
+        if path.stem in json_tables:
+            continue  # the same table as in a result JSON
+        try:
+            with open(path, newline="", encoding="utf-8") as f:
+                rows = list(csv.DictReader(f))
+        except (OSError, UnicodeDecodeError, csv.Error) as exc:
+            out["problems"].append(f"{path}: unreadable CSV ({type(exc).__name__})")
+            continue
+        if out["scatter"] is None:
+            out["scatter"] = _scatter(rows, path.name)
+        grids, ok = _per_head(rows, L, H)
+        for col, values in grids.items():
+            if col not in ("x", "y"):
+                out["stats"].append({"name": f"{path.stem}.{col}", "source": str(path),
+                                     "values": values})
+    return out
