@@ -67,7 +67,8 @@ def test_context_fills_every_part(tmp_path):
     assert ctx["title"] == "What does debug:bert look at?"
     assert [s["key"] for s in ctx["sections"]] == ["general", "syntax"]
     sec = ctx["sections"][0]
-    assert sec["tables"][0]["rows"] == [["1-1", "0.250"], ["2-3", "0.500"]]
+    assert [[c["text"] for c in r] for r in sec["tables"][0]["rows"]] == [["1-1", "0.250"], ["2-3", "0.500"]]
+    assert [[c["num"] for c in r] for r in sec["tables"][0]["rows"]] == [[False, True], [False, True]]
     assert {d["format"] for d in sec["tables"][0]["downloads"]} == {"CSV", "JSON", "MD", "TEX"}
     assert all(not d["href"].startswith("/") for d in sec["tables"][0]["downloads"])
     # The inlined figure is exactly the PNG file's bytes.
@@ -163,3 +164,16 @@ def test_network_references_by_hand():
     assert network_references(page) == ["https://cdn.example/a.png", "//cdn.example/b.js",
                                          "http://a.b/c.css", "https://x.y/z.png", "wss://h.example/s"]
     assert network_references('<a href="tables/t.csv">t</a><img src="data:x">') == []
+
+
+def test_table_without_rows_but_with_files_points_to_them(tmp_path):
+    from attnscope.report.tables import write_table
+
+    rows = [{"a": i, "b": i * i} for i in range(5)]
+    paths = write_table(rows, tmp_path / "tables" / "pairs", columns=["a", "b"])
+    s = Section(key="k", title="t", tables=[TableArtifact("pairs", "every pair", [], ["a", "b"], paths)])
+    t = build_context([s], out_dir=tmp_path, provenance={})["sections"][0]["tables"][0]
+    assert (t["shown"], t["rows_in_file"]) == (False, 5)
+    html = render_report(build_context([s], out_dir=tmp_path, provenance={}))
+    assert "5 rows: too long to show here" in html and '<a href="tables/pairs.csv">CSV</a>' in html
+    assert "<table" not in html.split('id="sec-k"')[1].split("</section>")[0]

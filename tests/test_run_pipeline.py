@@ -134,7 +134,7 @@ def test_every_promised_file_and_provenance(tmp_path, fake, inputs, debug_bert):
     by_role = {d["role"]: d for d in prov["data"]}
     assert by_role["text"]["sha256"] == hashlib.sha256(inputs["text"].read_bytes()).hexdigest()
     assert by_role["deps"]["bytes"] == len(DEPS.encode())
-    assert prov["arguments"]["seed"] == 0 and prov["seeds"]["run"] == 0
+    assert prov["arguments"]["seed"] == 0 and prov["seeds"]["run"] == 0 and set(prov["seeds"].values()) == {0}
     assert prov["command"] == "attnscope run --out out"
     assert {"attnscope", "torch", "transformers", "numpy"} <= set(prov["versions"])
     assert prov["elapsed_s"] > 0

@@ -501,7 +501,8 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     elapsed = time.perf_counter() - t0
     provenance = {
         "model": model_info, "data": files, "counts": prep.counts,
-        "seeds": {"run": cfg.seed, "torch": cfg.seed, "pairing": cfg.seed},
+        "seeds": {"run": cfg.seed, "model loading (torch)": cfg.seed, "sentence pairs (A/B split)": cfg.seed,
+                  "analyses (bootstrap, probes, MDS)": cfg.seed},
         "arguments": arguments, "versions": versions(), "command": command,
         "started": started, "elapsed_s": round(elapsed, 3),
         "family_times_s": {k: round(v, 3) for k, v in times.items()},

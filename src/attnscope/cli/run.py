@@ -40,11 +40,18 @@ def run_progress(quiet: bool):
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
     with Progress(*columns, console=console, transient=False) as prog:
         tasks: dict[str, int] = {}
+        current: dict[str, str] = {}
 
         def progress(step: str, done: int, total: int | None) -> None:
-            if step not in tasks:
-                tasks[step] = prog.add_task(step, total=total)
-            prog.update(tasks[step], completed=done, total=total)
+            # One bar per family ("syntax: probes epoch 3" -> the "syntax" bar); a new step of
+            # the family restarts that bar with the step's own total.
+            bar = step.split(": ", 1)[0]
+            if bar not in tasks:
+                tasks[bar] = prog.add_task(step, total=total)
+            elif current.get(bar) != step:
+                prog.reset(tasks[bar], total=total, description=step)
+            current[bar] = step
+            prog.update(tasks[bar], completed=done, total=total)
 
         progress("overall", 0, None)
         yield progress

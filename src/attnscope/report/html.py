@@ -123,11 +123,34 @@ def _downloads(paths: Sequence[Path], out_dir: Path) -> list[dict[str, str]]:
     return out
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) or (
+        type(v).__module__ == "numpy" and getattr(v, "dtype", None) is not None and v.dtype.kind in "iuf")
+
+
+def _rows_in_file(paths: Sequence[Path]) -> int | None:
+    """Rows of a table's CSV copy (header excluded), or None without one."""
+    import csv
+
+    for p in paths:
+        p = Path(p)
+        if p.suffix.lower() == ".csv" and p.is_file():
+            with open(p, newline="", encoding="utf-8") as f:
+                return max(0, sum(1 for _ in csv.reader(f)) - 1)
+    return None
+
+
 def _table_context(t, out_dir: Path) -> dict[str, Any]:
+    """One table: formatted cells (``[[{"text", "num"}]]``), or, when the section passed no
+    rows (a table too long to show, e.g. every pair of heads), the row count of its files."""
     columns = list(t.columns) or (list(t.rows[0].keys()) if t.rows else [])
-    rows = [[format_value(r.get(c)) for c in columns] for r in t.rows]
+    rows = [[{"text": format_value(r.get(c)), "num": _is_number(r.get(c))} for c in columns]
+            for r in t.rows]
+    downloads = _downloads(t.paths, out_dir)
+    in_file = _rows_in_file(t.paths) if not rows else None
     return {"name": t.name, "caption": t.caption, "columns": columns, "rows": rows,
-            "downloads": _downloads(t.paths, out_dir)}
+            "downloads": downloads, "rows_in_file": in_file,
+            "shown": bool(rows) or not downloads}
 
 
 def _figure_context(f, out_dir: Path) -> dict[str, Any]:
@@ -199,7 +222,9 @@ def _provenance_rows(prov: Mapping[str, Any]) -> list[dict[str, str]]:
         if key in model:
             rows.append({"name": name, "value": format_value(model[key])})
     if "seeds" in prov:
-        rows.append({"name": "seeds", "value": ", ".join(f"{k}={v}" for k, v in prov["seeds"].items())})
+        rows.append({"name": "seeds", "value": "; ".join(f"{k}: {v}" for k, v in prov["seeds"].items())})
+    for what, n in (prov.get("counts") or {}).items():
+        rows.append({"name": what, "value": str(n)})
     if "arguments" in prov:
         args = prov["arguments"]
         shown = ", ".join(f"{k}={format_value(v)}" for k, v in args.items()
