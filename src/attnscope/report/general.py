@@ -255,6 +255,8 @@ def _tex_safe(s: str) -> str:
 def plot_token_lines(m: AttentionMap, heads: list[tuple[int, int, str]]):
     """Figure 1 style: for each head, tokens on two columns, a line from each token (left) to
     each token it attends to (right), darker for more attention."""
+    from matplotlib.collections import LineCollection
+
     from attnscope.report.figures import new_figure
 
     k = max(len(heads), 1)
@@ -263,14 +265,14 @@ def plot_token_lines(m: AttentionMap, heads: list[tuple[int, int, str]]):
     for ax, (layer, head, label) in zip(axes[0], heads):
         a = m.attn[layer, head]  # [q k]
         ys = -np.arange(n)
-        for i in range(n):
-            for j in range(n):
-                w = float(a[i, j])
-                if w > 0.02:
-                    ax.plot([0.25, 0.75], [ys[i], ys[j]], color="#1f4e9e", alpha=min(1.0, w), lw=1.5)
+        qi, kj = np.nonzero(a > 0.02)
+        segs = [[(0.25, ys[i]), (0.75, ys[j])] for i, j in zip(qi, kj)]
+        colours = [(0.12, 0.31, 0.62, float(min(1.0, a[i, j]))) for i, j in zip(qi, kj)]
+        ax.add_collection(LineCollection(segs, colors=colours, linewidths=1.5))
         for i, t in enumerate(m.tokens):
-            ax.text(0.22, ys[i], _tex_safe(t), ha="right", va="center", fontsize=7)
-            ax.text(0.78, ys[i], _tex_safe(t), ha="left", va="center", fontsize=7)
+            label = _tex_safe(TokenClasser.bare(t))
+            ax.text(0.22, ys[i], label, ha="right", va="center", fontsize=7)
+            ax.text(0.78, ys[i], label, ha="left", va="center", fontsize=7)
         ax.set_xlim(-0.2, 1.2)
         ax.set_ylim(-n, 1)
         ax.axis("off")
@@ -398,8 +400,9 @@ def findings(stats: dict[str, np.ndarray], uniform: float, labels: np.ndarray, m
     else:
         out.append("The inputs have no separator tokens.")
     first_layer = np.nanmean(stats["first"], axis=1)
-    out.append(f"Attention to the first special token peaks at layer {int(np.nanargmax(first_layer)) + 1} "
-               f"({np.nanmax(first_layer):.0%} on average over its heads).")
+    if np.nanmax(first_layer) > 0:
+        out.append(f"Attention to the first special token peaks at layer {int(np.nanargmax(first_layer)) + 1} "
+                   f"({np.nanmax(first_layer):.0%} on average over its heads).")
     punct_layer = np.nanmean(stats["punct"], axis=1)
     out.append(f"Attention to periods and commas peaks at layer {int(np.nanargmax(punct_layer)) + 1} "
                f"({np.nanmax(punct_layer):.0%}).")
@@ -441,6 +444,16 @@ METHODS = [
 def write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map: AttentionMap | None,
                   notes: list[str], seed: int, run: dict) -> Section:
     """Tables, figures, results JSON and the Section, from finalized results."""
+    import warnings
+
+    with warnings.catch_warnings():  # all-NaN layers (no separators, GPT-2) are expected
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        return _write_general(results, out_dir, model_desc=model_desc, example_map=example_map,
+                              notes=notes, seed=seed, run=run)
+
+
+def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map: AttentionMap | None,
+                   notes: list[str], seed: int, run: dict) -> Section:
     from attnscope.data.io import atomic_write_text
     from attnscope.report.figures import save_figure
     from attnscope.report.tables import write_table
