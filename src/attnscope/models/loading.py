@@ -43,12 +43,12 @@ class LoadedModel:
     @property
     def num_layers(self) -> int:
         cfg = self.model.config
-        return getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
+        return getattr(cfg, "num_hidden_layers", None) or cfg.n_layer
 
     @property
     def num_heads(self) -> int:
         cfg = self.model.config
-        return getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head")
+        return getattr(cfg, "num_attention_heads", None) or cfg.n_head
 
     @property
     def max_positions(self) -> int:

@@ -19,8 +19,15 @@ from attnscope.errors import AttnscopeError, StoreError
 from attnscope.extract.batch import AttentionMap
 from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
 from attnscope.models.loading import LoadedModel, load_model
-from attnscope.store.format import (FORMAT_NAME, FORMAT_VERSION, INDEX, MANIFEST, SHARDS, array_key,
-                                    shard_name)
+from attnscope.store.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX,
+    MANIFEST,
+    SHARDS,
+    array_key,
+    shard_name,
+)
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
