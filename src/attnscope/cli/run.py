@@ -33,12 +33,18 @@ def run_progress(quiet: bool):
     if quiet:
         yield None
         return
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = [TextColumn("[bold]{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
-    with Progress(*columns, console=console, transient=False) as prog:
+    with Progress(*columns, console=console, transient=True) as prog:
         tasks: dict[str, int] = {}
         current: dict[str, str] = {}
 
