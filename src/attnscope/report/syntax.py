@@ -301,6 +301,13 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
             heads_dev.update(batch)
             done += len(batch)
             _notify(progress, "score heads (dev)", done, None)
+        if _is_store(dev):
+            skipped = len(dev.manifest.get("summary", {}).get("skipped", []))
+        else:
+            skipped = len(dev) - heads_dev.examples
+        if skipped:
+            notes.append(f"{skipped} dev sentences longer than {max_seq_len} tokens were skipped "
+                         "(raise max_seq_len to keep them).")
         heads_train = None
         train_store = None
         if probes:
