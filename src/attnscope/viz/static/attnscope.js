@@ -1,7 +1,7 @@
 /* attnscope views: head, model, heatmap and neuron views drawn as SVG from a JSON payload.
  *
  * Written for attnscope; no libraries, no network. Every token reaches the page through
- * textContent (never innerHTML), so an input such as "<script>" is shown as text.
+ * textContent (never innerHTML), so an input holding a script tag is shown as text.
  * Payload: see attnscope/viz/payload.py (page_payload). Blobs ("u8"/"f32") are deflated and
  * base64-encoded; they are inflated with the browser's DecompressionStream.
  *
