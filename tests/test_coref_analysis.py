@@ -1,0 +1,212 @@
+"""Per-head antecedent selection and the baselines on hand-built windows with planted attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnscope.analyses.base import Result
+from attnscope.analyses.coref import (BASELINES, CorefAntecedents, _window_bounds, baseline_predictions,
+                                      coref_windows, head_choices)
+from attnscope.data.coref import Document, Mention, assign_heads_and_types
+from attnscope.data.records import Example
+from attnscope.extract.batch import AttentionBatch
+from tests.conftest import make_map
+
+WORDS = ["John", "met", "Mary", ".", "He", "liked", "her", ".", "John", "smiled"]
+#            head cluster type       text    number gender  person  scored
+MENTIONS = [(0, "A", "proper", "john", "sg", "masc", "3", False),
+            (2, "B", "proper", "mary", "sg", "fem", "3", False),
+            (4, "A", "pronoun", "he", "sg", "masc", "3", True),
+            (6, "B", "pronoun", "her", "sg", "fem", "3", True),
+            (8, "A", "proper", "john", "sg", None, "3", True)]
+
+# planted attention: head -> query word -> {key word: weight}; the rest goes to [SEP]
+PLANTED = {
+    (0, 0): {4: {0: 0.8}, 6: {2: 0.8}, 8: {4: 0.8}},  # always a gold antecedent
+    (0, 1): {4: {3: 0.5, 2: 0.3}, 6: {5: 0.5, 4: 0.3}, 8: {7: 0.5, 0: 0.3}},
+    (1, 0): {4: {1: 0.2, 0: 0.1, 2: 0.05}, 6: {0: 0.35, 2: 0.3}, 8: {7: 0.4, 4: 0.2}},
+    (1, 1): {4: {2: 0.4, 0: 0.2}, 6: {0: 0.4}, 8: {6: 0.5}},
+}
+# worked out by hand from PLANTED (see the comments in each test)
+EXPECT_MENTIONS = np.array([[3 / 3, 1 / 3], [2 / 3, 0 / 3]])
+EXPECT_WORDS = np.array([[3 / 3, 0 / 3], [0 / 3, 0 / 3]])
+
+
+def window_info(doc_index=0, words=WORDS, mentions=MENTIONS):
+    cols = {k: [] for k in ("id", "head", "cluster", "type", "text", "head_word", "number", "gender",
+                            "person", "score")}
+    for i, (h, c, t, text, num, gen, per, score) in enumerate(mentions):
+        for k, v in zip(cols, (i, h, c, t, text, words[h].casefold(), num, gen, per, score)):
+            cols[k].append(v)
+    return {"doc": f"d{doc_index}", "doc_index": doc_index, "window": 0, "offset": 0, "mode": "truncate",
+            "mentions": cols}
+
+
+def planted_map(doc_index=0, index=0):
+    n = len(WORDS) + 2  # [CLS] words [SEP]
+    attn = np.zeros((2, 2, n, n), np.float32)
+    attn[:, :, :, :] = 1.0 / n
+    for (l, h), rows in PLANTED.items():
+        for q, weights in rows.items():
+            row = np.zeros(n, np.float32)
+            for w, a in weights.items():
+                row[w + 1] = a
+            row[-1] = 1.0 - row.sum()
+            attn[l, h, q + 1] = row
+    ex = Example(words=list(WORDS), fields={"coref": window_info(doc_index)})
+    return make_map(attn, ["[CLS]"] + WORDS + ["[SEP]"], example=ex, index=index)
+
+
+def test_baselines_by_hand():
+    col = window_info()["mentions"]
+    # "He" (q=4): candidates John@0, Mary@2. nearest -> Mary (wrong); no "he" before -> none;
+    # sieves: no exact/head match; agreement: John (sg masc 3) passes, Mary (fem) fails -> John
+    assert baseline_predictions(col, 2) == {"nearest": 2, "head-match": -1, "rule-based": 0}
+    # "her" (q=6): nearest He@4; no head match; agreement: only Mary (fem) -> Mary
+    assert baseline_predictions(col, 3) == {"nearest": 4, "head-match": -1, "rule-based": 2}
+    # "John" (q=8): nearest her@6; head match John@0; exact string "john" -> John@0
+    assert baseline_predictions(col, 4) == {"nearest": 6, "head-match": 0, "rule-based": 0}
+
+
+def test_planted_heads_and_baselines():
+    a = CorefAntecedents()
+    a.update(AttentionBatch([planted_map()]))
+    r = a.finalize()
+    np.testing.assert_allclose(r.arrays["accuracy"], EXPECT_MENTIONS)
+    # by type: pronouns are He, her; proper is the second John; no nominal is scored
+    by_type = r.arrays["accuracy_by_type"]
+    np.testing.assert_allclose(by_type[0], [[1, 0], [0.5, 0]])  # (0,1) picks Mary for He, He for her
+    np.testing.assert_allclose(by_type[1], [[1, 1], [1, 0]])
+    assert np.isnan(by_type[2]).all()
+    rows = {row["model"]: row for row in r.tables["table2"]}
+    assert rows["Nearest mention"]["all"] == 0.0
+    assert rows["Nearest with same head word"]["all"] == pytest.approx(1 / 3)
+    assert rows["Rule-based (4 sieves)"]["all"] == 1.0
+    assert rows["Rule-based (4 sieves)"]["nominal"] is None and rows["Rule-based (4 sieves)"]["nominal_n"] == 0
+    heads = [row["name"] for row in r.tables["table2"] if row["kind"] == "head"]
+    assert heads == ["1-1", "2-1", "1-2"]  # best first; the 1-indexed display names
+    assert r.meta["best_head"] == [0, 0] and r.meta["mentions"] == 3
+    assert r.meta["mentions_by_type"] == {"pronoun": 2, "proper": 1, "nominal": 0}
+
+
+def test_candidates_all_preceding_words():
+    a = CorefAntecedents(candidates="words")
+    a.update(AttentionBatch([planted_map()]))
+    np.testing.assert_allclose(a.finalize().arrays["accuracy"], EXPECT_WORDS)
+
+
+def test_head_choices_match_the_analysis():
+    amap = planted_map()
+    ch = head_choices(amap, amap.example.fields["coref"], 0, 1)
+    assert [(c["query"], c["pred"], c["gold"], c["correct"]) for c in ch] == [
+        (4, 2, [0], False), (6, 4, [2], False), (8, 0, [0, 4], True)]
+    assert ch[0]["weights"][3] == pytest.approx(0.5)
+
+
+def test_batch_is_not_modified():
+    amap = planted_map()
+    before = amap.attn.copy()
+    CorefAntecedents().update(AttentionBatch([amap]))
+    np.testing.assert_array_equal(amap.attn, before)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=5), st.permutations(range(5)))
+def test_result_does_not_depend_on_batching_or_order(sizes, perm):
+    maps = [planted_map(doc_index=d, index=d) for d in range(5)]
+    for k, m in enumerate(maps):  # vary the attention so documents differ
+        m.attn = np.roll(m.attn, k, axis=1)
+    whole = CorefAntecedents()
+    whole.update(AttentionBatch(maps))
+    ordered = [maps[i] for i in perm]
+    parts, pos = [], 0
+    for s in sizes:
+        if pos >= len(ordered):
+            break
+        part = CorefAntecedents()
+        part.update(AttentionBatch(ordered[pos:pos + s]))
+        parts.append(part)
+        pos += s
+    rest = CorefAntecedents()
+    rest.update(AttentionBatch(ordered[pos:]))
+    merged = parts[0]
+    for p in parts[1:] + [rest]:
+        merged.merge(p)
+    import json
+
+    dump = lambda r: json.dumps(r.to_json(), sort_keys=True)  # noqa: E731  (NaN == NaN as text)
+    assert dump(merged.finalize()) == dump(whole.finalize())
+
+
+def test_empty_input_and_serialisation(tmp_path):
+    r = CorefAntecedents().finalize()
+    assert r.tables["table2"] == [] and r.meta["mentions"] == 0
+    a = CorefAntecedents(seed=3)
+    a.update(AttentionBatch([planted_map()]))
+    r = a.finalize()
+    r.save(tmp_path / "r.json")
+    import json
+
+    back = Result.from_json(json.loads((tmp_path / "r.json").read_text()))
+    np.testing.assert_allclose(back.arrays["accuracy"], r.arrays["accuracy"])
+    assert back.params["seed"] == 3 and back.tables["table2"] == r.tables["table2"]
+    with pytest.raises(ValueError):
+        CorefAntecedents(seed=3).merge(CorefAntecedents(seed=4))
+
+
+def test_window_bounds_by_hand():
+    counts = np.array([1, 2, 1, 1, 3, 1])
+    # 2 special tokens, 6 tokens per window -> 4 word-piece tokens per window
+    assert _window_bounds(counts, 2, [0, 2, 4], "truncate", 6) == [(0, 3)]
+    assert _window_bounds(counts, 2, [0, 2, 4], "sliding", 6) == [(0, 3), (1, 4), (2, 4), (3, 5), (4, 6)]
+    # a word longer than the window still makes progress (extraction then skips it, counted)
+    assert _window_bounds(np.array([5, 1]), 2, [0], "sliding", 6) == [(0, 1), (1, 2)]
+
+
+def _toy_document(n_sent=12):
+    words, starts, heads, mentions = [], [], [], []
+    for s in range(n_sent):
+        starts.append(len(words))
+        base = len(words)
+        words += ["the", "cat", "saw", "it", "."]
+        heads += [base + 1, base + 2, -1, base + 2, base + 2]
+        mentions += [Mention(base, base + 2, "cat"), Mention(base + 3, base + 4, "it" if s % 2 else "cat")]
+    n = len(words)
+    doc = Document(id="toy", words=words, sentence_starts=starts, mentions=mentions, heads=heads,
+                   upos=["DET", "NOUN", "VERB", "PRON", "PUNCT"] * n_sent,
+                   xpos=["DT", "NN", "VBD", "PRP", "."] * n_sent, feats=[{} for _ in range(n)],
+                   lemmas=list(words))
+    assign_heads_and_types(doc)
+    return doc
+
+
+def test_coref_windows_truncate_and_sliding(debug_bert):
+    doc = _toy_document()
+    enc_len = {}
+    for mode in ("truncate", "sliding"):
+        examples, stats = coref_windows([doc], debug_bert, mode=mode, max_seq_len=24)
+        enc_len[mode] = examples
+        assert stats.mentions == 24
+        # anaphoric: every "cat" but the first (12 + 6 - 1) and every "it" but the first (6 - 1)
+        assert stats.anaphoric == 22
+        from attnscope.extract.encode import Encoder
+
+        enc = Encoder(debug_bert)
+        for ex in examples:
+            assert len(enc.encode(ex, 0)) <= 24
+        scored = [(ex.fields["coref"]["offset"] + h, i) for ex in examples
+                  for h, i, s in zip(ex.fields["coref"]["mentions"]["head"],
+                                     ex.fields["coref"]["mentions"]["id"],
+                                     ex.fields["coref"]["mentions"]["score"]) if s]
+        assert len(scored) == len({i for _, i in scored}) == stats.scored  # each mention once
+    trunc, slide = enc_len["truncate"], enc_len["sliding"]
+    assert len(trunc) == 1 and len(slide) > 1
+    covered = trunc[0].fields["coref"]["mentions"]
+    # the first window scores the same mentions in both modes
+    assert [s for s in slide[0].fields["coref"]["mentions"]["score"]] == covered["score"]
+    # sliding: every anaphoric mention has an antecedent within half a window, so all are scored
+    _, st_slide = coref_windows([doc], debug_bert, mode="sliding", max_seq_len=24)
+    assert st_slide.scored == 22
