@@ -1,0 +1,123 @@
+"""run_general end to end on tiny models, the figures' data, and the CLI command."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from attnscope.cli.main import main
+from attnscope.data.records import Example
+from attnscope.report.general import plot_figure2, run_general
+
+TEXTS = [Example(text="the cat sat on the mat.", text_pair="the dog ran, then he saw it."),
+         Example(text="she said it was old."), Example(text="a man ran to the big house.",
+                                                       text_pair="it was red.")]
+
+
+def _lines(ax) -> dict[str, np.ndarray]:
+    return {ln.get_label(): np.asarray(ln.get_ydata()) for ln in ax.get_lines()
+            if not ln.get_label().startswith("_")}
+
+
+def test_figure2_legend_previous_and_next_are_not_swapped():
+    L, H = 3, 2
+    stats = {k: np.zeros((L, H)) for k in ("first", "separator", "punct", "sep_to_sep",
+                                            "other_to_sep", "current")}
+    stats["previous"] = np.full((L, H), 0.9)
+    stats["next"] = np.full((L, H), 0.2)
+    fig = plot_figure2(stats)
+    lines = _lines(fig.axes[2])
+    np.testing.assert_allclose(lines["previous token"], 0.9)
+    np.testing.assert_allclose(lines["next token"], 0.2)
+    legend = [t.get_text() for t in fig.axes[2].get_legend().get_texts()]
+    handles = fig.axes[2].get_legend().legend_handles
+    colours = {t: h.get_color() for t, h in zip(legend, handles)}
+    prev_line = next(ln for ln in fig.axes[2].get_lines() if ln.get_label() == "previous token")
+    assert colours["previous token"] == prev_line.get_color()
+
+
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory):
+    from attnscope.models import load_model
+
+    lm = load_model("debug:bert", mlm_head=True)
+    out = tmp_path_factory.mktemp("general")
+    steps = []
+    sec = run_general(TEXTS, lm, out, max_seq_len=256, progress=lambda s, d, t: steps.append((s, d, t)))
+    return lm, out, sec, steps
+
+
+def test_run_general_writes_everything(bert_run):
+    lm, out, sec, steps = bert_run
+    for stem in ("general_heads", "general_layers", "gradient_importance"):
+        for ext in ("csv", "json", "md", "tex"):
+            assert (out / "tables" / f"{stem}.{ext}").is_file()
+    assert (out / "tables" / "head_distances.csv").is_file()
+    for stem in ("figure1_examples", "figure2_special_tokens", "figure3_gradients", "figure4_entropy",
+                 "figure6_clusters"):
+        assert (out / "figures" / f"{stem}.png").stat().st_size > 1000
+        assert (out / "figures" / f"{stem}.svg").is_file()
+    rows = json.loads((out / "tables" / "general_heads.json").read_text())
+    assert [r["name"] for r in rows] == ["1-1", "1-2", "2-1", "2-2"]
+    for r in rows:
+        assert 0 <= r["previous"] <= 1 and 0 <= r["separator"] <= 1 and r["entropy"] >= 0
+    res = json.loads((out / "results" / "general.json").read_text())
+    assert set(res["analyses"]) == {"relative-position", "special-tokens", "entropy", "head-distances",
+                                    "gradient-importance"}
+    assert res["seed"] == 0 and res["clustering"]["params"]["mds"]["random_state"] == 0
+    assert steps[-1] == ("general", 3, 3)
+    assert sec.key == "general" and sec.methods and len(sec.paper) == 4
+    for layer, head, idx, label in sec.best_heads:
+        assert idx in sec.maps and sec.maps[idx].attn.shape[:2] == (2, 2)
+
+
+def test_store_input_gives_the_same_numbers(bert_run, tmp_path):
+    from attnscope.extract.runner import ExtractOptions
+    from attnscope.store import extract_to_store, open_store
+
+    lm, out, sec, _ = bert_run
+    extract_to_store(TEXTS, tmp_path / "maps", lm, options=ExtractOptions(max_seq_len=256),
+                     dtype="float32", shard_size=2)
+    sec2 = run_general(open_store(tmp_path / "maps"), None, tmp_path / "out")
+    a = json.loads((out / "tables" / "general_heads.json").read_text())
+    b = json.loads((tmp_path / "out" / "tables" / "general_heads.json").read_text())
+    for ra, rb in zip(a, b):
+        for k in ("previous", "next", "separator", "first", "punct", "entropy", "entropy_first"):
+            assert ra[k] == pytest.approx(rb[k], abs=1e-5)
+    assert any("needs the model" in f for f in sec2.findings)
+    assert not (tmp_path / "out" / "figures" / "figure3_gradients.png").exists()
+
+
+def test_gpt2_and_roberta_run(tmp_path, debug_gpt2, debug_roberta):
+    sec = run_general(TEXTS, debug_gpt2, tmp_path / "g", max_seq_len=256)
+    assert any("no separator" in f for f in sec.findings)
+    assert any("causal" in f for f in sec.findings)
+    sec = run_general(TEXTS, debug_roberta, tmp_path / "r", max_seq_len=256, gradients="off")
+    rows = json.loads((tmp_path / "r" / "tables" / "general_heads.json").read_text())
+    assert all(r["separator"] > 0 for r in rows)  # </s> counts as a separator
+
+
+def test_gradients_on_without_head_is_an_error(tmp_path, debug_bert):
+    from attnscope.errors import AttnscopeError
+
+    with pytest.raises(AttnscopeError, match="no masked-LM head"):
+        run_general(TEXTS, debug_bert, tmp_path / "x", max_seq_len=256, gradients="on")
+
+
+def test_cli_general(tmp_path, capsys):
+    data = tmp_path / "in.json"
+    data.write_text(json.dumps([e.to_dict() for e in TEXTS]))
+    rc = main(["analyze", "general", str(data), "--model", "debug:bert", "--out", str(tmp_path / "o"),
+               "--max-seq-len", "256", "--gradients", "off", "--quiet"])
+    assert rc == 0
+    assert (tmp_path / "o" / "results" / "general.json").is_file()
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"text": "ok"},\n {"words": []}]')
+    rc = main(["analyze", "general", str(bad), "--model", "debug:bert", "--out", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "bad.json" in err and "example 1" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "b").exists()
+    rc = main(["analyze", "general", str(data), "--out", str(tmp_path / "c")])
+    assert rc == 2 and "--model" in capsys.readouterr().err
