@@ -1,0 +1,50 @@
+"""The general analyses on the packaged model over 1,000 WikiText-2 segments (slow)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    import os
+
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.slow
+def test_general_on_wikitext(shared_data, default_model, tmp_path):
+    from attnscope.data.unlabeled import prepare_unlabeled
+    from attnscope.report.general import run_general
+
+    examples = prepare_unlabeled(shared_data / "wikitext-2" / "valid.sentences.txt",
+                                 default_model.tokenizer, max_seq_len=128, seed=0, num_examples=1000)
+    assert len(examples) == 1000
+    rss = {}
+
+    def progress(step, done, total):
+        if step == "general":
+            rss[done] = _rss_mb()
+
+    sec = run_general(examples, default_model, tmp_path, progress=progress)
+    rows = json.loads((tmp_path / "tables" / "general_heads.json").read_text())
+    assert len(rows) == 6 * 12
+    for r in rows:
+        for k in ("current", "previous", "next", "first", "separator", "punct", "sep_to_sep",
+                  "other_to_sep", "max_weight"):
+            assert 0.0 <= r[k] <= 1.0 + 1e-6, (r["name"], k)
+        assert 0.0 <= r["entropy"] <= np.log(128) and 0.0 <= r["entropy_first"] <= np.log(128)
+        assert r["first"] + r["separator"] + r["punct"] <= 1.0 + 1e-6
+    res = json.loads((tmp_path / "results" / "general.json").read_text())
+    d = np.asarray(res["analyses"]["head-distances"]["arrays"]["distances"]["data"])
+    assert d.shape == (72, 72) and (np.diag(d) == 0).all() and (d <= np.log(2) + 1e-6).all()
+    assert res["run"]["examples"] + res["run"]["skipped"] == 1000
+    # memory stays flat: nothing grows with the number of examples seen
+    done = sorted(rss)
+    early = rss[next(d for d in done if d >= 250)]
+    assert rss[done[-1]] - early < 150, rss
+    assert any("no masked-LM head" in f for f in sec.findings)
