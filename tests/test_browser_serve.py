@@ -1,0 +1,125 @@
+"""End-to-end: the local viewer in a real headless Chromium, served on 127.0.0.1.
+
+Skips when /usr/bin/chromium or playwright is missing. One browser for the module.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from attnscope.viz.export import DEFAULT_CHROMIUM, LAUNCH_ARGS
+from tests.test_serve_app import TEXTS, build_store, write_results
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(DEFAULT_CHROMIUM).is_file():
+        pytest.skip(f"{DEFAULT_CHROMIUM} is missing (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=DEFAULT_CHROMIUM, args=LAUNCH_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def start(app):
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}/"
+
+
+@pytest.fixture(scope="module")
+def viewer(tmp_path_factory, debug_bert):
+    from attnscope.serve.app import create_app
+
+    root = tmp_path_factory.mktemp("viewer")
+    store = build_store(root / "store", debug_bert)
+    server, url = start(create_app(store, write_results(root / "out", 2, 2)))
+    yield url, store
+    server.shutdown()
+
+
+@pytest.fixture
+def page(browser, viewer):
+    url, _ = viewer
+    context = browser.new_context()
+    left, errors = [], []
+
+    def route(r):
+        if r.request.url.startswith(url) or r.request.url.startswith(("data:", "blob:")):
+            r.continue_()
+        else:
+            left.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    p = context.new_page()
+    p.on("pageerror", lambda e: errors.append(str(e)))
+    p.goto(url)
+    p.wait_for_function("() => window.attnscopeViewer !== undefined")
+    p.evaluate("() => window.attnscopeViewer.ready")
+    p.wait_for_selector("#attnscope-root[data-ready=true]")
+    yield p
+    assert left == [], f"requests left the machine: {left}"
+    assert errors == []
+    context.close()
+
+
+def test_search_and_open_an_example(page):
+    assert page.locator("#vw-list li").count() == len(TEXTS)
+    page.fill("#vw-search", "CAT")
+    page.wait_for_function("() => document.querySelectorAll('#vw-list li').length === 2")
+    texts = page.locator("#vw-list li .vw-text").all_text_contents()
+    assert texts == [TEXTS[0], TEXTS[2]]  # "<b>who</b>" shown as text
+    page.click("#vw-list li:nth-child(2)")
+    page.wait_for_function("() => window.attnscope && window.attnscope.p.index === 2")
+    assert "example 2" in page.text_content("#attnscope-root .as-title")
+    assert page.locator("#vw-list li.vw-current").get_attribute("data-pos") == "2"
+
+
+def test_stat_grid_and_scatter_open_heads(page):
+    assert "entropy" in page.text_content("#vw-stat-select")
+    page.click('.vw-grid rect[data-layer="1"][data-head="0"]')
+    page.wait_for_function("() => window.attnscope.state.layer === 1")
+    st = page.evaluate("() => window.attnscope.state")
+    assert (st["view"], st["heads"]) == ("head", [0])
+    page.click('.vw-scatter circle[data-layer="0"][data-head="1"]')
+    page.wait_for_function("() => window.attnscope.state.layer === 0")
+    assert page.evaluate("() => window.attnscope.state.heads") == [1]
+
+
+def test_neuron_tab_loads_from_the_server(page):
+    page.click('.as-tabs button[data-view="neuron"]')
+    page.wait_for_selector("svg.as-neuron-view", timeout=30000)
+    assert page.get_attribute("#attnscope-root", "data-rendered-view") == "neuron"
+
+
+def test_corrupt_shard_shows_a_message(browser, tmp_path, viewer):
+    from attnscope.serve.app import create_app
+    from attnscope.store import open_store
+
+    _, store = viewer
+    bad = tmp_path / "bad"
+    shutil.copytree(store, bad)
+    entries = open_store(bad)._entries
+    (bad / "shards" / entries[3]["shard"]).write_bytes(b"\x00garbage")
+    server, url = start(create_app(bad))
+    try:
+        p = browser.new_page()
+        p.goto(url)
+        p.evaluate("() => window.attnscopeViewer.ready")
+        p.evaluate("() => window.attnscopeViewer.openExample(3)")
+        msg = p.text_content("#vw-error")
+        assert "example 3" in msg and "corrupt" in msg and "Traceback" not in msg
+        assert p.is_visible("#vw-error")
+        p.close()
+    finally:
+        server.shutdown()
