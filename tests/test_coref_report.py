@@ -1,0 +1,111 @@
+"""run_coref end to end, the command line, and the slow OntoGUM check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnscope.analyses.coref import BASELINES
+
+# John met Mary . He liked her . John smiled .   (one document, UD trees, Entity brackets)
+ROWS = [("John", "PROPN", "NNP", 2, "nsubj", "Number=Sing", "Entity=(1)"),
+        ("met", "VERB", "VBD", 0, "root", "_", "_"),
+        ("Mary", "PROPN", "NNP", 2, "obj", "Number=Sing", "Entity=(2)"),
+        (".", "PUNCT", ".", 2, "punct", "_", "_"),
+        None,
+        ("He", "PRON", "PRP", 2, "nsubj", "Gender=Masc|Number=Sing|Person=3", "Entity=(1)"),
+        ("liked", "VERB", "VBD", 0, "root", "_", "_"),
+        ("her", "PRON", "PRP", 2, "obj", "Gender=Fem|Number=Sing|Person=3", "Entity=(2)"),
+        (".", "PUNCT", ".", 2, "punct", "_", "_"),
+        None,
+        ("John", "PROPN", "NNP", 2, "nsubj", "Number=Sing", "Entity=(1)"),
+        ("smiled", "VERB", "VBD", 0, "root", "_", "_"),
+        (".", "PUNCT", ".", 2, "punct", "_", "_")]
+
+
+def write_doc(path: Path) -> Path:
+    lines, i = ["# newdoc id = tiny", "# sent_id = 1"], 0
+    for row in ROWS:
+        if row is None:
+            lines += ["", "# sent_id = x"]
+            i = 0
+            continue
+        i += 1
+        form, upos, xpos, head, rel, feats, misc = row
+        lines.append("\t".join([str(i), form, form.lower(), upos, xpos, feats, str(head), rel, "_", misc]))
+    path.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
+    return path
+
+
+def test_run_coref_writes_table2_and_baselines_match_hand(tmp_path, debug_bert):
+    from attnscope.report.coref import run_coref
+
+    src = write_doc(tmp_path / "tiny.conllu")
+    calls = []
+    section = run_coref([src], debug_bert, tmp_path / "out", window="sliding", n_boot=200,
+                        progress=lambda step, done, total: calls.append((step, done, total)))
+    assert calls[-1] == ("extract", 1, 1)
+    t2 = section.tables[0]
+    assert t2.name == "table2_coref" and len(t2.rows) == len(BASELINES) + 3
+    rows = {r["model"]: r for r in t2.rows}
+    # by hand: He -> nearest Mary (wrong), her -> nearest He (wrong), John -> nearest her (wrong);
+    # same head word: only the second John finds John; sieves: He -> Mary (agreement cannot tell
+    # Mary's gender; wrong), her -> Mary (He is masculine), John -> John (exact string)
+    assert rows["Nearest mention"]["all"] == 0.0
+    assert rows["Nearest with same head word"]["all"] == pytest.approx(1 / 3)
+    assert rows["Rule-based (4 sieves)"]["all"] == pytest.approx(2 / 3)
+    assert rows["Rule-based (4 sieves)"]["pronoun"] == pytest.approx(1 / 2)
+    out = tmp_path / "out"
+    for ext in ("md", "tex", "csv", "json"):
+        assert (out / "tables" / f"table2_coref.{ext}").is_file()
+    md = (out / "tables" / "table2_coref.md").read_text()
+    assert "window=sliding" in md and "| Model | All | Pronoun | Proper | Nominal |" in md
+    assert "window=sliding" in (out / "tables" / "table2_coref.tex").read_text()
+    csv_head = (out / "tables" / "table2_coref.csv").read_text().splitlines()[0]
+    assert "all_lo" in csv_head and "window" in csv_head
+    for fig in section.figures:
+        assert all(p.is_file() for p in fig.paths)
+    assert {f.name for f in section.figures} >= {"coref_heatmap"}
+    res = json.loads((out / "results" / "coref.json").read_text())
+    assert res["meta"]["windows"]["scored"] == 3 and res["params"]["window"] == "sliding"
+    assert res["params"]["seed"] == 0
+    assert [p["paper"] for p in section.paper] == [27, 52, 69, 65]
+    for layer, head, idx, _ in section.best_heads:
+        assert idx in section.maps and section.maps[idx].level == "word"
+
+
+def test_cli_coref_runs_and_bad_input_fails_cleanly(tmp_path, capsys):
+    from attnscope.cli.main import main
+
+    src = write_doc(tmp_path / "tiny.conllu")
+    rc = main(["analyze", "coref", str(src), "--model", "debug:bert", "--out", str(tmp_path / "ok"),
+               "--window", "truncate", "--n-boot", "100", "-q"])
+    assert rc == 0 and (tmp_path / "ok" / "tables" / "table2_coref.md").is_file()
+    bad = tmp_path / "bad.conllu"
+    text = src.read_text().replace("Entity=(2)", "Entity=2)", 1)
+    bad.write_text(text, encoding="utf-8")
+    capsys.readouterr()
+    rc = main(["analyze", "coref", str(bad), "--model", "debug:bert", "--out", str(tmp_path / "no")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0
+    assert err.startswith(f"error: {bad}:5:") and "closes no open mention" in err
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.slow
+def test_ontogum_dev_table2_with_packaged_model(shared_data, default_model, tmp_path):
+    from attnscope.report.coref import run_coref
+
+    dev = shared_data / "ontogum" / "dev.conllu"
+    section = run_coref([dev], default_model, tmp_path, window="truncate")
+    rows = section.tables[0].rows
+    assert len(rows) == len(BASELINES) + 3
+    for r in rows:
+        for col in ("all", "pronoun", "proper", "nominal"):
+            assert r[col] is not None and r[f"{col}_n"] > 0
+            assert r[f"{col}_lo"] <= r[col] <= r[f"{col}_hi"]
+    by = {r["model"]: r for r in rows}
+    assert by["Nearest with same head word"]["all"] > by["Nearest mention"]["all"]
+    assert rows[len(BASELINES)]["all"] >= rows[-1]["all"]  # best head first
