@@ -40,11 +40,11 @@ def paper_style_js(attn: np.ndarray, smoothing: float = 0.001) -> np.ndarray:
 
 def main() -> None:
     from attnscope.analyses.distances import js_matrix
+    from attnscope.analyses.token_classes import TokenClasser
     from attnscope.data.unlabeled import prepare_unlabeled
     from attnscope.extract.runner import ExtractOptions, Extractor
     from attnscope.models import load_model
     from attnscope.report.general import general_analyses
-    from attnscope.analyses.token_classes import TokenClasser
     from attnscope.store import extract_to_store, open_store
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

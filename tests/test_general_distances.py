@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from attnscope.analyses.clustering import MDSParams, Thresholds, behaviour_labels, cluster_heads, mds_2d
+from attnscope.analyses.clustering import (
+    MDSParams,
+    Thresholds,
+    behaviour_labels,
+    cluster_heads,
+    mds_2d,
+)
 from attnscope.analyses.distances import HeadDistances, js_matrix, smooth
 from attnscope.extract.batch import AttentionBatch
 

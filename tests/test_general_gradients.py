@@ -5,9 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnscope.analyses.gradients import (GRAD_CLASSES, FitOptions, GradientImportance, MlmScorer,
-                                          attention_gradients, fit_mlm_head, mask_like_bert,
-                                          prepare_masked)
+from attnscope.analyses.gradients import (
+    GRAD_CLASSES,
+    FitOptions,
+    GradientImportance,
+    MlmScorer,
+    attention_gradients,
+    fit_mlm_head,
+    mask_like_bert,
+    prepare_masked,
+)
 from attnscope.errors import ModelError
 from attnscope.extract.batch import AttentionBatch
 

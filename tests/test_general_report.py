@@ -69,8 +69,9 @@ def test_run_general_writes_everything(bert_run):
     assert res["seed"] == 0 and res["clustering"]["params"]["mds"]["random_state"] == 0
     assert steps[-1] == ("general", 3, 3)
     assert sec.key == "general" and sec.methods and len(sec.paper) == 4
-    for layer, head, idx, label in sec.best_heads:
-        assert idx in sec.maps and sec.maps[idx].attn.shape[:2] == (2, 2)
+    assert sec.best_heads
+    for _layer, _head, idx, label in sec.best_heads:
+        assert label and idx in sec.maps and sec.maps[idx].attn.shape[:2] == (2, 2)
 
 
 def test_store_input_gives_the_same_numbers(bert_run, tmp_path):
@@ -94,7 +95,11 @@ def test_gpt2_and_roberta_run(tmp_path, debug_gpt2, debug_roberta):
     sec = run_general(TEXTS, debug_gpt2, tmp_path / "g", max_seq_len=256)
     assert any("no separator" in f for f in sec.findings)
     assert any("causal" in f for f in sec.findings)
-    sec = run_general(TEXTS, debug_roberta, tmp_path / "r", max_seq_len=256, gradients="off")
+    sec = run_general(TEXTS, debug_roberta, tmp_path / "r", max_seq_len=256, gradients="off",
+                      save_maps=tmp_path / "maps")
+    from attnscope.store import open_store
+
+    assert len(open_store(tmp_path / "maps")) == 3 and any("maps saved" in f for f in sec.findings)
     rows = json.loads((tmp_path / "r" / "tables" / "general_heads.json").read_text())
     assert all(r["separator"] > 0 for r in rows)  # </s> counts as a separator
 
