@@ -8,8 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnscope.analyses.base import Result
-from attnscope.analyses.coref import (BASELINES, CorefAntecedents, _window_bounds, baseline_predictions,
-                                      coref_windows, head_choices)
+from attnscope.analyses.coref import (
+    CorefAntecedents,
+    _window_bounds,
+    baseline_predictions,
+    coref_windows,
+    head_choices,
+)
 from attnscope.data.coref import Document, Mention, assign_heads_and_types
 from attnscope.data.records import Example
 from attnscope.extract.batch import AttentionBatch
@@ -49,13 +54,13 @@ def planted_map(doc_index=0, index=0):
     n = len(WORDS) + 2  # [CLS] words [SEP]
     attn = np.zeros((2, 2, n, n), np.float32)
     attn[:, :, :, :] = 1.0 / n
-    for (l, h), rows in PLANTED.items():
+    for (ly, h), rows in PLANTED.items():
         for q, weights in rows.items():
             row = np.zeros(n, np.float32)
             for w, a in weights.items():
                 row[w + 1] = a
             row[-1] = 1.0 - row.sum()
-            attn[l, h, q + 1] = row
+            attn[ly, h, q + 1] = row
     ex = Example(words=list(WORDS), fields={"coref": window_info(doc_index)})
     return make_map(attn, ["[CLS]"] + WORDS + ["[SEP]"], example=ex, index=index)
 

@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from attnscope.data.coref import (constituency_heads, detect_format, iter_conll2012, mention_attributes,
-                                  parse_entity_misc, read_coref)
+from attnscope.data.coref import (
+    constituency_heads,
+    detect_format,
+    iter_conll2012,
+    mention_attributes,
+    parse_entity_misc,
+    read_coref,
+)
 from attnscope.errors import InputError
 
 

@@ -72,7 +72,7 @@ def test_run_coref_writes_table2_and_baselines_match_hand(tmp_path, debug_bert):
     assert res["meta"]["windows"]["scored"] == 3 and res["params"]["window"] == "sliding"
     assert res["params"]["seed"] == 0
     assert [p["paper"] for p in section.paper] == [27, 52, 69, 65]
-    for layer, head, idx, _ in section.best_heads:
+    for _layer, _head, idx, _ in section.best_heads:
         assert idx in section.maps and section.maps[idx].level == "word"
 
 

@@ -327,9 +327,9 @@ class CorefAntecedents(Analysis):
         result.arrays["accuracy"] = acc.astype(np.float64)
         result.arrays["accuracy_by_type"] = by_type.astype(np.float64)
         result.tables["heads"] = [
-            {"layer": l, "head": h, "name": str(HeadId(l, h)), "all": _f(acc[l, h]),
-             **{t: _f(by_type[i, l, h]) for i, t in enumerate(MENTION_TYPES)}}
-            for l in range(L) for h in range(H)]
+            {"layer": ly, "head": h, "name": str(HeadId(ly, h)), "all": _f(acc[ly, h]),
+             **{t: _f(by_type[i, ly, h]) for i, t in enumerate(MENTION_TYPES)}}
+            for ly in range(L) for h in range(H)]
         if m == 0:
             result.summary.append("no mention with an antecedent in its window was scored")
             result.tables["table2"] = []
@@ -340,8 +340,8 @@ class CorefAntecedents(Analysis):
         for b, name in enumerate(BASELINES):
             rows.append(self._row(BASELINE_LABELS[name], "baseline", None, base[:, b], types))
         for k in order:
-            l, h = divmod(k, H)
-            rows.append(self._row(f"Head {HeadId(l, h)}", "head", (l, h), heads[:, l, h], types))
+            ly, h = divmod(k, H)
+            rows.append(self._row(f"Head {HeadId(ly, h)}", "head", (ly, h), heads[:, ly, h], types))
         result.tables["table2"] = rows
         best = rows[len(BASELINES)]
         result.meta["best_head"] = [best["layer"], best["head"]]

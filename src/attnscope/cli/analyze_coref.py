@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -10,12 +10,12 @@ import typer
 from attnscope.cli.common import console
 
 
-class Window(str, Enum):
+class Window(StrEnum):
     truncate = "truncate"
     sliding = "sliding"
 
 
-class Candidates(str, Enum):
+class Candidates(StrEnum):
     mentions = "mentions"
     words = "words"
 

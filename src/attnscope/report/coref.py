@@ -15,8 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.coref import (BASELINES, CorefAntecedents, WindowStats, coref_windows,
-                                      head_choices)
+from attnscope.analyses.coref import (
+    BASELINES,
+    CorefAntecedents,
+    WindowStats,
+    coref_windows,
+    head_choices,
+)
 from attnscope.data.coref import MENTION_TYPES, Document, read_coref
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import HeadId
@@ -78,13 +83,13 @@ def heatmap_figure(acc: np.ndarray, stem: Path, *, title: str) -> list[Path]:
     fig, ax = new_figure(figsize=(max(4.0, 0.45 * H + 1.5), max(3.0, 0.4 * L + 1.2)))
     im = ax.imshow(100 * acc, cmap="viridis", aspect="auto", origin="upper")
     ax.set_xticks(range(H), [str(h + 1) for h in range(H)])
-    ax.set_yticks(range(L), [str(l + 1) for l in range(L)])
+    ax.set_yticks(range(L), [str(ly + 1) for ly in range(L)])
     ax.set_xlabel("head (1-indexed)")
     ax.set_ylabel("layer (1-indexed)")
     ax.set_title(title, fontsize=9)
     if np.isfinite(acc).any():
-        l, h = np.unravel_index(np.nanargmax(acc), acc.shape)
-        ax.add_patch(_rect(h - 0.5, l - 0.5))
+        ly, h = np.unravel_index(np.nanargmax(acc), acc.shape)
+        ax.add_patch(_rect(h - 0.5, ly - 0.5))
     fig.colorbar(im, ax=ax, label="antecedent accuracy (%)")
     return save_figure(fig, stem)
 
