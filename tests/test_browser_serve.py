@@ -65,7 +65,7 @@ def page(browser, viewer):
     p.on("pageerror", lambda e: errors.append(str(e)))
     p.goto(url)
     p.wait_for_function("() => window.attnscopeViewer !== undefined")
-    p.evaluate("() => window.attnscopeViewer.ready")
+    p.evaluate("() => window.attnscopeViewer.ready.then(() => null)")
     p.wait_for_selector("#attnscope-root[data-ready=true]")
     yield p
     assert left == [], f"requests left the machine: {left}"
@@ -115,8 +115,8 @@ def test_corrupt_shard_shows_a_message(browser, tmp_path, viewer):
     try:
         p = browser.new_page()
         p.goto(url)
-        p.evaluate("() => window.attnscopeViewer.ready")
-        p.evaluate("() => window.attnscopeViewer.openExample(3)")
+        p.evaluate("() => window.attnscopeViewer.ready.then(() => null)")
+        p.evaluate("() => window.attnscopeViewer.openExample(3).then(() => null)")
         msg = p.text_content("#vw-error")
         assert "example 3" in msg and "corrupt" in msg and "Traceback" not in msg
         assert p.is_visible("#vw-error")

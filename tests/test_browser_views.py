@@ -126,7 +126,7 @@ def test_script_token_renders_as_text(browser, tmp_path, map_factory):
     assert o.page.title() == EVIL
     labels = o.page.locator("svg.as-heatmap-view text.as-token").all_text_contents()
     assert labels[1] == EVIL[:15] + "\u2026"  # shown (shortened to 16) as text
-    o.js("() => window.attnscope.setState({view: 'head'})")
+    o.js("() => window.attnscope.setState({view: 'head'}).then(() => null)")
     assert o.page.text_content('.as-token[data-unit="1"][data-side="q"] title') == EVIL
     assert o.js("() => window.pwned") is None
     o.close()
@@ -138,7 +138,7 @@ def test_page_filters_agree_with_the_payload(browser, tmp_path, pair_map):
 
     o = Opened(browser, head_view_html(pair_map), tmp_path)
     for filt, hide in (("A->B", True), ("B->A", False), ("all", True)):
-        o.js("(s) => window.attnscope.setState(s)", {"layer": 1, "heads": [0, 1], "pair_filter": filt,
+        o.js("(s) => window.attnscope.setState(s).then(() => null)", {"layer": 1, "heads": [0, 1], "pair_filter": filt,
                                                      "hide_special": hide})
         got = o.js("() => window.attnscope.currentMatrix()")
         want = head_payload(pair_map, 1, [0, 1], pair_filter=filt, hide_special=hide)
@@ -153,7 +153,7 @@ def test_hover_focuses_one_token(browser, tmp_path, pair_map):
     from attnscope.viz.pages import head_view_html
 
     o = Opened(browser, head_view_html(pair_map, layer=0), tmp_path)
-    o.js("() => window.attnscope.setState({min_weight: 0, heads: [0, 1]})")
+    o.js("() => window.attnscope.setState({min_weight: 0, heads: [0, 1]}).then(() => null)")
     n = len(pair_map.tokens)
     assert o.page.get_attribute("#attnscope-root", "data-lines") == str(2 * n * n)
     o.page.hover('.as-token[data-unit="2"][data-side="q"]')
