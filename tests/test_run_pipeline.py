@@ -294,3 +294,14 @@ def test_save_maps_is_passed_to_families(tmp_path, monkeypatch, inputs, debug_be
     run_pipeline(RunConfig(model="debug:bert", text=inputs["text"], save_maps=True), tmp_path / "o",
                  model=debug_bert)
     assert got["save_maps"] == tmp_path / "o" / "maps" / "general"
+
+
+def test_overwrite_with_bad_input_keeps_the_old_run(tmp_path, fake, inputs, debug_bert):
+    out = tmp_path / "out"
+    run_pipeline(_config(inputs), out, model=debug_bert)
+    before = (out / "results.json").read_bytes()
+    bad = tmp_path / "in" / "bad.conllu"
+    bad.write_text("1\tA\ta\tDET\tDT\t_\t2\tdet\t_\t_\n2\tB\tb\tNOUN\tNN\t_\t1\tnsubj\t_\t_\n\n")
+    with pytest.raises(InputError, match="cycle"):
+        run_pipeline(RunConfig(model="debug:bert", deps=bad), out, overwrite=True, model=debug_bert)
+    assert (out / "results.json").read_bytes() == before

@@ -391,23 +391,33 @@ def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _prepare_out_dir(out_dir: Path, run_fp: str, *, resume: bool, overwrite: bool) -> dict | None:
-    """Check what ``out_dir`` holds; return the old state when resuming."""
-    state_path = out_dir / STATE_DIR / STATE_FILE
+def _check_out_dir(out_dir: Path, *, resume: bool, overwrite: bool) -> dict | None:
+    """Refuse an output folder that cannot be used, before any work; return its run state.
+
+    A missing or empty folder is fine; a folder holding a run needs ``resume`` or
+    ``overwrite``; a folder holding anything else is refused (and never deleted).
+    """
     if not out_dir.exists() or not any(out_dir.iterdir()):
         return None
+    state_path = out_dir / STATE_DIR / STATE_FILE
     old = _read_json(state_path) if state_path.exists() else None
-    if overwrite:
-        if old is None:
-            raise AttnscopeError(f"{out_dir}: holds files that are not an attnscope run; "
-                                 "refusing to delete them (choose another --out)")
-        shutil.rmtree(out_dir)
-        return None
     if old is None:
-        raise AttnscopeError(f"{out_dir}: already holds other files (choose another --out)")
-    if not resume:
+        what = "is not an attnscope run; refusing to delete it" if overwrite else "already holds other files"
+        raise AttnscopeError(f"{out_dir}: {what} (choose another --out)")
+    if not resume and not overwrite:
         raise AttnscopeError(f"{out_dir}: already holds a run (use --resume to continue it or "
                              "--overwrite to replace it)")
+    return old
+
+
+def _take_out_dir(out_dir: Path, old: dict | None, run_fp: str, *, overwrite: bool) -> dict | None:
+    """After the inputs are read: clear the folder for ``overwrite``, or check that the run
+    to resume is the same job. Returns the state of the run being resumed, if any."""
+    if old is None:
+        return None
+    if overwrite:
+        shutil.rmtree(out_dir)
+        return None
     if old.get("fingerprint") != run_fp:
         raise AttnscopeError(f"{out_dir}: cannot resume: that run was made with other arguments, "
                              "inputs or weights (use --overwrite to start again)")
@@ -433,6 +443,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     out_dir = Path(out_dir)
     cfg = config
     check_config(cfg)
+    old_run = _check_out_dir(out_dir, resume=resume, overwrite=overwrite)
     files = data_files(cfg)
 
     def say(step: str, done: int, total: int | None) -> None:
@@ -452,7 +463,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                                          if k not in ("text", "deps", "deps_train", "coref", "glove")},
                            "data": [(d["role"], d["sha256"]) for d in files],
                            "weights": model_info["weights_sha256"], "model": model_info})
-    old_state = _prepare_out_dir(out_dir, run_fp, resume=resume, overwrite=overwrite)
+    old_state = _take_out_dir(out_dir, old_run, run_fp, overwrite=overwrite)
     (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
     state = {"fingerprint": run_fp, "status": "running", "started": started,
              "arguments": arguments}
