@@ -126,3 +126,18 @@ def test_cli_general(tmp_path, capsys):
     assert not (tmp_path / "b").exists()
     rc = main(["analyze", "general", str(data), "--out", str(tmp_path / "c")])
     assert rc == 2 and "--model" in capsys.readouterr().err
+
+
+def test_figure1_titles_name_head_and_behaviour(map_factory):
+    from attnscope.report.general import plot_token_lines
+
+    attn = np.zeros((1, 2, 3, 3))
+    attn[0, 0] = np.eye(3)
+    attn[0, 1] = 1 / 3
+    m = map_factory(attn, ["[CLS]", "$x$", "[SEP]"])
+    fig = plot_token_lines(m, [(0, 0, "attends to itself"), (0, 1, "attends broadly")])
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["head 1-1\nattends to itself", "head 1-2\nattends broadly"]
+    texts = {t.get_text() for t in fig.axes[0].texts}
+    assert r"\$x\$" in texts  # a "$" in a token is escaped, not read as math
+    assert len(fig.axes[0].collections[0].get_segments()) == 3  # only the diagonal is drawn

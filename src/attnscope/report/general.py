@@ -270,9 +270,9 @@ def plot_token_lines(m: AttentionMap, heads: list[tuple[int, int, str]]):
         colours = [(0.12, 0.31, 0.62, float(min(1.0, a[i, j]))) for i, j in zip(qi, kj)]
         ax.add_collection(LineCollection(segs, colors=colours, linewidths=1.5))
         for i, t in enumerate(m.tokens):
-            label = _tex_safe(TokenClasser.bare(t))
-            ax.text(0.22, ys[i], label, ha="right", va="center", fontsize=7)
-            ax.text(0.78, ys[i], label, ha="left", va="center", fontsize=7)
+            text = _tex_safe(TokenClasser.bare(t))
+            ax.text(0.22, ys[i], text, ha="right", va="center", fontsize=7)
+            ax.text(0.78, ys[i], text, ha="left", va="center", fontsize=7)
         ax.set_xlim(-0.2, 1.2)
         ax.set_ylim(-n, 1)
         ax.axis("off")
