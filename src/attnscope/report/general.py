@@ -235,9 +235,11 @@ def head_stats(results: dict) -> dict[str, np.ndarray]:
 
 
 def choose_heads(stats: dict[str, np.ndarray]) -> list[tuple[int, int, str]]:
-    """Heads drawn in Figure 1: the strongest previous, next, separator and broadest head."""
+    """Heads drawn in Figure 1: the strongest previous, next, first-special, separator and
+    broadest head (each head once)."""
     picks = []
     for key, label in (("previous", "attends to the previous token"), ("next", "attends to the next token"),
+                       ("first", "attends to the first special token"),
                        ("separator", "attends to separators"), ("entropy", "attends broadly")):
         arr = stats.get(key)
         if arr is None or not np.isfinite(arr).any():
