@@ -27,8 +27,8 @@ def build_store(path, lm, texts=TEXTS, shard_size=2):
 def write_results(folder, L, H):
     from attnscope.analyses.base import Result
 
-    rows = [{"layer": l, "head": h, "name": f"{l + 1}-{h + 1}", "x": float(l), "y": float(h),
-             "behaviour": "broad" if h else "next"} for l in range(L) for h in range(H)]
+    rows = [{"layer": layer, "head": h, "name": f"{layer + 1}-{h + 1}", "x": float(layer), "y": float(h),
+             "behaviour": "broad" if h else "next"} for layer in range(L) for h in range(H)]
     (folder / "results").mkdir(parents=True)
     Result("clustering", tables={"heads": rows}).save(folder / "results" / "clustering.json")
     ent = np.arange(L * H, dtype=float).reshape(L, H)
@@ -39,8 +39,8 @@ def write_results(folder, L, H):
     (folder / "results" / "broken.json").write_text("{not json", encoding="utf-8")
     (folder / "tables").mkdir()
     (folder / "tables" / "offsets.csv").write_text(
-        "layer,head,name,prev\n" + "".join(f"{l},{h},{l + 1}-{h + 1},{0.1 * (l + h):.1f}\n"
-                                           for l in range(L) for h in range(H)), encoding="utf-8")
+        "layer,head,name,prev\n" + "".join(f"{i},{h},{i + 1}-{h + 1},{0.1 * (i + h):.1f}\n"
+                                           for i in range(L) for h in range(H)), encoding="utf-8")
     return folder
 
 

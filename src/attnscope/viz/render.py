@@ -9,7 +9,7 @@ Tokens are never written into markup by Python; the page puts them in with ``tex
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 
 from attnscope import __version__
@@ -25,13 +25,13 @@ def embed_json(obj) -> str:
     return text
 
 
-@lru_cache(maxsize=None)
+@cache
 def static_text(name: str) -> str:
     """The text of a file in ``attnscope/viz/static`` (our own JS/CSS)."""
     return resources.files("attnscope.viz").joinpath("static", name).read_text(encoding="utf-8")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _env():
     import jinja2
 

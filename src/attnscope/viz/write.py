@@ -6,7 +6,6 @@ unless everything succeeded: exports run first into a temporary folder.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -95,4 +94,4 @@ def _move_atomic(src: Path, dst: Path) -> None:
     from attnscope.data.io import atomic_write_bytes
 
     atomic_write_bytes(dst, src.read_bytes())
-    shutil.os.remove(src)
+    src.unlink()
