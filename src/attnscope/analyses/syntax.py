@@ -79,7 +79,7 @@ def score_map(m: AttentionMap, *, offsets=DEFAULT_OFFSETS, collapse_subtypes: bo
     if w == 0:
         return None
     pos = pos[:w]
-    sub = m.attn[:, :, pos[:, None], pos[None, :]].astype(np.float32)  # [L H w w] words only (a copy)
+    sub = m.attn[:, :, pos[:, None], pos[None, :]].astype(np.float32, copy=False)  # [L H w w] a copy
     diag = np.arange(w)
     sub[:, :, diag, diag] = -np.inf  # never predict the word itself
     pred = np.stack([sub.argmax(axis=-1), sub.argmax(axis=-2)], axis=2)  # [L H 2 w]; ties -> lowest
@@ -176,15 +176,15 @@ class DependencyHeads(Analysis):
                 continue
             ids = self._rel_ids(rels)  # [N]
             R = len(self.relations)
-            onehot = np.zeros((len(ids), R), np.float32)  # [N R]
-            onehot[np.arange(len(ids)), ids] = 1.0
-            L, H = self.shape
+            # group the dependents by relation and sum each group (no BLAS: exact integers)
+            order = np.argsort(ids, kind="stable")
+            uniq, starts = np.unique(ids[order], return_index=True)
             correct = np.concatenate([s.correct for s in scores], axis=-1)  # [L H 2 N]
-            # exact: float32 holds integers below 2**24, far above one batch's words
-            self.correct[fold] += np.rint(correct.reshape(L * H * 2, -1).astype(np.float32) @ onehot
-                                          ).astype(np.int64).T.reshape(R, L, H, 2)
+            self.correct[fold][uniq] += np.moveaxis(
+                np.add.reduceat(correct[..., order].astype(np.int64), starts, axis=-1), -1, 0)
             offc = np.concatenate([s.offset_correct for s in scores], axis=-1)  # [K N]
-            self.offset_correct[fold] += np.rint(offc.astype(np.float32) @ onehot).astype(np.int64).T
+            self.offset_correct[fold][uniq] += np.add.reduceat(
+                offc[:, order].astype(np.int64), starts, axis=-1).T
             self.total[fold] += np.bincount(ids, minlength=R)
 
     def merge(self, other: "DependencyHeads") -> "DependencyHeads":
