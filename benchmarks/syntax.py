@@ -79,7 +79,11 @@ def bench_probes(train_store, dev_store, epochs: int = 2) -> None:
     import torch
 
     from attnscope.analyses.probes.features import SentenceSource
-    from attnscope.analyses.probes.models import AttentionGloveProbe, AttentionProbe, DistanceGloveMLP
+    from attnscope.analyses.probes.models import (
+        AttentionGloveProbe,
+        AttentionProbe,
+        DistanceGloveMLP,
+    )
     from attnscope.analyses.probes.training import TrainConfig, train_probes
     from attnscope.data.glove import load_glove
 

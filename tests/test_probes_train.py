@@ -7,16 +7,30 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnscope.analyses.probes.features import (SentenceSource, collate, probe_sentence,  # noqa: E402
-                                                punctuation_mask, sentences_from_maps)
-from attnscope.analyses.probes.models import (AttentionGloveProbe, AttentionProbe,  # noqa: E402
-                                              DistanceGloveMLP, distance_features, right_branching)
-from attnscope.analyses.probes.training import (TrainConfig, evaluate, right_branching_uas,  # noqa: E402
-                                                train_probes)
+from conftest import make_map  # noqa: E402
+
+from attnscope.analyses.probes.features import (  # noqa: E402
+    SentenceSource,
+    collate,
+    probe_sentence,
+    punctuation_mask,
+    sentences_from_maps,
+)
+from attnscope.analyses.probes.models import (  # noqa: E402
+    AttentionGloveProbe,
+    AttentionProbe,
+    DistanceGloveMLP,
+    distance_features,
+    right_branching,
+)
+from attnscope.analyses.probes.training import (  # noqa: E402
+    TrainConfig,
+    evaluate,
+    right_branching_uas,
+    train_probes,
+)
 from attnscope.data.records import Example  # noqa: E402
 from attnscope.extract.batch import AttentionBatch  # noqa: E402
-
-from conftest import make_map  # noqa: E402
 
 
 def random_tree(rng, n):

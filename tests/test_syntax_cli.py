@@ -90,7 +90,7 @@ def test_run_syntax_from_stores_and_section(tmp_path, debug_bert):
     section = run_syntax(open_store(tmp_path / "word"), None, tmp_path / "out", min_count=1)
     assert section.key == "syntax" and [t.name for t in section.tables] == ["table1_syntax",
                                                                             "table1_syntax_heldout"]
-    for layer, head, idx, label in section.best_heads:
+    for layer, head, idx, _label in section.best_heads:
         assert section.maps[idx].index == idx and 0 <= layer < 2 and 0 <= head < 2
     assert any(r["what"].startswith("Table 1 best head, det") for r in section.paper)
     with pytest.raises(AttnscopeError, match="word-level"):

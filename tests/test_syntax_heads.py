@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import make_map
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnscope.analyses.base import ANALYSES
-from attnscope.analyses.syntax import (ALL, DependencyHeads, HeadCounts, binary_bootstrap_ci,
-                                       relation_label, table1_rows)
+from attnscope.analyses.syntax import (
+    ALL,
+    DependencyHeads,
+    HeadCounts,
+    binary_bootstrap_ci,
+    relation_label,
+    table1_rows,
+)
 from attnscope.data.records import Example
 from attnscope.extract.batch import AttentionBatch
-
-from conftest import make_map
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
 WORDS = TOKENS[1:-1]
@@ -224,8 +229,9 @@ def test_registered_and_result_roundtrip(tmp_path):
     d.update(AttentionBatch([sentence_map()]))
     res = d.finalize()
     res.save(tmp_path / "r.json")
-    from attnscope.analyses.base import Result
     import json
+
+    from attnscope.analyses.base import Result
 
     back = Result.from_json(json.loads((tmp_path / "r.json").read_text()))
     np.testing.assert_array_equal(back.arrays["accuracy"], res.arrays["accuracy"])

@@ -18,8 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.analyses.base import Result
-from attnscope.analyses.syntax import (ALL, DIRECTIONS, DependencyHeads, HeadCounts,
-                                       binary_bootstrap_ci, score_map, table1_rows)
+from attnscope.analyses.syntax import (
+    ALL,
+    DIRECTIONS,
+    DependencyHeads,
+    HeadCounts,
+    binary_bootstrap_ci,
+    score_map,
+    table1_rows,
+)
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.extract.batch import AttentionBatch, AttentionMap
@@ -210,11 +217,16 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
                config=None, root: str = "special", n_boot: int = 1000,
                progress: Progress = None, cache_bytes: int = 1 << 30) -> tuple[list[dict], dict]:
     """Train every Table 3 probe; returns the table rows and details (histories, sources)."""
+    import torch
+
     from attnscope.analyses.probes.features import SentenceSource
-    from attnscope.analyses.probes.models import AttentionGloveProbe, AttentionProbe, DistanceGloveMLP
+    from attnscope.analyses.probes.models import (
+        AttentionGloveProbe,
+        AttentionProbe,
+        DistanceGloveMLP,
+    )
     from attnscope.analyses.probes.training import TrainConfig, right_branching_uas, train_probes
     from attnscope.data.glove import load_glove
-    import torch
 
     config = config or TrainConfig()
     table = load_glove(glove)

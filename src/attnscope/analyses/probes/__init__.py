@@ -9,8 +9,14 @@
 torch is imported only by :mod:`.models` and :mod:`.training`.
 """
 
-from attnscope.analyses.probes.features import (ProbeSentence, SentenceSource, collate,
-                                                probe_sentence, punctuation_mask, sentences_from_maps)
+from attnscope.analyses.probes.features import (
+                                                ProbeSentence,
+                                                SentenceSource,
+                                                collate,
+                                                probe_sentence,
+                                                punctuation_mask,
+                                                sentences_from_maps,
+)
 
 __all__ = ["ProbeSentence", "SentenceSource", "collate", "probe_sentence", "punctuation_mask",
            "sentences_from_maps"]

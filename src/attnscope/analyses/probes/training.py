@@ -53,7 +53,6 @@ class ProbeRun:
 
 def masked_scores(module, batch):
     """Scores with impossible candidates (padding, the word itself) at -inf: ``[B j i]``."""
-    import torch
 
     s = module(batch)
     return s.masked_fill(~batch.candidates, float("-inf"))
