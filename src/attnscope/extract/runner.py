@@ -123,11 +123,15 @@ class Extractor:
             kwargs["token_type_ids"] = types
         with torch.inference_mode():
             out = self.lm.model(**kwargs)
-        attn = torch.stack(out.attentions, dim=1).float().numpy()  # [B L H T T]
+        # per layer [B H T T], views of torch's memory; one copy per example below, instead of
+        # stacking the whole padded batch first (that copy was the largest allocation of a run)
+        layers = [a.float().numpy() for a in out.attentions]
+        del out
         items = []
         for b, e in enumerate(batch):
             n = len(e)
-            items.append(self._to_map(e, attn[b, :, :, :n, :n]))
+            attn = np.stack([layer[b, :, :n, :n] for layer in layers])  # [L H n n]
+            items.append(self._to_map(e, attn))
             self.stats.tokens += n
             self.stats.examples_out += 1
         return AttentionBatch(items)

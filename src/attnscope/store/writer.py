@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import platform
@@ -68,6 +69,9 @@ class ShardWriter:
         sid = self.shard_of(pos)
         if sid in self.done:
             return
+        # hold the map in the store's dtype (float16: half the memory of a float32 shard in
+        # waiting); a new map, so the caller's batch is left as it was
+        item = dataclasses.replace(item, attn=item.attn.astype(self.dtype, copy=False))
         self.pending.setdefault(sid, {})[pos] = item
         if len(self.pending[sid]) == self.shard_size:
             self.write(sid)
@@ -80,7 +84,7 @@ class ShardWriter:
         from safetensors.numpy import save
 
         items = self.pending.pop(sid)
-        arrays = {array_key(pos): np.ascontiguousarray(it.attn.astype(self.dtype))
+        arrays = {array_key(pos): np.ascontiguousarray(it.attn)
                   for pos, it in sorted(items.items())}
         records = [dict(it.record(), pos=pos) for pos, it in sorted(items.items())]
         data = save(arrays, metadata={"records": json.dumps(records, ensure_ascii=False)})
