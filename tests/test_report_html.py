@@ -8,11 +8,19 @@ import re
 import numpy as np
 import pytest
 
-from attnscope.report.html import (build_context, format_value, heatmap_page, model_display_name,
-                                   network_references,
-                                   render_report, slug, view_file_name, write_head_views, write_report)
+from attnscope.report.html import (
+    build_context,
+    format_value,
+    heatmap_page,
+    model_display_name,
+    network_references,
+    render_report,
+    slug,
+    view_file_name,
+    write_head_views,
+    write_report,
+)
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
-
 
 
 def _figure(out_dir, name):

@@ -71,8 +71,8 @@ def _fake_family(kind, calls):
             if progress is not None:
                 progress("extract", i + 1, len(batches))
         score = _head_means(batches, kind)  # [L H]
-        rows = [{"layer": l, "head": h, "name": f"{l + 1}-{h + 1}", "score": float(score[l, h])}
-                for l in range(score.shape[0]) for h in range(score.shape[1])]
+        rows = [{"layer": la, "head": h, "name": f"{la + 1}-{h + 1}", "score": float(score[la, h])}
+                for la in range(score.shape[0]) for h in range(score.shape[1])]
         cols = ["name", "score"]
         paths = write_table(rows, out_dir / "tables" / f"{kind}_heads", columns=cols, caption=kind)
         fig, ax = new_figure(figsize=(2, 2))
