@@ -77,8 +77,14 @@ def load_general_inputs(input: Path, model: str | None, gradients: str, seed: in
     if model is None:
         return source, None
     if gradients in ("auto", "on", "fit-head"):
+        import transformers
+
+        level = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # the probe's load report is not for the user
         try:
             return source, load_model(model, mlm_head=True, seed=seed)
         except ModelError:
             pass  # no head in the weights, or a causal family: load the plain model
+        finally:
+            transformers.logging.set_verbosity(level)
     return source, load_model(model, seed=seed)
