@@ -162,10 +162,10 @@ def test_no_head_is_refused_clearly(debug_bert, debug_gpt2):
 def test_fit_head_is_seeded_and_reports_accuracy(debug_bert):
     from attnscope.extract import extract
 
-    texts = [{"text": "the cat sat on the mat and the dog ran to the house."}] * 12
+    texts = [{"text": "the cat sat on the mat and the dog ran to the house."}] * 6
     maps = [m for b in extract(texts, debug_bert) for m in b]
     enc = [(m.tokens, m.special, m.segment, m.index) for m in maps]
-    opts = FitOptions(steps=30, seed=3)
+    opts = FitOptions(steps=10, seed=3)
     h1 = fit_mlm_head(debug_bert, enc, opts)
     h2 = fit_mlm_head(debug_bert, enc, opts)
     assert h1.report == h2.report
