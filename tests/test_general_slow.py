@@ -43,8 +43,11 @@ def test_general_on_wikitext(shared_data, default_model, tmp_path):
     d = np.asarray(res["analyses"]["head-distances"]["arrays"]["distances"]["data"])
     assert d.shape == (72, 72) and (np.diag(d) == 0).all() and (d <= np.log(2) + 1e-6).all()
     assert res["run"]["examples"] + res["run"]["skipped"] == 1000
-    # memory stays flat: nothing grows with the number of examples seen
+    # memory stays flat: holding the maps of the second half would add ~500 x 6 x 12 x 100^2 x 4 B
+    # (~1.4 GB); batches are sorted by length, so the last (longest) batches alone may add a
+    # few hundred MB of working memory
     done = sorted(rss)
-    early = rss[next(d for d in done if d >= 250)]
-    assert rss[done[-1]] - early < 150, rss
+    half = rss[next(d for d in done if d >= 500)]
+    assert rss[done[-1]] - half < 400, {d: round(rss[d]) for d in done[::8]}
+    assert max(rss.values()) < 2500
     assert any("no masked-LM head" in f for f in sec.findings)
