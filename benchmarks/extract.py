@@ -54,6 +54,7 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "ud-ewt" / "en_ewt-ud-dev.conll
 PAPER_MAX_LEN = 128  # the paper code pads every example to --max_sequence_length
 BATCH = 16
 RESULT_TAG = "BENCH-RESULT "
+BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 # -- measuring ------------------------------------------------------------------------------
@@ -271,8 +272,11 @@ def run_child(kind: str, args, limit: int | None, out: Path, store: Path | None 
         cmd += ["--limit", str(limit)]
     if store is not None:
         cmd += ["--store", str(store)]
+    env = dict(os.environ)
+    if args.threads > 0:  # numpy's BLAS too: its threads stall behind busy cores like torch's
+        env.update({v: str(args.threads) for v in BLAS_THREAD_VARS})
     load = os.getloadavg()[0]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"benchmark child {kind!r} failed:\n{proc.stderr[-3000:]}")
     line = next(ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(RESULT_TAG))
@@ -375,8 +379,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--small", type=int, default=500, help="the smaller run for the memory comparison")
     p.add_argument("--repeat", type=int, default=2, help="runs of each timed pipeline; the fastest counts")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch threads in every pipeline (default 1: steadier on a shared machine; "
-                        "0 = torch's default)")
+                   help="torch and BLAS threads in every pipeline (default 1: steadier on a shared "
+                        "machine; 0 = the libraries' defaults)")
     p.add_argument("--profile", action="store_true", help="profile (a) with cProfile instead")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
