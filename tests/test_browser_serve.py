@@ -109,7 +109,7 @@ def test_corrupt_shard_shows_a_message(browser, tmp_path, viewer):
     _, store = viewer
     bad = tmp_path / "bad"
     shutil.copytree(store, bad)
-    entries = open_store(bad)._entries
+    entries = open_store(bad).entries
     (bad / "shards" / entries[3]["shard"]).write_bytes(b"\x00garbage")
     server, url = start(create_app(bad))
     try:

@@ -146,7 +146,7 @@ def test_wrong_store_path_and_corrupt_shard(store_path, tmp_path):
     shutil.copytree(store_path, bad)
     from attnscope.store import open_store
 
-    entries = open_store(bad)._entries
+    entries = open_store(bad).entries
     (bad / "shards" / entries[2]["shard"]).write_bytes(b"\x00garbage")
     ok = next(i for i, e in enumerate(entries) if e["shard"] != entries[2]["shard"])
     c = create_app(bad).test_client()

@@ -8,6 +8,7 @@ the inputs and the arguments, which is what lets a store resume exactly where it
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -151,6 +152,20 @@ class Extractor:
                             "word", e.example)
 
 
+@contextmanager
+def small_matrix_threads():
+    """Run numpy's BLAS on one thread for the duration of an extraction run.
+
+    Word-level conversion multiplies many small matrices; with OpenBLAS's default threads on a
+    busy machine one such product was measured to stall for seconds (benchmarks/extract.py),
+    against milliseconds on one thread. Set once per run: each change costs about 8 ms.
+    """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
 def _unit_texts(e: Encoded, units: np.ndarray) -> list[str]:
     """The text of each word-level unit: the input word where known, else the joined pieces."""
     words = e.example.all_words
@@ -205,8 +220,9 @@ def extract(examples: Iterable[Example | dict], model: LoadedModel | str = "defa
     opts = options or ExtractOptions(**kwargs)
     ex_iter = (e if isinstance(e, Example) else example_from_dict(e, i) for i, e in enumerate(examples))
     extractor = Extractor(model, opts, stats)
-    for planned in extractor.plan(ex_iter):
-        batch = extractor.run_batch(planned)
-        if on_batch is not None:
-            on_batch(batch)
-        yield batch
+    with small_matrix_threads():
+        for planned in extractor.plan(ex_iter):
+            batch = extractor.run_batch(planned)
+            if on_batch is not None:
+                on_batch(batch)
+            yield batch

@@ -8,7 +8,6 @@ reaches it and its texts are kept (a few bytes per example), never its arrays.
 from __future__ import annotations
 
 from attnscope.data.records import Example
-from attnscope.store.format import SHARDS
 
 
 def record_text(rec: dict) -> str:
@@ -30,7 +29,7 @@ class Catalog:
 
     def __init__(self, store):
         self.store = store
-        self._entries = store._entries  # [{"index", "shard", "pos", "length"}] in input order
+        self._entries = store.entries  # [{"index", "shard", "pos", "length"}] in input order
         self._texts: dict[str, dict[int, str]] = {}  # shard file -> plan position -> text
 
     def __len__(self) -> int:
@@ -38,7 +37,7 @@ class Catalog:
 
     def _shard_texts(self, shard: str) -> dict[int, str]:
         if shard not in self._texts:
-            records = self.store._records(self.store.path / SHARDS / shard)
+            records = self.store.shard_records(shard)
             self._texts[shard] = {r["pos"]: record_text(r) for r in records}
         return self._texts[shard]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +38,7 @@ class Store:
             raise StoreError(f"{mpath}: not an attnscope store manifest")
         self._entries = self._load_entries()
         self._by_index = {e["index"]: k for k, e in enumerate(self._entries)}
+        self._header_cache: OrderedDict[str, list[dict]] = OrderedDict()
 
     # -- metadata ---------------------------------------------------------------------------
     @property
@@ -89,6 +91,27 @@ class Store:
                 raise StoreError(f"{shard}: corrupt shard (no records in its header)") from None
 
     # -- access -----------------------------------------------------------------------------
+    @property
+    def entries(self) -> list[dict]:
+        """Per stored example, in input order: ``{"index", "shard", "pos", "length"}`` (read-only)."""
+        return self._entries
+
+    def shard_records(self, shard: str) -> list[dict]:
+        """The per-example records in the header of shard file ``shard`` (no arrays).
+
+        The last few shards' headers are cached, so reading examples of one shard one by one
+        parses its header once.
+        """
+        cache = self._header_cache
+        if shard in cache:
+            cache.move_to_end(shard)
+            return cache[shard]
+        records = self._records(self.path / SHARDS / shard)
+        cache[shard] = records
+        if len(cache) > 4:
+            cache.popitem(last=False)
+        return records
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -104,8 +127,7 @@ class Store:
             raise IndexError(f"store has {len(self)} examples, no example {i}")
         e = self._entries[i]
         shard = self.path / SHARDS / e["shard"]
-        records = self._records(shard)
-        rec = next(r for r in records if r["pos"] == e["pos"])
+        rec = next(r for r in self.shard_records(e["shard"]) if r["pos"] == e["pos"])
         with self._open(shard) as sf:
             attn = self._get(sf, shard, e["pos"])
         return AttentionMap.from_record(rec, attn)

@@ -18,7 +18,7 @@ from attnscope.data.io import atomic_write_bytes, atomic_write_text
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, StoreError
 from attnscope.extract.batch import AttentionMap
-from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
+from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats, small_matrix_threads
 from attnscope.models.loading import LoadedModel, load_model
 from attnscope.store.format import (
     FORMAT_NAME,
@@ -159,7 +159,8 @@ def extract_to_store(examples: Iterable[Example], out: str | Path, model: Loaded
     start = time.perf_counter()
     writer = ShardWriter(root, shard_size, dtype, done)
     try:
-        _run_plan(extractor, examples, writer, stats, progress)
+        with small_matrix_threads():
+            _run_plan(extractor, examples, writer, stats, progress)
     except AttnscopeError:
         if fresh:  # bad input: leave nothing behind (a resumed store keeps its whole shards)
             shutil.rmtree(root, ignore_errors=True)
