@@ -157,9 +157,10 @@ def test_kill_9_then_resume_gives_the_same_store(tmp_path):
     inp.write_text(json.dumps(examples(250, seed=1)))
     cmd = [sys.executable, "-m", "attnscope", "extract", str(inp), "--model", "debug:bert", "--batch-size",
            "1", "--shard-size", "10", "--quiet"]
-    subprocess.run(cmd + ["--out", str(tmp_path / "full")], check=True, capture_output=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # tiny model: threads only spin on a busy machine
+    subprocess.run(cmd + ["--out", str(tmp_path / "full")], check=True, capture_output=True, env=env)
     proc = subprocess.Popen(cmd + ["--out", str(tmp_path / "killed")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env=env)
     shards = tmp_path / "killed" / "shards"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
@@ -172,7 +173,8 @@ def test_kill_9_then_resume_gives_the_same_store(tmp_path):
     partial = open_store(tmp_path / "killed")  # still readable
     assert not partial.complete and 0 < len(partial) < 250
     assert all(m.attn.shape[-1] == len(m.tokens) for m in partial)
-    subprocess.run(cmd + ["--out", str(tmp_path / "killed"), "--resume"], check=True, capture_output=True)
+    subprocess.run(cmd + ["--out", str(tmp_path / "killed"), "--resume"], check=True, capture_output=True,
+                   env=env)
     assert open_store(tmp_path / "killed").complete
     assert not list(shards.glob(".*.tmp"))  # the shard that was in flight is cleaned away
     assert _shard_contents(tmp_path / "killed") == _shard_contents(tmp_path / "full")
