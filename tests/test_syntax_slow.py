@@ -15,10 +15,11 @@ def test_packaged_model_on_ewt(shared_data, default_model, tmp_path):
     from attnscope.report.syntax import run_syntax
 
     ewt = shared_data / "ud-ewt"
-    dev = list(iter_depparse(ewt / "en_ewt-ud-dev.conllu"))
-    train = list(itertools.islice(iter_depparse(ewt / "en_ewt-ud-train.conllu"), 1500))
+    # a CI-sized slice (the full EWT numbers are in docs/analyses-syntax.md)
+    dev = list(itertools.islice(iter_depparse(ewt / "en_ewt-ud-dev.conllu"), 1000))
+    train = list(itertools.islice(iter_depparse(ewt / "en_ewt-ud-train.conllu"), 800))
     section = run_syntax(dev, default_model, tmp_path, train=train, batch_size=32,
-                         probe_config=TrainConfig(epochs=3, patience=1, seed=0), n_boot=200)
+                         probe_config=TrainConfig(epochs=2, patience=1, seed=0), n_boot=200)
     tables = {t.name: t for t in section.tables}
     assert set(tables) == {"table1_syntax", "table1_syntax_heldout", "table3_probes"}
     for name in ("table1_syntax", "table1_syntax_heldout"):
@@ -34,7 +35,7 @@ def test_packaged_model_on_ewt(shared_data, default_model, tmp_path):
     t3 = {r["model"]: r for r in tables["table3_probes"].rows}
     assert set(t3) == {"right-branching", "distance+glove", "random-init attn+glove", "attn",
                        "attn+glove"}
-    assert all(0 < r["uas"] < 100 and r["dependents"] > 20000 for r in t3.values())
+    assert all(0 < r["uas"] < 100 and r["dependents"] > 8000 for r in t3.values())
     assert t3["attn+glove"]["uas"] > t3["right-branching"]["uas"]
     saved = json.loads((tmp_path / "results" / "syntax.json").read_text())
-    assert saved["tables"]["table3"] and saved["meta"]["probes"]["train_sentences"] > 1000
+    assert saved["tables"]["table3"] and saved["meta"]["probes"]["train_sentences"] == 800
