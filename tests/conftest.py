@@ -91,3 +91,17 @@ def make_map(attn, tokens, *, special=None, segment=None, word_ids=None, level="
 @pytest.fixture
 def map_factory():
     return make_map
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Debian Chromium driven by Playwright, one per test module; skips when absent."""
+    from attnscope.viz.export import DEFAULT_CHROMIUM, LAUNCH_ARGS
+
+    if not Path(DEFAULT_CHROMIUM).is_file():
+        pytest.skip(f"{DEFAULT_CHROMIUM} is missing (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=DEFAULT_CHROMIUM, args=LAUNCH_ARGS, headless=True)
+        yield b
+        b.close()

@@ -7,25 +7,12 @@ from __future__ import annotations
 
 import shutil
 import threading
-from pathlib import Path
 
 import pytest
 
-from attnscope.viz.export import DEFAULT_CHROMIUM, LAUNCH_ARGS
 from tests.test_serve_app import TEXTS, build_store, write_results
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(DEFAULT_CHROMIUM).is_file():
-        pytest.skip(f"{DEFAULT_CHROMIUM} is missing (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=DEFAULT_CHROMIUM, args=LAUNCH_ARGS, headless=True)
-        yield b
-        b.close()
 
 
 def start(app):

@@ -12,21 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnscope.viz.export import DEFAULT_CHROMIUM, LAUNCH_ARGS, is_local, png_size
+from attnscope.viz.export import is_local, png_size
 
 pytestmark = pytest.mark.browser
 EVIL = "<script>window.pwned=1</script>"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(DEFAULT_CHROMIUM).is_file():
-        pytest.skip(f"{DEFAULT_CHROMIUM} is missing (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=DEFAULT_CHROMIUM, args=LAUNCH_ARGS, headless=True)
-        yield b
-        b.close()
 
 
 class Opened:
