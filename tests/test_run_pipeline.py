@@ -203,6 +203,8 @@ def test_interrupted_run_resumes_without_redoing_finished_families(tmp_path, fak
     outcome = run_pipeline(_config(inputs), out, resume=True, model=debug_bert)
     assert fake.count == {"general": 1, "syntax": 2}
     assert outcome.status == {"general": "resumed", "syntax": "done"}
+    prov = outcome.results_json["provenance"]
+    assert prov["analysis_time_s"] == pytest.approx(sum(prov["family_times_s"].values()), abs=0.01)
     html = outcome.report.read_text()
     assert 'id="sec-general"' in html and 'id="sec-syntax"' in html
     assert html.count('class="head-view"') == 2  # the resumed family's view links are kept

@@ -517,6 +517,9 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
         "arguments": arguments, "versions": versions(), "command": command,
         "started": started, "elapsed_s": round(elapsed, 3),
         "family_times_s": {k: round(v, 3) for k, v in times.items()},
+        # With --resume, elapsed_s is this invocation only; the families' own times come
+        # from their checkpoints, so their sum is the analysis time of the whole job.
+        "analysis_time_s": round(sum(times.values()), 3),
         "status": status,
     }
     report = write_report(sections, out_dir, provenance=provenance, links=links, notes=notes)

@@ -246,7 +246,8 @@ def _provenance_rows(prov: Mapping[str, Any]) -> list[dict[str, str]]:
                           if k not in ("text", "deps", "deps_train", "coref", "model"))
         rows.append({"name": "arguments", "value": shown})
     for key, name in (("command", "command line"), ("started", "started (UTC)"),
-                      ("elapsed_s", "run time (s)")):
+                      ("elapsed_s", "run time of this invocation (s)"),
+                      ("analysis_time_s", "time in the analyses, resumed ones included (s)")):
         if key in prov:
             v = prov[key]
             rows.append({"name": name, "value": f"{v:.1f}" if isinstance(v, float) else str(v)})
