@@ -150,3 +150,15 @@ def test_unlabeled_respects_max_len_and_limits(tmp_path, debug_bert):
         assert len(tok(e.text, e.text_pair)["input_ids"]) <= 12
     assert len(prepare_unlabeled(tmp_path / "t.txt", tok, num_examples=2)) == 2
     assert {e.fields["doc"] for e in prepare_unlabeled(tmp_path / "t.txt", tok, num_docs=1)} == {0}
+
+
+def test_atomic_writes_get_the_usual_file_mode(tmp_path):
+    import os
+
+    from attnscope.data.io import atomic_write_text
+
+    umask = os.umask(0)
+    os.umask(umask)
+    atomic_write_text(tmp_path / "f.txt", "x")
+    assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert (tmp_path / "f.txt").read_text() == "x"

@@ -536,7 +536,9 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
                                                   figures_dir / "figure6_clusters")))
 
     # words
-    model_name = model_desc.get("name", "the model")
+    from attnscope.report.html import model_display_name
+
+    model_name = model_display_name(model_desc)
     sec.findings = findings(stats, uniform, labels, model_name, run["examples"], grad) + notes
     sec.methods = list(METHODS)
     prev_heads = _fmt_heads(np.nan_to_num(stats["previous"], nan=0) > 0.5)
