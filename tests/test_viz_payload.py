@@ -12,8 +12,14 @@ from hypothesis import strategies as st
 
 from attnscope.errors import AttnscopeError
 from attnscope.viz.encoding import decode, encode_f32, encode_u8
-from attnscope.viz.payload import (head_payload, heatmap_payload, model_payload, page_payload, pool,
-                                   visible_units)
+from attnscope.viz.payload import (
+    head_payload,
+    heatmap_payload,
+    model_payload,
+    page_payload,
+    pool,
+    visible_units,
+)
 from attnscope.viz.render import embed_json
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import console
+from attnscope.cli.common import console, step_progress
 
 
 class Window(StrEnum):
@@ -45,9 +45,10 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         from attnscope.report.coref import run_coref
 
         lm = load_model(model, seed=seed)
-        section = run_coref(list(files), lm, out, window=window.value, max_seq_len=max_seq_len,
-                            batch_size=batch_size, seed=seed, candidates=candidates.value,
-                            n_boot=n_boot, progress=None if quiet else _Progress())
+        with step_progress(quiet) as progress:
+            section = run_coref(list(files), lm, out, window=window.value, max_seq_len=max_seq_len,
+                                batch_size=batch_size, seed=seed, candidates=candidates.value,
+                                n_boot=n_boot, progress=progress)
         if quiet:
             return
         for line in section.findings:
@@ -57,17 +58,3 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
             if md is not None:
                 console.print(md.read_text(encoding="utf-8"), markup=False, highlight=False)
         console.print(f"written under {out}")
-
-
-class _Progress:
-    """A ``progress(step, done, total)`` callback printing one line per step change."""
-
-    def __init__(self):
-        self.step = None
-        self.last = -1
-
-    def __call__(self, step: str, done: int, total: int | None) -> None:
-        pct = None if not total else int(100 * done / total)
-        if step != self.step or (pct is not None and pct // 10 != self.last // 10) or done == total:
-            console.print(f"{step}: {done}/{total if total is not None else '?'}", highlight=False)
-            self.step, self.last = step, -1 if pct is None else pct

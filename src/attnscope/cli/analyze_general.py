@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import console, read_inputs
+from attnscope.cli.common import console, read_inputs, step_progress
 
 
 class Gradients(str, Enum):
@@ -42,18 +42,9 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
 
         mode = "fit-head" if fit_mlm_head else gradients.value
         source, lm = load_general_inputs(input, model, mode, seed)
-        state = {"step": None}
-
-        def progress(step: str, done: int, total: int | None) -> None:
-            if quiet:
-                return
-            if step != state["step"]:
-                state["step"] = step
-            if total and (done == total or done % 64 == 0):
-                console.print(f"{step}: {done}/{total}", highlight=False)
-
-        section = run_general(source, lm, out, max_seq_len=max_seq_len, batch_size=batch_size,
-                              seed=seed, gradients=mode, progress=progress, save_maps=save_maps)
+        with step_progress(quiet) as progress:
+            section = run_general(source, lm, out, max_seq_len=max_seq_len, batch_size=batch_size,
+                                  seed=seed, gradients=mode, progress=progress, save_maps=save_maps)
         if not quiet:
             for line in section.findings:
                 console.print(line, highlight=False, markup=False)

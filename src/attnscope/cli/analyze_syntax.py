@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import console
+from attnscope.cli.common import console, step_progress
 
 
 def load_syntax_input(path: Path):
@@ -69,14 +69,11 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         need_model = isinstance(dev_in, list) or isinstance(train_in, list)
         lm = load_model(model or "default", seed=seed) if (model or need_model) else None
 
-        def progress(step: str, done: int, total: int | None) -> None:
-            if not quiet and (total is None and done % 50 == 0 or total and done == total):
-                console.print(f"{step}: {done}" + (f"/{total}" if total else ""))
-
-        section = run_syntax(dev_in, lm, out, train=train_in, glove=glove, max_seq_len=max_seq_len,
-                             batch_size=batch_size, seed=seed, progress=progress, save_maps=save_maps,
-                             min_count=min_count, collapse_subtypes=collapse_subtypes,
-                             probe_config=TrainConfig(epochs=epochs, patience=patience, lr=lr, seed=seed))
+        with step_progress(quiet) as progress:
+            section = run_syntax(dev_in, lm, out, train=train_in, glove=glove, max_seq_len=max_seq_len,
+                                 batch_size=batch_size, seed=seed, progress=progress, save_maps=save_maps,
+                                 min_count=min_count, collapse_subtypes=collapse_subtypes,
+                                 probe_config=TrainConfig(epochs=epochs, patience=patience, lr=lr, seed=seed))
         if not quiet:
             for line in section.findings:
                 console.print(line)

@@ -47,6 +47,48 @@ def progress_bar(description: str, total: int | None, quiet: bool = False, unit:
         yield advance
 
 
+@contextmanager
+def step_progress(quiet: bool, overall: bool = False):
+    """A rich display with one bar per step and an ``overall`` bar with the run's ETA.
+
+    ``overall`` adds the bar that :func:`attnscope.pipeline.run_pipeline` drives across
+    families. Yields the ``progress(step, done, total)`` callback that the library's long functions take
+    (``run_pipeline``, ``run_general``, ``run_syntax``, ``run_coref``); None when ``quiet``.
+    """
+    if quiet:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = [TextColumn("[bold]{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+    with Progress(*columns, console=console, transient=True) as prog:
+        tasks: dict[str, int] = {}
+        current: dict[str, str] = {}
+
+        def progress(step: str, done: int, total: int | None) -> None:
+            # One bar per family ("syntax: probes epoch 3" -> the "syntax" bar); a new step of
+            # the family restarts that bar with the step's own total.
+            bar = step.split(": ", 1)[0]
+            if bar not in tasks:
+                tasks[bar] = prog.add_task(step, total=total)
+            elif current.get(bar) != step:
+                prog.reset(tasks[bar], total=total, description=step)
+            current[bar] = step
+            prog.update(tasks[bar], completed=done, total=total)
+
+        if overall:
+            progress("overall", 0, None)
+        yield progress
+
+
 def read_inputs(path: Path):
     """Examples from a JSON / JSON Lines file; paper-format or CoNLL-U dependency files too."""
     from attnscope.data.depparse import iter_depparse

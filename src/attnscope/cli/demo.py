@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import command_line
-from attnscope.cli.run import print_outcome, run_progress
+from attnscope.cli.common import command_line, step_progress
+from attnscope.cli.run import print_outcome
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
@@ -22,6 +22,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         """Run every analysis on a small sample that ships with attnscope; print the report's path."""
         from attnscope.pipeline import run_demo
 
-        with run_progress(quiet) as progress:
+        with step_progress(quiet, overall=True) as progress:
             outcome = run_demo(out, model=model, resume=resume, progress=progress, command=command_line())
         print_outcome(outcome, quiet)

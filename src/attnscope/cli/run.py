@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import command_line, console
+from attnscope.cli.common import command_line, console, step_progress
 
 
 class Gradients(str, Enum):
@@ -21,46 +20,6 @@ class Gradients(str, Enum):
 class Window(str, Enum):
     truncate = "truncate"
     sliding = "sliding"
-
-
-@contextmanager
-def run_progress(quiet: bool):
-    """A rich display with one bar per step and an ``overall`` bar with the run's ETA.
-
-    Yields the ``progress(step, done, total)`` callback for
-    :func:`attnscope.pipeline.run_pipeline` (None when ``quiet``).
-    """
-    if quiet:
-        yield None
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = [TextColumn("[bold]{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
-    with Progress(*columns, console=console, transient=True) as prog:
-        tasks: dict[str, int] = {}
-        current: dict[str, str] = {}
-
-        def progress(step: str, done: int, total: int | None) -> None:
-            # One bar per family ("syntax: probes epoch 3" -> the "syntax" bar); a new step of
-            # the family restarts that bar with the step's own total.
-            bar = step.split(": ", 1)[0]
-            if bar not in tasks:
-                tasks[bar] = prog.add_task(step, total=total)
-            elif current.get(bar) != step:
-                prog.reset(tasks[bar], total=total, description=step)
-            current[bar] = step
-            prog.update(tasks[bar], completed=done, total=total)
-
-        progress("overall", 0, None)
-        yield progress
 
 
 def print_outcome(outcome, quiet: bool) -> None:
@@ -109,7 +68,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                         glove=glove, max_seq_len=max_seq_len, batch_size=batch_size, seed=seed,
                         num_text_examples=num_text_examples, gradients=gradients.value,
                         window=window.value, save_maps=save_maps)
-        with run_progress(quiet) as progress:
+        with step_progress(quiet, overall=True) as progress:
             outcome = run_pipeline(cfg, out, resume=resume, overwrite=overwrite, progress=progress,
                                    command=command_line())
         print_outcome(outcome, quiet)
