@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnscope.data.io import find_cycle, read_text
+from attnscope.data.io import find_cycle, parse_head, read_text
 from attnscope.errors import InputError
 
 
@@ -108,13 +108,7 @@ def iter_conllu(path: str | Path, check_trees: bool = True) -> Iterator[Sentence
             wid = int(tid)
         except ValueError:
             raise InputError(path, f"word id '{tid}' is not a number", line=lineno) from None
-        head_raw = cols[6]
-        try:
-            head = int(head_raw)
-        except ValueError:
-            raise InputError(path, f"head '{head_raw}' is not a number", line=lineno) from None
-        if head < 0:
-            raise InputError(path, f"head {head} is negative", line=lineno)
+        head = parse_head(cols[6], path, lineno)
         if not tokens:
             first_line = lineno
         tokens.append(Token(id=wid, form=cols[1], lemma=cols[2], upos=cols[3], xpos=cols[4],

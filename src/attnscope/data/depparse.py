@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from attnscope.data.conllu import iter_conllu
-from attnscope.data.io import find_cycle, read_text
+from attnscope.data.io import find_cycle, parse_head, read_text
 from attnscope.data.records import Example
 from attnscope.errors import InputError
 
@@ -52,12 +52,7 @@ def iter_paper_depparse(path: str | Path) -> Iterator[Example]:
         if "-" not in hr:
             raise InputError(path, f"expected head-relation, found '{hr}'", line=lineno)
         head_raw, reln = hr.split("-", 1)
-        try:
-            head = int(head_raw)
-        except ValueError:
-            raise InputError(path, f"head '{head_raw}' is not a number", line=lineno) from None
-        if head < 0:
-            raise InputError(path, f"head {head} is negative", line=lineno)
+        head = parse_head(head_raw, path, lineno)
         words.append(word)
         heads.append(head)
         relns.append(reln)

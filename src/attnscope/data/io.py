@@ -115,6 +115,17 @@ def check_tree(heads: list[int], path: Path | str | None, line: int | None, wher
         raise InputError(path, f"{where}: dependency cycle through word {node}", line=line)
 
 
+def parse_head(raw: str, path: Path | str | None, line: int) -> int:
+    """A dependency head index from a file: a number >= 0 (0 = root), else a file:line error."""
+    try:
+        head = int(raw)
+    except ValueError:
+        raise InputError(path, f"head '{raw}' is not a number", line=line) from None
+    if head < 0:
+        raise InputError(path, f"head {head} is negative", line=line)
+    return head
+
+
 def find_cycle(heads: list[int]) -> int | None:
     """A 1-based word on a cycle of ``heads`` (1-based, 0 = root), or None for a tree."""
     n = len(heads)
