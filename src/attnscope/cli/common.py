@@ -16,12 +16,8 @@ def command_line() -> str:
     return "attnscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
-@contextmanager
-def progress_bar(description: str, total: int | None, quiet: bool = False, unit: str = "examples"):
-    """A rich progress bar with throughput and ETA; yields ``advance(done, **fields)``."""
-    if quiet:
-        yield lambda done, tokens=0: None
-        return
+def _progress(description: str, *fields: str, transient: bool):
+    """A rich ``Progress``: description, bar, done/total, extra text ``fields``, elapsed, ETA."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -31,10 +27,19 @@ def progress_bar(description: str, total: int | None, quiet: bool = False, unit:
         TimeRemainingColumn,
     )
 
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
+    columns = [TextColumn(description), BarColumn(), MofNCompleteColumn(),
+               *(TextColumn(f) for f in fields), TimeElapsedColumn(), TextColumn("ETA"),
                TimeRemainingColumn()]
-    with Progress(*columns, console=console, transient=False) as prog:
+    return Progress(*columns, console=console, transient=transient)
+
+
+@contextmanager
+def progress_bar(description: str, total: int | None, quiet: bool = False, unit: str = "examples"):
+    """A rich progress bar with throughput and ETA; yields ``advance(done, **fields)``."""
+    if quiet:
+        yield lambda done, tokens=0: None
+        return
+    with _progress("[bold]{task.description}", "{task.fields[rate]}", transient=False) as prog:
         task = prog.add_task(description, total=total, rate="")
 
         def advance(done: int, tokens: int = 0) -> None:
@@ -58,18 +63,7 @@ def step_progress(quiet: bool, overall: bool = False):
     if quiet:
         yield None
         return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = [TextColumn("[bold]{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
-    with Progress(*columns, console=console, transient=True) as prog:
+    with _progress("[bold]{task.description:<28}", transient=True) as prog:
         tasks: dict[str, int] = {}
         current: dict[str, str] = {}
 

@@ -76,8 +76,8 @@ def network_references(text: str) -> list[str]:
     paths, ``#anchors`` and ``data:`` URIs are local; XML namespace names (``xmlns=...``,
     ``rdf:resource=...``, ``http://www.w3.org/...``) are identifiers, never fetched.
 
-    >>> network_references('<img src="https://cdn.example/x.png"><a href="views/a.html">')
-    ['https://cdn.example/x.png']
+    >>> network_references('<img src="https://example.org/x.png"><a href="views/a.html">')
+    ['https://example.org/x.png']
     """
     found = []
     for m in _ATTR_REF.finditer(text):
