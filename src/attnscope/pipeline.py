@@ -227,7 +227,6 @@ def _coref_sentences(path: Path) -> int:
 
 def prepare_inputs(cfg: RunConfig, lm) -> Prepared:
     """Read every input with the project's readers; errors name the file and line."""
-    from attnscope.data.depparse import iter_depparse
     from attnscope.data.unlabeled import prepare_unlabeled
 
     prep = Prepared()
@@ -237,17 +236,11 @@ def prepare_inputs(cfg: RunConfig, lm) -> Prepared:
         prep.counts["text examples"] = len(prep.text)
         prep.weights["general"] = len(prep.text)
     if cfg.deps is not None:
-        prep.deps = list(iter_depparse(cfg.deps))
-        if not prep.deps:
-            raise InputError(cfg.deps, "holds no sentences")
-        _require_trees(prep.deps, cfg.deps)
+        prep.deps = _read_trees(cfg.deps)
         prep.counts["dependency sentences (scored)"] = len(prep.deps)
         weight = len(prep.deps)
         if cfg.deps_train is not None:
-            prep.deps_train = list(iter_depparse(cfg.deps_train))
-            if not prep.deps_train:
-                raise InputError(cfg.deps_train, "holds no sentences")
-            _require_trees(prep.deps_train, cfg.deps_train)
+            prep.deps_train = _read_trees(cfg.deps_train)
             prep.counts["dependency sentences (train)"] = len(prep.deps_train)
             weight += 2 * len(prep.deps_train)  # extraction plus the probes' training
         prep.weights["syntax"] = weight
@@ -259,6 +252,17 @@ def prepare_inputs(cfg: RunConfig, lm) -> Prepared:
         prep.counts["coreference sentences"] = total
         prep.weights["coref"] = total
     return prep
+
+
+def _read_trees(path: Path) -> list:
+    """Every sentence of a dependency file, refusing an empty file or one without trees."""
+    from attnscope.data.depparse import iter_depparse
+
+    sentences = list(iter_depparse(path))
+    if not sentences:
+        raise InputError(path, "holds no sentences")
+    _require_trees(sentences, path)
+    return sentences
 
 
 def _require_trees(examples: list, path: Path) -> None:

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 
 import typer
 
+from attnscope.cli.analyze_coref import Window
+from attnscope.cli.analyze_general import Gradients
 from attnscope.cli.common import command_line, console, step_progress
-
-
-class Gradients(str, Enum):
-    auto = "auto"
-    off = "off"
-    on = "on"
-    fit_head = "fit-head"
-
-
-class Window(str, Enum):
-    truncate = "truncate"
-    sliding = "sliding"
 
 
 def print_outcome(outcome, quiet: bool) -> None:

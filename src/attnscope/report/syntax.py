@@ -254,6 +254,18 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
 
 
 # -- the family entry point -----------------------------------------------------------------
+def _checked_split(split, name: str, model):
+    """A store checked for word level, or examples (as a list) checked for trees and a model."""
+    if _is_store(split):
+        _check_store(split, name)
+        return split
+    split = list(split)
+    _check_examples(split, name)
+    if model is None:
+        raise AttnscopeError(f"{name} examples need a model to extract their attention")
+    return split
+
+
 def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | None = None,
                max_seq_len: int = 128, batch_size: int = 16, seed: int = 0,
                progress: Progress = None, save_maps: Path | None = None, min_count: int = 100,
@@ -279,21 +291,9 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
         d.mkdir(parents=True, exist_ok=True)
     options = _extract_options(max_seq_len, batch_size, seed)
     probes = train is not None
-    if not _is_store(dev):
-        dev = list(dev)
-        _check_examples(dev, "dev")
-        if model is None:
-            raise AttnscopeError("dev examples need a model to extract their attention")
-    else:
-        _check_store(dev, "dev")
+    dev = _checked_split(dev, "dev", model)
     if probes:
-        if not _is_store(train):
-            train = list(train)
-            _check_examples(train, "train")
-            if model is None:
-                raise AttnscopeError("train examples need a model to extract their attention")
-        else:
-            _check_store(train, "train")
+        train = _checked_split(train, "train", model)
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="attnscope-syntax-", dir=out_dir) as tmp:
         maps_root = Path(save_maps) if save_maps is not None else Path(tmp)
