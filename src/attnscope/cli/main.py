@@ -36,12 +36,65 @@ def _register_all() -> None:
 _register_all()
 
 
+def _click_error_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """The usage-error and abort classes of every click that the installed typer may use.
+
+    Typer up to 0.2x raised the exceptions of the separate ``click`` package; newer versions
+    raise those of their bundled copy (``typer._click``), which are not subclasses of
+    click's. Both are collected, so any typer that the project's pins allow is handled.
+    """
+    errors: list[type] = []
+    aborts: list[type] = []
+    for module_name in ("click.exceptions", "typer._click.exceptions", "typer.exceptions"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for name, bucket in (("ClickException", errors), ("Abort", aborts)):
+            cls = getattr(module, name, None)
+            if isinstance(cls, type) and cls not in bucket:
+                bucket.append(cls)
+    return tuple(errors), tuple(aborts)
+
+
+def _command_path(exc: BaseException) -> str:
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", None) if ctx is not None else None
+    return path or "attnscope"
+
+
+def usage_line(exc: BaseException) -> str:
+    """One line for a click usage error: what is wrong and where to look for help."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        commands = getattr(getattr(ctx, "command", None), "commands", None) or {}
+        listed = f" ({', '.join(commands)})" if commands else ""
+        message = f"no command given{listed}"
+    else:
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    message = " ".join(str(message).split()).rstrip(".")  # click's may hold line breaks
+    message = message.replace("Value error, ", "")  # typer's wording of a bad choice
+    return f"error: {message}; see '{_command_path(exc)} --help'"
+
+
+def build_command():
+    """The click command tree of :data:`app`, with the help polish of ``cli.options``."""
+    import typer.main
+
+    from attnscope.cli.options import polish_help
+
+    command = typer.main.get_command(app)
+    polish_help(command)
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the app, turning user errors into one line on stderr and exit 2."""
+    """Entry point: run the app; user and usage errors print one line on stderr and exit 2."""
     from attnscope.errors import AttnscopeError
 
+    usage_errors, aborts = _click_error_types()
     try:
-        app(args=argv, standalone_mode=False)
+        result = build_command().main(args=argv, prog_name="attnscope", standalone_mode=False)
     except AttnscopeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -49,17 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except SystemExit as exc:
-        return int(exc.code or 0)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
-            return 1
-        raise
-    return 0
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except usage_errors as exc:
+        code = getattr(exc, "exit_code", 2)
+        if type(exc).__name__ == "NoArgsIsHelpError" or code == 2:
+            print(usage_line(exc), file=sys.stderr)
+            return 2
+        print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+        return code
+    except aborts:
+        print("aborted", file=sys.stderr)
+        return 1
+    # click returns the exit code of typer.Exit / click.exceptions.Exit in non-standalone mode
+    return result if isinstance(result, int) else 0
 
 
 def entry() -> None:

@@ -1,0 +1,88 @@
+"""Options that many commands share, and the help polish applied to every command.
+
+Two ways to use it:
+
+- declare a shared option with one of the factories (``quiet_option()``,
+  ``batch_size_option(16)``, ``seed_option()``), so its flags and help text are the same in
+  every command;
+- :func:`polish_help` walks the built click command tree once (``cli.main`` does it) and fixes
+  what the declarations leave to Typer: boolean flags get no ``<bool>`` value placeholder,
+  repeatable options say so instead of ``<list[Path]>``, and a shared option declared
+  without help gets the help text from :data:`SHARED_HELP`.
+"""
+
+from __future__ import annotations
+
+import typer
+
+#: Help for options that several commands declare, keyed by their long flag. Used by the
+#: factories below and, by :func:`polish_help`, for a declaration that has no help of its own.
+SHARED_HELP: dict[str, str] = {
+    "--quiet": "No progress display and no summary; errors still print.",
+    "--batch-size": "Examples per forward pass (larger is faster and needs more memory).",
+    "--seed": "Random seed (model initialisation for debug models, sampling, probes).",
+    "--max-seq-len": "Longest example in tokens; longer ones are skipped.",
+    "--dtype": "Number type of the stored maps.",
+    "--format": "Output layout.",
+    "--overwrite": "Replace an existing output.",
+    "--port": "TCP port to listen on (0 picks a free one).",
+}
+
+
+def quiet_option() -> bool:
+    return typer.Option(False, "--quiet", "-q", help=SHARED_HELP["--quiet"])
+
+
+def batch_size_option(default: int = 16) -> int:
+    return typer.Option(default, "--batch-size", min=1, help=SHARED_HELP["--batch-size"])
+
+
+def seed_option(default: int = 0) -> int:
+    return typer.Option(default, "--seed", help=SHARED_HELP["--seed"])
+
+
+def _type_name(param) -> str:
+    """A short lower-case name of a parameter's value type: ``path``, ``int``, ``text``."""
+    name = getattr(getattr(param, "type", None), "name", None)  # click's ParamType
+    descriptor = getattr(param, "type_descriptor", None)  # typer's own parameters (0.2x)
+    if name is None and descriptor is not None:
+        annotation = descriptor.annotation
+        args = getattr(annotation, "__args__", None) or (annotation,)
+        name = getattr(args[0], "__name__", None)
+    name = name or "value"
+    return {"string": "text", "integer": "int"}.get(str(name).lower(), str(name).lower())
+
+
+def polish_param(param) -> None:
+    """Fix one click parameter's help presentation in place (see the module docstring)."""
+    if getattr(param, "param_type_name", "") != "option":
+        return
+    if getattr(param, "is_flag", False) or getattr(param, "count", False):
+        if param.metavar is None:
+            param.metavar = ""  # a flag takes no value: no "<bool>" placeholder
+    elif getattr(param, "multiple", False) and param.metavar is None:
+        param.metavar = f"<{_type_name(param)}> (repeatable)"
+    if not getattr(param, "help", None):
+        for opt in param.opts:
+            if opt in SHARED_HELP:
+                param.help = SHARED_HELP[opt]
+                break
+
+
+def polish_help(command) -> None:
+    """Apply :func:`polish_param` to every parameter of ``command`` and its subcommands."""
+    for param in getattr(command, "params", ()):
+        polish_param(param)
+    original = getattr(command, "get_help_option", None)
+    if original is not None and not getattr(original, "_attnscope_polished", False):
+        # click builds the --help option lazily, outside ``params``: polish it when built.
+        def get_help_option(ctx, _original=original):
+            option = _original(ctx)
+            if option is not None:
+                polish_param(option)
+            return option
+
+        get_help_option._attnscope_polished = True
+        command.get_help_option = get_help_option
+    for sub in getattr(command, "commands", {}).values():
+        polish_help(sub)

@@ -1,0 +1,105 @@
+"""Usage errors: one line on stderr, exit 2, no traceback, through the real console command
+and the in-process entry; the help shows no ``<bool>`` for flags and has help for every option."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnscope.cli.main import build_command, main
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# (arguments, a piece of the one line that names what is wrong)
+USAGE_ERRORS = [
+    pytest.param([], "no command given", id="bare"),
+    pytest.param(["analyze"], "no command given (general, syntax, coref)", id="bare-analyze"),
+    pytest.param(["nosuch"], "No such command 'nosuch'", id="wrong-subcommand"),
+    pytest.param(["analyze", "nosuch"], "No such command 'nosuch'", id="wrong-analyze-subcommand"),
+    pytest.param(["extract"], "Missing argument 'input'", id="missing-argument"),
+    pytest.param(["extract", "{inp}"], "Missing option '--out'", id="missing-required-option"),
+    pytest.param(["extract", "{inp}", "--out", "{tmp}/s", "--bogus"], "No such option: --bogus",
+                 id="unknown-option"),
+    pytest.param(["extract", "{inp}", "--out"], "Option '--out' requires an argument",
+                 id="option-without-value"),
+    pytest.param(["extract", "{inp}", "--out", "{tmp}/s", "--dtype", "float8"],
+                 "Invalid value for '--dtype'", id="bad-choice"),
+    pytest.param(["view", "{tmp}/s", "--view", "heads", "--out", "{tmp}/v.html"],
+                 "Invalid value for '--view'", id="bad-choice-view"),
+    pytest.param(["extract", "{inp}", "--out", "{tmp}/s", "--batch-size", "many"],
+                 "Invalid value for '--batch-size'", id="bad-int"),
+    pytest.param(["info", "a", "b"], "unexpected extra argument", id="extra-argument"),
+]
+
+
+def _args(args, tmp_path):
+    inp = tmp_path / "in.json"
+    inp.write_text('[{"text": "a b"}]')
+    return [a.format(inp=inp, tmp=tmp_path) for a in args]
+
+
+def _check(code, out, err, args, expect, tmp_path):
+    lines = err.splitlines()
+    assert code == 2, (args, code, err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and expect in lines[0], lines[0]
+    assert "Traceback" not in err + out
+    assert not (tmp_path / "s").exists() and not (tmp_path / "v.html").exists()
+    if args and args[-1] != "analyze":  # only a bare command prints its help (to stdout)
+        assert out == ""
+
+
+@pytest.mark.parametrize("args,expect", USAGE_ERRORS)
+def test_usage_error_in_process(tmp_path, capsys, args, expect):
+    args = _args(args, tmp_path)
+    code = main(args)
+    captured = capsys.readouterr()
+    _check(code, captured.out, captured.err, args, expect, tmp_path)
+
+
+@pytest.mark.parametrize("args,expect", USAGE_ERRORS)
+def test_usage_error_console_command(tmp_path, args, expect):
+    exe = shutil.which("attnscope")
+    if exe is None:
+        pytest.skip("the attnscope console command is not installed")
+    args = _args(args, tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+               COLUMNS="100")
+    r = subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=120)
+    _check(r.returncode, r.stdout, r.stderr, args, expect, tmp_path)
+
+
+def test_python_dash_m_is_the_same_entry(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    r = subprocess.run([sys.executable, "-m", "attnscope", "extract", "--bogus"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "--bogus" in r.stderr
+
+
+def _commands(command, path="attnscope"):
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, f"{path} {name}")
+
+
+def test_every_option_has_help_and_flags_take_no_value():
+    for path, command in _commands(build_command()):
+        for param in command.params:
+            if getattr(param, "param_type_name", "") != "option":
+                continue
+            assert param.help, f"{path} {param.opts[0]} has no help text"
+            if getattr(param, "is_flag", False):
+                assert param.metavar == "", f"{path} {param.opts[0]}"
+
+
+@pytest.mark.parametrize("cmd", [[], ["extract"], ["run"], ["info"], ["analyze", "syntax"]])
+def test_help_shows_no_bool_or_python_type_placeholders(capsys, cmd):
+    code = main([*cmd, "--help"])
+    out = capsys.readouterr().out
+    assert code == 0 and "Usage" in out
+    assert "<bool>" not in out and "list[" not in out
