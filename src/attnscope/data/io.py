@@ -173,6 +173,10 @@ def iter_examples(path: str | Path) -> Iterator[Example]:
         try:
             d = json.loads(raw)
         except json.JSONDecodeError as exc:
+            if count == 0 and not raw.lstrip().startswith(("{", "[", '"')):
+                raise InputError(path, "plain text, not JSON or JSON Lines; for sentence-per-line "
+                                 f"text run 'attnscope prepare unlabeled {path} --out "
+                                 "examples.json' first", line=lineno) from None
             raise InputError(path, f"invalid JSON: {exc.msg} (column {exc.colno})", line=lineno) from None
         yield example_from_dict(d, count, path, line=lineno)
         count += 1

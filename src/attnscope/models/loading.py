@@ -162,7 +162,7 @@ def load_model(name: str = DEFAULT_MODEL, *, mlm_head: bool = False, seed: int =
             raise ModelError(f"{name}: not a model folder (no config.json)")
         return _load_pretrained(str(path), name, path, mlm_head, None, local_only=True)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:  # a path, not an "org/name" id
-        raise ModelError(f"{name}: no such model folder")
+        raise ModelError(f"{name}: no such model folder{_did_you_mean(name)}")
     # A Hub id: the local cache first, the network only if it answers.
     try:
         return _load_pretrained(name, name, None, mlm_head, revision, local_only=True)
@@ -171,8 +171,20 @@ def load_model(name: str = DEFAULT_MODEL, *, mlm_head: bool = False, seed: int =
             raise
     if not _hub_reachable():
         raise ModelError(f"{name}: model not found locally (no such folder, not in the Hugging Face "
-                         "cache) and the Hub cannot be reached")
+                         f"cache) and the Hub cannot be reached{_did_you_mean(name)}")
     return _load_pretrained(name, name, None, mlm_head, revision, local_only=False)
+
+
+#: Model names that load_model knows without a folder or the Hub (for "did you mean").
+KNOWN_NAMES = (DEFAULT_MODEL, "debug", "debug:bert", "debug:roberta", "debug:gpt2")
+
+
+def _did_you_mean(name: str) -> str:
+    """``"; did you mean 'default'?"`` when ``name`` is close to a name in KNOWN_NAMES, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(name.lower(), KNOWN_NAMES, n=1, cutoff=0.75)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
