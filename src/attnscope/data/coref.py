@@ -276,10 +276,23 @@ def iter_conllu_coref(path: str | Path) -> Iterator[Document]:
 _BEGIN = re.compile(r"^#begin document \((.*)\);?\s*(?:part\s+(\d+))?\s*$")
 
 
+def _conll2012_columns(raw: str) -> list[str]:
+    """The columns of one CoNLL-2012 word line.
+
+    Space-aligned lines split on runs of whitespace. A line with tabs splits on each tab, so
+    that an empty field (written by some distributions instead of ``-``) stays a column; it
+    becomes ``-``. A line that ends with a tab has an empty last (coreference) column.
+    """
+    if "\t" not in raw:
+        return raw.split()
+    cells = [c.strip() for c in raw.rstrip("\r\n").split("\t")]
+    return [c if c else "-" for c in cells]
+
+
 def iter_conll2012(path: str | Path) -> Iterator[Document]:
     """Documents of a CoNLL-2012 ``*_conll`` file; each ``#begin document ...; part N`` is one.
 
-    Columns (whitespace separated, at least 12): document id, part, word number, word, POS,
+    Columns (space-aligned, or tab-separated with empty fields for ``-``; at least 12): document id, part, word number, word, POS,
     parse bit, predicate lemma, frameset, sense, speaker, named entities, predicate
     arguments..., coreference (last). The parse bits, when present (not all ``-``), give the
     head words through :func:`constituency_heads`.
@@ -366,7 +379,7 @@ def iter_conll2012(path: str | Path) -> Iterator[Document]:
             continue
         if current is None:
             raise InputError(path, "word line outside '#begin document' ... '#end document'", line=lineno)
-        cols = line.split()
+        cols = _conll2012_columns(raw)
         if len(cols) < 12:
             raise InputError(path, f"expected at least 12 columns (CoNLL-2012), found {len(cols)}",
                              line=lineno)
