@@ -159,6 +159,8 @@ def iter_examples(path: str | Path) -> Iterator[Example]:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(path, f"invalid JSON: {exc.msg} (column {exc.colno})", line=exc.lineno) from None
+        except RecursionError:
+            raise InputError(path, "invalid JSON: nested too deeply") from None
         if not isinstance(data, list):
             raise InputError(path, "expected a JSON list of objects")
         if not data:
@@ -172,6 +174,8 @@ def iter_examples(path: str | Path) -> Iterator[Example]:
             continue
         try:
             d = json.loads(raw)
+        except RecursionError:
+            raise InputError(path, "invalid JSON: nested too deeply", line=lineno) from None
         except json.JSONDecodeError as exc:
             if count == 0 and not raw.lstrip().startswith(("{", "[", '"')):
                 raise InputError(path, "plain text, not JSON or JSON Lines; for sentence-per-line "

@@ -37,6 +37,8 @@ _ALLOWED = {
     ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
     ("numpy._core.multiarray", "scalar"), ("builtins", "list"), ("builtins", "dict"),
     ("collections", "OrderedDict"), ("numpy", "float16"), ("numpy", "float32"),
+    # protocol 2 writes bytes through codecs.encode; protocol 5 arrays through _frombuffer
+    ("_codecs", "encode"), ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
 }
 
 
@@ -63,13 +65,30 @@ def read_paper_pickle(path: str | Path, *, allow_pickle: bool = False) -> list[d
         raise InputError(path, f"not a readable paper-format pickle ({exc})") from None
     if not isinstance(data, list) or not data:
         raise InputError(path, "expected a non-empty list of example dicts")
+    first_shape = None
     for i, d in enumerate(data):
         if not isinstance(d, dict) or "tokens" not in d or "attns" not in d:
             raise InputError(path, f"example {i}: needs 'tokens' and 'attns'")
-        a = np.asarray(d["attns"])
-        n = len(d["tokens"])
-        if a.ndim != 4 or a.shape[2:] != (n, n):
-            raise InputError(path, f"example {i}: 'attns' has shape {a.shape}, expected [L, H, {n}, {n}]")
+        tokens = d["tokens"]
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+            raise InputError(path, f"example {i}: 'tokens' must be a non-empty list of strings")
+        a = d["attns"]
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
+            raise InputError(path, f"example {i}: 'attns' must be a float array")
+        n = len(tokens)
+        if a.ndim != 4 or a.shape[2:] != (n, n) or 0 in a.shape:
+            raise InputError(path, f"example {i}: 'attns' has shape {list(a.shape)}, expected [L, H, {n}, {n}]")
+        if first_shape is not None and a.shape[:2] != first_shape:
+            raise InputError(path, f"example {i}: 'attns' has {a.shape[0]} layers x {a.shape[1]} heads, "
+                                   f"example 0 has {first_shape[0]} x {first_shape[1]}")
+        first_shape = a.shape[:2]
+        if not np.isfinite(a).all():
+            raise InputError(path, f"example {i}: 'attns' holds NaN or infinite values")
+        content = {k: d[k] for k in ("text", "words") if k in d}
+        if content:  # the import builds the example from these: check them as an input file's
+            from attnscope.data.io import example_from_dict
+
+            example_from_dict(content, i, path)
     return data
 
 

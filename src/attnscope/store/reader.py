@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from attnscope.errors import StoreError
+from attnscope.errors import AttnscopeError, StoreError
 from attnscope.extract.batch import AttentionBatch, AttentionMap
 from attnscope.store.format import FORMAT_NAME, INDEX, MANIFEST, SHARDS, array_key
 
@@ -30,12 +31,10 @@ class Store:
             raise StoreError(f"{self.path}: no such store folder")
         if not mpath.is_file():
             raise StoreError(f"{self.path}: not an attnscope store (no {MANIFEST})")
-        try:
-            self.manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise StoreError(f"{mpath}: corrupt manifest ({exc})") from None
+        self.manifest = _read_json_object(mpath, "manifest")
         if self.manifest.get("format") != FORMAT_NAME:
             raise StoreError(f"{mpath}: not an attnscope store manifest")
+        _check_fields(self.manifest, _MANIFEST_FIELDS, mpath, "manifest")
         self._entries = self._load_entries()
         self._by_index = {e["index"]: k for k, e in enumerate(self._entries)}
         self._header_cache: OrderedDict[str, list[dict]] = OrderedDict()
@@ -60,17 +59,29 @@ class Store:
     def _load_entries(self) -> list[dict]:
         ipath = self.path / INDEX
         if ipath.is_file() and self.complete:
-            try:
-                index = json.loads(ipath.read_text(encoding="utf-8"))
-                return index["examples"]
-            except (UnicodeDecodeError, json.JSONDecodeError, KeyError) as exc:
-                raise StoreError(f"{ipath}: corrupt index ({exc})") from None
-        entries = []  # an unfinished store: read what the whole shards hold
-        for f in sorted((self.path / SHARDS).glob("*.safetensors")):
-            for r in self._records(f):
-                entries.append({"index": r["index"], "shard": f.name, "pos": r["pos"],
-                                "length": len(r["tokens"])})
-        entries.sort(key=lambda e: e["index"])
+            index = _read_json_object(ipath, "index")
+            entries = index.get("examples")
+            if not isinstance(entries, list):
+                raise StoreError(f"{ipath}: corrupt index (no list of examples)")
+            for k, e in enumerate(entries):
+                _check_fields(e, _ENTRY_FIELDS, ipath, f"index entry {k}")
+                if not _SHARD_NAME.fullmatch(e["shard"]):
+                    raise StoreError(f"{ipath}: corrupt index (entry {k} names shard {e['shard']!r})")
+        else:
+            entries = []  # an unfinished store: read what the whole shards hold
+            for f in sorted((self.path / SHARDS).glob("*.safetensors")):
+                if not _SHARD_NAME.fullmatch(f.name):
+                    continue  # not a shard this format writes
+                for r in self._records(f):
+                    entries.append({"index": r["index"], "shard": f.name, "pos": r["pos"],
+                                    "length": len(r["tokens"])})
+            entries.sort(key=lambda e: e["index"])
+        seen: set[int] = set()
+        for e in entries:
+            if e["index"] in seen:
+                raise StoreError(f"{ipath if ipath.is_file() else self.path / SHARDS}: example "
+                                 f"{e['index']} is stored twice")
+            seen.add(e["index"])
         return entries
 
     def _open(self, shard: Path):
@@ -86,9 +97,14 @@ class Store:
     def _records(self, shard: Path) -> list[dict]:
         with self._open(shard) as sf:
             try:
-                return json.loads(sf.metadata()["records"])
-            except (KeyError, TypeError, json.JSONDecodeError):
+                records = json.loads(sf.metadata()["records"])
+            except (KeyError, TypeError, ValueError, RecursionError):
                 raise StoreError(f"{shard}: corrupt shard (no records in its header)") from None
+        if not isinstance(records, list):
+            raise StoreError(f"{shard}: corrupt shard (its records are not a list)")
+        for k, r in enumerate(records):
+            _check_fields(r, _RECORD_FIELDS, shard, f"record {k}")
+        return records
 
     # -- access -----------------------------------------------------------------------------
     @property
@@ -127,10 +143,12 @@ class Store:
             raise IndexError(f"store has {len(self)} examples, no example {i}")
         e = self._entries[i]
         shard = self.path / SHARDS / e["shard"]
-        rec = next(r for r in self.shard_records(e["shard"]) if r["pos"] == e["pos"])
+        rec = next((r for r in self.shard_records(e["shard"]) if r["pos"] == e["pos"]), None)
+        if rec is None:
+            raise StoreError(f"{shard}: corrupt shard (no record at position {e['pos']})")
         with self._open(shard) as sf:
             attn = self._get(sf, shard, e["pos"])
-        return AttentionMap.from_record(rec, attn)
+        return self._map(rec, attn, shard)
 
     def by_index(self, index: int) -> AttentionMap:
         """The example that was number ``index`` in the input."""
@@ -140,10 +158,26 @@ class Store:
 
     def _get(self, sf, shard: Path, pos: int) -> np.ndarray:
         try:
-            return sf.get_tensor(array_key(pos)).astype(np.float32)
+            attn = sf.get_tensor(array_key(pos)).astype(np.float32)
         except Exception as exc:
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise StoreError(f"{shard}: corrupt shard, cannot read example at position {pos} "
-                             f"({str(exc).splitlines()[0]})") from None
+                             f"({first})") from None
+        if attn.ndim != 4 or attn.shape[:2] != (self.num_layers, self.num_heads) \
+                or attn.shape[2] != attn.shape[3]:
+            raise StoreError(f"{shard}: corrupt shard, example at position {pos} has shape "
+                             f"{list(attn.shape)}, expected [{self.num_layers}, {self.num_heads}, n, n]")
+        return attn
+
+    def _map(self, rec: dict, attn: np.ndarray, shard: Path) -> AttentionMap:
+        n = attn.shape[2]
+        if any(len(rec[k]) != n for k in ("tokens", "special", "segment", "word_ids")):
+            raise StoreError(f"{shard}: corrupt shard, the record at position {rec['pos']} does not "
+                             f"match its {n} x {n} map")
+        try:
+            return AttentionMap.from_record(rec, attn)
+        except (AttnscopeError, KeyError, TypeError, ValueError, AttributeError, OverflowError):
+            raise StoreError(f"{shard}: corrupt shard, bad record at position {rec['pos']}") from None
 
     def shards(self) -> list[Path]:
         names = sorted({e["shard"] for e in self._entries})
@@ -154,7 +188,7 @@ class Store:
         for shard in self.shards():
             records = self._records(shard)
             with self._open(shard) as sf:
-                items = [AttentionMap.from_record(r, self._get(sf, shard, r["pos"])) for r in records]
+                items = [self._map(r, self._get(sf, shard, r["pos"]), shard) for r in records]
             yield AttentionBatch(items)
 
     def __iter__(self) -> Iterator[AttentionMap]:
@@ -169,8 +203,14 @@ class Store:
         ipath = self.path / INDEX
         if not ipath.is_file():
             return ["no index.json: the store is unfinished (run extract again with --resume)"]
-        index = json.loads(ipath.read_text(encoding="utf-8"))
-        for s in index["shards"]:
+        index = _read_json_object(ipath, "index")
+        shards = index.get("shards")
+        if not isinstance(shards, list):
+            raise StoreError(f"{ipath}: corrupt index (no list of shards)")
+        for k, s in enumerate(shards):
+            _check_fields(s, (("file", str), ("sha256", str)), ipath, f"shard entry {k}")
+            if not _SHARD_NAME.fullmatch(s["file"]):
+                raise StoreError(f"{ipath}: corrupt index (shard entry {k} names {s['file']!r})")
             f = self.path / SHARDS / s["file"]
             if not f.is_file():
                 problems.append(f"{f}: missing")
@@ -179,6 +219,12 @@ class Store:
         return problems
 
     def summary(self) -> dict:
+        try:
+            return self._summary()
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise StoreError(f"{self.path / MANIFEST}: corrupt manifest (bad or missing {exc})") from None
+
+    def _summary(self) -> dict:
         m = self.manifest
         lengths = self.lengths()
         size = sum(f.stat().st_size for f in (self.path / SHARDS).glob("*.safetensors"))
@@ -194,6 +240,46 @@ class Store:
             "max_seq_len": m["arguments"]["options"]["max_seq_len"], "seed": m.get("seed"),
             "attnscope_version": m["versions"]["attnscope"],
         }
+
+
+#: A shard file name as the writer makes it (no folders: an index cannot point outside).
+_SHARD_NAME = re.compile(r"[0-9]{5,}\.safetensors")
+
+#: (dotted key, type) that a readable manifest / index entry / shard record must have.
+_MANIFEST_FIELDS = (("level", str), ("dtype", str), ("model", dict), ("model.name", str),
+                    ("model.num_layers", int), ("model.num_heads", int))
+_ENTRY_FIELDS = (("index", int), ("shard", str), ("pos", int), ("length", int))
+_RECORD_FIELDS = (("index", int), ("pos", int), ("tokens", list), ("special", list),
+                  ("segment", list), ("word_ids", list), ("level", str), ("example", dict))
+
+
+def _read_json_object(path: Path, what: str) -> dict:
+    """A JSON object from ``path``, or a one-line StoreError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read the {what} ({exc.strerror})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise StoreError(f"{path}: corrupt {what} ({first})") from None
+    if not isinstance(data, dict):
+        raise StoreError(f"{path}: corrupt {what} (not a JSON object)")
+    return data
+
+
+def _check_fields(obj, fields, path: Path, what: str) -> None:
+    """Each dotted key of ``fields`` is present in ``obj`` with its type (bool is not an int)."""
+    if not isinstance(obj, dict):
+        raise StoreError(f"{path}: corrupt {what} (not a JSON object)")
+    for key, kind in fields:
+        node = obj
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        ok = isinstance(node, kind) and not (kind is int and isinstance(node, bool))
+        if ok and kind is int and node < (1 if key.startswith("model.") else 0):
+            ok = False
+        if not ok:
+            raise StoreError(f"{path}: corrupt {what} (bad or missing '{key}')")
 
 
 def open_store(path: str | Path) -> Store:
