@@ -23,8 +23,8 @@ def good(tmp_path):
 
 
 def test_extract_info_export_import(tmp_path, good, capsys):
-    code, _, err = run(capsys, "extract", good, "--model", "debug", "--out", tmp_path / "s", "--word-level")
-    assert code == 0 and "2 examples written" in err
+    code, out, err = run(capsys, "extract", good, "--model", "debug", "--out", tmp_path / "s", "--word-level")
+    assert code == 0 and "2 examples written" in out and "written" not in err
     code, out, _ = run(capsys, "info", tmp_path / "s", "--json", "--verify")
     info = json.loads(out)
     assert code == 0 and info["examples"] == 2 and info["level"] == "word" and info["verify"] == "ok"

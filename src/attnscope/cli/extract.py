@@ -8,6 +8,8 @@ from pathlib import Path
 import typer
 
 from attnscope.cli.common import command_line, console, progress_bar, read_inputs
+from attnscope.cli.options import batch_size_option, quiet_option, seed_option
+from attnscope.cli.output import results
 
 
 class Dtype(str, Enum):
@@ -30,17 +32,17 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         debug: bool = typer.Option(False, "--debug", help="Use a tiny random BERT (like the paper code's --debug)."),
         max_seq_len: int = typer.Option(128, "--max-seq-len", help="Longer examples are skipped (or cut with --truncate)."),
         truncate: bool = typer.Option(False, "--truncate", help="Cut over-long examples instead of skipping them."),
-        batch_size: int = typer.Option(16, "--batch-size"),
+        batch_size: int = batch_size_option(16),
         cased: bool = typer.Option(None, "--cased/--uncased", help="Default: the tokenizer's own setting."),
         word_level: bool = typer.Option(False, "--word-level", help="Convert to words (paper section 4.1)."),
         from_word: FromWord = typer.Option(FromWord.mean, "--from-word",
                                            help="Attention FROM a split word: mean of its pieces (paper) or first piece (paper code)."),
-        dtype: Dtype = typer.Option(Dtype.float16, "--dtype"),
+        dtype: Dtype = typer.Option(Dtype.float16, "--dtype", help="Number type of the stored maps."),
         shard_size: int = typer.Option(128, "--shard-size", help="Examples per shard file."),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = seed_option(0),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted store."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
-        quiet: bool = typer.Option(False, "--quiet", "-q"),
+        quiet: bool = quiet_option(),
     ) -> None:
         """Run a model over examples and write every head's attention to a store."""
         from attnscope.data.io import file_fingerprint
@@ -48,8 +50,10 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         from attnscope.extract.runner import ExtractOptions
         from attnscope.models import load_model
         from attnscope.store import extract_to_store
+        from attnscope.store.writer import check_output_folder
 
         examples = read_inputs(input)
+        check_output_folder(out, resume=resume, overwrite=overwrite)  # before the model loads
         lm = load_model("debug" if debug else model, seed=seed)
         options = ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, word_level=word_level,
                                  from_word=from_word.value, truncate=truncate,
@@ -72,9 +76,19 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
 
 
 def print_extract_summary(stats, out: Path, options) -> None:
+    """The result on stdout: examples, the model's tokens, and what the store holds per example.
+
+    ``model tokens`` are the pieces the model read (special tokens included); at word level the
+    store holds fewer positions (words + special tokens), the number ``attnscope info`` shows.
+    """
+    from attnscope.store import open_store
+
     skipped = stats.skipped
-    console.print(f"[bold]{out}[/]: {stats.examples_out} examples written, {stats.tokens} tokens, "
-                  f"{getattr(stats, 'elapsed_s', 0):.1f} s")
+    stored = sum(open_store(out).lengths())
+    unit = "word-level positions" if options.word_level else "token positions"
+    results.print(f"[bold]{out}[/]: {stats.examples_out} examples written; the model read "
+                  f"{stats.tokens:,} tokens (special tokens included); the store holds {stored:,} "
+                  f"{unit}; {getattr(stats, 'elapsed_s', 0):.1f} s")
     if skipped:
         shown = ", ".join(str(s["index"]) for s in skipped[:20]) + (" ..." if len(skipped) > 20 else "")
         console.print(f"skipped {len(skipped)} examples longer than {options.max_seq_len} tokens "

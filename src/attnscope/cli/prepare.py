@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import console
+from attnscope.cli.output import results
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
@@ -34,7 +34,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         examples = prepare_unlabeled(file, lm.tokenizer, max_seq_len=max_seq_len, seed=seed,
                                      num_docs=num_docs, num_examples=num_examples, stats=stats)
         write_examples(examples, out)
-        console.print(f"{out}: {stats.examples} examples from {stats.documents} documents "
+        results.print(f"{out}: {stats.examples} examples from {stats.documents} documents "
                       f"({stats.sentences} sentences; {len(stats.cut_sentences)} over-long sentences cut; seed {seed})")
 
     @prepare_app.command("depparse")
@@ -54,7 +54,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
             for split, f in depparse_splits(path).items():
                 target = out / f"{split}.json"
                 n = write_examples(itertools.islice(iter_depparse(f), limit), target)
-                console.print(f"{target}: {n} sentences from {f}")
+                results.print(f"{target}: {n} sentences from {f}")
         else:
             n = write_examples(itertools.islice(iter_depparse(path), limit), out)
-            console.print(f"{out}: {n} sentences from {path}")
+            results.print(f"{out}: {n} sentences from {path}")

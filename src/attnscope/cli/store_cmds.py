@@ -8,7 +8,13 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import console
+from attnscope.cli.output import results
+
+#: Table labels that say what a number counts (``info``).
+LABELS = {
+    "model_tokens": "model tokens (pieces the model read, special tokens included)",
+    "stored_positions": "stored positions (per example: {unit}; summed)",
+}
 
 
 class ExportFormat(str, Enum):
@@ -36,17 +42,25 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         else:
             from rich.table import Table
 
-            t = Table(show_header=False, title=str(store))
-            for k, v in summary.items():
-                t.add_row(k, str(v))
-            console.print(t)
+            unit = "words + special tokens" if summary["level"] == "word" else "tokens"
+            rows = [(LABELS.get(k, k).format(unit=unit), "–" if v is None else str(v))
+                    for k, v in summary.items()]
+            if not results.is_terminal:  # piped: plain "label: value" lines, never wrapped
+                for label, value in rows:
+                    print(f"{label}: {value}")
+            else:
+                t = Table(show_header=False, title=str(store))
+                for label, value in rows:
+                    t.add_row(label, value)
+                results.print(t)
         if verify and summary["verify"] != "ok":
             raise StoreError(f"{store}: {len(problems)} problem(s): {problems[0]}")
 
     @app.command("export")
     def export_cli(
         store: Path = typer.Argument(..., help="Store folder."),
-        format: ExportFormat = typer.Option(ExportFormat.paper_pickle, "--format"),
+        format: ExportFormat = typer.Option(ExportFormat.paper_pickle, "--format",
+                                            help="Output layout (the paper code's pickle)."),
         out: Path = typer.Option(None, "--out", "-o", help="Default: <store name>_attn.pkl beside the store."),
     ) -> None:
         """Write the paper code's <name>_attn.pkl (list of dicts with tokens and float16 attns)."""
@@ -56,7 +70,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         s = open_store(store)
         target = out or store.parent / f"{store.name}_attn.pkl"
         n = export_paper_pickle(s, target)
-        console.print(f"{target}: {n} examples in the paper code's pickle layout")
+        results.print(f"{target}: {n} examples in the paper code's pickle layout")
 
     @app.command("import")
     def import_cli(
@@ -64,10 +78,10 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", "-o", help="Store folder to write."),
         allow_pickle: bool = typer.Option(False, "--allow-pickle",
                                           help="Needed: loading a pickle can run code. Only for files you trust."),
-        overwrite: bool = typer.Option(False, "--overwrite"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
     ) -> None:
         """Read a paper-code pickle into a store (refused without --allow-pickle)."""
         from attnscope.store.paper_pickle import import_paper_pickle
 
         n = import_paper_pickle(file, out, allow_pickle=allow_pickle, overwrite=overwrite)
-        console.print(f"{out}: {n} examples imported from {file}")
+        results.print(f"{out}: {n} examples imported from {file}")

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from attnscope.cli.common import console
+from attnscope.cli.output import results
 
 
 class ViewKind(str, Enum):
@@ -67,8 +68,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                          chromium=chromium)
         for w in res["warnings"]:
             console.print(f"[yellow]warning:[/] {w}")
-        console.print(f"{res['html']}: {view.value} view, {res['bytes']:,} bytes")
+        results.print(f"{res['html']}: {view.value} view, {res['bytes']:,} bytes")
         for key in ("png", "svg"):
             if res[key]:
                 w, h = res[f"{key}_size"]
-                console.print(f"{res[key]}: {w} x {h}")
+                results.print(f"{res[key]}: {w} x {h}")

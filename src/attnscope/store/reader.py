@@ -233,7 +233,11 @@ class Store:
             "model_source": m["model"]["source"], "weights_sha256": m["model"]["weights_sha256"],
             "layers": self.num_layers, "heads": self.num_heads, "level": self.level,
             "from_word": m.get("from_word"), "dtype": m["dtype"], "examples": len(self),
-            "shards": len(self.shards()), "tokens": int(sum(lengths)),
+            "shards": len(self.shards()),
+            # what the model read (pieces, special tokens included) vs. what the store holds
+            # per example (at word level: words + special tokens): they differ at word level
+            "model_tokens": (m.get("summary") or {}).get("tokens") if self.complete else None,
+            "stored_positions": int(sum(lengths)),
             "mean_length": float(np.mean(lengths)) if lengths else 0.0,
             "max_length": int(max(lengths)) if lengths else 0, "bytes_on_disk": size,
             "skipped": len(m.get("summary", {}).get("skipped", [])),

@@ -100,6 +100,27 @@ def _input_fingerprint(examples: list[Example]) -> str:
     return h.hexdigest()
 
 
+def check_output_folder(root: Path, *, resume: bool = False, overwrite: bool = False) -> None:
+    """Refuse an output folder that cannot be used, before any model is loaded.
+
+    A missing or empty folder is fine. One that holds a store needs ``resume`` or ``overwrite``;
+    one that holds other files is never touched; a file is not a folder.
+    """
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise StoreError(f"{root}: is a file, not a store folder")
+    if not root.exists() or not any(root.iterdir()):
+        return
+    is_store = (root / MANIFEST).is_file()
+    if not is_store:
+        if overwrite and (root / SHARDS).is_dir():
+            return  # a store whose manifest was lost: --overwrite may replace it
+        raise StoreError(f"{root}: already holds other files (not a store); choose another --out")
+    if not (resume or overwrite):
+        raise StoreError(f"{root}: already holds a store (use --resume to continue it or "
+                         "--overwrite to replace it)")
+
+
 def extract_to_store(examples: Iterable[Example], out: str | Path, model: LoadedModel | str = "default",
                      *, options: ExtractOptions | None = None, dtype: str = "float16",
                      shard_size: int = 128, resume: bool = False, overwrite: bool = False,
@@ -117,6 +138,7 @@ def extract_to_store(examples: Iterable[Example], out: str | Path, model: Loaded
     options = options or ExtractOptions()
     examples = list(examples)
     root = Path(out)
+    check_output_folder(root, resume=resume, overwrite=overwrite)  # before the model loads
     lm = load_model(model, seed=options.seed) if isinstance(model, str) else model
     stats = ExtractStats()
     extractor = Extractor(lm, options, stats)  # validates options against the model
