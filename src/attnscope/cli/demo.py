@@ -6,22 +6,31 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import command_line, step_progress
+from attnscope.cli.common import command_line, console, step_progress
+from attnscope.cli.options import quiet_option
 from attnscope.cli.run import print_outcome
+
+#: Where the demo writes unless --out says otherwise: a folder in the current directory,
+#: named so that it is easy to find and to delete (the checkout's .gitignore lists it).
+DEFAULT_DEMO_DIR = Path("attnscope-demo")
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     @app.command("demo")
     def demo_cli(
-        out: Path = typer.Option(Path("attnscope-demo"), "--out", "-o",
-                                 help="Folder for the demo report (an earlier demo run there is replaced)."),
+        out: Path = typer.Option(DEFAULT_DEMO_DIR, "--out", "-o",
+                                 help="Folder for the demo's report, tables and figures (default: "
+                                      "./attnscope-demo in the current directory; an earlier demo "
+                                      "run there is replaced, any other folder is never touched)."),
         model: str = typer.Option("default", "--model", "-m", help="Model to run (default: the packaged MiniLM)."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted demo run."),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars; print only the report's path."),
+        quiet: bool = quiet_option(),
     ) -> None:
         """Run every analysis on a small sample that ships with attnscope; print the report's path."""
         from attnscope.pipeline import run_demo
 
+        if not quiet:
+            console.print(f"demo: writing to {out.resolve()} (change with --out)")
         with step_progress(quiet, overall=True) as progress:
             outcome = run_demo(out, model=model, resume=resume, progress=progress, command=command_line())
         print_outcome(outcome, quiet)

@@ -18,7 +18,7 @@ import typer
 #: Help for options that several commands declare, keyed by their long flag. Used by the
 #: factories below and, by :func:`polish_help`, for a declaration that has no help of its own.
 SHARED_HELP: dict[str, str] = {
-    "--quiet": "No progress display and no summary; errors still print.",
+    "--quiet": "No progress display or summary on stderr; results and errors still print.",
     "--batch-size": "Examples per forward pass (larger is faster and needs more memory).",
     "--seed": "Random seed (model initialisation for debug models, sampling, probes).",
     "--max-seq-len": "Longest example in tokens; longer ones are skipped.",

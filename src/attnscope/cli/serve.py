@@ -1,4 +1,9 @@
-"""``attnscope serve``: the local web viewer over a store."""
+"""``attnscope serve``: the web viewer over a store, served by waitress.
+
+On a loopback address (the default) the viewer is open to the local user. On any other address
+it needs an access token: a new random one (``secrets``) unless ``--token`` gives one; the
+address to open, with ``?token=...``, is printed on stdout as Jupyter does.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from pathlib import Path
 import typer
 
 from attnscope.cli.common import console
+from attnscope.cli.output import results as out
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
@@ -14,15 +20,47 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     def serve_cli(
         store: Path = typer.Argument(..., help="Store folder (attnscope extract)."),
         results: Path = typer.Option(None, "--results", help="Analysis output folder (results/*.json, tables/*.csv)."),
-        host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (local only by default)."),
-        port: int = typer.Option(8765, "--port"),
+        host: str = typer.Option("127.0.0.1", "--host",
+                                 help="Address to bind. Loopback (the default) needs no token; any "
+                                      "other address gets an access token."),
+        port: int = typer.Option(8765, "--port", min=0, max=65535,
+                                 help="TCP port to listen on (0 picks a free one)."),
+        token: str = typer.Option(None, "--token",
+                                  help="Access token to require (default: a new random one when "
+                                       "--host is not a loopback address, none on loopback)."),
         model: str = typer.Option(None, "--model", "-m", help="Model for the neuron view (default: the store's)."),
     ) -> None:
         """Browse a store: examples with search, every view, per-head statistics."""
-        from attnscope.serve.app import create_app
+        import secrets
+        import socket
 
-        app_ = create_app(store, results, model=model)
-        if host not in ("127.0.0.1", "localhost", "::1"):
-            console.print(f"[yellow]warning:[/] binding to {host}: anyone who can reach it can read the store")
-        console.print(f"attnscope viewer for {store} on http://{host}:{port}/ (Ctrl+C to stop)")
-        app_.run(host=host, port=port, debug=False, use_reloader=False, threaded=True)
+        from attnscope.errors import AttnscopeError
+        from attnscope.serve.app import create_app, is_loopback, make_server
+
+        if token is not None and len(token) < 16:
+            raise AttnscopeError("--token: use at least 16 characters")
+        if token is None and not is_loopback(host):
+            token = secrets.token_urlsafe(32)
+        app_ = create_app(store, results, model=model, token=token)
+        try:
+            server = make_server(app_, host, port)
+        except OSError as exc:
+            raise AttnscopeError(f"--host {host} --port {port}: cannot listen ({exc.strerror})") from None
+        port = server.effective_port
+        query = f"?token={token}" if token else ""
+        shown = [host]
+        if host in ("0.0.0.0", "::", ""):
+            shown = [socket.gethostname(), "127.0.0.1"]
+        console.print(f"attnscope viewer for {store} (Ctrl+C to stop); open:")
+        for h in shown:
+            h = f"[{h}]" if ":" in h else h
+            out.print(f"    http://{h}:{port}/{query}", highlight=False)
+        if token:
+            console.print("requests without the token are refused (403); it is kept in a cookie "
+                          "after the first visit, or send it as 'Authorization: token ...'")
+        try:
+            server.run()
+        except KeyboardInterrupt:
+            console.print("stopped")
+        finally:
+            server.close()

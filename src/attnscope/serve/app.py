@@ -6,6 +6,12 @@ path. Every API error comes back as ``{"error": "..."}`` with a 4xx/5xx status a
 in the page as a message, never as a stack trace. The page loads nothing from outside
 (its own inline JS/CSS; a Content-Security-Policy allows only this server).
 
+Access: bound to a loopback address the viewer is open to the local user. ``token=...`` makes
+every request need that token: as ``?token=`` once (the answer sets a cookie, and the page is
+reloaded without the token in its address), or as a header ``Authorization: token <t>`` (or
+``Bearer <t>``); requests without it get 403. Error answers never carry internal paths or
+exception text (those go to the server's log).
+
 Routes: ``/`` the viewer; ``/api/info``; ``/api/examples?q=&offset=&limit=``;
 ``/api/example/<pos>`` (the page payload of the ``pos``-th stored example);
 ``/api/example/<pos>/neuron?layer=`` (runs the store's model, loaded on first use);
@@ -14,10 +20,18 @@ Routes: ``/`` the viewer; ``/api/info``; ``/api/examples?q=&offset=&limit=``;
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import logging
+import re
 import threading
 from pathlib import Path
 
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, StoreError
+
+log = logging.getLogger("attnscope.serve")
+COOKIE = "attnscope_token"
+_ABS_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/](?:[^\s'\"\\/:]+[\\/])*([^\s'\"\\/:]*)")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
@@ -25,10 +39,40 @@ CSP = ("default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline
        "img-src data: blob:; connect-src 'self'")
 
 
+def public_message(exc: AttnscopeError) -> str:
+    """A user error's message fit for an HTTP answer: file names only, no folders, no detail
+    from a library's exception (the part in parentheses at the end)."""
+    message = str(exc)
+    if isinstance(exc, StoreError):
+        message = re.sub(r"\s*\([^()]*\)$", "", message)
+    return _ABS_PATH.sub(lambda m: m.group(1), message)
+
+
+def _cookie_value(token: str) -> str:
+    """What the cookie holds: derived from the token, so the token itself is not stored."""
+    return hmac.new(token.encode(), b"attnscope-viewer-cookie", hashlib.sha256).hexdigest()
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address that only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def create_app(store_path: str | Path, results: str | Path | None = None, *,
-               model: str | None = None):
-    """The viewer app for ``store_path``; ``results`` is an analysis output folder."""
-    from flask import Flask, Response, jsonify, render_template, request
+               model: str | None = None, token: str | None = None):
+    """The viewer app for ``store_path``; ``results`` is an analysis output folder.
+
+    ``token``: when given, every request must carry it (see the module docstring).
+    """
+    from flask import Flask, Response, jsonify, redirect, render_template, request
+    from werkzeug.exceptions import HTTPException
 
     from attnscope.serve.catalog import Catalog
     from attnscope.serve.results import load_results
@@ -36,9 +80,27 @@ def create_app(store_path: str | Path, results: str | Path | None = None, *,
     from attnscope.viz.payload import page_payload
     from attnscope.viz.render import embed_json, static_text
 
-    store = open_store(store_path)
-    catalog = Catalog(store)
+    current = {"store": open_store(store_path)}
+    current["catalog"] = Catalog(current["store"])
+    store = current["store"]
+    if not store.complete:
+        current["shards"] = tuple(sorted(p.name for p in (store.path / "shards").glob("*.safetensors")))
     found = load_results(results, store.num_layers, store.num_heads)
+    refresh_lock = threading.Lock()
+
+    def live():
+        """The store and catalog; an unfinished store is re-read when its shard files change,
+        so a store still being written shows its finished shards (never a partial one)."""
+        st = current["store"]
+        if st.complete:
+            return st, current["catalog"]
+        shards = tuple(sorted(p.name for p in (st.path / "shards").glob("*.safetensors")))
+        if shards != current.get("shards"):
+            with refresh_lock:
+                if shards != current.get("shards"):
+                    fresh = open_store(st.path)
+                    current.update(store=fresh, catalog=Catalog(fresh), shards=shards)
+        return current["store"], current["catalog"]
     app = Flask("attnscope.serve", template_folder=str(Path(__file__).parent / "templates"))
     app.config["JSON_SORT_KEYS"] = False
     state = {"lm": None, "lm_warnings": []}
@@ -47,18 +109,42 @@ def create_app(store_path: str | Path, results: str | Path | None = None, *,
     def error(message: str, status: int):
         return jsonify({"error": message}), status
 
+    cookie = _cookie_value(token) if token else None
+
+    @app.before_request
+    def check_token():
+        if token is None:
+            return None
+        given = request.args.get("token")
+        header = request.headers.get("Authorization", "")
+        for prefix in ("token ", "Bearer "):
+            if header.startswith(prefix):
+                given = header[len(prefix):].strip()
+        if given is not None and hmac.compare_digest(given.encode(), token.encode()):
+            if "token" in request.args and request.method == "GET" and request.path == "/":
+                resp = redirect("/", code=302)  # the page without the token in its address
+            else:
+                return None
+            resp.set_cookie(COOKIE, cookie, httponly=True, samesite="Strict")
+            return resp
+        if hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), cookie.encode()):
+            return None
+        return error("forbidden: this viewer needs its access token (open the address with "
+                     "?token=... that was printed when it started)", 403)
+
     @app.errorhandler(AttnscopeError)
     def on_user_error(exc):
-        return error(str(exc), 400)
+        log.info("viewer: %s", exc)
+        return error(public_message(exc), 400)
 
-    @app.errorhandler(404)
-    def on_404(exc):
-        return error("not found", 404)
+    @app.errorhandler(HTTPException)
+    def on_http_error(exc):
+        return error("not found" if exc.code == 404 else (exc.name or "error").lower(), exc.code or 500)
 
     @app.errorhandler(Exception)
-    def on_error(exc):  # no stack traces in the page
-        app.logger.exception("viewer error")
-        return error(f"internal error: {type(exc).__name__}: {exc}", 500)
+    def on_error(exc):  # no stack traces, paths or exception text in the answer
+        log.exception("viewer error")
+        return error("internal error (details are in the server's log)", 500)
 
     @app.after_request
     def headers(resp):
@@ -66,7 +152,7 @@ def create_app(store_path: str | Path, results: str | Path | None = None, *,
         resp.headers["X-Content-Type-Options"] = "nosniff"
         return resp
 
-    def _pos(pos: int) -> int:
+    def _pos(store, pos: int) -> int:
         if not 0 <= pos < len(store):
             raise AttnscopeError(f"no example at position {pos} (the store has {len(store)})")
         return pos
@@ -84,7 +170,8 @@ def create_app(store_path: str | Path, results: str | Path | None = None, *,
     def index():
         from markupsafe import Markup
 
-        info = {"store": str(store.path), "summary": _summary(store), "examples": len(store)}
+        store, _ = live()
+        info = {"store": store.path.name, "summary": _summary(store), "examples": len(store)}
         return render_template(
             "viewer.html.j2", title=f"attnscope: {store.path.name}",
             css=Markup(static_text("attnscope.css") + static_text("viewer.css")),
@@ -93,18 +180,21 @@ def create_app(store_path: str | Path, results: str | Path | None = None, *,
 
     @app.get("/api/info")
     def info():
-        return jsonify({"store": str(store.path), "summary": _summary(store),
+        store, _ = live()
+        return jsonify({"store": store.path.name, "summary": _summary(store),
                         "examples": len(store), "has_results": bool(found["stats"] or found["scatter"])})
 
     @app.get("/api/examples")
     def examples():
         q = request.args.get("q", "")
         offset, limit = _int_arg("offset", 0), min(200, max(1, _int_arg("limit", 50)))
+        _, catalog = live()
         return jsonify(catalog.search(q, offset, limit))
 
     @app.get("/api/example/<int:pos>")
     def example(pos: int):
-        amap = store[_pos(pos)]
+        store, _ = live()
+        amap = store[_pos(store, pos)]
         payload = page_payload(amap, request.args.get("view", "head"),
                                layer=_int_arg("layer", 0),
                                title=f"{store.path.name}: example {amap.index}",
@@ -116,7 +206,8 @@ def create_app(store_path: str | Path, results: str | Path | None = None, *,
         from attnscope.viz.neuron import capture_qk, neuron_payload
         from attnscope.viz.write import model_for_store
 
-        amap = store[_pos(pos)]
+        store, _ = live()
+        amap = store[_pos(store, pos)]
         with lock:
             if state["lm"] is None:
                 state["lm"], state["lm_warnings"] = model_for_store(store, model)
@@ -131,7 +222,8 @@ def create_app(store_path: str | Path, results: str | Path | None = None, *,
     def results_api():
         return jsonify(found)
 
-    app.extensions["attnscope"] = {"store": store, "catalog": catalog, "results": found}
+    app.extensions["attnscope"] = {"store": store, "catalog": current["catalog"], "results": found,
+                                   "live": live}
     return app
 
 
@@ -141,8 +233,26 @@ def _summary(store) -> dict:
             "heads": store.num_heads, "level": store.level, "status": m.get("status")}
 
 
+def make_server(app, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, threads: int = 8):
+    """A waitress WSGI server for ``app`` (not started; ``.run()`` serves until ``.close()``).
+
+    ``port=0`` picks a free port: ``server.effective_port``.
+    """
+    from waitress import create_server
+
+    return create_server(app, host=host, port=port, threads=threads, ident="attnscope",
+                         clear_untrusted_proxy_headers=True)
+
+
 def serve(store_path: str | Path, results: str | Path | None = None, *, host: str = DEFAULT_HOST,
-          port: int = DEFAULT_PORT, model: str | None = None) -> None:
-    """Run the viewer until interrupted (Flask's built-in server, local use only)."""
-    app = create_app(store_path, results, model=model)
-    app.run(host=host, port=port, debug=False, use_reloader=False, threaded=True)
+          port: int = DEFAULT_PORT, model: str | None = None, token: str | None = None) -> None:
+    """Run the viewer with waitress until interrupted. A non-loopback ``host`` needs a ``token``."""
+    if token is None and not is_loopback(host):
+        raise AttnscopeError(f"--host {host}: binding to an address other computers can reach "
+                             "needs an access token")
+    app = create_app(store_path, results, model=model, token=token)
+    server = make_server(app, host, port)
+    try:
+        server.run()
+    finally:
+        server.close()

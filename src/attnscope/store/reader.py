@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ class Store:
         self._entries = self._load_entries()
         self._by_index = {e["index"]: k for k, e in enumerate(self._entries)}
         self._header_cache: OrderedDict[str, list[dict]] = OrderedDict()
+        self._cache_lock = threading.Lock()  # a viewer reads one store from several threads
 
     # -- metadata ---------------------------------------------------------------------------
     @property
@@ -119,13 +121,15 @@ class Store:
         parses its header once.
         """
         cache = self._header_cache
-        if shard in cache:
-            cache.move_to_end(shard)
-            return cache[shard]
+        with self._cache_lock:
+            if shard in cache:
+                cache.move_to_end(shard)
+                return cache[shard]
         records = self._records(self.path / SHARDS / shard)
-        cache[shard] = records
-        if len(cache) > 4:
-            cache.popitem(last=False)
+        with self._cache_lock:
+            cache[shard] = records
+            if len(cache) > 4:
+                cache.popitem(last=False)
         return records
 
     def __len__(self) -> int:
