@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from attnscope import __version__
-from attnscope.data.io import atomic_write_bytes, atomic_write_text
+from attnscope.data.io import atomic_write_bytes
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, StoreError
 from attnscope.extract.batch import AttentionMap
@@ -31,6 +31,35 @@ from attnscope.store.format import (
 )
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
+
+
+class WriteError(StoreError):
+    """The disk refused a write (full, read-only, no permission). The store keeps its finished
+    shards, so the same command with ``--resume`` continues once the problem is fixed."""
+
+
+def _write_file(root: Path, path: Path, data: bytes) -> None:
+    """Write ``path`` (inside the store ``root``) atomically; a refused write is a WriteError."""
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as exc:
+        reason = (exc.strerror or type(exc).__name__).lower()
+        raise WriteError(f"{root}: cannot write {path.relative_to(root)}: {reason}; the finished "
+                         "shards are kept: make room (or fix the folder) and run the same command "
+                         "with --resume") from None
+
+
+def _leftovers_only(root: Path) -> bool:
+    """True when ``root`` holds nothing but what a run killed at its very start leaves: the
+    temporary files of atomic writes (``.NAME.XXXX.tmp``) and an empty ``shards/``."""
+    for p in root.iterdir():
+        if p.is_file() and p.name.startswith(".") and p.name.endswith(".tmp"):
+            continue
+        if p.is_dir() and p.name == SHARDS and all(
+                q.is_file() and q.name.startswith(".") and q.name.endswith(".tmp") for q in p.iterdir()):
+            continue
+        return False
+    return True
 
 
 def versions() -> dict[str, str]:
@@ -88,7 +117,7 @@ class ShardWriter:
                   for pos, it in sorted(items.items())}
         records = [dict(it.record(), pos=pos) for pos, it in sorted(items.items())]
         data = save(arrays, metadata={"records": json.dumps(records, ensure_ascii=False)})
-        atomic_write_bytes(self.root / SHARDS / shard_name(sid), data)
+        _write_file(self.root, self.root / SHARDS / shard_name(sid), data)
         self.done.add(sid)
 
 
@@ -109,7 +138,7 @@ def check_output_folder(root: Path, *, resume: bool = False, overwrite: bool = F
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise StoreError(f"{root}: is a file, not a store folder")
-    if not root.exists() or not any(root.iterdir()):
+    if not root.exists() or not any(root.iterdir()) or _leftovers_only(root):
         return
     is_store = (root / MANIFEST).is_file()
     if not is_store:
@@ -156,6 +185,8 @@ def extract_to_store(examples: Iterable[Example], out: str | Path, model: Loaded
         "versions": versions(), "command": command,
     }
     done: set[int] = set()
+    if root.is_dir() and not (root / MANIFEST).exists() and _leftovers_only(root):
+        shutil.rmtree(root)  # a run killed before its manifest was written: start afresh
     if (root / MANIFEST).exists() or (root.exists() and any(root.iterdir())):
         old = _read_json(root / MANIFEST) if (root / MANIFEST).exists() else None
         if resume and old is not None:
@@ -165,6 +196,8 @@ def extract_to_store(examples: Iterable[Example], out: str | Path, model: Loaded
                 raise StoreError(f"{root}: cannot resume: the store was made from other inputs, "
                                  "options or weights (use --overwrite to start again)")
             done = _valid_shards(root)
+            for tmp in root.glob(".*.tmp"):  # a manifest or index in flight when killed
+                tmp.unlink()
         elif overwrite:
             if old is None and not (root / SHARDS).exists():
                 raise StoreError(f"{root}: not a store; refusing to delete a folder of other files")
@@ -174,17 +207,18 @@ def extract_to_store(examples: Iterable[Example], out: str | Path, model: Loaded
             raise StoreError(f"{root}: already holds {what} (use --resume to continue it or "
                              "--overwrite to replace it)")
     fresh = not done
+    if fresh:  # the manifest first: a folder with shards/ always says what it is
+        _write_file(root, root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False).encode())
     (root / SHARDS).mkdir(parents=True, exist_ok=True)
-    if fresh:
-        atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False))
 
     start = time.perf_counter()
     writer = ShardWriter(root, shard_size, dtype, done)
     try:
         with small_matrix_threads():
             _run_plan(extractor, examples, writer, stats, progress)
-    except AttnscopeError:
-        if fresh:  # bad input: leave nothing behind (a resumed store keeps its whole shards)
+    except AttnscopeError as exc:
+        # bad input: leave nothing behind; a refused write keeps the whole shards for --resume
+        if fresh and not isinstance(exc, WriteError):
             shutil.rmtree(root, ignore_errors=True)
         raise
     writer.finish()
@@ -193,7 +227,7 @@ def extract_to_store(examples: Iterable[Example], out: str | Path, model: Loaded
     manifest["summary"] = {"examples_in": stats.examples_in, "examples_out": stats.examples_out,
                            "tokens": stats.tokens, "skipped": stats.skipped,
                            "truncated": stats.truncated, "warnings": stats.warnings}
-    atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False))
+    _write_file(root, root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False).encode())
     stats.elapsed_s = time.perf_counter() - start  # type: ignore[attr-defined]
     return stats
 
@@ -254,5 +288,5 @@ def _write_index(root: Path, shard_size: int) -> None:
     examples.sort()
     index = {"shard_size": shard_size, "shards": shards,
              "examples": [{"index": i, "shard": s, "pos": p, "length": n} for i, s, p, n in examples]}
-    atomic_write_text(root / INDEX, json.dumps(index, ensure_ascii=False))
+    _write_file(root, root / INDEX, json.dumps(index, ensure_ascii=False).encode())
 
