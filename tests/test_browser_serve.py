@@ -16,11 +16,13 @@ pytestmark = pytest.mark.browser
 
 
 def start(app):
-    from werkzeug.serving import make_server
+    """The viewer on the server `attnscope serve` uses (waitress), on a free loopback port."""
+    from attnscope.serve.app import make_server
 
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_port}/"
+    server = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=server.run, daemon=True).start()
+    server.shutdown = server.close  # what the fixtures call to stop it
+    return server, f"http://127.0.0.1:{server.effective_port}/"
 
 
 @pytest.fixture(scope="module")
