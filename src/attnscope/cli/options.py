@@ -62,6 +62,8 @@ def polish_param(param) -> None:
             param.metavar = ""  # a flag takes no value: no "<bool>" placeholder
     elif getattr(param, "multiple", False) and param.metavar is None:
         param.metavar = f"<{_type_name(param)}> (repeatable)"
+    elif param.metavar is None and getattr(getattr(param, "type_descriptor", None), "is_ranged", False):
+        param.metavar = f"<{_type_name(param)}>"  # "<int>" (the range is shown beside it)
     if not getattr(param, "help", None):
         for opt in param.opts:
             if opt in SHARED_HELP:
