@@ -47,3 +47,12 @@ def test_broken_json_lines_still_reports_invalid_json(tmp_path, capsys):
     code = main(["extract", str(p), "--model", "debug", "--out", str(tmp_path / "s"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and f"{p}:2: invalid JSON" in err
+
+
+def test_paper_dependency_file_given_to_extract_points_to_prepare_depparse(tmp_path, capsys):
+    p = tmp_path / "dev.txt"
+    p.write_text("The 2-det\ncat 3-nsubj\nsat 0-root\n")
+    code = main(["extract", str(p), "--model", "debug", "--out", str(tmp_path / "s"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {p}:1: the paper's dependency format")
+    assert "attnscope prepare depparse" in err and len(err.splitlines()) == 1

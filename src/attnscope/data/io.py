@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -177,6 +178,10 @@ def iter_examples(path: str | Path) -> Iterator[Example]:
         except RecursionError:
             raise InputError(path, "invalid JSON: nested too deeply", line=lineno) from None
         except json.JSONDecodeError as exc:
+            if count == 0 and re.fullmatch(r"\S+\s+\d+-\S+", raw.strip()):
+                raise InputError(path, "the paper's dependency format ('word head-relation'), not "
+                                 f"JSON; run 'attnscope prepare depparse {path} --out "
+                                 "examples.json' first", line=lineno) from None
             if count == 0 and not raw.lstrip().startswith(("{", "[", '"')):
                 raise InputError(path, "plain text, not JSON or JSON Lines; for sentence-per-line "
                                  f"text run 'attnscope prepare unlabeled {path} --out "
