@@ -322,6 +322,14 @@ def test_pickle_of_odd_structures(tmp_path):
     run()
 
 
+def test_pickle_naming_a_class_with_a_line_break_gives_one_line(tmp_path):
+    # found by the fuzzer: a flipped byte put "\n" into a module name, and the message with it
+    path = tmp_path / "x_attn.pkl"
+    module = b"num\npy"
+    path.write_bytes(b"\x80\x04\x8c" + bytes([len(module)]) + module + b"\x8c\x07ndarray\x93.")
+    assert outcome("pickle", _read_pickle, path) == "error"
+
+
 def test_pickle_with_a_forbidden_class_is_refused(tmp_path):
     path = tmp_path / "x_attn.pkl"
     path.write_bytes(pickle.dumps([{"tokens": ["a"], "attns": Path("/")}], protocol=4))

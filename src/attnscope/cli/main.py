@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = build_command().main(args=argv, prog_name="attnscope", standalone_mode=False)
     except AttnscopeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # one line, even if a message quotes a line break from the input
+        message = str(exc).replace("\r", "\\r").replace("\n", "\\n")
+        print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

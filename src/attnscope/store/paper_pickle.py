@@ -46,7 +46,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a pickle")
+        raise pickle.UnpicklingError(f"refusing to load {f'{module}.{name}'!r} from a pickle")
 
 
 def read_paper_pickle(path: str | Path, *, allow_pickle: bool = False) -> list[dict]:
@@ -62,7 +62,8 @@ def read_paper_pickle(path: str | Path, *, allow_pickle: bool = False) -> list[d
     try:
         data = _RestrictedUnpickler(io.BytesIO(raw), encoding="latin1").load()
     except Exception as exc:
-        raise InputError(path, f"not a readable paper-format pickle ({exc})") from None
+        detail = " ".join(str(exc).split()) or type(exc).__name__  # one line, whatever it says
+        raise InputError(path, f"not a readable paper-format pickle ({detail})") from None
     if not isinstance(data, list) or not data:
         raise InputError(path, "expected a non-empty list of example dicts")
     first_shape = None
