@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 from attnscope.errors import ModelError
 from attnscope.models.families import Family, family_for
+from attnscope.models.forward import install
 
 DEFAULT_MODEL = "default"
 DEFAULT_SEED = 0
@@ -216,6 +217,7 @@ def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
     except (OSError, ValueError) as exc:
         raise ModelError(f"{name}: cannot load the weights ({str(exc).splitlines()[0]})") from None
     model.eval()
+    install(model)
     if folder is None:
         folder = _cached_folder(ref, revision)
     weights = _weight_files(folder) if folder is not None else []
