@@ -40,7 +40,7 @@ def write_doc(path: Path) -> Path:
 
 
 def test_run_coref_writes_table2_and_baselines_match_hand(tmp_path, debug_bert):
-    from attnscope.report.coref import run_coref
+    from attnscope.families.coref import run_coref
 
     src = write_doc(tmp_path / "tiny.conllu")
     calls = []
@@ -96,7 +96,7 @@ def test_cli_coref_runs_and_bad_input_fails_cleanly(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_ontogum_dev_table2_with_packaged_model(shared_data, default_model, tmp_path):
-    from attnscope.report.coref import run_coref
+    from attnscope.families.coref import run_coref
 
     dev = shared_data / "ontogum" / "dev.conllu"
     section = run_coref([dev], default_model, tmp_path, window="truncate")

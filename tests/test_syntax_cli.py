@@ -80,7 +80,7 @@ def test_run_syntax_from_stores_and_section(tmp_path, debug_bert):
     from attnscope.data.depparse import iter_depparse
     from attnscope.errors import AttnscopeError
     from attnscope.extract.runner import ExtractOptions
-    from attnscope.report.syntax import run_syntax
+    from attnscope.families.syntax import run_syntax
     from attnscope.store import extract_to_store, open_store
 
     write_conllu(tmp_path / "d.conllu", SENTS)

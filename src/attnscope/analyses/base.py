@@ -10,7 +10,6 @@ It never modifies the batch it is given.
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,15 +55,17 @@ class Result:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Result":
+        # null (NaN in strict JSON) reads back as NaN in float arrays
         arrays = {k: np.asarray(v["data"], dtype=v["dtype"]).reshape(v["shape"])
                   for k, v in d.get("arrays", {}).items()}
         return cls(analysis=d["analysis"], params=d.get("params", {}), tables=d.get("tables", {}),
                    arrays=arrays, summary=d.get("summary", []), meta=d.get("meta", {}))
 
     def save(self, path: str | Path) -> None:
-        from attnscope.data.io import atomic_write_text
+        """Write as strict JSON (NaN as null) with :func:`attnscope.report.results.write_json`."""
+        from attnscope.report.results import write_json
 
-        atomic_write_text(Path(path), json.dumps(self.to_json(), indent=1, ensure_ascii=False))
+        write_json(path, self.to_json())
 
 
 class Analysis(ABC):

@@ -46,6 +46,8 @@ class Input:
     help: str
     multiple: bool = False  # several files (e.g. --coref a.conllu --coref b.conllu)
     store: bool = False  # may also be a store folder written by ``attnscope extract``
+    argument: str | None = None  # name of the positional argument in ``attnscope analyze``
+    analyze_flag: str | None = None  # flag in ``attnscope analyze`` when it differs from ``flag``
 
     @property
     def flag(self) -> str:
@@ -112,7 +114,8 @@ class Family(ABC):
     help: ClassVar[str]  # one line for ``attnscope analyze --help``
     inputs: ClassVar[tuple[Input, ...]]
     Options: ClassVar[type] = NoOptions
-    needs_model: ClassVar[bool] = True  # False: can run on a store alone
+    default_model: ClassVar[str | None] = None  # ``analyze`` without --model on files: load this
+    saves_maps: ClassVar[bool] = False  # honours Context.save_maps (``--save-maps``)
     order: ClassVar[int] = 100  # position in the report and in ``attnscope run``
 
     @abstractmethod
@@ -125,6 +128,14 @@ class Family(ABC):
     def run(self, prepared: Prepared, options: Any, ctx: Context) -> Any:
         """Run the analyses and write tables, figures and ``results/<key>.json`` under
         ``ctx.out_dir``; return the report's :class:`~attnscope.report.section.Section`."""
+
+    def unavailable(self) -> str | None:
+        """Why this family cannot run in this installation (a missing optional extra), or None."""
+        return None
+
+    def wants_mlm_head(self, options: Any) -> bool:
+        """Whether the model should be loaded with its masked-LM head when it has one."""
+        return False
 
     def fingerprint(self, options: Any) -> dict[str, Any]:
         """What decides this family's numbers besides the data and the model (for --resume)."""
