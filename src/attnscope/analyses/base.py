@@ -90,6 +90,13 @@ class Analysis(ABC):
         """The analysis's explicit parameters (recorded in its result)."""
         return {}
 
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "Analysis":
+        """An instance with default parameters for ``model`` (a loaded model, or None for maps
+        alone). The contract test builds every registered analysis this way, so an analysis
+        whose constructor needs more than defaults overrides it."""
+        return cls()
+
     def _check_mergeable(self, other: "Analysis") -> None:
         if type(other) is not type(self) or other.params() != self.params():
             raise ValueError(f"cannot merge {type(other).__name__}{other.params()} into "

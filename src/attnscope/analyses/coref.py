@@ -245,6 +245,10 @@ class CorefAntecedents(Analysis):
     name = "coref-antecedents"
     requires = frozenset({"word_level", "coreference"})
 
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "CorefAntecedents":
+        return cls(seed=seed)
+
     def __init__(self, candidates: str = "mentions", *, seed: int = 0, n_boot: int = 1000,
                  level: float = 0.95, top_k: int = 3):
         if candidates not in CANDIDATE_SETS:

@@ -44,6 +44,10 @@ class Entropy(Analysis):
     name = "entropy"
     requires = frozenset()
 
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "Entropy":
+        return cls(causal=bool(model is not None and model.family.causal))
+
     def __init__(self, causal: bool = False, max_weight_threshold: float = 0.1):
         self.causal = bool(causal)
         self.max_weight_threshold = float(max_weight_threshold)

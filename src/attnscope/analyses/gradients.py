@@ -197,6 +197,11 @@ class GradientImportance(Analysis):
     name = "gradient-importance"
     requires = frozenset({"model"})
 
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "GradientImportance":
+        """Needs a model loaded with its masked-LM head."""
+        return cls(MlmScorer(model), seed=seed)
+
     def __init__(self, scorer: MlmScorer, *, seed: int = 0, mask_prob: float = 0.15,
                  classer: TokenClasser | None = None, batch_size: int = 8):
         self.scorer = scorer

@@ -36,6 +36,10 @@ class SpecialTokens(Analysis):
     name = "special-tokens"
     requires = frozenset()
 
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "SpecialTokens":
+        return cls(TokenClasser.from_tokenizer(model.tokenizer) if model is not None else None)
+
     def __init__(self, classer: TokenClasser | None = None, denominator: str = "valid"):
         if denominator not in DENOMINATORS:
             raise ValueError(f"denominator must be one of {DENOMINATORS}, not {denominator!r}")

@@ -49,16 +49,26 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except SystemExit as exc:
         return int(exc.code or 0)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
-            return 1
+    except Exception as exc:  # click usage errors (typer may bundle its own copy of click)
+        for module in _click_modules():
+            if isinstance(exc, module.exceptions.ClickException):
+                exc.show()
+                return exc.exit_code
+            if isinstance(exc, module.exceptions.Abort):
+                return 1
         raise
     return 0
+
+
+def _click_modules() -> list:
+    import click
+
+    modules = [click]
+    try:
+        from typer import _click as bundled
+    except ImportError:
+        return modules
+    return [*modules, bundled]
 
 
 def entry() -> None:

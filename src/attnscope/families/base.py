@@ -47,6 +47,7 @@ class Input:
     multiple: bool = False  # several files (e.g. --coref a.conllu --coref b.conllu)
     store: bool = False  # may also be a store folder written by ``attnscope extract``
     argument: str | None = None  # name of the positional argument in ``attnscope analyze``
+    sample: str | None = None  # a small valid input in attnscope/demo_data (the contract test runs it)
     analyze_flag: str | None = None  # flag in ``attnscope analyze`` when it differs from ``flag``
 
     @property

@@ -270,7 +270,7 @@ class General(Family):
     help = "Relative position, special tokens, entropy, gradients, head distances and clusters."
     inputs = (Input("text", "Sentence-per-line text (blank lines between documents; built into "
                     "pairs), examples JSON / JSON Lines, or a store folder: the general analyses.",
-                    store=True, argument="input"),)
+                    store=True, argument="input", sample="text.txt"),)
     Options = GeneralOptions
     saves_maps = True
     order = 10

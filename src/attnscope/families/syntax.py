@@ -362,9 +362,10 @@ class Syntax(Family):
     inputs = (
         Input("deps", "Dependency trees (CoNLL-U, the paper's word head-relation format, examples "
               "JSON, or a word-level store) scored for Table 1 (and the probes).", store=True,
-              argument="dev"),
+              argument="dev", sample="deps-dev.conllu"),
         Input("deps_train", "A training split of dependency trees (same formats): adds the probes "
-              "of Table 3 and selects heads held-out.", store=True, analyze_flag="--train"),
+              "of Table 3 and selects heads held-out.", store=True, analyze_flag="--train",
+              sample="deps-train.conllu"),
     )
     Options = SyntaxOptions
     default_model = "default"

@@ -370,7 +370,12 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
         {"what": "entropy of the last layer's attention from [CLS] (nats)", "paper": 3.89,
          "ours": round(float(np.nanmean(stats["entropy_first"][-1])), 2)},
     ]
-    payload = {"family": "general", "model": model_desc, "seed": seed, "run": run, "notes": notes,
+    # The keys of a Result (analysis, params, tables, summary) come first, so every reader of
+    # results/<family>.json (report, --resume, the viewer) reads this file like the others.
+    payload = {"analysis": "general", "params": {"seed": seed, **{k: run[k] for k in (
+                   "max_seq_len", "batch_size", "gradients") if k in run}},
+               "tables": {"general_heads": rows, "general_layers": lrows}, "summary": sec.findings,
+               "family": "general", "model": model_desc, "seed": seed, "run": run, "notes": notes,
                "findings": sec.findings, "paper": sec.paper,
                "clustering": {"params": clusters["params"], "rows": clusters["rows"]},
                "analyses": {k: r.to_json() for k, r in results.items()}}
