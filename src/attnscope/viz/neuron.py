@@ -89,7 +89,7 @@ def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *
     ``example`` is an :class:`Example`, an input dict, or a plain text string.
 
     >>> qk = capture_qk(load_model("debug:bert"), "the cat sat", 0)   # doctest: +SKIP
-    >>> qk.query.shape                                                # [H n d]
+    >>> qk.query.shape                                                # [H n d]  # doctest: +SKIP
     """
 
     from attnscope.data.io import example_from_dict
