@@ -18,7 +18,7 @@ from attnscope.analyses.syntax import (
     table1_rows,
 )
 from attnscope.data.records import Example
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
 WORDS = TOKENS[1:-1]

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 #: What an analysis may declare in ``requires``.
 REQUIREMENTS = {

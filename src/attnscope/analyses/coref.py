@@ -38,7 +38,7 @@ from attnscope.analyses.base import Analysis, Result, register
 from attnscope.analyses.stats import bootstrap_ci
 from attnscope.data.coref import MENTION_TYPES, Document, mention_attributes
 from attnscope.data.records import Example, HeadId
-from attnscope.extract.batch import AttentionBatch, AttentionMap
+from attnscope.maps import AttentionBatch, AttentionMap
 
 BASELINES = ("nearest", "head-match", "rule-based")
 BASELINE_LABELS = {"nearest": "Nearest mention", "head-match": "Nearest with same head word",

@@ -20,7 +20,7 @@ import numpy as np
 
 from attnscope.analyses.base import Analysis, Result, register
 from attnscope.analyses.relative_position import PerExampleMeans, per_head_rows
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 STATS = ("entropy", "entropy_first", "max_weight", "rows_max_below", "uniform")
 

@@ -28,7 +28,7 @@ import numpy as np
 from attnscope.analyses.base import Analysis, Result, register
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.errors import ModelError
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 #: Key classes of Figure 3 (the first special token is kept apart, not hidden in "other").
 GRAD_CLASSES = ("separator", "punct", "first", "other")

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.base import Analysis, Result, register
-from attnscope.extract.batch import AttentionBatch, AttentionMap
+from attnscope.maps import AttentionBatch, AttentionMap
 
 DEFAULT_OFFSETS = (-3, -2, -1, 1, 2, 3)
 DIRECTIONS = ("dep->head", "head->dep")

@@ -15,9 +15,9 @@ import numpy as np
 
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError
-from attnscope.extract.batch import AttentionBatch, AttentionMap
 from attnscope.extract.encode import Encoded, Encoder, word_units
 from attnscope.extract.wordlevel import to_word_level
+from attnscope.maps import AttentionBatch, AttentionMap
 from attnscope.models.loading import LoadedModel, load_model
 
 

@@ -25,8 +25,8 @@ from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError
-from attnscope.extract.batch import AttentionBatch, AttentionMap
 from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
+from attnscope.maps import AttentionBatch, AttentionMap
 from attnscope.report.general import (
     Progress,
     write_general,

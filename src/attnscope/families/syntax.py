@@ -20,8 +20,8 @@ from attnscope.analyses.syntax import (
 )
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, InputError
-from attnscope.extract.batch import AttentionBatch
 from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
+from attnscope.maps import AttentionBatch
 from attnscope.report.section import Section, TableArtifact
 from attnscope.report.syntax import (
     METHODS,

@@ -19,7 +19,7 @@ import numpy as np
 from attnscope.analyses.clustering import LABELS, Thresholds, cluster_heads
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import HeadId
-from attnscope.extract.batch import AttentionMap
+from attnscope.maps import AttentionMap
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
 LABEL_COLOURS = {"[SEP]": "#d62728", "[CLS]": "#9467bd", "punctuation": "#8c564b",

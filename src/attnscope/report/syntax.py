@@ -23,7 +23,7 @@ from attnscope.analyses.syntax import (
     score_map,
 )
 from attnscope.data.records import Example
-from attnscope.extract.batch import AttentionMap
+from attnscope.maps import AttentionMap
 from attnscope.report.section import FigureArtifact
 
 Progress = Callable[[str, int, "int | None"], None] | None

@@ -81,7 +81,7 @@ def import_paper_pickle(path: str | Path, out: str | Path, *, allow_pickle: bool
 
     from attnscope.data.io import atomic_write_text
     from attnscope.data.records import Example
-    from attnscope.extract.batch import AttentionMap
+    from attnscope.maps import AttentionMap
     from attnscope.store.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, SHARDS
     from attnscope.store.writer import DTYPES, ShardWriter, _write_index, file_sha256, versions
 
