@@ -8,7 +8,6 @@ the :class:`~attnscope.report.section.Section` that the HTML report assembles.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from attnscope.analyses.coref import (
 )
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import HeadId
+from attnscope.report.results import dumps
 from attnscope.report.section import Section
 
 #: Table 2 of the paper (BERT-base, CoNLL-2012, documents truncated to 128 tokens), column "All".
@@ -62,7 +62,7 @@ def write_table2(rows: Sequence[dict], stem: Path, *, caption: str, window: str,
         ("md", f"{caption}\n\n" + to_markdown(shown, shown_cols)),
         ("tex", to_latex(shown, shown_cols, caption=caption)),
         ("csv", to_csv(numeric, numeric_cols)),
-        ("json", json.dumps(numeric, indent=1, ensure_ascii=False) + "\n"),
+        ("json", dumps(numeric)),
     ]:
         p = stem.with_suffix(f".{ext}")
         atomic_write_text(p, text)

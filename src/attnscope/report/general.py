@@ -197,17 +197,31 @@ def _fmt_heads(mask: np.ndarray) -> list[str]:
     return [str(HeadId(int(a), int(b))) for a, b in zip(*np.nonzero(mask))]
 
 
+#: The paper's section 3 cut-offs: "more than half" of a head's (or a layer's) attention.
+MOSTLY = 0.5
+
+
+def mostly_heads(stats: dict[str, np.ndarray], key: str) -> list[str]:
+    """Heads (1-indexed names) that put more than half their attention on ``key``."""
+    return _fmt_heads(np.nan_to_num(stats[key], nan=0) > MOSTLY)
+
+
+def separator_layers(stats: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
+    """Each layer's mean attention to separators, and the layers (1-indexed) above one half."""
+    sep_layer = np.nanmean(stats["separator"], axis=1)
+    return sep_layer, [str(i + 1) for i in np.nonzero(sep_layer > MOSTLY)[0]]
+
+
 def findings(stats: dict[str, np.ndarray], uniform: float, labels: np.ndarray, model_name: str,
              examples: int, grad=None) -> list[str]:
     """The paper's findings, stated for this model (plain sentences)."""
     out = [f"{model_name} over {examples} examples:"]
     for key in ("previous", "next"):
-        heads = _fmt_heads(np.nan_to_num(stats[key], nan=0) > 0.5)
+        heads = mostly_heads(stats, key)
         out.append(f"{len(heads)} heads put more than half their attention on the {key} token"
                    + (f" ({', '.join(heads)})" if heads else "") + ".")
-    sep_layer = np.nanmean(stats["separator"], axis=1)
+    sep_layer, mostly = separator_layers(stats)
     if np.nanmax(sep_layer) > 0:
-        mostly = [str(i + 1) for i in np.nonzero(sep_layer > 0.5)[0]]
         out.append("Layers where over half of the attention goes to separator tokens: "
                    + (", ".join(mostly) if mostly else "none")
                    + f" (the most: layer {int(np.nanargmax(sep_layer)) + 1}, {np.nanmax(sep_layer):.0%}).")
@@ -357,16 +371,15 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
     model_name = model_display_name(model_desc)
     sec.findings = findings(stats, uniform, labels, model_name, run["examples"], grad) + notes
     sec.methods = list(METHODS)
-    prev_heads = _fmt_heads(np.nan_to_num(stats["previous"], nan=0) > 0.5)
-    next_heads = _fmt_heads(np.nan_to_num(stats["next"], nan=0) > 0.5)
-    sep_layer = np.nanmean(stats["separator"], axis=1)
+    prev_heads, next_heads = mostly_heads(stats, "previous"), mostly_heads(stats, "next")
+    sep_mostly = separator_layers(stats)[1]
     sec.paper = [
         {"what": "heads with >50% attention on the previous token", "paper": "4 (layers 2, 4, 7, 8)",
          "ours": f"{len(prev_heads)}" + (f" ({', '.join(prev_heads)})" if prev_heads else "")},
         {"what": "heads with >50% attention on the next token", "paper": "5 (layers 1, 2, 2, 3, 6)",
          "ours": f"{len(next_heads)}" + (f" ({', '.join(next_heads)})" if next_heads else "")},
         {"what": "layers where over half the attention goes to [SEP]", "paper": "6-10",
-         "ours": ", ".join(str(i + 1) for i in np.nonzero(sep_layer > 0.5)[0]) or "none"},
+         "ours": ", ".join(sep_mostly) or "none"},
         {"what": "entropy of the last layer's attention from [CLS] (nats)", "paper": 3.89,
          "ours": round(float(np.nanmean(stats["entropy_first"][-1])), 2)},
     ]
