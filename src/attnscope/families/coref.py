@@ -19,6 +19,7 @@ from attnscope.analyses.coref import (
 )
 from attnscope.data.coref import MENTION_TYPES, Document, read_coref
 from attnscope.data.records import HeadId
+from attnscope.errors import InputError
 from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
 from attnscope.report.coref import (
     PAPER_BEST_HEAD,
@@ -29,6 +30,7 @@ from attnscope.report.coref import (
     _window_note,
     examples_figure,
     heatmap_figure,
+    table2_display,
     write_table2,
 )
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
@@ -86,8 +88,8 @@ def run_coref(paths: list[Path], model, out_dir: Path, *, window: str = "truncat
                f"best heads are chosen on the same mentions they are scored on.")
     t2 = write_table2(rows, tables_dir / "table2_coref", caption=caption, window=window,
                       max_seq_len=max_seq_len, candidates=candidates)
-    section.tables.append(TableArtifact("table2_coref", caption, rows,
-                                        ["model", "all", "pronoun", "proper", "nominal"], t2))
+    shown, shown_cols = table2_display(rows)
+    section.tables.append(TableArtifact("table2_coref", caption, shown, shown_cols, t2))
     from attnscope.report.tables import write_table
 
     head_cols = ["name", "layer", "head", "all", *MENTION_TYPES]
@@ -205,7 +207,11 @@ class Coref(Family):
         paths = [Path(p) for p in inputs["coref"]]
         docs: list[Document] = []
         for p in paths:
-            docs.extend(read_coref(p))
+            found = read_coref(p)
+            if not any(d.mentions for d in found):
+                raise InputError(p, "holds no coreference annotation (no Entity= brackets in MISC, "
+                                    "no coreference column): nothing to score")
+            docs.extend(found)
         sentences = sum(len(d.sentence_starts) for d in docs)
         return Prepared({"paths": paths, "documents": docs}, weight=sentences,
                         counts={"coreference sentences": sentences})

@@ -170,14 +170,14 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
     from attnscope.analyses.probes.training import TrainConfig
 
     out_dir = Path(out_dir)
-    tables_dir, fig_dir, res_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
-    for d in (tables_dir, fig_dir, res_dir):
-        d.mkdir(parents=True, exist_ok=True)
     options = _extract_options(max_seq_len, batch_size, seed)
     probes = train is not None
     dev = _checked_split(dev, "dev", model)
     if probes:
         train = _checked_split(train, "train", model)
+    tables_dir, fig_dir, res_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
+    for d in (tables_dir, fig_dir, res_dir):  # only once the inputs are known to be usable
+        d.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="attnscope-syntax-", dir=out_dir) as tmp:
         maps_root = Path(save_maps) if save_maps is not None else Path(tmp)
@@ -307,7 +307,10 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
     section.findings = _findings(rows_paper, rows_held, rows3) + notes
     result.summary = list(section.findings)
     result.save(res_dir / "syntax.json")
-    section.methods = METHODS
+    section.methods = list(METHODS)
+    if probe_details.get("glove"):
+        section.methods.append(f"Word vectors of the probes: {probe_details['glove']} "
+                               f"({probe_details.get('glove_dim')} dimensions).")
     section.paper = _paper_rows(rows_paper, rows3)
     return section
 

@@ -46,14 +46,22 @@ def _window_note(stats: WindowStats, candidates: str) -> str:
             f"{stats.scored} of {stats.anaphoric} mentions with an antecedent scored")
 
 
+TABLE2_COLUMNS = ["all", "pronoun", "proper", "nominal"]
+
+
+def table2_display(rows: Sequence[dict]) -> tuple[list[dict], list[str]]:
+    """Table 2 as shown (Markdown, LaTeX, the report): accuracy % with its 95% interval."""
+    shown = [{"Model": r["model"], **{c.capitalize(): _cell(r, c) for c in TABLE2_COLUMNS}} for r in rows]
+    return shown, ["Model"] + [c.capitalize() for c in TABLE2_COLUMNS]
+
+
 def write_table2(rows: Sequence[dict], stem: Path, *, caption: str, window: str, max_seq_len: int,
                  candidates: str) -> list[Path]:
     """Table 2 as Markdown and LaTeX (accuracy % with 95% CI) and CSV/JSON (fractions, CI, n)."""
     from attnscope.report.tables import to_csv, to_latex, to_markdown
 
-    cols = ["all", "pronoun", "proper", "nominal"]
-    shown = [{"Model": r["model"], **{c.capitalize(): _cell(r, c) for c in cols}} for r in rows]
-    shown_cols = ["Model"] + [c.capitalize() for c in cols]
+    cols = TABLE2_COLUMNS
+    shown, shown_cols = table2_display(rows)
     numeric_cols = ["model", "kind", "name", "layer", "head"] + [
         f"{c}{s}" for c in cols for s in ("", "_lo", "_hi", "_n")] + ["window", "max_seq_len", "candidates"]
     numeric = [{**r, "window": window, "max_seq_len": max_seq_len, "candidates": candidates} for r in rows]

@@ -201,6 +201,10 @@ def _fmt_heads(mask: np.ndarray) -> list[str]:
 MOSTLY = 0.5
 
 
+def _heads(n: int) -> str:
+    return f"{n} head" if n == 1 else f"{n} heads"
+
+
 def mostly_heads(stats: dict[str, np.ndarray], key: str) -> list[str]:
     """Heads (1-indexed names) that put more than half their attention on ``key``."""
     return _fmt_heads(np.nan_to_num(stats[key], nan=0) > MOSTLY)
@@ -218,7 +222,7 @@ def findings(stats: dict[str, np.ndarray], uniform: float, labels: np.ndarray, m
     out = [f"{model_name} over {examples} examples:"]
     for key in ("previous", "next"):
         heads = mostly_heads(stats, key)
-        out.append(f"{len(heads)} heads put more than half their attention on the {key} token"
+        out.append(f"{_heads(len(heads))} put more than half their attention on the {key} token"
                    + (f" ({', '.join(heads)})" if heads else "") + ".")
     sep_layer, mostly = separator_layers(stats)
     if np.nanmax(sep_layer) > 0:
@@ -228,7 +232,7 @@ def findings(stats: dict[str, np.ndarray], uniform: float, labels: np.ndarray, m
         ss = stats.get("sep_to_sep")
         if ss is not None and np.isfinite(ss).any():
             heads90 = _fmt_heads(np.nan_to_num(ss, nan=0) > 0.9)
-            out.append(f"{len(heads90)} heads put over 90% of a separator's attention on separators.")
+            out.append(f"{_heads(len(heads90))} put over 90% of a separator's attention on separators.")
     else:
         out.append("The inputs have no separator tokens.")
     first_layer = np.nanmean(stats["first"], axis=1)

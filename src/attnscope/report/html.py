@@ -207,7 +207,9 @@ def build_context(sections: Sequence[Section], *, out_dir: str | Path, provenanc
         anchor = f"sec-{slug(s.key)}"
         secs.append({
             "key": s.key, "anchor": anchor, "title": s.title,
-            "findings": [str(x) for x in s.findings],
+            # the first findings are in the summary at the top; the section goes on from there
+            "findings": [str(x) for x in s.findings[SUMMARY_PER_SECTION:]],
+            "summarised": min(len(s.findings), SUMMARY_PER_SECTION),
             "paper": _paper_rows(s.paper),
             "tables": [_table_context(t, out_dir) for t in s.tables],
             "figures": [_figure_context(f, out_dir) for f in s.figures],
@@ -242,8 +244,10 @@ def _provenance_rows(prov: Mapping[str, Any]) -> list[dict[str, str]]:
         rows.append({"name": what, "value": str(n)})
     if "arguments" in prov:
         args = prov["arguments"]
-        shown = ", ".join(f"{k}={format_value(v)}" for k, v in args.items()
-                          if k not in ("text", "deps", "deps_train", "coref", "model"))
+        # input files have their own rows (data); an option left unset shows as "default"
+        files = {d.get("role", "").replace("-", "_") for d in prov.get("data") or []}
+        shown = ", ".join(f"{k}={'default' if v is None else format_value(v)}" for k, v in args.items()
+                          if k not in files | {"text", "deps", "deps_train", "coref", "model"})
         rows.append({"name": "arguments", "value": shown})
     for key, name in (("command", "command line"), ("started", "started (UTC)"),
                       ("elapsed_s", "run time of this invocation (s)"),

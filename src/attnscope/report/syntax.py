@@ -74,14 +74,14 @@ def heatmap_figures(result_counts: HeadCounts, relations: list[str], fig_dir: Pa
         if r is None:
             continue
         L, H = acc.shape[1:3]
-        fig, axes = new_figure(1, 2, figsize=(2 + 0.45 * H * 2, 1 + 0.4 * L), squeeze=False)
+        fig, axes = new_figure(1, 2, figsize=(3 + 0.5 * H * 2, 1.6 + 0.45 * L), squeeze=False)
         for d, ax in enumerate(axes[0]):
             im = ax.imshow(100 * acc[r, :, :, d], vmin=0, vmax=100, cmap="viridis", aspect="auto")
             ax.set_title(f"{rel}: {DIRECTIONS[d]}", fontsize=9)
             ax.set_xlabel("head (1-indexed)")
             ax.set_ylabel("layer (1-indexed)")
-            ax.set_xticks(range(H), [str(h + 1) for h in range(H)], fontsize=6)
-            ax.set_yticks(range(L), [str(layer + 1) for layer in range(L)], fontsize=6)
+            ax.set_xticks(range(H), [str(h + 1) for h in range(H)], fontsize=9)
+            ax.set_yticks(range(L), [str(layer + 1) for layer in range(L)], fontsize=9)
         fig.colorbar(im, ax=axes[0].tolist(), label="accuracy (%)")
         stem = f"figure_syntax_heatmap_{_slug(rel)}"
         paths = save_figure(fig, fig_dir / stem)
