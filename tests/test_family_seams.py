@@ -124,3 +124,20 @@ def test_bad_choice_names_the_flag(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "--window" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_demo_report_says_its_sample_is_too_small(tmp_path, default_model):
+    """The demo's numbers rest on a few dozen items: the report says so itself (from the counts
+    and interval widths), and Table 1 still lists the sample's frequent relations."""
+    from attnscope.pipeline import demo_config, run_pipeline
+
+    out = run_pipeline(demo_config(), tmp_path / "demo", model=default_model)
+    fams = out.results_json["families"]
+    for key in ("general", "syntax", "coref"):
+        assert any(f.startswith("Caution:") for f in fams[key]["section"]["findings"]), key
+    table1 = json.loads((tmp_path / "demo" / "tables" / "table1_syntax.json").read_text())
+    assert len([r for r in table1 if r["relation"] != "all"]) >= 3
+    assert all(r["count"] >= 5 for r in table1)
+    html = (tmp_path / "demo" / "report.html").read_text()
+    assert "too wide for these numbers" in html

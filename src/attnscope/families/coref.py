@@ -33,7 +33,7 @@ from attnscope.report.coref import (
     table2_display,
     write_table2,
 )
-from attnscope.report.section import FigureArtifact, Section, TableArtifact
+from attnscope.report.section import FigureArtifact, Section, TableArtifact, small_sample_caution
 
 WINDOW_MODES = ("truncate", "sliding")
 CANDIDATE_MODES = ("mentions", "words")
@@ -130,7 +130,11 @@ def run_coref(paths: list[Path], model, out_dir: Path, *, window: str = "truncat
             {"what": f"Table 2, best head (paper {PAPER_BEST_HEAD}, ours {head})",
              "paper": PAPER_TABLE2["best-head"], "ours": round(100 * best["all"], 1)},
         ]
-    section.findings = list(result.summary) + [
+    best_row = rows[len(BASELINES)] if len(rows) > len(BASELINES) else None
+    caution = best_row and small_sample_caution(
+        "Table 2", best_row.get("all_n") or 0, *(None if best_row.get(k) is None else 100 * best_row[k]
+                                                for k in ("all_lo", "all_hi")))
+    section.findings = ([caution] if caution else []) + list(result.summary) + [
         f"{wstats.scored} of {wstats.anaphoric} mentions that have an antecedent were scored "
         f"({window} windows of {max_seq_len} tokens, {wstats.windows} windows over "
         f"{wstats.documents} documents)"]

