@@ -91,9 +91,7 @@ class RunConfig:
         out: list[tuple[str, Path]] = []
         for fam in self.families:
             for inp in fam.inputs:
-                value = self.inputs.get(inp.name)
-                for p in (value if inp.multiple else [value] if value is not None else []):
-                    out.append((inp.name.replace("_", "-"), p))
+                out += [(inp.name.replace("_", "-"), p) for p in inp.paths(self.inputs.get(inp.name))]
             for f in dataclasses.fields(fam.Options):
                 value = getattr(self.options[fam.key], f.name)
                 if isinstance(value, Path):
@@ -443,13 +441,10 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     opts = fam.Options(**options)
     check_options(opts)
     inputs = {inp.name: inputs.get(inp.name) for inp in fam.inputs}
-    for inp in fam.inputs:
-        value = inputs[inp.name]
-        for p in (value if inp.multiple else [value] if value is not None else []):
-            if not Path(p).exists():
-                raise InputError(Path(p), "no such file")
-    files = [Path(p) for inp in fam.inputs for p in (
-        inputs[inp.name] if inp.multiple else [inputs[inp.name]] if inputs[inp.name] else [])]
+    files = [p for inp in fam.inputs for p in inp.paths(inputs[inp.name])]
+    for p in files:
+        if not p.exists():
+            raise InputError(p, "no such file")
     if isinstance(model, LoadedModel):
         lm = model
     elif model is not None or (fam.default_model and not all(p.is_dir() for p in files)):

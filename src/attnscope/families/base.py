@@ -54,6 +54,12 @@ class Input:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    def paths(self, value: Any) -> list[Path]:
+        """The files given for this input: none, one, or (``multiple``) several."""
+        if value is None:
+            return []
+        return [Path(p) for p in value] if self.multiple else [Path(value)]
+
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, flag: str | None = None):
     """A field of a family's ``Options`` dataclass, with its help text and choices."""
