@@ -70,6 +70,7 @@ CAUSAL_NOT_APPLICABLE = {
     "across": "a causal model has no segments",
     "pieces_later": "a causal model cannot attend to later tokens",
     "next": "a causal model cannot attend to the next token",
+    "pieces_both": "a causal model cannot attend to later tokens",
 }
 #: Labels, in the order they are tested (the first that holds wins).
 PATTERN_LABELS = ("delimiter", "previous", "next", "word pieces", "repeat, other segment",

@@ -37,6 +37,8 @@ PATTERNS = (
     ("5 other pieces of the word", "pieces", "mass on the other pieces of the token's word"),
     ("5a earlier pieces", "pieces_earlier", "mass on the word's earlier pieces"),
     ("5b later pieces", "pieces_later", "mass on the word's later pieces"),
+    ("5c pieces both ways", "pieces_both", "the smaller of the earlier- and later-pieces masses "
+     "(what the label tests: a previous/next-token head reaches only one side)"),
     ("6 delimiters", "delimiter", "attention to [CLS]/[SEP] (special-tokens analysis)"),
     ("bag of words", "bag", "within-segment mass x evenness of the within-segment part"),
 )
@@ -82,6 +84,9 @@ def head_stats(results: dict) -> tuple[dict[str, np.ndarray], dict[str, float | 
     if "entropy" in results and results["entropy"].arrays:
         stats["entropy"] = results["entropy"].arrays["entropy"]
     chance = dict(vig.meta["chance"])
+    stats["pieces_both"] = np.minimum(stats["pieces_earlier"], stats["pieces_later"])
+    ce, cl = chance.get("pieces_earlier"), chance.get("pieces_later")
+    chance["pieces_both"] = None if ce is None or cl is None else min(ce, cl)
     chance["delimiter"] = vig.meta.get("delimiter_chance")
     chance["previous"] = vig.meta.get("previous_chance")
     chance["next"] = vig.meta.get("next_chance")
@@ -121,7 +126,7 @@ def best_heads(stats: dict[str, np.ndarray], chance: dict[str, float | None], re
         layer, head = (int(x) for x in np.unravel_index(int(np.nanargmax(score)), score.shape))
         value = _num(stats[value_key][layer, head])
         c = _num(chance.get(value_key))
-        best_key = "within_entropy" if key == "bag" else key
+        best_key = {"bag": "within_entropy", "pieces_both": "pieces"}.get(key, key)
         arr = vig.arrays.get(f"best_example_{best_key}")
         example = int(arr[layer, head]) if arr is not None and arr[layer, head] >= 0 else first_index
         note = ""
@@ -322,12 +327,12 @@ def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, 
         share = keys.arrays["top_share"]
         s, o = KEY_CLASSES.index("separator"), KEY_CLASSES.index("other")
         if np.isfinite(share[:, s]).any():
-            diff = share[:, s] - share[:, o]
-            i = int(np.nanargmax(diff))
-            findings.append(f"[SEP] keys are most concentrated relative to other tokens in layer {i + 1}: "
-                            f"{share[i, s]:.0%} vs {share[i, o]:.0%} of the squared norm in the top "
-                            f"{keys.meta.get('top_dims')} dimensions (kurtosis {keys.arrays['kurtosis'][i, s]:.1f} "
-                            f"vs {keys.arrays['kurtosis'][i, o]:.1f}).")
+            kurt = keys.arrays["kurtosis"]
+            per_layer = "; ".join(f"{i + 1}: {share[i, s]:.2f} vs {share[i, o]:.2f} (kurtosis {kurt[i, s]:.1f} "
+                                  f"vs {kurt[i, o]:.1f})" for i in range(share.shape[0]))
+            findings.append(f"Key concentration, [SEP] vs other tokens, as the share of a key's squared norm "
+                            f"in its top {keys.meta.get('top_dims')} of {keys.meta.get('dim')} dimensions, "
+                            f"per layer: {per_layer}.")
         else:
             findings.append("The inputs have no separator tokens, so there is no [SEP]-key signature to measure.")
     sec.findings = findings + notes
