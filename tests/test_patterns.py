@@ -402,3 +402,25 @@ def test_family_refuses_word_level_store(debug_bert, tmp_path):
     fam = _family()
     with pytest.raises(InputError, match="word-level"):
         fam.prepare({"patterns": tmp_path / "store"}, fam.Options(), Context(model=None, out_dir=tmp_path))
+
+
+@pytest.mark.slow
+def test_packaged_model_on_wikitext(default_model, shared_data, tmp_path):
+    text = shared_data / "wikitext-2" / "valid.sentences.txt"
+    if not text.is_file():
+        pytest.skip(f"{text} is absent")
+    from attnscope.data.io import write_examples
+    from attnscope.data.unlabeled import prepare_unlabeled
+
+    examples = prepare_unlabeled(text, default_model.tokenizer, max_seq_len=128, seed=0, num_examples=50)
+    write_examples(examples, tmp_path / "wiki.json")
+    sec = _run(default_model, tmp_path / "wiki.json", tmp_path / "out")
+    payload = json.loads((tmp_path / "out/results/patterns.json").read_text())
+    best = {r["statistic"]: r for r in payload["best"]}
+    # a previous-token head exists in every BERT-like model; patterns 3-5 beat chance clearly
+    assert best["previous"]["value"] > 0.9
+    for k in ("repeat_same", "repeat_other", "pieces"):
+        assert best[k]["lift"] > 5, k
+    assert sec.best_heads and all(i in sec.maps for _, _, i, _ in sec.best_heads)
+    keys = payload["keys"]["tables"]["key_concentration"]
+    assert all(row["separator_count"] > 0 and row["other_count"] > 0 for row in keys)

@@ -48,6 +48,7 @@ class PatternsFamily(Family):
     inputs = (Input("patterns", "Examples (JSON / JSON Lines), sentence-per-line text (made into "
                                 "A/B pairs), or a token-level store folder.", store=True),)
     order = 40
+    needs_model = False  # a store alone gives everything but the key signature
 
     @dataclasses.dataclass
     class Options:
