@@ -424,3 +424,14 @@ def test_packaged_model_on_wikitext(default_model, shared_data, tmp_path):
     assert sec.best_heads and all(i in sec.maps for _, _, i, _ in sec.best_heads)
     keys = payload["keys"]["tables"]["key_concentration"]
     assert all(row["separator_count"] > 0 and row["other_count"] > 0 for row in keys)
+
+
+def test_key_concentration_gaussian_reference():
+    k = KeyConcentration()
+    assert k.gaussian_reference() is None  # no keys seen: no dimension known
+    k.update(0, np.ones((1, 1, 1, 200)), np.zeros((1, 1), dtype=np.int64))
+    ref = k.gaussian_reference()
+    assert ref == k.gaussian_reference()  # seeded
+    assert abs(ref["kurtosis"]) < 0.1  # normal components: excess kurtosis about 0
+    assert 10 / 200 < ref["top_share"] < 0.5  # above equal components, far from one spike
+    assert k.finalize().meta["gaussian_reference"] == ref

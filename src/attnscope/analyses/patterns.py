@@ -330,7 +330,8 @@ class KeyConcentration:
       dimensions stand out).
 
     Both are pooled averages over every (token, head) pair of a class in a layer: sums and
-    counts, divided only in :meth:`finalize`. Classes: first special (``[CLS]``/``<s>``),
+    counts, divided only in :meth:`finalize`. ``meta["gaussian_reference"]`` gives both for
+    vectors of independent normal components of the same ``d`` (no distinctive dimensions). Classes: first special (``[CLS]``/``<s>``),
     separators (``[SEP]``/``</s>``), periods/commas, other tokens.
     """
 
@@ -392,8 +393,21 @@ class KeyConcentration:
             self.dim = other.dim
         return self
 
+    def gaussian_reference(self, samples: int = 20000, seed: int = 0) -> dict[str, float] | None:
+        """Both statistics for key vectors of independent standard normal components (same
+        ``d``, seeded Monte Carlo): the level of a key with no distinctive dimensions."""
+        if self.dim is None:
+            return None
+        ref = KeyConcentration(self.top_fraction)
+        x = np.random.default_rng(seed).standard_normal((1, 1, samples, self.dim))
+        ref.update(0, x, np.zeros((1, samples), dtype=np.int64))
+        acc = ref.layers[0]
+        return {"top_share": float(acc[0, 0] / acc[1, 0]), "kurtosis": float(acc[2, 0] / acc[3, 0]),
+                "samples": samples, "seed": seed}
+
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(), meta={"dim": self.dim})
+        res.meta["gaussian_reference"] = self.gaussian_reference()
         if not self.layers:
             res.summary.append("no keys")
             return res

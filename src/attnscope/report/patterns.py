@@ -166,8 +166,9 @@ def plot_patterns(stats: dict[str, np.ndarray], chance: dict[str, float | None],
     return fig
 
 
-def plot_keys(key_arrays: dict[str, np.ndarray], top_dims: int | None):
-    """Per layer: share of a key's squared norm in its top dimensions, and its kurtosis, by class."""
+def plot_keys(key_arrays: dict[str, np.ndarray], top_dims: int | None, reference: dict | None = None):
+    """Per layer: share of a key's squared norm in its top dimensions, and its kurtosis, by class;
+    dashed: the same for keys of independent normal components (``reference``)."""
     from attnscope.report.figures import new_figure
 
     fig, axes = new_figure(1, 2, figsize=(9, 3.6))
@@ -178,12 +179,22 @@ def plot_keys(key_arrays: dict[str, np.ndarray], top_dims: int | None):
             continue
         axes[0].plot(np.arange(1, L + 1), share[:, c], marker="o", color=KEY_COLOURS[name], label=KEY_NAMES[name])
         axes[1].plot(np.arange(1, L + 1), kurt[:, c], marker="o", color=KEY_COLOURS[name], label=KEY_NAMES[name])
+    if reference:
+        for ax, key in ((axes[0], "top_share"), (axes[1], "kurtosis")):
+            ax.axhline(reference[key], ls="--", color="k", label="Gaussian keys")
     axes[0].set_title(f"share of |key|^2 in its top {top_dims} dimensions", fontsize=9)
     axes[1].set_title("excess kurtosis of key components", fontsize=9)
     for ax in axes:
         ax.set_xlabel("layer")
         ax.legend(fontsize=7)
     return fig
+
+
+def _reference_words(ref: dict | None) -> str:
+    if not ref:
+        return ""
+    return (f" Keys of independent normal components would give {ref['top_share']:.2f} "
+            f"(kurtosis {ref['kurtosis']:.1f}).")
 
 
 def methods(thresholds: PatternThresholds) -> list[str]:
@@ -288,7 +299,7 @@ def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, 
         kcols = ["layer", "name"] + [f"{c}_{s}" for c in KEY_CLASSES for s in ("top_share", "kurtosis")]
         kcap = (f"Key concentration per layer (0-indexed; name 1-indexed): share of a key vector's squared "
                 f"norm in its top {keys.meta.get('top_dims')} of {keys.meta.get('dim')} dimensions, and "
-                "its excess kurtosis, pooled over tokens and key heads of each class.")
+                "its excess kurtosis, pooled over tokens and key heads of each class." + _reference_words(keys.meta.get("gaussian_reference")))
         sec.tables.append(TableArtifact("patterns_keys", kcap, krows, kcols,
                                         write_table(krows, tables_dir / "patterns_keys", columns=kcols, caption=kcap)))
 
@@ -299,7 +310,8 @@ def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, 
     if keys is not None and keys.arrays:
         sec.figures.append(FigureArtifact("patterns_keys", "The [SEP]-key signature: concentration of key "
                                           "vectors per layer and token class.",
-                                          save_figure(plot_keys(keys.arrays, keys.meta.get("top_dims")),
+                                          save_figure(plot_keys(keys.arrays, keys.meta.get("top_dims"),
+                                                                keys.meta.get("gaussian_reference")),
                                                       figures_dir / "patterns_keys")))
 
     # head-view links
@@ -332,7 +344,7 @@ def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, 
                                   f"vs {kurt[i, o]:.1f})" for i in range(share.shape[0]))
             findings.append(f"Key concentration, [SEP] vs other tokens, as the share of a key's squared norm "
                             f"in its top {keys.meta.get('top_dims')} of {keys.meta.get('dim')} dimensions, "
-                            f"per layer: {per_layer}.")
+                            f"per layer: {per_layer}." + _reference_words(keys.meta.get("gaussian_reference")))
         else:
             findings.append("The inputs have no separator tokens, so there is no [SEP]-key signature to measure.")
     sec.findings = findings + notes
