@@ -435,3 +435,17 @@ def test_key_concentration_gaussian_reference():
     assert abs(ref["kurtosis"]) < 0.1  # normal components: excess kurtosis about 0
     assert 10 / 200 < ref["top_share"] < 0.5  # above equal components, far from one spike
     assert k.finalize().meta["gaussian_reference"] == ref
+
+
+def test_section_renders_in_the_html_report(debug_bert, tmp_path):
+    from attnscope.report.html import network_references, write_head_views, write_report
+
+    out = tmp_path / "out"
+    sec = _run(debug_bert, _write_jsonl(tmp_path / "ex.jsonl", EXAMPLES), out)
+    links = write_head_views(sec, out)
+    assert links and all((out / link["href"]).is_file() for link in links)
+    prov = {"model": debug_bert.describe(), "data": [], "seeds": {"run": 0}, "command": "test",
+            "elapsed_s": 1.0, "versions": {"attnscope": "0"}}
+    page = write_report([sec], out, provenance=prov, links={"patterns": links}).read_text(encoding="utf-8")
+    assert "Vig&#39;s patterns" in page or "Vig's patterns" in page
+    assert "patterns_best" in page and not network_references(page)
