@@ -147,7 +147,7 @@ def test_pattern_labels_thresholds():
         "delimiter": arr(0.7, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1),
         "previous": arr(0.0, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0),
         "next": arr(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
-        "pieces_earlier": arr(0.0, 0.9, 0.4, 0.4, 0.0, 0.0, 0.0),
+        "pieces_earlier": arr(0.0, 0.9, 0.1, 0.2, 0.0, 0.0, 0.0),
         "pieces_later": arr(0.0, 0.0, 0.4, 0.1, 0.0, 0.0, 0.0),
         "repeat_other": arr(0.0, 0.0, 0.0, 0.0, 0.35, 0.0, 0.0),
         "repeat_same": arr(0.0, 0.0, 0.0, 0.0, 0.0, 0.35, 0.0),
@@ -162,8 +162,13 @@ def test_pattern_labels_thresholds():
     # head 5: 0.35 on repeats is under 3 x chance when the chance level is 0.2
     chance["repeat_same"] = 0.2
     assert pattern_labels(stats, chance, causal=False)[0, 5] == "other"
-    # causal: earlier pieces alone make the label
-    assert pattern_labels(stats, chance, causal=True)[0, 3] == "word pieces"
+    # one direction is enough (head 2: later pieces), but a previous-token head stays "previous"
+    # (head 1); 0.4 on later pieces is not over 3 x chance when the chance level is 0.15
+    assert pattern_labels(stats, dict(chance, pieces_later=0.15), causal=False)[0, 2] == "other"
+    # causal: no later pieces (no chance level), earlier pieces alone make the label
+    causal_chance = dict(chance, pieces_later=None)
+    stats["pieces_earlier"][0, 3] = 0.4
+    assert pattern_labels(stats, causal_chance, causal=True)[0, 2:4].tolist() == ["other", "word pieces"]
     stricter = PatternThresholds(bag_evenness=0.99)
     assert pattern_labels(stats, chance, causal=False, thresholds=stricter)[0, 6] == "other"
 

@@ -269,15 +269,17 @@ class VigPatterns(Analysis):
         return res
 
 
-def pattern_labels(stats: dict[str, np.ndarray], chance: dict[str, float | None], *, causal: bool,
+def pattern_labels(stats: dict[str, np.ndarray], chance: dict[str, float | None], *, causal: bool = False,
                    thresholds: PatternThresholds = PatternThresholds()) -> np.ndarray:
     """One label per head, ``[L H]`` of str; the first test that holds wins (order of
     :data:`PATTERN_LABELS`):
 
     - ``delimiter``: ``delimiter`` (attention to first special + separators) > ``delimiter``
     - ``previous`` / ``next``: > ``position``
-    - ``word pieces``: in both directions that exist (encoders: earlier and later pieces;
-      causal: earlier only), mass > ``pieces`` and > ``lift`` x chance
+    - ``word pieces``: mass on the earlier pieces or on the later pieces (causal: earlier
+      only) > ``pieces`` and > ``lift`` x chance; tested after previous/next, so a positional
+      head (whose earlier or later pieces are mostly its previous or next token) keeps its
+      positional label
     - ``repeat, other segment`` / ``repeat, same segment``: mass > ``repeat`` and > ``lift`` x chance
     - ``bag of words``: ``within`` > ``bag_within`` and ``within_entropy`` / its uniform level
       >= ``bag_evenness``
@@ -298,7 +300,7 @@ def pattern_labels(stats: dict[str, np.ndarray], chance: dict[str, float | None]
     tests = [("delimiter", get("delimiter") > t.delimiter),
              ("previous", get("previous") > t.position), ("next", get("next") > t.position),
              ("word pieces", lifted("pieces_earlier", t.pieces)
-              & (np.ones(shape, dtype=bool) if causal else lifted("pieces_later", t.pieces))),
+              | (np.zeros(shape, dtype=bool) if causal else lifted("pieces_later", t.pieces))),
              ("repeat, other segment", lifted("repeat_other", t.repeat)),
              ("repeat, same segment", lifted("repeat_same", t.repeat))]
     ce = chance.get("within_entropy")

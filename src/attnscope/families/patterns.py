@@ -58,8 +58,8 @@ class PatternsFamily(Family):
                                  flag="--position-threshold")
         repeat: float = option(_D.repeat, "Label a repeat pattern above this mass on repeated tokens.",
                                flag="--repeat-threshold")
-        pieces: float = option(_D.pieces, "Label 'word pieces' above this mass on the word's other pieces "
-                                          "(in each direction).", flag="--pieces-threshold")
+        pieces: float = option(_D.pieces, "Label 'word pieces' above this mass on the word's earlier or "
+                                          "later pieces.", flag="--pieces-threshold")
         lift: float = option(_D.lift, "Repeat and pieces labels also need this many times the chance level.",
                              flag="--lift")
         bag_within: float = option(_D.bag_within, "Label 'bag of words' above this mass within the own "

@@ -215,7 +215,7 @@ def methods(thresholds: PatternThresholds) -> list[str]:
         "attention to the first special token + separators, per-example means), not recomputed; their "
         "chance levels are the same averages for uniform attention.",
         f"Pattern labels (first that holds wins): delimiter > {t.delimiter}; previous / next > {t.position}; "
-        f"word pieces: earlier and later pieces (earlier only for causal models) each > {t.pieces} and > "
+        f"word pieces: earlier or later pieces (earlier only for causal models) > {t.pieces} and > "
         f"{t.lift} x chance; repeat other / same segment > {t.repeat} and > {t.lift} x chance; bag of words: "
         f"within > {t.bag_within} and within-segment entropy >= {t.bag_evenness} x uniform; else other. The "
         "section 6 behaviour labels (paper thresholds) are shown beside them.",
