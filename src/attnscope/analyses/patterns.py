@@ -57,7 +57,7 @@ import numpy as np
 from attnscope.analyses.base import Analysis, Result, register
 from attnscope.analyses.relative_position import per_head_rows
 from attnscope.analyses.token_classes import TokenClasser
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 #: The statistics of :class:`VigPatterns`, in their order in the accumulators.
 STATS = ("repeat_same", "repeat_other", "pieces", "pieces_earlier", "pieces_later", "within",

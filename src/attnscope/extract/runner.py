@@ -102,12 +102,15 @@ class Extractor:
             yield order[i:i + bs]
 
     # -- running --------------------------------------------------------------------------
-    def run_batch(self, batch: list[Encoded]) -> AttentionBatch:
-        """Run the model on one planned batch; padded positions never leave this function."""
+    def run_batch(self, batch: list[Encoded], hooks: dict | None = None) -> AttentionBatch:
+        """Run the model on one planned batch; padded positions never leave this function.
+
+        ``hooks``: more of the forward helper's hook points to call during the same pass
+        (:func:`attnscope.models.forward.forward`), e.g. ``{"k": ...}`` for key vectors."""
         from attnscope.models.forward import forward, pad_batch
 
         inputs = pad_batch(self.lm, [e.input_ids for e in batch], [e.token_type_ids for e in batch])
-        out = forward(self.lm, inputs, attentions=True)
+        out = forward(self.lm, inputs, attentions=True, hooks=hooks)
         # per layer [B H T T], views of torch's memory; one copy per example below, instead of
         # stacking the whole padded batch first (that copy was the largest allocation of a run)
         layers = [a.float().numpy() for a in out.attentions]

@@ -61,9 +61,12 @@ class Input:
         return [Path(p) for p in value] if self.multiple else [Path(value)]
 
 
-def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, flag: str | None = None):
-    """A field of a family's ``Options`` dataclass, with its help text and choices."""
-    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag})
+def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, flag: str | None = None,
+           minimum: float | None = None):
+    """A field of a family's ``Options`` dataclass: its help text, and the choices or the
+    smallest value it accepts (both checked by :func:`check_options`, naming the flag)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag,
+                                            "minimum": minimum})
 
 
 def option_flag(f: dataclasses.Field) -> str:
@@ -76,12 +79,14 @@ class NoOptions:
 
 
 def check_options(options: Any) -> None:
-    """Refuse a value outside a field's ``choices``, naming the command-line flag."""
+    """Refuse a value outside a field's ``choices`` or below its ``minimum``, naming the flag."""
     for f in dataclasses.fields(options):
-        choices = f.metadata.get("choices")
+        choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
         value = getattr(options, f.name)
         if choices and value not in choices:
             raise AttnscopeError(f"{option_flag(f)} must be one of {', '.join(choices)}, not {value!r}")
+        if minimum is not None and value is not None and not value >= minimum:
+            raise AttnscopeError(f"{option_flag(f)} must be at least {minimum}, not {value!r}")
 
 
 @dataclass

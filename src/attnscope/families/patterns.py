@@ -24,8 +24,8 @@ from attnscope.families.base import (
     Family,
     Input,
     Prepared,
+    check_options,
     option,
-    option_flag,
     register_family,
 )
 
@@ -46,26 +46,27 @@ class PatternsFamily(Family):
     title = "Vig's patterns"
     help = "Vig's attention patterns (repeats, word pieces, bag of words, delimiters) and key signatures per head."
     inputs = (Input("patterns", "Examples (JSON / JSON Lines), sentence-per-line text (made into "
-                                "A/B pairs), or a token-level store folder.", store=True),)
+                                "A/B pairs), or a token-level store folder.", store=True,
+                    sample="text.txt"),)
     order = 40
-    needs_model = False  # a store alone gives everything but the key signature
+    default_model = "default"  # for files; a store alone gives everything but the key signature
 
     @dataclasses.dataclass
     class Options:
         delimiter: float = option(_D.delimiter, "Label 'delimiter' above this attention to [CLS]/[SEP].",
-                                  flag="--delimiter-threshold")
+                                  flag="--delimiter-threshold", minimum=0)
         position: float = option(_D.position, "Label 'previous'/'next' above this attention.",
-                                 flag="--position-threshold")
+                                 flag="--position-threshold", minimum=0)
         repeat: float = option(_D.repeat, "Label a repeat pattern above this mass on repeated tokens.",
-                               flag="--repeat-threshold")
+                               flag="--repeat-threshold", minimum=0)
         pieces: float = option(_D.pieces, "Label 'word pieces' above this mass on the word's earlier or "
-                                          "later pieces.", flag="--pieces-threshold")
+                                          "later pieces.", flag="--pieces-threshold", minimum=0)
         lift: float = option(_D.lift, "Repeat and pieces labels also need this many times the chance level.",
-                             flag="--lift")
+                             flag="--lift", minimum=0)
         bag_within: float = option(_D.bag_within, "Label 'bag of words' above this mass within the own "
-                                                  "segment ...", flag="--bag-within")
+                                                  "segment ...", flag="--bag-within", minimum=0)
         bag_evenness: float = option(_D.bag_evenness, "... and at least this within-segment entropy as a "
-                                                      "share of uniform.", flag="--bag-evenness")
+                                                      "share of uniform.", flag="--bag-evenness", minimum=0)
 
         def thresholds(self) -> PatternThresholds:
             return PatternThresholds(**dataclasses.asdict(self))
@@ -75,10 +76,7 @@ class PatternsFamily(Family):
         if path is None:
             raise AttnscopeError("the patterns family needs an input (--patterns)")
         path = Path(path)
-        for f in dataclasses.fields(options):
-            v = getattr(options, f.name)
-            if not isinstance(v, (int, float)) or v < 0:
-                raise AttnscopeError(f"{option_flag(f)} must be a number >= 0, not {v!r}")
+        check_options(options)  # the thresholds are at least 0
         if path.is_dir():
             from attnscope.store import open_store
 
@@ -171,16 +169,14 @@ def _options(ctx: Context):
 
 
 def _model_batches(model, examples, ctx: Context, keys: KeyConcentration, classer, stats):
-    """One :class:`AttentionBatch` per planned batch; feeds ``keys`` from a second pass over the
-    same batch through the forward helper's ``"k"`` hook (no probabilities there)."""
+    """One :class:`AttentionBatch` per planned batch; the same forward pass feeds ``keys``
+    through the forward helper's ``"k"`` hook."""
     import numpy as np
 
     from attnscope.extract.runner import Extractor
-    from attnscope.models.forward import forward, pad_batch
 
     extractor = Extractor(model, _options(ctx), stats)
     for planned in extractor.plan(examples):
-        batch = extractor.run_batch(planned)
         width = max(len(e) for e in planned)
         classes = np.full((len(planned), width), -1, dtype=np.int64)
         for b, e in enumerate(planned):
@@ -189,9 +185,7 @@ def _model_batches(model, examples, ctx: Context, keys: KeyConcentration, classe
         def hook(site, k, classes=classes):
             keys.update(site.layer, k.float().numpy(), classes)
 
-        inputs = pad_batch(model, [e.input_ids for e in planned], [e.token_type_ids for e in planned])
-        forward(model, inputs, hooks={"k": hook})
-        yield batch
+        yield extractor.run_batch(planned, hooks={"k": hook})
 
 
 def _map_getter(source, kind: str, model, ctx: Context, wanted: list[int]):

@@ -7,7 +7,6 @@ and writes what the report, the viewer and ``--resume`` read.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict
@@ -26,6 +25,7 @@ from attnscope.analyses.patterns import (
     pattern_labels,
 )
 from attnscope.data.records import HeadId
+from attnscope.report.results import write_json
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
 #: The rows of the best-heads table: (pattern, statistic ranked, what it is).
@@ -52,23 +52,6 @@ def _num(x) -> float | None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
-
-
-def plain(obj: Any) -> Any:
-    """JSON-able plain types: arrays to lists, NaN/inf to None, numpy scalars to Python."""
-    if isinstance(obj, dict):
-        return {str(k): plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [plain(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return plain(obj.tolist())
-    if isinstance(obj, (np.integer, bool, np.bool_)):
-        return obj.item() if isinstance(obj, np.generic) else obj
-    if isinstance(obj, (float, np.floating)):
-        return _num(obj)
-    if isinstance(obj, (set, frozenset)):
-        return sorted(plain(v) for v in obj)
-    return obj
 
 
 def head_stats(results: dict) -> tuple[dict[str, np.ndarray], dict[str, float | None]]:
@@ -245,7 +228,6 @@ def write_patterns(results: dict, keys, out_dir: Path, *, model_desc: dict, caus
 
 
 def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, run, get_map) -> Section:
-    from attnscope.data.io import atomic_write_text
     from attnscope.report.figures import save_figure
     from attnscope.report.html import model_display_name
     from attnscope.report.tables import write_table
@@ -350,7 +332,10 @@ def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, 
     sec.findings = findings + notes
     sec.methods = methods(thresholds)
 
-    payload = {"family": "patterns", "model": model_desc, "seed": seed, "run": run, "notes": notes,
+    # a Result's keys first (analysis, params, tables, summary): read like every results file
+    payload = {"analysis": "patterns", "params": {"seed": seed, **asdict(thresholds)},
+               "tables": {"pattern_heads": rows}, "summary": sec.findings,
+               "family": "patterns", "model": model_desc, "seed": seed, "run": run, "notes": notes,
                "causal": causal, "thresholds": asdict(thresholds), "findings": sec.findings,
                "chance": {k: (None if k in na else chance.get(k)) for k in keys_cols},
                "labels": [[str(x) for x in r] for r in labels],
@@ -358,6 +343,5 @@ def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, 
                "best": best, "heads": rows,
                "analyses": {k: r.to_json() for k, r in results.items()},
                "keys": keys.to_json() if keys is not None else None}
-    atomic_write_text(results_dir / "patterns.json",
-                      json.dumps(plain(payload), indent=1, ensure_ascii=False, allow_nan=False))
+    write_json(results_dir / "patterns.json", payload)
     return sec
