@@ -269,3 +269,29 @@ def test_text_split_differently_is_refused(tmp_path, debug_bert, debug_gpt2):
     b = _store(tmp_path, "b", debug_gpt2, ex)
     with pytest.raises(AttnscopeError, match="different words"):
         compare(a, b)
+
+
+def test_two_run_folders_with_saved_maps(tmp_path, capsys):
+    """The seam with ``attnscope run --save-maps``: its maps/syntax/dev store and its Table 1."""
+    import shutil
+
+    from attnscope.cli.main import main
+    from attnscope.pipeline import RunConfig, demo_inputs, run_pipeline
+    from attnscope.report.results import read_json
+
+    run1 = tmp_path / "run1"
+    run_pipeline(RunConfig(model="debug:bert", deps=demo_inputs()["deps"], save_maps=True), run1)
+    run2 = tmp_path / "run2"
+    shutil.copytree(run1, run2)
+    out = tmp_path / "out"
+    assert main(["compare", str(run1), str(run2), "--out", str(out), "-q", "--n-boot", "200"]) == 0
+    res = read_json(out / "results" / "compare.json")
+    assert res["sources"]["maps"] == "syntax/dev" and res["level"] == "word"
+    table1 = [r for r in read_json(run1 / "tables" / "table1_syntax.json") if r["selection"] == "paper"]
+    rows = res["run_tables"]["table1_syntax"]
+    assert [r["relation"] for r in rows] == [r["relation"] for r in table1]
+    assert all(r["accuracy_change"] == 0 and r["head_a"] == r["head_b"] for r in rows)
+    assert "Table 1 of both models" in (out / "report.html").read_text()
+    # a second comparison into the same folder needs --overwrite
+    assert main(["compare", str(run1), str(run2), "--out", str(out), "-q"]) == 2
+    assert "--overwrite" in capsys.readouterr().err

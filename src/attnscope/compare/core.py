@@ -72,6 +72,8 @@ class Comparison:
 
     def changed(self) -> np.ndarray:
         """``[S L H]`` bool: the 95% paired interval of the difference excludes 0."""
+        if not self.stats:
+            return np.zeros((0,) + self.shape_a, dtype=bool)
         lo, hi = self.stats["low"], self.stats["high"]
         with np.errstate(invalid="ignore"):
             return (lo > 0) | (hi < 0)

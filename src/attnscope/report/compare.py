@@ -87,7 +87,7 @@ def findings(cmp) -> list[str]:
     layer = cmp.layer_distance()
     if layer is not None:
         order = np.argsort(-layer)
-        top = ", ".join(f"layer {i + 1} ({layer[i]:.3f})" for i in order[:2])
+        top = ", ".join(f"layer {i + 1} ({layer[i]:.3f})" for i in order[:max(1, min(2, len(order) - 1))])
         out.append(f"The layers that changed most, by the mean Jensen-Shannon distance between each "
                    f"head of A and the same head of B: {top}; least: layer {order[-1] + 1} "
                    f"({layer[order[-1]]:.3f} nats per unit).")
@@ -111,7 +111,7 @@ def findings(cmp) -> list[str]:
     moved = [r for r in matching_rows(cmp) if r["moved"]]
     pa = cmp.shape_a[0] * cmp.shape_a[1]
     if cmp.same_shape:
-        shown = "; ".join(f"{r['head_a']} of A is closest to {r['head_b']} of B" for r in
+        shown = "; ".join(f"{r['head_a']} of A is matched with {r['head_b']} of B" for r in
                           sorted(moved, key=lambda r: r["js"] - r["js_same_head"])[:3])
         out.append(f"The optimal one-to-one matching keeps {pa - len(moved)} of {pa} heads in place"
                    + (f"; {shown}." if moved else "."))
