@@ -295,3 +295,70 @@ def test_two_run_folders_with_saved_maps(tmp_path, capsys):
     # a second comparison into the same folder needs --overwrite
     assert main(["compare", str(run1), str(run2), "--out", str(out), "-q"]) == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_accumulators_merge_like_one_pass(tmp_path, debug_bert, debug_roberta):
+    from attnscope.compare.pairing import check_pairing, common_units, open_sides, paired_maps
+    from attnscope.compare.stats import PairedHeadStats
+
+    a, b = open_sides(_store(tmp_path, "a", debug_bert), _store(tmp_path, "b", debug_roberta))
+    pairing = check_pairing(a, b)
+    pairs = list(paired_maps(a, b, pairing))
+    whole, halves = (PairedHeadStats(n_boot=200), CrossDistances()), [
+        (PairedHeadStats(n_boot=200), CrossDistances()) for _ in range(2)]
+    for k, (ma, mb) in enumerate(pairs):
+        for stats, cross in (whole, halves[k % 2]):
+            stats.add(ma.index, ma, mb)
+            cross.add(*common_units(ma, mb, pairing.layout)[:2])
+    merged_stats = halves[1][0].merge(halves[0][0])  # another order than the one pass
+    merged_cross = halves[1][1].merge(halves[0][1])
+    one, two = whole[0].finalize(), merged_stats.finalize()
+    for key in ("a", "b", "diff", "low", "high"):
+        assert np.array_equal(one[key], two[key])
+    assert merged_cross.rows == whole[1].rows
+    assert np.allclose(merged_cross.distances(), whole[1].distances(), rtol=1e-12)
+
+
+def test_two_models_of_different_shapes_from_the_command_line(tmp_path, debug_bert, capsys):
+    """--model-a/--model-b: a local model folder with 3 layers x 4 heads against debug:bert."""
+    import torch
+    import transformers
+
+    from attnscope.cli.main import main
+    from attnscope.data.io import write_examples
+    from attnscope.report.results import read_json
+
+    torch.manual_seed(1)
+    config = transformers.BertConfig(vocab_size=len(debug_bert.tokenizer), hidden_size=32,
+                                     num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+                                     max_position_embeddings=512, type_vocab_size=2)
+    folder = tmp_path / "bert-3x4"
+    transformers.BertModel(config).save_pretrained(folder)
+    debug_bert.tokenizer.save_pretrained(folder)
+    inputs = tmp_path / "inputs.json"
+    write_examples(SENTENCES, inputs)
+    out = tmp_path / "out"
+    argv = ["compare", "--model-a", "debug:bert", "--model-b", str(folder), "--inputs", str(inputs),
+            "--out", str(out), "-q", "--n-boot", "200"]
+    assert main(argv) == 0, capsys.readouterr().err
+    res = read_json(out / "results" / "compare.json")
+    assert res["level"] == "word" and res["statistics"] == []
+    assert np.array(res["arrays"]["distances"]).shape == (4, 12)
+    assert "same_head" not in res["arrays"]
+    assert len(res["matching"]) == 4 and len({j for _, j in res["matching"]}) == 4
+    assert any("different heads" in n for n in res["notes"])
+    assert (out / "stores" / "a" / "manifest.json").is_file() and (out / "report.html").is_file()
+
+
+def test_two_models_refused_leave_nothing(tmp_path, capsys):
+    from attnscope.cli.main import main
+    from attnscope.data.io import write_examples
+
+    inputs = tmp_path / "text.json"
+    write_examples([{"text": "They don't sit."}], inputs)
+    out = tmp_path / "out"
+    code = main(["compare", "--model-a", "debug:bert", "--model-b", "debug:gpt2", "--inputs", str(inputs),
+                 "--out", str(out), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "different words" in err
+    assert not out.exists()
