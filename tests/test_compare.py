@@ -139,6 +139,8 @@ def test_a_store_against_itself(tmp_path, debug_bert):
     assert cmp.same_head().max() < off.min() / 100  # random heads are close to uniform, yet distinct
     res = json.loads((out / "results" / "compare.json").read_text())
     assert res["level"] == "token" and res["matching"] == [[i, i] for i in range(4)]
+    assert any(f.startswith("0 of 40 head statistics changed") for f in res["findings"])
+    assert "keeps 4 of 4 heads in place" in " ".join(res["findings"])
     html = (out / "report.html").read_text()
     assert "What changed from" in html and "Content-Security-Policy" in html
     from attnscope.report.html import network_references
@@ -181,6 +183,11 @@ def test_swapped_heads_are_matched_back(tmp_path):
     assert cmp.same_head()[1].max() < off / 100
     # the statistics of head 0 in B are head 1's in A
     assert np.allclose(cmp.stats["b"][:, 0, 0], cmp.stats["a"][:, 0, 1], atol=1e-5)
+    from attnscope.report.compare import findings
+
+    said = " ".join(findings(cmp))
+    assert "keeps 2 of 4 heads in place" in said
+    assert "1-1 of A is matched with 1-2 of B" in said and "1-2 of A is matched with 1-1 of B" in said
 
 
 def test_refuses_different_inputs(tmp_path, debug_bert, capsys):

@@ -87,27 +87,10 @@ def findings(cmp) -> list[str]:
     layer = cmp.layer_distance()
     if layer is not None:
         order = np.argsort(-layer)
-        top = ", ".join(f"layer {i + 1} ({layer[i]:.3f})" for i in order[:max(1, min(2, len(order) - 1))])
+        top = ", ".join(f"layer {i + 1} ({layer[i]:.4f})" for i in order[:max(1, min(2, len(order) - 1))])
         out.append(f"The layers that changed most, by the mean Jensen-Shannon distance between each "
                    f"head of A and the same head of B: {top}; least: layer {order[-1] + 1} "
-                   f"({layer[order[-1]]:.3f} nats per unit).")
-    if cmp.stats:
-        changed = cmp.changed()
-        total = changed.size
-        out.append(f"{int(changed.sum())} of {total} head statistics changed outside their 95% paired "
-                   f"bootstrap interval (uncorrected: about {0.05 * total:.0f} would by chance alone "
-                   "if nothing had changed).")
-        diff = np.where(changed, np.abs(cmp.stats["diff"]), -1.0)
-        flat = np.argsort(-diff, axis=None)[:3]
-        for f in flat:
-            s, layer_i, head = np.unravel_index(f, diff.shape)
-            if diff[s, layer_i, head] <= 0:
-                break
-            st = cmp.stats
-            out.append(f"Head {HeadId(layer_i, head)}: {STAT_WORDS[STAT_NAMES[s]]} went from "
-                       f"{st['a'][s, layer_i, head]:.3f} to {st['b'][s, layer_i, head]:.3f} "
-                       f"(change {st['diff'][s, layer_i, head]:+.3f}, 95% interval "
-                       f"{st['low'][s, layer_i, head]:+.3f} to {st['high'][s, layer_i, head]:+.3f}).")
+                   f"({layer[order[-1]]:.4f} nats per unit).")
     moved = [r for r in matching_rows(cmp) if r["moved"]]
     pa = cmp.shape_a[0] * cmp.shape_a[1]
     if cmp.same_shape:
@@ -118,6 +101,24 @@ def findings(cmp) -> list[str]:
     else:
         out.append(f"The optimal one-to-one matching pairs {len(cmp.matching)} heads of A with heads of B "
                    "(the models have different numbers of heads).")
+    if cmp.stats:
+        changed = cmp.changed()
+        total = changed.size
+        st = cmp.stats
+        diff = np.where(changed, np.abs(st["diff"]), -1.0)
+        largest = []
+        for f in np.argsort(-diff, axis=None)[:3]:
+            s, layer_i, head = np.unravel_index(f, diff.shape)
+            if diff[s, layer_i, head] <= 0:
+                break
+            largest.append(f"head {HeadId(layer_i, head)}'s {STAT_WORDS[STAT_NAMES[s]]} went from "
+                           f"{st['a'][s, layer_i, head]:.3f} to {st['b'][s, layer_i, head]:.3f} "
+                           f"(change {st['diff'][s, layer_i, head]:+.3f}, 95% interval "
+                           f"{st['low'][s, layer_i, head]:+.3f} to {st['high'][s, layer_i, head]:+.3f})")
+        out.append(f"{int(changed.sum())} of {total} head statistics changed outside their 95% paired "
+                   f"bootstrap interval (uncorrected: about {0.05 * total:.0f} would by chance alone "
+                   "if nothing had changed)" + (f"; the largest change: {largest[0]}." if largest else "."))
+        out.extend(f"Next largest: {x}." for x in largest[1:])
     out.extend(cmp.notes)
     return out
 
