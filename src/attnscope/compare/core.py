@@ -217,8 +217,8 @@ def compare_models(model_a: str, model_b: str, inputs: str | Path, out_dir: str 
                    command: str | None = None) -> Comparison:
     """Run both models over ``inputs`` at word level (stores in ``out_dir/stores/a`` and
     ``/b``), then :func:`compare` them. A refusal removes whatever this call wrote."""
-    from attnscope.cli.common import read_inputs
-    from attnscope.data.io import file_fingerprint
+    from attnscope.data.depparse import iter_depparse
+    from attnscope.data.io import file_fingerprint, read_examples
     from attnscope.extract.runner import ExtractOptions
     from attnscope.models import load_model
     from attnscope.store import extract_to_store
@@ -228,7 +228,8 @@ def compare_models(model_a: str, model_b: str, inputs: str | Path, out_dir: str 
     inputs = Path(inputs)
     if not inputs.is_file():
         raise AttnscopeError(f"{inputs}: no such file")
-    examples = read_inputs(inputs)
+    conll = inputs.suffix.lower() in (".conllu", ".conll")
+    examples = list(iter_depparse(inputs)) if conll else read_examples(inputs)
     if not examples:
         raise AttnscopeError(f"{inputs}: no examples")
     lms = [load_model(m, seed=seed) for m in (model_a, model_b)]
