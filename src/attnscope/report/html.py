@@ -190,7 +190,7 @@ def model_display_name(model: Mapping[str, Any]) -> str:
 def build_context(sections: Sequence[Section], *, out_dir: str | Path, provenance: Mapping[str, Any],
                   links: Mapping[str, Sequence[Mapping]] | None = None,
                   notes: Sequence[Mapping[str, str]] | None = None,
-                  title: str | None = None) -> dict[str, Any]:
+                  title: str | None = None, intro: str | None = None) -> dict[str, Any]:
     """Everything the report page shows, as a plain dict.
 
     ``links``: section key -> ``[{"label", "head", "href"}]`` head-view links (relative to
@@ -221,6 +221,7 @@ def build_context(sections: Sequence[Section], *, out_dir: str | Path, provenanc
                             "findings": [str(x) for x in s.findings[:SUMMARY_PER_SECTION]]})
     return {
         "title": title or f"What does {model_name} look at?",
+        "intro": intro,
         "model_name": model_name,
         "summary": summary,
         "sections": secs,
@@ -278,13 +279,14 @@ def render_report(context: Mapping[str, Any]) -> str:
 
 def write_report(sections: Sequence[Section], out_dir: str | Path, *, provenance: Mapping[str, Any],
                  links: Mapping[str, Sequence[Mapping]] | None = None,
-                 notes: Sequence[Mapping[str, str]] | None = None, title: str | None = None) -> Path:
+                 notes: Sequence[Mapping[str, str]] | None = None, title: str | None = None,
+                 intro: str | None = None) -> Path:
     """Write ``out_dir/report.html`` atomically and return its path."""
     from attnscope.data.io import atomic_write_text
 
     out_dir = Path(out_dir)
     ctx = build_context(sections, out_dir=out_dir, provenance=provenance, links=links, notes=notes,
-                        title=title)
+                        title=title, intro=intro)
     path = out_dir / "report.html"
     atomic_write_text(path, render_report(ctx))
     return path
