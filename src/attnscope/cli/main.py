@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(exc, module.exceptions.ClickException):
                 exc.show()
                 return exc.exit_code
-            if isinstance(exc, module.exceptions.Abort):
+            if isinstance(exc, getattr(module.exceptions, "Abort", ())):
                 return 1
         raise
     return 0
