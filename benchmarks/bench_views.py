@@ -23,7 +23,7 @@ def synthetic_map(L: int, H: int, n: int, seed: int = 0):
     """Peaked attention like a trained model's: softmax of scaled random scores plus a few
     fixed patterns (previous token, [SEP])."""
     from attnscope.data.records import Example
-    from attnscope.extract.batch import AttentionMap
+    from attnscope.maps import AttentionMap
 
     rng = np.random.default_rng(seed)
     scores = rng.normal(size=(L, H, n, n)).astype(np.float32) * 3.0

@@ -43,8 +43,8 @@ def main() -> None:
     from attnscope.analyses.token_classes import TokenClasser
     from attnscope.data.unlabeled import prepare_unlabeled
     from attnscope.extract.runner import ExtractOptions, Extractor
+    from attnscope.families.general import general_analyses
     from attnscope.models import load_model
-    from attnscope.report.general import general_analyses
     from attnscope.store import extract_to_store, open_store
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -39,7 +39,7 @@ def build_store(root: Path, n: int, layers: int = 2, heads: int = 4, seed: int =
 
     from attnscope.data.io import atomic_write_text
     from attnscope.data.records import Example
-    from attnscope.extract.batch import AttentionMap
+    from attnscope.maps import AttentionMap
     from attnscope.store.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, SHARDS
     from attnscope.store.writer import ShardWriter, _write_index, versions
 

@@ -47,7 +47,7 @@ def naive_counts(maps):
 
 def bench_heads(maps, repeats: int = 3) -> None:
     from attnscope.analyses.syntax import DependencyHeads
-    from attnscope.extract.batch import AttentionBatch
+    from attnscope.maps import AttentionBatch
 
     batches = [AttentionBatch(maps[i:i + 128]) for i in range(0, len(maps), 128)]
     # CPU time (process_time) is what to compare on a shared machine; wall time is shown too

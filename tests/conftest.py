@@ -68,7 +68,7 @@ def make_map(attn, tokens, *, special=None, segment=None, word_ids=None, level="
     0, 1, ... in order.
     """
     from attnscope.data.records import Example
-    from attnscope.extract.batch import AttentionMap
+    from attnscope.maps import AttentionMap
 
     attn = np.asarray(attn, dtype=np.float32)
     if attn.ndim == 2:

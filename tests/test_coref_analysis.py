@@ -17,7 +17,7 @@ from attnscope.analyses.coref import (
 )
 from attnscope.data.coref import Document, Mention, assign_heads_and_types
 from attnscope.data.records import Example
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 from tests.conftest import make_map
 
 WORDS = ["John", "met", "Mary", ".", "He", "liked", "her", ".", "John", "smiled"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def write_doc(path: Path) -> Path:
 
 
 def test_run_coref_writes_table2_and_baselines_match_hand(tmp_path, debug_bert):
-    from attnscope.report.coref import run_coref
+    from attnscope.families.coref import run_coref
 
     src = write_doc(tmp_path / "tiny.conllu")
     calls = []
@@ -49,7 +50,12 @@ def test_run_coref_writes_table2_and_baselines_match_hand(tmp_path, debug_bert):
     assert calls[-1] == ("extract", 1, 1)
     t2 = section.tables[0]
     assert t2.name == "table2_coref" and len(t2.rows) == len(BASELINES) + 3
-    rows = {r["model"]: r for r in t2.rows}
+    # The report shows percentages with their 95% intervals, as the caption says.
+    assert t2.columns == ["Model", "All", "Pronoun", "Proper", "Nominal"]
+    assert t2.rows[1]["Model"] == "Nearest with same head word"
+    assert re.fullmatch(r"33\.3 \[\d+\.\d, \d+\.\d\]", t2.rows[1]["All"])
+    res = json.loads((tmp_path / "out" / "results" / "coref.json").read_text())
+    rows = {r["model"]: r for r in res["tables"]["table2"]}
     # by hand: He -> nearest Mary (wrong), her -> nearest He (wrong), John -> nearest her (wrong);
     # same head word: only the second John finds John; sieves: He -> Mary (agreement cannot tell
     # Mary's gender; wrong), her -> Mary (He is masculine), John -> John (exact string)
@@ -94,13 +100,25 @@ def test_cli_coref_runs_and_bad_input_fails_cleanly(tmp_path, capsys):
     assert not (tmp_path / "no").exists()
 
 
+def test_cli_refuses_a_file_without_coreference(tmp_path, capsys):
+    from attnscope.cli.main import main
+
+    plain = tmp_path / "plain.conllu"
+    plain.write_text("1\tIt\tit\tPRON\tPRP\t_\t2\tnsubj\t_\t_\n2\tworks\twork\tVERB\tVBZ\t_\t0\troot\t_\t_\n\n")
+    rc = main(["analyze", "coref", str(plain), "--model", "debug:bert", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0
+    assert err.startswith(f"error: {plain}:") and "no coreference annotation" in err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.slow
 def test_ontogum_dev_table2_with_packaged_model(shared_data, default_model, tmp_path):
-    from attnscope.report.coref import run_coref
+    from attnscope.families.coref import run_coref
 
     dev = shared_data / "ontogum" / "dev.conllu"
-    section = run_coref([dev], default_model, tmp_path, window="truncate")
-    rows = section.tables[0].rows
+    run_coref([dev], default_model, tmp_path, window="truncate")
+    rows = json.loads((tmp_path / "results" / "coref.json").read_text())["tables"]["table2"]
     assert len(rows) == len(BASELINES) + 3
     for r in rows:
         for col in ("all", "pronoun", "proper", "nominal"):

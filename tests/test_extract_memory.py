@@ -16,8 +16,8 @@ from safetensors.numpy import load_file
 
 from attnscope.data.records import Example
 from attnscope.extract import ExtractOptions, Extractor
-from attnscope.extract.batch import AttentionMap
 from attnscope.extract.wordlevel import to_word_level
+from attnscope.maps import AttentionMap
 from attnscope.store.format import array_key, shard_name
 from attnscope.store.writer import ShardWriter
 

@@ -18,7 +18,7 @@ from attnscope.analyses.clustering import (
     mds_2d,
 )
 from attnscope.analyses.distances import HeadDistances, js_matrix, smooth
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 
 def naive_js(p: np.ndarray, q: np.ndarray) -> float:

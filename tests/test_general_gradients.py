@@ -16,7 +16,7 @@ from attnscope.analyses.gradients import (
     prepare_masked,
 )
 from attnscope.errors import ModelError
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import pytest
 
 from attnscope.cli.main import main
 from attnscope.data.records import Example
-from attnscope.report.general import plot_figure2, run_general
+from attnscope.families.general import run_general
+from attnscope.report.general import plot_figure2
 
 TEXTS = [Example(text="the cat sat on the mat.", text_pair="the dog ran, then he saw it."),
          Example(text="she said it was old."), Example(text="a man ran to the big house.",

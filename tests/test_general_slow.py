@@ -19,7 +19,7 @@ def _rss_mb() -> float:
 @pytest.mark.slow
 def test_general_on_wikitext(shared_data, default_model, tmp_path):
     from attnscope.data.unlabeled import prepare_unlabeled
-    from attnscope.report.general import run_general
+    from attnscope.families.general import run_general
 
     examples = prepare_unlabeled(shared_data / "wikitext-2" / "valid.sentences.txt",
                                  default_model.tokenizer, max_seq_len=128, seed=0, num_examples=1000)

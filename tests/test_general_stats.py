@@ -15,7 +15,7 @@ from attnscope.analyses.entropy import Entropy, row_entropy
 from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.token_classes import TokenClasser
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 # One head over [CLS] a . [SEP]; rows sum to 1.
 A4 = np.array([[0.1, 0.2, 0.3, 0.4],

@@ -30,7 +30,7 @@ from attnscope.analyses.probes.training import (  # noqa: E402
     train_probes,
 )
 from attnscope.data.records import Example  # noqa: E402
-from attnscope.extract.batch import AttentionBatch  # noqa: E402
+from attnscope.maps import AttentionBatch  # noqa: E402
 
 
 def random_tree(rng, n):

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from attnscope.cli.main import main
-from attnscope.pipeline import FAMILIES, demo_inputs, family_function
+from attnscope.pipeline import demo_inputs
 from attnscope.report.html import network_references
 
 TEXT = ("The fisherman mended his nets by the harbour.\nGulls circled above the boats.\n"
@@ -39,9 +39,6 @@ DEV = _conllu([
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    missing = [s.module for s in FAMILIES if family_function(s) is None]
-    if missing:
-        pytest.skip(f"analysis families not installed: {', '.join(missing)}")
     root = tmp_path_factory.mktemp("e2e")
     (root / "text.txt").write_text(TEXT)
     (root / "train.conllu").write_text(TRAIN)

@@ -17,7 +17,11 @@ import pytest
 
 import attnscope.pipeline as pipeline
 from attnscope.errors import AttnscopeError, InputError
-from attnscope.pipeline import FamilySpec, RunConfig, run_pipeline
+from attnscope.families import load_families
+from attnscope.families.coref import Coref
+from attnscope.families.general import General
+from attnscope.families.syntax import Syntax
+from attnscope.pipeline import RunConfig, run_pipeline
 from attnscope.report.html import network_references
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
@@ -91,11 +95,32 @@ def _fake_family(kind, calls):
     return run
 
 
+def _stand_in(base, fn):
+    """The real family (its inputs, options and ``prepare``) with ``run`` replaced by ``fn``."""
+    class StandIn(base):
+        def run(self, prepared, options, ctx):
+            data = prepared.data
+            examples = data["source"] if "source" in data else data["dev"]
+            return fn(examples, ctx.model, ctx.out_dir, progress=ctx.progress, seed=ctx.seed,
+                      max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size, save_maps=ctx.save_maps)
+
+    return StandIn
+
+
+class NotInstalled(Coref):
+    def unavailable(self):
+        return "its optional extra is not installed"
+
+
+def use_families(monkeypatch, *families):
+    monkeypatch.setattr(pipeline, "load_families", lambda: list(families))
+
+
 @pytest.fixture
 def fake(monkeypatch):
     calls = Calls()
-    fns = {"general": _fake_family("general", calls), "syntax": _fake_family("syntax", calls)}
-    monkeypatch.setattr(pipeline, "family_function", lambda spec: fns.get(spec.key))
+    use_families(monkeypatch, _stand_in(General, _fake_family("general", calls)),
+                 _stand_in(Syntax, _fake_family("syntax", calls)), NotInstalled)
     return calls
 
 
@@ -255,21 +280,32 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_run(tmp_path, fake, inputs,
     assert (out / "thesis.tex").read_text() == "years of work"
 
 
-def test_missing_family_is_reported_not_fatal(tmp_path, monkeypatch, inputs, debug_bert):
+def test_unavailable_family_is_reported_not_fatal(tmp_path, monkeypatch, inputs, debug_bert):
     calls = Calls()
-    monkeypatch.setattr(pipeline, "family_function",
-                        lambda spec: _fake_family("general", calls) if spec.key == "general" else None)
-    outcome = run_pipeline(_config(inputs), tmp_path / "out", model=debug_bert)
-    assert outcome.status == {"general": "done", "syntax": "unavailable"}
+    use_families(monkeypatch, _stand_in(General, _fake_family("general", calls)), NotInstalled)
+    outcome = run_pipeline(RunConfig(model="debug:bert", text=inputs["text"], coref=[inputs["coref"]]),
+                           tmp_path / "out", model=debug_bert)
+    assert outcome.status == {"coref": "unavailable", "general": "done"}
     assert "not available in this installation" in outcome.notes[0]["message"]
     html = outcome.report.read_text()
-    assert 'id="note-syntax"' in html and "not available in this installation" in html
+    assert 'id="note-coref"' in html and "not available in this installation" in html
 
 
-def test_family_function_tells_missing_module_from_broken_one():
-    assert pipeline.family_function(FamilySpec("x", "X", "attnscope.report.no_such_family", "f", "text")) is None
-    spec = FamilySpec("x", "X", "attnscope.report.html", "write_report", "text")
-    assert pipeline.family_function(spec) is pipeline.importlib.import_module("attnscope.report.html").write_report
+def test_registry_finds_every_family_module():
+    """The families package is scanned: every module registers its family, in report order."""
+    import pkgutil
+
+    import attnscope.families as pkg
+
+    modules = {m.name for m in pkgutil.iter_modules(pkg.__path__)} - {"base"}
+    keys = [f.key for f in load_families()]
+    assert keys[:3] == ["general", "syntax", "coref"] and set(keys) >= modules & {"general", "syntax", "coref"}
+    assert len(keys) == len(set(keys)) >= len(modules)
+
+
+def test_unknown_run_argument_is_refused():
+    with pytest.raises(AttnscopeError, match="unknown run argument.*colour"):
+        RunConfig(text="t.txt", colour="red")
 
 
 def test_progress_has_an_overall_count_that_never_goes_back(tmp_path, fake, inputs, debug_bert):
@@ -292,7 +328,7 @@ def test_save_maps_is_passed_to_families(tmp_path, monkeypatch, inputs, debug_be
         got["save_maps"] = save_maps
         return Section(key="general", title="g")
 
-    monkeypatch.setattr(pipeline, "family_function", lambda spec: general if spec.key == "general" else None)
+    use_families(monkeypatch, _stand_in(General, general))
     run_pipeline(RunConfig(model="debug:bert", text=inputs["text"], save_maps=True), tmp_path / "o",
                  model=debug_bert)
     assert got["save_maps"] == tmp_path / "o" / "maps" / "general"

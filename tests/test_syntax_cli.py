@@ -80,7 +80,7 @@ def test_run_syntax_from_stores_and_section(tmp_path, debug_bert):
     from attnscope.data.depparse import iter_depparse
     from attnscope.errors import AttnscopeError
     from attnscope.extract.runner import ExtractOptions
-    from attnscope.report.syntax import run_syntax
+    from attnscope.families.syntax import run_syntax
     from attnscope.store import extract_to_store, open_store
 
     write_conllu(tmp_path / "d.conllu", SENTS)
@@ -95,3 +95,4 @@ def test_run_syntax_from_stores_and_section(tmp_path, debug_bert):
     assert any(r["what"].startswith("Table 1 best head, det") for r in section.paper)
     with pytest.raises(AttnscopeError, match="word-level"):
         run_syntax(open_store(tmp_path / "tok"), None, tmp_path / "out2")
+    assert not (tmp_path / "out2").exists()  # refused before any folder is made

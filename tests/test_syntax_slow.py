@@ -12,7 +12,7 @@ import pytest
 def test_packaged_model_on_ewt(shared_data, default_model, tmp_path):
     from attnscope.analyses.probes.training import TrainConfig
     from attnscope.data.depparse import iter_depparse
-    from attnscope.report.syntax import run_syntax
+    from attnscope.families.syntax import run_syntax
 
     ewt = shared_data / "ud-ewt"
     # a CI-sized slice (the full EWT numbers are in docs/analyses-syntax.md)

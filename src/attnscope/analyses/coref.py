@@ -38,7 +38,7 @@ from attnscope.analyses.base import Analysis, Result, register
 from attnscope.analyses.stats import bootstrap_ci
 from attnscope.data.coref import MENTION_TYPES, Document, mention_attributes
 from attnscope.data.records import Example, HeadId
-from attnscope.extract.batch import AttentionBatch, AttentionMap
+from attnscope.maps import AttentionBatch, AttentionMap
 
 BASELINES = ("nearest", "head-match", "rule-based")
 BASELINE_LABELS = {"nearest": "Nearest mention", "head-match": "Nearest with same head word",
@@ -244,6 +244,10 @@ class CorefAntecedents(Analysis):
 
     name = "coref-antecedents"
     requires = frozenset({"word_level", "coreference"})
+
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "CorefAntecedents":
+        return cls(seed=seed)
 
     def __init__(self, candidates: str = "mentions", *, seed: int = 0, n_boot: int = 1000,
                  level: float = 0.95, top_k: int = 3):

@@ -30,7 +30,7 @@ import numpy as np
 
 from attnscope.analyses.base import Analysis, Result, register
 from attnscope.data.records import HeadId
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 REDUCTIONS = ("mean", "sum")
 LN2 = float(np.log(2.0))

@@ -20,7 +20,7 @@ import numpy as np
 
 from attnscope.analyses.base import Analysis, Result, register
 from attnscope.analyses.relative_position import PerExampleMeans, per_head_rows
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 STATS = ("entropy", "entropy_first", "max_weight", "rows_max_below", "uniform")
 
@@ -43,6 +43,10 @@ class Entropy(Analysis):
 
     name = "entropy"
     requires = frozenset()
+
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "Entropy":
+        return cls(causal=bool(model is not None and model.family.causal))
 
     def __init__(self, causal: bool = False, max_weight_threshold: float = 0.1):
         self.causal = bool(causal)

@@ -28,7 +28,7 @@ import numpy as np
 from attnscope.analyses.base import Analysis, Result, register
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.errors import ModelError
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 #: Key classes of Figure 3 (the first special token is kept apart, not hidden in "other").
 GRAD_CLASSES = ("separator", "punct", "first", "other")
@@ -94,15 +94,15 @@ class MlmScorer:
     def kind(self) -> str:
         return "fitted" if self.head is not None else "pretrained"
 
-    def forward(self, ids, mask, types):
-        """``ids``/``mask``/``types`` ``[B T]`` long -> (logits ``[B T V]``, attentions, each ``[B H T T]``)."""
-        kwargs = {"input_ids": ids, "attention_mask": mask, "output_attentions": True}
-        if self.lm.family.token_types and types is not None:
-            kwargs["token_type_ids"] = types
-        out = self.lm.model(**kwargs)
+    def forward(self, inputs):
+        """A padded batch (:class:`~attnscope.models.forward.ModelInputs`) -> (logits ``[B T V]``,
+        attentions, each ``[B H T T]`` with autograd)."""
+        from attnscope.models.forward import forward
+
+        run = forward(self.lm, inputs, attentions=True, grad=True)
         if self.head is None:
-            return out.logits, out.attentions
-        return self.head(out.last_hidden_state), out.attentions
+            return run.output.logits, run.attentions
+        return self.head(run.output.last_hidden_state), run.attentions
 
     def describe(self) -> dict[str, Any]:
         d = {"model": self.lm.name, "head": self.kind}
@@ -156,20 +156,10 @@ def prepare_masked(lm, tokens: list[str], special: np.ndarray, segment: np.ndarr
                        tokens=list(tokens), special=np.asarray(special, dtype=bool))
 
 
-def _pad(inputs: list[MaskedInput], pad_id: int):
-    import torch
+def _pad(lm, inputs: list[MaskedInput]):
+    from attnscope.models.forward import pad_batch
 
-    width = max(len(x.input_ids) for x in inputs)
-    ids = torch.full((len(inputs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(inputs), width), dtype=torch.long)
-    types = torch.zeros((len(inputs), width), dtype=torch.long)
-    for b, x in enumerate(inputs):
-        n = len(x.input_ids)
-        ids[b, :n] = torch.tensor(x.input_ids)
-        mask[b, :n] = 1
-        if x.token_type_ids is not None:
-            types[b, :n] = torch.tensor(x.token_type_ids)
-    return ids, mask, types
+    return pad_batch(lm, [x.input_ids for x in inputs], [x.token_type_ids for x in inputs])
 
 
 def attention_gradients(scorer: MlmScorer, inputs: list[MaskedInput]) -> list[np.ndarray]:
@@ -180,10 +170,8 @@ def attention_gradients(scorer: MlmScorer, inputs: list[MaskedInput]) -> list[np
     """
     import torch
 
-    pad = scorer.lm.tokenizer.pad_token_id
-    ids, mask, types = _pad(inputs, 0 if pad is None else pad)
     with torch.enable_grad():
-        logits, attentions = scorer.forward(ids, mask, types)  # [B T V], L x [B H T T]
+        logits, attentions = scorer.forward(_pad(scorer.lm, inputs))  # [B T V], L x [B H T T]
         logp = torch.log_softmax(logits.float(), dim=-1)
         loss = logits.new_zeros((), dtype=torch.float32)
         for b, x in enumerate(inputs):
@@ -208,6 +196,11 @@ class GradientImportance(Analysis):
 
     name = "gradient-importance"
     requires = frozenset({"model"})
+
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "GradientImportance":
+        """Needs a model loaded with its masked-LM head."""
+        return cls(MlmScorer(model), seed=seed)
 
     def __init__(self, scorer: MlmScorer, *, seed: int = 0, mask_prob: float = 0.15,
                  classer: TokenClasser | None = None, batch_size: int = 8):
@@ -334,6 +327,8 @@ def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]
     """
     import torch
 
+    from attnscope.models.forward import forward
+
     opts = options or FitOptions()
     if lm.tokenizer.mask_token_id is None:
         raise ModelError(f"{lm.name}: the tokenizer has no mask token; cannot fit a masked-LM head")
@@ -342,15 +337,9 @@ def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]
     chosen = encoded[: opts.max_examples]
     feats, targets = [], []
     inputs = [prepare_masked(lm, t, s, g, i, opts.seed + 1, opts.mask_prob) for t, s, g, i in chosen]
-    pad = lm.tokenizer.pad_token_id
     for start in range(0, len(inputs), 16):
         chunk = inputs[start:start + 16]
-        ids, mask, types = _pad(chunk, 0 if pad is None else pad)
-        kwargs = {"input_ids": ids, "attention_mask": mask}
-        if lm.family.token_types:
-            kwargs["token_type_ids"] = types
-        with torch.inference_mode():
-            hidden = lm.model(**kwargs).last_hidden_state  # [B T d]
+        hidden = forward(lm, _pad(lm, chunk)).output.last_hidden_state  # [B T d]
         for b, x in enumerate(chunk):
             if x.masked.size:
                 feats.append(hidden[b, torch.as_tensor(x.masked)].clone())

@@ -24,7 +24,7 @@ import numpy as np
 
 from attnscope.analyses.base import Analysis, Result, register
 from attnscope.data.records import HeadId
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 STATS = ("current", "previous", "next")
 DENOMINATORS = ("valid", "paper-code")

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from attnscope.analyses.base import Analysis, Result
 from attnscope.errors import AttnscopeError
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 
 def check_requirements(analyses: Iterable[Analysis], available: set[str]) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from attnscope.analyses.base import Analysis, Result, register
 from attnscope.analyses.relative_position import DENOMINATORS, PerExampleMeans, per_head_rows
 from attnscope.analyses.token_classes import TokenClasser
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 TO_CLASSES = ("first", "separator", "period", "comma", "punct")
 STATS = TO_CLASSES + ("sep_to_sep", "other_to_sep")
@@ -35,6 +35,10 @@ class SpecialTokens(Analysis):
 
     name = "special-tokens"
     requires = frozenset()
+
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "SpecialTokens":
+        return cls(TokenClasser.from_tokenizer(model.tokenizer) if model is not None else None)
 
     def __init__(self, classer: TokenClasser | None = None, denominator: str = "valid"):
         if denominator not in DENOMINATORS:

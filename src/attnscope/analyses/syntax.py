@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.base import Analysis, Result, register
-from attnscope.extract.batch import AttentionBatch, AttentionMap
+from attnscope.maps import AttentionBatch, AttentionMap
 
 DEFAULT_OFFSETS = (-3, -2, -1, 1, 2, 3)
 DIRECTIONS = ("dep->head", "head->dep")
@@ -205,20 +205,23 @@ class DependencyHeads(Analysis):
 
     # -- results --------------------------------------------------------------------------
     def counts(self, folds: tuple[int, ...] = (0, 1)) -> "HeadCounts":
-        """Counts over the given folds, with an ``all`` relation appended."""
+        """Counts over the given folds, relations in sorted order (so the result, and every
+        seed derived from a relation's position, does not depend on the order the data came
+        in), with an ``all`` relation appended."""
         f = list(folds)
         if self.shape is None:
             L = H = 0
         else:
             L, H = self.shape
-        correct = self.correct[f].sum(axis=0)  # [R L H 2]
-        offc = self.offset_correct[f].sum(axis=0)  # [R K]
-        total = self.total[f].sum(axis=0)  # [R]
+        order = sorted(range(len(self.relations)), key=self.relations.__getitem__)
+        correct = self.correct[f].sum(axis=0)[order]  # [R L H 2]
+        offc = self.offset_correct[f].sum(axis=0)[order]  # [R K]
+        total = self.total[f].sum(axis=0)[order]  # [R]
         correct = np.concatenate([correct.reshape(len(self.relations), L, H, 2),
                                   correct.sum(axis=0).reshape(1, L, H, 2)])
         offc = np.concatenate([offc, offc.sum(axis=0, keepdims=True)])
         total = np.concatenate([total, [total.sum()]])
-        return HeadCounts(self.relations + [ALL], correct, offc, total, self.offsets)
+        return HeadCounts([self.relations[i] for i in order] + [ALL], correct, offc, total, self.offsets)
 
     def finalize(self) -> Result:
         c = self.counts()

@@ -124,5 +124,5 @@ class TokenClasser:
         return UnitClasses(first=first, separator=sep, period=period, comma=comma)
 
     def classify_map(self, m) -> UnitClasses:
-        """Masks for an :class:`~attnscope.extract.batch.AttentionMap`."""
+        """Masks for an :class:`~attnscope.maps.AttentionMap`."""
         return self.classify(m.tokens, m.special)

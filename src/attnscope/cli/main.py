@@ -18,8 +18,7 @@ analyze_app = typer.Typer(help="Run analyses on a store or straight from a model
 app.add_typer(analyze_app, name="analyze")
 
 #: Command modules in ``attnscope.cli``, registered in this order.
-COMMANDS = ("prepare", "extract", "store_cmds", "analyze_general", "analyze_syntax",
-            "analyze_coref", "view", "serve", "run", "demo")
+COMMANDS = ("prepare", "extract", "store_cmds", "families", "view", "serve", "run", "demo", "compare")
 
 
 def _register_all() -> None:

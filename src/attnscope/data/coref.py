@@ -491,7 +491,7 @@ def constituency_heads(bits: list[str], tags: list[str], path: Path, first_line:
     the leaf ``(POS word)``. Each word's head is the lexical head of the lowest constituent
     in which the word is not itself the head.
 
-    >>> constituency_heads(["(TOP(S(NP*", "*)", "(VP*))"], ["DT", "NN", "VBD"], Path("x"), 1, [1, 2, 3])
+    >>> constituency_heads(["(TOP(S(NP*", "*)", "(VP*)))"], ["DT", "NN", "VBD"], Path("x"), 1, [1, 2, 3])
     [1, 2, -1]
     """
     root = _Node("ROOT")

@@ -236,3 +236,32 @@ def file_fingerprint(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def to_plain(x: Any) -> Any:
+    """Numpy scalars and arrays, paths, tuples and sets as plain JSON values; NaN and infinities
+    become None (strict JSON has no NaN).
+
+    >>> import numpy as np
+    >>> to_plain({"a": np.float32(0.5), "b": (1, float("nan")), "c": np.array([[1, 2]])})
+    {'a': 0.5, 'b': [1, None], 'c': [[1, 2]]}
+    """
+    import math
+
+    import numpy as np
+
+    if isinstance(x, dict):
+        return {str(k): to_plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_plain(v) for v in x]
+    if isinstance(x, (set, frozenset)):
+        return [to_plain(v) for v in sorted(x)]
+    if isinstance(x, np.ndarray):
+        return to_plain(x.tolist())
+    if isinstance(x, np.generic):
+        return to_plain(x.item())
+    if isinstance(x, Path):
+        return str(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x

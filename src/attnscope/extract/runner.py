@@ -15,9 +15,9 @@ import numpy as np
 
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError
-from attnscope.extract.batch import AttentionBatch, AttentionMap
 from attnscope.extract.encode import Encoded, Encoder, word_units
 from attnscope.extract.wordlevel import to_word_level
+from attnscope.maps import AttentionBatch, AttentionMap
 from attnscope.models.loading import LoadedModel, load_model
 
 
@@ -102,28 +102,15 @@ class Extractor:
             yield order[i:i + bs]
 
     # -- running --------------------------------------------------------------------------
-    def run_batch(self, batch: list[Encoded]) -> AttentionBatch:
-        """Run the model on one planned batch; padded positions never leave this function."""
-        import torch
+    def run_batch(self, batch: list[Encoded], hooks: dict | None = None) -> AttentionBatch:
+        """Run the model on one planned batch; padded positions never leave this function.
 
-        lengths = [len(e) for e in batch]
-        width = max(lengths)
-        pad = self.lm.tokenizer.pad_token_id
-        pad = 0 if pad is None else pad
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        types = torch.zeros((len(batch), width), dtype=torch.long)
-        for b, e in enumerate(batch):
-            n = len(e)
-            ids[b, :n] = torch.tensor(e.input_ids)
-            mask[b, :n] = 1
-            if e.token_type_ids is not None:
-                types[b, :n] = torch.tensor(e.token_type_ids)
-        kwargs = {"input_ids": ids, "attention_mask": mask, "output_attentions": True}
-        if self.lm.family.token_types:
-            kwargs["token_type_ids"] = types
-        with torch.inference_mode():
-            out = self.lm.model(**kwargs)
+        ``hooks``: more of the forward helper's hook points to call during the same pass
+        (:func:`attnscope.models.forward.forward`), e.g. ``{"k": ...}`` for key vectors."""
+        from attnscope.models.forward import forward, pad_batch
+
+        inputs = pad_batch(self.lm, [e.input_ids for e in batch], [e.token_type_ids for e in batch])
+        out = forward(self.lm, inputs, attentions=True, hooks=hooks)
         # per layer [B H T T], views of torch's memory; one copy per example below, instead of
         # stacking the whole padded batch first (that copy was the largest allocation of a run)
         layers = [a.float().numpy() for a in out.attentions]

@@ -12,6 +12,7 @@ import hashlib
 
 from attnscope.errors import ModelError
 from attnscope.models.families import family_for
+from attnscope.models.forward import install
 from attnscope.models.loading import LoadedModel, seed_everything
 
 _WORDS = (
@@ -127,6 +128,7 @@ def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int
     torch.manual_seed(seed)
     model = cls(config)
     model.eval()
+    install(model)
     h = hashlib.sha256()
     for k, v in sorted(model.state_dict().items()):
         h.update(k.encode())

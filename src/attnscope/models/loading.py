@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 from attnscope.errors import ModelError
 from attnscope.models.families import Family, family_for
+from attnscope.models.forward import install
 
 DEFAULT_MODEL = "default"
 DEFAULT_SEED = 0
@@ -140,13 +141,30 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def load_model(name: str = DEFAULT_MODEL, *, mlm_head: bool = False, seed: int = DEFAULT_SEED,
+def load_model(name: str = DEFAULT_MODEL, *, mlm_head: bool | str = False, seed: int = DEFAULT_SEED,
                revision: str | None = None) -> LoadedModel:
     """Load ``name``: ``"default"``, ``"debug"``/``"debug:<family>"``, a local folder or a Hub id.
 
     ``mlm_head=True`` loads the model with its masked-language-model head (for the gradient
     analysis); a model whose weights lack that head is refused rather than given a random one.
+    ``mlm_head="if-present"`` loads the head when the weights have one and the plain model
+    otherwise (``LoadedModel.has_mlm_head`` says which).
     """
+    if mlm_head == "if-present":
+        import transformers
+
+        level = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # the probe's load report is not for the user
+        try:
+            return load_model(name, mlm_head=True, seed=seed, revision=revision)
+        except ModelError as exc:
+            if "masked-LM head" not in str(exc):
+                raise  # not found, unreadable: the same error as without a head
+        finally:
+            transformers.logging.set_verbosity(level)
+        return load_model(name, mlm_head=False, seed=seed, revision=revision)
+    if mlm_head not in (True, False):
+        raise ValueError(f"mlm_head must be True, False or 'if-present', not {mlm_head!r}")
     seed_everything(seed)
     if name == "debug" or name.startswith("debug:"):
         from attnscope.models.debug import build_debug_model
@@ -228,6 +246,7 @@ def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
     except (OSError, ValueError) as exc:
         raise ModelError(f"{name}: cannot load the weights ({str(exc).splitlines()[0]})") from None
     model.eval()
+    install(model)
     if folder is None:
         folder = _cached_folder(ref, revision)
     weights = _weight_files(folder) if folder is not None else []

@@ -10,218 +10,34 @@ shows. Only one map (the example drawn in Figure 1) is kept in memory.
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from attnscope.analyses.clustering import LABELS, Thresholds, cluster_heads
-from attnscope.analyses.distances import HeadDistances
-from attnscope.analyses.entropy import Entropy
-from attnscope.analyses.gradients import FitOptions, GradientImportance, MlmScorer, fit_mlm_head
-from attnscope.analyses.relative_position import RelativePosition
-from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.token_classes import TokenClasser
-from attnscope.data.records import Example, HeadId
-from attnscope.errors import AttnscopeError
-from attnscope.extract.batch import AttentionBatch, AttentionMap
+from attnscope.data.records import HeadId
+from attnscope.maps import AttentionMap
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
-GRADIENT_MODES = ("auto", "off", "on", "fit-head")
-#: Longest example (in units) preferred for the Figure 1 drawing.
-FIGURE1_MAX_UNITS = 40
 LABEL_COLOURS = {"[SEP]": "#d62728", "[CLS]": "#9467bd", "punctuation": "#8c564b",
                  "previous": "#1f77b4", "next": "#17becf", "broad": "#2ca02c", "other": "#7f7f7f"}
 
 Progress = Callable[[str, int, "int | None"], None] | None
 
 
-# -- the pass -------------------------------------------------------------------------------
-class _ExampleKeeper:
-    """Keeps the one map Figure 1 draws: the lowest-index example of at most
-    ``FIGURE1_MAX_UNITS`` units with two segments, else the shortest; independent of order."""
-
-    def __init__(self):
-        self.best: AttentionMap | None = None
-
-    @staticmethod
-    def _key(m: AttentionMap) -> tuple:
-        two_segments = bool((np.asarray(m.segment) == 1).any())
-        fits = m.num_units <= FIGURE1_MAX_UNITS
-        return (not (fits and two_segments), not fits, m.num_units if not fits else 0, m.index)
-
-    def update(self, batch: AttentionBatch) -> None:
-        for m in batch:
-            if self.best is None or self._key(m) < self._key(self.best):
-                self.best = m
 
 
-def general_analyses(*, classer: TokenClasser, causal: bool, scorer: MlmScorer | None = None,
-                     seed: int = 0, grad_batch_size: int = 8) -> list:
-    """The analyses of one general pass, with their parameters."""
-    out = [RelativePosition(), SpecialTokens(classer), Entropy(causal=causal), HeadDistances()]
-    if scorer is not None:
-        out.append(GradientImportance(scorer, seed=seed, classer=classer, batch_size=grad_batch_size))
-    return out
 
 
-def _batches_from(source, model, options, stats) -> Iterator[AttentionBatch]:
-    from attnscope.extract.runner import Extractor
-
-    if hasattr(source, "batches"):
-        yield from source.batches()
-        return
-    extractor = Extractor(model, options, stats)
-    for planned in extractor.plan(source):
-        yield extractor.run_batch(planned)
 
 
-def _scorer_for(model, gradients: str, source, classer_examples, seed: int, notes: list[str],
-                progress: Progress, max_seq_len: int) -> MlmScorer | None:
-    if gradients not in GRADIENT_MODES:
-        raise AttnscopeError(f"--gradients must be one of {', '.join(GRADIENT_MODES)}, not {gradients!r}")
-    if gradients == "off":
-        notes.append("gradient importance (Figure 3) was turned off")
-        return None
-    if model is None:
-        notes.append("gradient importance (Figure 3) needs the model; a store alone has only the maps")
-        if gradients == "on":
-            raise AttnscopeError("gradient importance needs --model (a store holds only the maps)")
-        return None
-    if model.family.causal:
-        msg = f"{model.name} is causal: no masked-LM objective, so no gradient importance (Figure 3)"
-        if gradients in ("on", "fit-head"):
-            raise AttnscopeError(msg)
-        notes.append(msg)
-        return None
-    if model.has_mlm_head:
-        if gradients == "fit-head":
-            notes.append(f"{model.name} has a pre-trained masked-LM head; it is used (nothing fitted)")
-        return MlmScorer(model)
-    if gradients == "auto":
-        notes.append(f"{model.name} has no masked-LM head, so gradient importance (Figure 3) was "
-                     "skipped; --fit-mlm-head trains an output layer on the frozen encoder first")
-        return None
-    if gradients == "on":
-        raise AttnscopeError(f"{model.name}: the model has no masked-LM head; use --fit-mlm-head "
-                             "to train one on the frozen encoder")
-    head = fit_mlm_head(model, classer_examples(), FitOptions(seed=seed), progress=progress)
-    rep = head.report
-    notes.append(f"{model.name} has no masked-LM head: an output layer was trained on the frozen "
-                 f"encoder ({rep['steps']} steps, {rep['masked_tokens']} masked tokens from "
-                 f"{rep['examples']} examples, seed {seed}); held-out masked-token accuracy "
-                 f"{rep['heldout_accuracy']:.3f} (train {rep['train_accuracy']:.3f})")
-    return MlmScorer(model, head)
 
 
-def _token_inputs(source, model, max_seq_len: int, limit: int):
-    """``(tokens, special, segment, index)`` of the first ``limit`` examples, for head fitting."""
-    from attnscope.extract.encode import Encoder
-
-    def build():
-        out = []
-        if hasattr(source, "batches"):
-            for m in source:
-                if m.level == "token":
-                    out.append((m.tokens, m.special, m.segment, m.index))
-                if len(out) >= limit:
-                    break
-            return out
-        enc = Encoder(model)
-        for i, ex in enumerate(source):
-            e = enc.encode(ex, i)
-            if len(e) <= max_seq_len:
-                out.append((e.tokens, np.asarray(e.special), np.asarray(e.segment), i))
-            if len(out) >= limit:
-                break
-        return out
-
-    return build
 
 
-def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_seq_len: int = 128,
-                batch_size: int = 16, seed: int = 0, gradients: str = "auto", progress: Progress = None,
-                save_maps: Path | None = None) -> Section:
-    """Run every general analysis over ``examples`` (or a store) and write their outputs.
-
-    ``examples``: a list of :class:`Example` (the model is run, maps are never all held) or
-    an opened :class:`~attnscope.store.Store` (``model`` may then be None). ``gradients``:
-    "auto" (only if the model has a masked-LM head), "off", "on", "fit-head" (train an output
-    layer on the frozen encoder when there is no head). ``save_maps``: also write the maps to
-    this store folder (the analyses then read them back from it). Writes
-    ``out_dir/tables``, ``out_dir/figures`` and ``out_dir/results/general.json``.
-    """
-    from attnscope.extract.runner import ExtractOptions, ExtractStats
-    from attnscope.models.loading import seed_everything
-
-    seed_everything(seed)
-    out_dir = Path(out_dir)
-    notes: list[str] = []
-    options = ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, seed=seed)
-    stats = ExtractStats()
-    source = examples
-    is_store = hasattr(source, "batches")
-    if not is_store:
-        if model is None:
-            raise AttnscopeError("run_general: examples need a model (or pass a store)")
-        source = list(examples)
-        if save_maps is not None:
-            from attnscope.store import extract_to_store, open_store
-
-            stats = extract_to_store(source, save_maps, model, options=options,
-                                     progress=(lambda d, t: progress("extract", d, len(source)))
-                                     if progress else None)
-            source = open_store(save_maps)
-            is_store = True
-            notes.append(f"maps saved to {save_maps}; the analyses read them back from there")
-    if is_store:
-        if source.level != "token":
-            notes.append("the store holds word-level maps: statistics are per word, not per token")
-        causal = bool(source.manifest["model"].get("causal", False))
-        model_desc = source.manifest["model"]
-        total = len(source)
-    else:
-        causal = bool(model.family.causal)
-        model_desc = model.describe()
-        total = len(source)
-    if model is not None:
-        classer = TokenClasser.from_tokenizer(model.tokenizer)
-    else:
-        classer = TokenClasser.positional()
-        notes.append("token classes from positions (store without a model): the special unit at "
-                     "position 0 is the first special token, every other special unit a separator")
-    scorer = _scorer_for(model, gradients, source, _token_inputs(source, model, max_seq_len, 512),
-                         seed, notes, progress, max_seq_len)
-    analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=seed)
-    keeper = _ExampleKeeper()
-    done = 0
-    timings = {a.name: 0.0 for a in analyses}
-    t0 = time.perf_counter()
-    for batch in _batches_from(source, model, options, stats):
-        for a in analyses:
-            t = time.perf_counter()
-            a.update(batch)
-            timings[a.name] += time.perf_counter() - t
-        keeper.update(batch)
-        done += len(batch)
-        if progress is not None:
-            progress("general", done, total)
-    elapsed = time.perf_counter() - t0
-    if done == 0:
-        raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
-                             f"{max_seq_len})")
-    results = {a.name: a.finalize() for a in analyses}
-    if not is_store and stats.skipped:
-        notes.append(f"{len(stats.skipped)} examples longer than {max_seq_len} tokens were skipped")
-    return write_general(results, out_dir, model_desc=model_desc, example_map=keeper.best,
-                         notes=notes, seed=seed,
-                         run={"examples": done, "seconds": elapsed, "analysis_seconds": timings,
-                              "skipped": len(stats.skipped) if not is_store else 0,
-                              "max_seq_len": max_seq_len, "batch_size": batch_size,
-                              "gradients": gradients})
 
 
 # -- outputs --------------------------------------------------------------------------------
@@ -381,24 +197,48 @@ def _fmt_heads(mask: np.ndarray) -> list[str]:
     return [str(HeadId(int(a), int(b))) for a, b in zip(*np.nonzero(mask))]
 
 
+#: Fewer examples than this, and the report says the averages are only an illustration.
+FEW_EXAMPLES = 100
+
+#: The paper's section 3 cut-offs: "more than half" of a head's (or a layer's) attention.
+MOSTLY = 0.5
+
+
+def _heads(n: int) -> str:
+    return f"{n} head" if n == 1 else f"{n} heads"
+
+
+def mostly_heads(stats: dict[str, np.ndarray], key: str) -> list[str]:
+    """Heads (1-indexed names) that put more than half their attention on ``key``."""
+    return _fmt_heads(np.nan_to_num(stats[key], nan=0) > MOSTLY)
+
+
+def separator_layers(stats: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
+    """Each layer's mean attention to separators, and the layers (1-indexed) above one half."""
+    sep_layer = np.nanmean(stats["separator"], axis=1)
+    return sep_layer, [str(i + 1) for i in np.nonzero(sep_layer > MOSTLY)[0]]
+
+
 def findings(stats: dict[str, np.ndarray], uniform: float, labels: np.ndarray, model_name: str,
              examples: int, grad=None) -> list[str]:
     """The paper's findings, stated for this model (plain sentences)."""
     out = [f"{model_name} over {examples} examples:"]
+    if examples < FEW_EXAMPLES:
+        out.append(f"Caution: only {examples} examples (the paper used 1000): per-head averages over "
+                   "so few examples change from sample to sample; read them as an illustration.")
     for key in ("previous", "next"):
-        heads = _fmt_heads(np.nan_to_num(stats[key], nan=0) > 0.5)
-        out.append(f"{len(heads)} heads put more than half their attention on the {key} token"
+        heads = mostly_heads(stats, key)
+        out.append(f"{_heads(len(heads))} put more than half their attention on the {key} token"
                    + (f" ({', '.join(heads)})" if heads else "") + ".")
-    sep_layer = np.nanmean(stats["separator"], axis=1)
+    sep_layer, mostly = separator_layers(stats)
     if np.nanmax(sep_layer) > 0:
-        mostly = [str(i + 1) for i in np.nonzero(sep_layer > 0.5)[0]]
         out.append("Layers where over half of the attention goes to separator tokens: "
                    + (", ".join(mostly) if mostly else "none")
                    + f" (the most: layer {int(np.nanargmax(sep_layer)) + 1}, {np.nanmax(sep_layer):.0%}).")
         ss = stats.get("sep_to_sep")
         if ss is not None and np.isfinite(ss).any():
             heads90 = _fmt_heads(np.nan_to_num(ss, nan=0) > 0.9)
-            out.append(f"{len(heads90)} heads put over 90% of a separator's attention on separators.")
+            out.append(f"{_heads(len(heads90))} put over 90% of a separator's attention on separators.")
     else:
         out.append("The inputs have no separator tokens.")
     first_layer = np.nanmean(stats["first"], axis=1)
@@ -456,8 +296,8 @@ def write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map
 
 def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map: AttentionMap | None,
                    notes: list[str], seed: int, run: dict) -> Section:
-    from attnscope.data.io import atomic_write_text
     from attnscope.report.figures import save_figure
+    from attnscope.report.results import write_json
     from attnscope.report.tables import write_table
 
     tables_dir, figures_dir, results_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
@@ -541,33 +381,26 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
     model_name = model_display_name(model_desc)
     sec.findings = findings(stats, uniform, labels, model_name, run["examples"], grad) + notes
     sec.methods = list(METHODS)
-    prev_heads = _fmt_heads(np.nan_to_num(stats["previous"], nan=0) > 0.5)
-    next_heads = _fmt_heads(np.nan_to_num(stats["next"], nan=0) > 0.5)
-    sep_layer = np.nanmean(stats["separator"], axis=1)
+    prev_heads, next_heads = mostly_heads(stats, "previous"), mostly_heads(stats, "next")
+    sep_mostly = separator_layers(stats)[1]
     sec.paper = [
         {"what": "heads with >50% attention on the previous token", "paper": "4 (layers 2, 4, 7, 8)",
          "ours": f"{len(prev_heads)}" + (f" ({', '.join(prev_heads)})" if prev_heads else "")},
         {"what": "heads with >50% attention on the next token", "paper": "5 (layers 1, 2, 2, 3, 6)",
          "ours": f"{len(next_heads)}" + (f" ({', '.join(next_heads)})" if next_heads else "")},
         {"what": "layers where over half the attention goes to [SEP]", "paper": "6-10",
-         "ours": ", ".join(str(i + 1) for i in np.nonzero(sep_layer > 0.5)[0]) or "none"},
+         "ours": ", ".join(sep_mostly) or "none"},
         {"what": "entropy of the last layer's attention from [CLS] (nats)", "paper": 3.89,
          "ours": round(float(np.nanmean(stats["entropy_first"][-1])), 2)},
     ]
-    payload = {"family": "general", "model": model_desc, "seed": seed, "run": run, "notes": notes,
+    # The keys of a Result (analysis, params, tables, summary) come first, so every reader of
+    # results/<family>.json (report, --resume, the viewer) reads this file like the others.
+    payload = {"analysis": "general", "params": {"seed": seed, **{k: run[k] for k in (
+                   "max_seq_len", "batch_size", "gradients") if k in run}},
+               "tables": {"general_heads": rows, "general_layers": lrows}, "summary": sec.findings,
+               "family": "general", "model": model_desc, "seed": seed, "run": run, "notes": notes,
                "findings": sec.findings, "paper": sec.paper,
                "clustering": {"params": clusters["params"], "rows": clusters["rows"]},
                "analyses": {k: r.to_json() for k, r in results.items()}}
-    atomic_write_text(results_dir / "general.json",
-                      json.dumps(payload, indent=1, ensure_ascii=False, default=_json_default))
+    write_json(results_dir / "general.json", payload)
     return sec
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, (set, frozenset)):
-        return sorted(o)
-    raise TypeError(f"not JSON-able: {type(o).__name__}")

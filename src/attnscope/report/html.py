@@ -190,7 +190,7 @@ def model_display_name(model: Mapping[str, Any]) -> str:
 def build_context(sections: Sequence[Section], *, out_dir: str | Path, provenance: Mapping[str, Any],
                   links: Mapping[str, Sequence[Mapping]] | None = None,
                   notes: Sequence[Mapping[str, str]] | None = None,
-                  title: str | None = None) -> dict[str, Any]:
+                  title: str | None = None, intro: str | None = None) -> dict[str, Any]:
     """Everything the report page shows, as a plain dict.
 
     ``links``: section key -> ``[{"label", "head", "href"}]`` head-view links (relative to
@@ -207,7 +207,9 @@ def build_context(sections: Sequence[Section], *, out_dir: str | Path, provenanc
         anchor = f"sec-{slug(s.key)}"
         secs.append({
             "key": s.key, "anchor": anchor, "title": s.title,
-            "findings": [str(x) for x in s.findings],
+            # the first findings are in the summary at the top; the section goes on from there
+            "findings": [str(x) for x in s.findings[SUMMARY_PER_SECTION:]],
+            "summarised": min(len(s.findings), SUMMARY_PER_SECTION),
             "paper": _paper_rows(s.paper),
             "tables": [_table_context(t, out_dir) for t in s.tables],
             "figures": [_figure_context(f, out_dir) for f in s.figures],
@@ -219,6 +221,7 @@ def build_context(sections: Sequence[Section], *, out_dir: str | Path, provenanc
                             "findings": [str(x) for x in s.findings[:SUMMARY_PER_SECTION]]})
     return {
         "title": title or f"What does {model_name} look at?",
+        "intro": intro,
         "model_name": model_name,
         "summary": summary,
         "sections": secs,
@@ -242,8 +245,10 @@ def _provenance_rows(prov: Mapping[str, Any]) -> list[dict[str, str]]:
         rows.append({"name": what, "value": str(n)})
     if "arguments" in prov:
         args = prov["arguments"]
-        shown = ", ".join(f"{k}={format_value(v)}" for k, v in args.items()
-                          if k not in ("text", "deps", "deps_train", "coref", "model"))
+        # input files have their own rows (data); an option left unset shows as "default"
+        files = {d.get("role", "").replace("-", "_") for d in prov.get("data") or []}
+        shown = ", ".join(f"{k}={'default' if v is None else format_value(v)}" for k, v in args.items()
+                          if k not in files | {"text", "deps", "deps_train", "coref", "model"})
         rows.append({"name": "arguments", "value": shown})
     for key, name in (("command", "command line"), ("started", "started (UTC)"),
                       ("elapsed_s", "run time of this invocation (s)"),
@@ -274,13 +279,14 @@ def render_report(context: Mapping[str, Any]) -> str:
 
 def write_report(sections: Sequence[Section], out_dir: str | Path, *, provenance: Mapping[str, Any],
                  links: Mapping[str, Sequence[Mapping]] | None = None,
-                 notes: Sequence[Mapping[str, str]] | None = None, title: str | None = None) -> Path:
+                 notes: Sequence[Mapping[str, str]] | None = None, title: str | None = None,
+                 intro: str | None = None) -> Path:
     """Write ``out_dir/report.html`` atomically and return its path."""
     from attnscope.data.io import atomic_write_text
 
     out_dir = Path(out_dir)
     ctx = build_context(sections, out_dir=out_dir, provenance=provenance, links=links, notes=notes,
-                        title=title)
+                        title=title, intro=intro)
     path = out_dir / "report.html"
     atomic_write_text(path, render_report(ctx))
     return path

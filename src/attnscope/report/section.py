@@ -49,3 +49,25 @@ class Section:
     paper: list[dict] = field(default_factory=list)
     best_heads: list[tuple[int, int, int, str]] = field(default_factory=list)
     maps: dict[int, Any] = field(default_factory=dict)  # example index -> AttentionMap for best_heads
+
+
+#: An interval wider than this (percentage points) is too wide for a number to be compared
+#: with the paper's or with a baseline.
+WIDE_INTERVAL = 15.0
+
+
+def small_sample_caution(what: str, n: int, low: float | None, high: float | None) -> str | None:
+    """A sentence warning that ``what`` rests on too little data, or None when it does not.
+
+    Decided from the data, never from a flag: ``low``/``high`` is the 95% interval (in
+    percent) of the section's headline accuracy over ``n`` items.
+
+    >>> small_sample_caution("Table 2", 22, 40.9, 81.8)
+    'Caution: Table 2 rests on only 22 items; its 95% interval spans 40.9 points, too wide for these numbers to be compared with the paper or between rows.'
+    >>> small_sample_caution("Table 2", 3818, 70.5, 74.1) is None
+    True
+    """
+    if low is None or high is None or high - low <= WIDE_INTERVAL:
+        return None
+    return (f"Caution: {what} rests on only {n} items; its 95% interval spans {high - low:.1f} "
+            "points, too wide for these numbers to be compared with the paper or between rows.")

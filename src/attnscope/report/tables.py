@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from attnscope.data.io import atomic_write_text
+from attnscope.report.results import dumps
 
 FORMATS = ("csv", "json", "md", "tex")
 
@@ -69,7 +69,7 @@ def write_table(rows: Sequence[dict], stem: str | Path, *, columns: Sequence[str
     columns = list(columns or (list(rows[0].keys()) if rows else []))
     writers = {
         "csv": lambda: to_csv(rows, columns),
-        "json": lambda: json.dumps(list(rows), indent=1, ensure_ascii=False) + "\n",
+        "json": lambda: dumps(list(rows)),
         "md": lambda: to_markdown(rows, columns, digits),
         "tex": lambda: to_latex(rows, columns, caption, digits),
     }

@@ -5,8 +5,9 @@ Looks for ``results/*.json`` (written by :meth:`attnscope.analyses.base.Result.s
 
 - per-head statistics: every table with one row per ``(layer, head)`` gives one ``[L][H]``
   grid per numeric column, and every ``[L, H]`` array gives one grid;
-- the head-clustering scatter: a table with ``layer``, ``head``, ``x`` and ``y`` per head
-  (the clustering analysis writes these, with a ``behaviour`` label per head).
+- the head-clustering scatter: a table with ``layer``, ``head`` and ``x``/``y`` (or, as the
+  general family's per-head table has them, ``mds_x``/``mds_y``) per head, with a
+  ``behaviour`` label per head.
 
 Anything unreadable is listed in ``problems`` and skipped; a missing folder or no results give
 an empty answer, not an error.
@@ -15,10 +16,11 @@ an empty answer, not an error.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import numpy as np
+
+from attnscope.report.results import read_json
 
 
 def _num(v):
@@ -57,12 +59,19 @@ def _per_head(rows: list[dict], L: int, H: int) -> tuple[dict[str, list], bool]:
     return grids, True
 
 
+#: Column pairs that place a head in the clustering scatter, in order of preference.
+SCATTER_COLUMNS = (("x", "y"), ("mds_x", "mds_y"))
+
+
 def _scatter(rows: list[dict], source: str) -> dict | None:
-    if not rows or not all(k in rows[0] for k in ("layer", "head", "x", "y")):
+    if not rows or not all(k in rows[0] for k in ("layer", "head")):
+        return None
+    cols = next((c for c in SCATTER_COLUMNS if all(k in rows[0] for k in c)), None)
+    if cols is None:
         return None
     points = []
     for r in rows:
-        x, y = _num(r.get("x")), _num(r.get("y"))
+        x, y = _num(r.get(cols[0])), _num(r.get(cols[1]))
         if x is None or y is None:
             continue
         points.append({"layer": int(r["layer"]), "head": int(r["head"]), "x": x, "y": y,
@@ -83,12 +92,13 @@ def load_results(folder: str | Path | None, num_layers: int, num_heads: int) -> 
     L, H = num_layers, num_heads
     jsons = sorted((folder / "results").glob("*.json")) + sorted(folder.glob("*.json"))
     for path in jsons:
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-            analysis = d["analysis"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            out["problems"].append(f"{path}: not an analysis result ({type(exc).__name__})")
+        d = read_json(path)
+        if isinstance(d, dict) and "attnscope_results" in d:
+            continue  # a run's results.json: the same results as results/*.json
+        if not isinstance(d, dict) or not isinstance(d.get("analysis"), str):
+            out["problems"].append(f"{path}: not an analysis result")
             continue
+        analysis = d["analysis"]
         if d.get("summary"):
             out["summaries"].append({"analysis": analysis, "summary": list(d["summary"])})
         for tname, rows in (d.get("tables") or {}).items():
@@ -99,7 +109,7 @@ def load_results(folder: str | Path | None, num_layers: int, num_heads: int) -> 
                 out["scatter"] = sc
             grids, ok = _per_head(rows, L, H)
             for col, values in grids.items():
-                if col in ("x", "y"):
+                if col in ("x", "y", "mds_x", "mds_y"):
                     continue
                 out["stats"].append({"name": f"{analysis}: {tname}.{col}",
                                      "source": str(path), "values": values})
@@ -126,7 +136,7 @@ def load_results(folder: str | Path | None, num_layers: int, num_heads: int) -> 
             out["scatter"] = _scatter(rows, path.name)
         grids, ok = _per_head(rows, L, H)
         for col, values in grids.items():
-            if col not in ("x", "y"):
+            if col not in ("x", "y", "mds_x", "mds_y"):
                 out["stats"].append({"name": f"{path.stem}.{col}", "source": str(path),
                                      "values": values})
     return out

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnscope.data.io import atomic_write_bytes
+from attnscope.data.io import atomic_write_bytes, to_plain
 from attnscope.errors import InputError, StoreError
 from attnscope.store.reader import Store
 
@@ -101,7 +101,7 @@ def import_paper_pickle(path: str | Path, out: str | Path, *, allow_pickle: bool
 
     from attnscope.data.io import atomic_write_text
     from attnscope.data.records import Example
-    from attnscope.extract.batch import AttentionMap
+    from attnscope.maps import AttentionMap
     from attnscope.store.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, SHARDS
     from attnscope.store.writer import DTYPES, ShardWriter, _write_index, file_sha256, versions
 
@@ -130,8 +130,8 @@ def import_paper_pickle(path: str | Path, out: str | Path, *, allow_pickle: bool
     for i, d in enumerate(data):
         tokens = [str(t) for t in d["tokens"]]
         fields = {k: v for k, v in d.items() if k not in ("tokens", "attns")}
-        ex = Example.from_dict(_jsonable(fields)) if any(k in fields for k in ("text", "words", "tokens")) \
-            else Example(tokens=tokens, fields=_jsonable(fields))
+        ex = Example.from_dict(to_plain(fields)) if any(k in fields for k in ("text", "words", "tokens")) \
+            else Example(tokens=tokens, fields=to_plain(fields))
         special = np.array([t in specials for t in tokens])
         seg, segment = 0, []
         for t in tokens:
@@ -149,13 +149,3 @@ def import_paper_pickle(path: str | Path, out: str | Path, *, allow_pickle: bool
     return len(data)
 
 
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    return x

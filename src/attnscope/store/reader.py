@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.errors import AttnscopeError, StoreError
-from attnscope.extract.batch import AttentionBatch, AttentionMap
+from attnscope.maps import AttentionBatch, AttentionMap
 from attnscope.store.format import FORMAT_NAME, INDEX, MANIFEST, SHARDS, array_key
 
 

@@ -17,8 +17,8 @@ from attnscope import __version__
 from attnscope.data.io import atomic_write_bytes
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, StoreError
-from attnscope.extract.batch import AttentionMap
 from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats, small_matrix_threads
+from attnscope.maps import AttentionMap
 from attnscope.models.loading import LoadedModel, load_model
 from attnscope.store.format import (
     FORMAT_NAME,

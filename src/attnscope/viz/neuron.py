@@ -22,6 +22,7 @@ import numpy as np
 
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError
+from attnscope.models.forward import supports_hooks
 from attnscope.models.loading import LoadedModel
 from attnscope.viz.encoding import encode_f32
 
@@ -43,12 +44,15 @@ class QueryKey:
     attn: np.ndarray  # [H n n]
     causal: bool
     family: str
+    scaling: float | None = None  # the layer's score scale; None: 1/sqrt(d)
 
     def scores(self) -> np.ndarray:
-        """``q . k / sqrt(d)`` with future keys at -inf for causal models, ``[H n n]``."""
+        """``q . k * scaling`` (``1/sqrt(d)`` unless the model says otherwise) with future keys
+        at -inf for causal models, ``[H n n]``."""
         d = self.query.shape[-1]
+        scale = self.scaling if self.scaling is not None else 1.0 / np.sqrt(d)
         s = np.einsum("hqd,hkd->hqk", self.query.astype(np.float64),
-                      self.key.astype(np.float64)) / np.sqrt(d)  # [H q k]
+                      self.key.astype(np.float64)) * scale  # [H q k]
         if self.causal:
             n = s.shape[-1]
             s = np.where(np.triu(np.ones((n, n), bool), 1), -np.inf, s)
@@ -85,17 +89,13 @@ def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *
     ``example`` is an :class:`Example`, an input dict, or a plain text string.
 
     >>> qk = capture_qk(load_model("debug:bert"), "the cat sat", 0)   # doctest: +SKIP
-    >>> qk.query.shape                                                # [H n d]
+    >>> qk.query.shape                                                # [H n d]  # doctest: +SKIP
     """
-    import torch
 
     from attnscope.data.io import example_from_dict
     from attnscope.extract.encode import Encoder
 
     fam = lm.family
-    if fam.query is None or fam.key is None:
-        raise AttnscopeError(f"neuron view: model family {fam.name!r} has no query/key module "
-                             "paths in attnscope.models.families")
     if not 0 <= layer < lm.num_layers:
         raise AttnscopeError(f"neuron view: layer {layer} out of range (the model has "
                              f"{lm.num_layers} layers, 0-indexed)")
@@ -104,6 +104,43 @@ def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *
     elif isinstance(example, dict):
         example = example_from_dict(example, index)
     enc = Encoder(lm, casing).encode(example, index)
+    if supports_hooks(lm):
+        query, key, attn, scaling = _capture_with_hooks(lm, enc, layer)
+    else:
+        query, key, attn = _capture_with_module_hooks(lm, enc, layer)
+        scaling = None
+    return QueryKey(layer=layer, tokens=list(enc.tokens), special=[bool(s) for s in enc.special],
+                    segment=[int(s) for s in enc.segment], query=np.ascontiguousarray(query),
+                    key=np.ascontiguousarray(key), attn=attn, causal=fam.causal, family=fam.name,
+                    scaling=scaling)
+
+
+def _capture_with_hooks(lm: LoadedModel, enc, layer: int):
+    """q and k after position encoding, from the forward helper's hook points."""
+    from attnscope.models.forward import forward, pad_batch
+
+    got: dict = {}
+
+    def keep(site, _tensor):
+        if site.layer == layer:
+            got["q"], got["k"], got["scaling"] = site.query, site.key, site.scaling
+
+    run = forward(lm, pad_batch(lm, [enc.input_ids], [enc.token_type_ids]), attentions=True,
+                  hooks={"q": keep})
+    q = got["q"][0].float().numpy()  # [Hq n d]
+    k = np.repeat(got["k"][0].float().numpy(), q.shape[0] // got["k"].shape[1], axis=0)  # GQA -> [Hq n d]
+    return q, k, run.attentions[layer][0].float().numpy(), got["scaling"]
+
+
+def _capture_with_module_hooks(lm: LoadedModel, enc, layer: int):
+    """For families outside transformers' AttentionInterface (MPNet): hook the projections
+    named in the family table."""
+    from attnscope.models.forward import forward, pad_batch
+
+    fam = lm.family
+    if fam.query is None or fam.key is None:
+        raise AttnscopeError(f"neuron view: model family {fam.name!r} has no query/key module "
+                             "paths in attnscope.models.families")
     paths = {"query": fam.query, "key": fam.key}
     captured: dict[str, list] = {}
     handles = []
@@ -113,13 +150,8 @@ def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *
         captured[role] = []
         handles.append(_module(lm.model, path.format(layer=layer)).register_forward_hook(
             _hooked_output(captured[role])))
-    ids = torch.tensor([enc.input_ids])
-    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "output_attentions": True}
-    if fam.token_types and enc.token_type_ids is not None:
-        kwargs["token_type_ids"] = torch.tensor([enc.token_type_ids])
     try:
-        with torch.inference_mode():
-            out = lm.model(**kwargs)
+        out = forward(lm, pad_batch(lm, [enc.input_ids], [enc.token_type_ids]), attentions=True)
     finally:
         for h in handles:
             h.remove()
@@ -135,10 +167,7 @@ def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *
     d = q_out.shape[-1] // num_heads
     query = q_out.reshape(n, num_heads, d).transpose(1, 0, 2)  # [H n d]
     key = k_out.reshape(n, num_heads, d).transpose(1, 0, 2)  # [H n d]
-    attn = out.attentions[layer][0].float().numpy()  # [H n n]
-    return QueryKey(layer=layer, tokens=list(enc.tokens), special=[bool(s) for s in enc.special],
-                    segment=[int(s) for s in enc.segment], query=np.ascontiguousarray(query),
-                    key=np.ascontiguousarray(key), attn=attn, causal=fam.causal, family=fam.name)
+    return query, key, out.attentions[layer][0].float().numpy()
 
 
 def neuron_payload(qk: QueryKey, *, head: int = 0, query: int = 0) -> dict:

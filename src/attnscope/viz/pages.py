@@ -9,7 +9,7 @@ neuron when query/key vectors were captured) switch views without a server.
 
 from __future__ import annotations
 
-from attnscope.extract.batch import AttentionMap
+from attnscope.maps import AttentionMap
 from attnscope.viz.payload import page_payload
 from attnscope.viz.render import render_page
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnscope.errors import AttnscopeError
-from attnscope.extract.batch import AttentionMap
+from attnscope.maps import AttentionMap
 from attnscope.viz.encoding import encode_u8
 
 PAIR_FILTERS = ("all", "A->A", "A->B", "B->A", "B->B")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnscope.data.records import Example
-from attnscope.extract.batch import AttentionBatch, AttentionMap
+from attnscope.maps import AttentionBatch, AttentionMap
 
 PTB_PUNCT = frozenset({"``", "''", ",", ".", ":", "-LRB-", "-RRB-", "#", "$", "HYPH", "NFP"})
 ROOT_MODES = ("special", "first")

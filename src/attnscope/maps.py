@@ -1,4 +1,5 @@
-"""The unit that flows from extraction (or a store) into analyses and views."""
+"""AttentionMap and AttentionBatch: the type every layer shares, from extraction (or a store) into
+analyses, the report and the views."""
 
 from __future__ import annotations
 

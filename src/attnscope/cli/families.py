@@ -1,0 +1,145 @@
+"""``attnscope analyze <family>`` for every registered family, and the family switches of
+``attnscope run``: both built from the registry (:mod:`attnscope.families`), so a new family
+needs no CLI code.
+
+A family's first input is the positional argument of its ``analyze`` command and the switch
+that turns it on in ``run``; its other inputs and every field of its ``Options`` dataclass
+become options (help text and choices from the field's metadata).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import typing
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from attnscope.cli.common import console, step_progress
+
+_P = inspect.Parameter
+
+
+def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return _P(name, _P.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def option_params(fam) -> list[inspect.Parameter]:
+    """One command-line option per field of ``fam.Options``."""
+    from attnscope.families.base import option_flag
+
+    hints = typing.get_type_hints(fam.Options)
+    out = []
+    for f in dataclasses.fields(fam.Options):
+        choices = f.metadata.get("choices")
+        kwargs: dict[str, Any] = {"help": f.metadata.get("help", "")}
+        annotation, default = hints[f.name], f.default
+        if choices:  # typer shows an Enum's values as the choices
+            annotation = enum.StrEnum(f"{fam.key}_{f.name}", {c: c for c in choices})
+            default = annotation(f.default)
+        elif annotation is bool:
+            kwargs["show_default"] = False
+        out.append(_param(f.name, annotation, typer.Option(default, option_flag(f), **kwargs)))
+    return out
+
+
+def input_params(fam, *, positional: bool) -> list[inspect.Parameter]:
+    """The family's inputs: the first one positional (``analyze``) or all as options (``run``)."""
+    out = []
+    for i, inp in enumerate(fam.inputs):
+        annotation = list[Path] if inp.multiple else Path
+        if positional and i == 0:
+            info = typer.Argument(..., help=inp.help, metavar=(inp.argument or inp.name).upper()
+                                  + ("..." if inp.multiple else ""))
+            out.append(_P(inp.argument or inp.name, _P.POSITIONAL_OR_KEYWORD, default=info,
+                          annotation=annotation))
+            continue
+        flag = (inp.analyze_flag or inp.flag) if positional else inp.flag
+        metavar = "FILE" + ("..." if inp.multiple else "")
+        out.append(_param(inp.name, annotation | None, typer.Option(None, flag, help=inp.help,
+                                                                     metavar=metavar)))
+    return out
+
+
+def with_signature(fn, params: list[inspect.Parameter]):
+    """Give ``fn(**values)`` the signature typer builds the command from; choices arrive as
+    plain strings."""
+    ordered = sorted(params, key=lambda p: p.kind)  # positional parameters first
+
+    def command(**values):
+        return fn(**{k: v.value if isinstance(v, enum.Enum) else v for k, v in values.items()})
+
+    command.__signature__ = inspect.Signature(ordered)
+    command.__annotations__ = {p.name: p.annotation for p in ordered}
+    command.__doc__, command.__name__ = fn.__doc__, fn.__name__
+    return command
+
+
+def shared_params(*, model_default: str | None, model_help: str) -> list[inspect.Parameter]:
+    return [
+        _param("out", Path, typer.Option(..., "--out", "-o", help="Output folder (tables/, figures/, "
+                                         "results/).", metavar="DIR")),
+        _param("model", str | None, typer.Option(model_default, "--model", "-m", help=model_help)),
+        _param("max_seq_len", int, typer.Option(128, "--max-seq-len", help="Tokens per example, "
+                                                "special tokens included; longer ones are skipped.")),
+        _param("batch_size", int, typer.Option(16, "--batch-size", help="Examples per forward pass.")),
+        _param("seed", int, typer.Option(0, "--seed", help="Seed for model loading, sentence pairing "
+                                         "and every analysis.")),
+    ]
+
+
+QUIET = _param("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bars or summary.",
+                                           show_default=False))
+
+
+def print_section(section, out: Path) -> None:
+    """A family's findings and its first table on stdout; where the files went on stderr."""
+    for line in section.findings:
+        print(line)
+    for t in section.tables[:1]:
+        md = next((p for p in t.paths if p.suffix == ".md"), None)
+        if md is not None:
+            print(md.read_text(encoding="utf-8"))
+    console.print(f"wrote {out}/tables, {out}/figures, {out}/results", highlight=False)
+
+
+def _analyze_command(fam):
+    def command(**values) -> None:
+        from attnscope.pipeline import run_family
+
+        quiet = values.pop("quiet")
+        out = values.pop("out")
+        shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed")}
+        save_maps = values.pop("save_maps", None)
+        inputs = {}
+        for i, inp in enumerate(fam.inputs):
+            value = values.pop(inp.argument or inp.name if i == 0 else inp.name)
+            inputs[inp.name] = list(value) if inp.multiple and value is not None else value
+        with step_progress(quiet) as progress:
+            section = run_family(fam.key, inputs, out, save_maps=save_maps, progress=progress,
+                                 **shared, **values)
+        if not quiet:
+            print_section(section, out)
+
+    params = [*input_params(fam, positional=True),
+              *shared_params(model_default=None, model_help=(
+                  "Model: 'default' (the packaged MiniLM), a local folder, a Hub id or "
+                  "debug:<family>; " + (f"default: {fam.default_model}; " if fam.default_model else "")
+                  + "not needed when every input is a store.")),
+              *option_params(fam), QUIET]
+    if fam.saves_maps:
+        params.append(_param("save_maps", Path | None, typer.Option(
+            None, "--save-maps", help="Also keep the extracted maps as stores in this folder.",
+            metavar="DIR")))
+    command.__doc__ = fam.help
+    return with_signature(command, params)
+
+
+def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
+    from attnscope.families import load_families
+
+    for fam in load_families():
+        analyze_app.command(fam.key, help=fam.help)(_analyze_command(fam))

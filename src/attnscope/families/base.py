@@ -1,0 +1,167 @@
+"""The unit of a job: a family reads its inputs, runs its analyses and returns a :class:`Section`.
+
+A family is the one plug-in path from analyses to every output. Register a subclass of
+:class:`Family` with :func:`register_family` and
+
+- ``attnscope run`` gets a switch for each of its :attr:`Family.inputs` and an option for each
+  field of its :attr:`Family.Options` dataclass, and runs it whenever its first input is given;
+- ``attnscope analyze <key>`` is built from the same inputs and options;
+- the HTML report shows the :class:`Section` it returns, ``results.json`` and ``--resume`` read
+  its ``results/<key>.json`` through :mod:`attnscope.report.results`, and the viewer finds it
+  there too.
+
+Options are a dataclass whose fields carry their help text (and choices) as metadata, made with
+:func:`option`::
+
+    @dataclass
+    class Options:
+        window: str = option("truncate", "How documents longer than --max-seq-len are cut.",
+                             choices=("truncate", "sliding"))
+
+Shared run settings (model, seed, maximum length, batch size, progress, output folder) reach a
+family through its :class:`Context`, not through its options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from attnscope.errors import AttnscopeError
+
+Progress = Callable[[str, int, "int | None"], None]
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input of a family. ``name`` is the keyword (``deps_train``); its command-line flag is
+    ``--deps-train``. The first input of a family switches it on in ``attnscope run`` and is the
+    positional argument of ``attnscope analyze <key>``; the others are optional."""
+
+    name: str
+    help: str
+    multiple: bool = False  # several files (e.g. --coref a.conllu --coref b.conllu)
+    store: bool = False  # may also be a store folder written by ``attnscope extract``
+    argument: str | None = None  # name of the positional argument in ``attnscope analyze``
+    sample: str | None = None  # a small valid input in attnscope/demo_data (the contract test runs it)
+    analyze_flag: str | None = None  # flag in ``attnscope analyze`` when it differs from ``flag``
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def paths(self, value: Any) -> list[Path]:
+        """The files given for this input: none, one, or (``multiple``) several."""
+        if value is None:
+            return []
+        return [Path(p) for p in value] if self.multiple else [Path(value)]
+
+
+def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, flag: str | None = None,
+           minimum: float | None = None):
+    """A field of a family's ``Options`` dataclass: its help text, and the choices or the
+    smallest value it accepts (both checked by :func:`check_options`, naming the flag)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag,
+                                            "minimum": minimum})
+
+
+def option_flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+@dataclass
+class NoOptions:
+    """Options of a family that has none."""
+
+
+def check_options(options: Any) -> None:
+    """Refuse a value outside a field's ``choices`` or below its ``minimum``, naming the flag."""
+    for f in dataclasses.fields(options):
+        choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
+        value = getattr(options, f.name)
+        if choices and value not in choices:
+            raise AttnscopeError(f"{option_flag(f)} must be one of {', '.join(choices)}, not {value!r}")
+        if minimum is not None and value is not None and not value >= minimum:
+            raise AttnscopeError(f"{option_flag(f)} must be at least {minimum}, not {value!r}")
+
+
+@dataclass
+class Context:
+    """What every family gets from the job: the loaded model (None when a family runs on a store
+    alone), the output folder (``tables/``, ``figures/``, ``results/`` go under it), the shared
+    settings, and a ``progress(step, done, total)`` callback."""
+
+    model: Any
+    out_dir: Path
+    seed: int = 0
+    max_seq_len: int = 128
+    batch_size: int = 16
+    progress: Progress | None = None
+    save_maps: Path | None = None  # keep the family's maps in a store under this folder
+
+    def step(self, name: str, done: int, total: int | None) -> None:
+        if self.progress is not None:
+            self.progress(name, done, total)
+
+
+@dataclass
+class Prepared:
+    """A family's inputs, read and checked before anything is written. ``weight`` estimates
+    the work (in examples) for the run's overall progress; ``counts`` go to the provenance."""
+
+    data: dict[str, Any]
+    weight: int = 1
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class Family(ABC):
+    """Base class of a family; subclasses set the class attributes and implement two methods."""
+
+    key: ClassVar[str]  # stable name: results/<key>.json, ``attnscope analyze <key>``
+    title: ClassVar[str]  # the report section's heading
+    help: ClassVar[str]  # one line for ``attnscope analyze --help``
+    inputs: ClassVar[tuple[Input, ...]]
+    Options: ClassVar[type] = NoOptions
+    default_model: ClassVar[str | None] = None  # ``analyze`` without --model on files: load this
+    saves_maps: ClassVar[bool] = False  # honours Context.save_maps (``--save-maps``)
+    order: ClassVar[int] = 100  # position in the report and in ``attnscope run``
+
+    @abstractmethod
+    def prepare(self, inputs: dict[str, Any], options: Any, ctx: Context) -> Prepared:
+        """Read and check the inputs (``inputs[name]`` is a Path, a list of Paths for
+        ``multiple``, or None); raise :class:`~attnscope.errors.InputError` naming the file and
+        line. Must not write anything."""
+
+    @abstractmethod
+    def run(self, prepared: Prepared, options: Any, ctx: Context) -> Any:
+        """Run the analyses and write tables, figures and ``results/<key>.json`` under
+        ``ctx.out_dir``; return the report's :class:`~attnscope.report.section.Section`."""
+
+    def unavailable(self) -> str | None:
+        """Why this family cannot run in this installation (a missing optional extra), or None."""
+        return None
+
+    def wants_mlm_head(self, options: Any) -> bool:
+        """Whether the model should be loaded with its masked-LM head when it has one."""
+        return False
+
+    def fingerprint(self, options: Any) -> dict[str, Any]:
+        """What decides this family's numbers besides the data and the model (for --resume)."""
+        return dataclasses.asdict(options)
+
+
+FAMILIES: dict[str, type[Family]] = {}
+
+
+def register_family(cls: type[Family]) -> type[Family]:
+    """Class decorator: make a family available to ``run``, ``analyze`` and the report."""
+    if cls.key in FAMILIES and FAMILIES[cls.key] is not cls:
+        raise ValueError(f"family {cls.key!r} registered twice")
+    if not cls.inputs:
+        raise ValueError(f"family {cls.key!r} declares no inputs")
+    FAMILIES[cls.key] = cls
+    return cls

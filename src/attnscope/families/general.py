@@ -1,0 +1,290 @@
+"""The general family: the paper's sections 3 and 6 as one job (:func:`run_general`).
+
+One streamed pass over the maps (from a store, or straight from the model) feeds relative
+position, special tokens, entropy and head distances (and, when the model has a masked-LM
+head, gradient importance); :func:`attnscope.report.general.write_general` then labels and
+places the heads and writes the tables, figures (Figures 1, 2, 3, 4 and 6 of the paper) and
+``results/general.json``. Only one map (the example drawn in Figure 1) is kept in memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnscope.analyses.distances import HeadDistances
+from attnscope.analyses.entropy import Entropy
+from attnscope.analyses.gradients import FitOptions, GradientImportance, MlmScorer, fit_mlm_head
+from attnscope.analyses.relative_position import RelativePosition
+from attnscope.analyses.special_tokens import SpecialTokens
+from attnscope.analyses.token_classes import TokenClasser
+from attnscope.data.records import Example
+from attnscope.errors import AttnscopeError
+from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
+from attnscope.maps import AttentionBatch, AttentionMap
+from attnscope.report.general import (
+    Progress,
+    write_general,
+)
+from attnscope.report.section import Section
+
+GRADIENT_MODES = ("auto", "off", "on", "fit-head")
+
+
+#: Longest example (in units) preferred for the Figure 1 drawing.
+FIGURE1_MAX_UNITS = 40
+
+
+# -- the pass -------------------------------------------------------------------------------
+class _ExampleKeeper:
+    """Keeps the one map Figure 1 draws: the lowest-index example of at most
+    ``FIGURE1_MAX_UNITS`` units with two segments, else the shortest; independent of order."""
+
+    def __init__(self):
+        self.best: AttentionMap | None = None
+
+    @staticmethod
+    def _key(m: AttentionMap) -> tuple:
+        two_segments = bool((np.asarray(m.segment) == 1).any())
+        fits = m.num_units <= FIGURE1_MAX_UNITS
+        return (not (fits and two_segments), not fits, m.num_units if not fits else 0, m.index)
+
+    def update(self, batch: AttentionBatch) -> None:
+        for m in batch:
+            if self.best is None or self._key(m) < self._key(self.best):
+                self.best = m
+
+
+def general_analyses(*, classer: TokenClasser, causal: bool, scorer: MlmScorer | None = None,
+                     seed: int = 0, grad_batch_size: int = 8) -> list:
+    """The analyses of one general pass, with their parameters."""
+    out = [RelativePosition(), SpecialTokens(classer), Entropy(causal=causal), HeadDistances()]
+    if scorer is not None:
+        out.append(GradientImportance(scorer, seed=seed, classer=classer, batch_size=grad_batch_size))
+    return out
+
+
+def _batches_from(source, model, options, stats) -> Iterator[AttentionBatch]:
+    from attnscope.extract.runner import Extractor
+
+    if hasattr(source, "batches"):
+        yield from source.batches()
+        return
+    extractor = Extractor(model, options, stats)
+    for planned in extractor.plan(source):
+        yield extractor.run_batch(planned)
+
+
+def _scorer_for(model, gradients: str, source, classer_examples, seed: int, notes: list[str],
+                progress: Progress, max_seq_len: int) -> MlmScorer | None:
+    if gradients not in GRADIENT_MODES:
+        raise AttnscopeError(f"--gradients must be one of {', '.join(GRADIENT_MODES)}, not {gradients!r}")
+    if gradients == "off":
+        notes.append("gradient importance (Figure 3) was turned off")
+        return None
+    if model is None:
+        notes.append("gradient importance (Figure 3) needs the model; a store alone has only the maps")
+        if gradients == "on":
+            raise AttnscopeError("gradient importance needs --model (a store holds only the maps)")
+        return None
+    if model.family.causal:
+        msg = f"{model.name} is causal: no masked-LM objective, so no gradient importance (Figure 3)"
+        if gradients in ("on", "fit-head"):
+            raise AttnscopeError(msg)
+        notes.append(msg)
+        return None
+    if model.has_mlm_head:
+        if gradients == "fit-head":
+            notes.append(f"{model.name} has a pre-trained masked-LM head; it is used (nothing fitted)")
+        return MlmScorer(model)
+    if gradients == "auto":
+        notes.append(f"{model.name} has no masked-LM head, so gradient importance (Figure 3) was "
+                     "skipped; --fit-mlm-head trains an output layer on the frozen encoder first")
+        return None
+    if gradients == "on":
+        raise AttnscopeError(f"{model.name}: the model has no masked-LM head; use --fit-mlm-head "
+                             "to train one on the frozen encoder")
+    head = fit_mlm_head(model, classer_examples(), FitOptions(seed=seed), progress=progress)
+    rep = head.report
+    notes.append(f"{model.name} has no masked-LM head: an output layer was trained on the frozen "
+                 f"encoder ({rep['steps']} steps, {rep['masked_tokens']} masked tokens from "
+                 f"{rep['examples']} examples, seed {seed}); held-out masked-token accuracy "
+                 f"{rep['heldout_accuracy']:.3f} (train {rep['train_accuracy']:.3f})")
+    return MlmScorer(model, head)
+
+
+def _token_inputs(source, model, max_seq_len: int, limit: int):
+    """``(tokens, special, segment, index)`` of the first ``limit`` examples, for head fitting."""
+    from attnscope.extract.encode import Encoder
+
+    def build():
+        out = []
+        if hasattr(source, "batches"):
+            for m in source:
+                if m.level == "token":
+                    out.append((m.tokens, m.special, m.segment, m.index))
+                if len(out) >= limit:
+                    break
+            return out
+        enc = Encoder(model)
+        for i, ex in enumerate(source):
+            e = enc.encode(ex, i)
+            if len(e) <= max_seq_len:
+                out.append((e.tokens, np.asarray(e.special), np.asarray(e.segment), i))
+            if len(out) >= limit:
+                break
+        return out
+
+    return build
+
+
+def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_seq_len: int = 128,
+                batch_size: int = 16, seed: int = 0, gradients: str = "auto", progress: Progress = None,
+                save_maps: Path | None = None) -> Section:
+    """Run every general analysis over ``examples`` (or a store) and write their outputs.
+
+    ``examples``: a list of :class:`Example` (the model is run, maps are never all held) or
+    an opened :class:`~attnscope.store.Store` (``model`` may then be None). ``gradients``:
+    "auto" (only if the model has a masked-LM head), "off", "on", "fit-head" (train an output
+    layer on the frozen encoder when there is no head). ``save_maps``: also write the maps to
+    this store folder (the analyses then read them back from it). Writes
+    ``out_dir/tables``, ``out_dir/figures`` and ``out_dir/results/general.json``.
+    """
+    from attnscope.extract.runner import ExtractOptions, ExtractStats
+    from attnscope.models.loading import seed_everything
+
+    seed_everything(seed)
+    out_dir = Path(out_dir)
+    notes: list[str] = []
+    options = ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, seed=seed)
+    stats = ExtractStats()
+    source = examples
+    is_store = hasattr(source, "batches")
+    if not is_store:
+        if model is None:
+            raise AttnscopeError("run_general: examples need a model (or pass a store)")
+        source = list(examples)
+        if save_maps is not None:
+            from attnscope.store import extract_to_store, open_store
+
+            stats = extract_to_store(source, save_maps, model, options=options,
+                                     progress=(lambda d, t: progress("extract", d, len(source)))
+                                     if progress else None)
+            source = open_store(save_maps)
+            is_store = True
+            notes.append(f"maps saved to {save_maps}; the analyses read them back from there")
+    if is_store:
+        if source.level != "token":
+            notes.append("the store holds word-level maps: statistics are per word, not per token")
+        causal = bool(source.manifest["model"].get("causal", False))
+        model_desc = source.manifest["model"]
+        total = len(source)
+    else:
+        causal = bool(model.family.causal)
+        model_desc = model.describe()
+        total = len(source)
+    if model is not None:
+        classer = TokenClasser.from_tokenizer(model.tokenizer)
+    else:
+        classer = TokenClasser.positional()
+        notes.append("token classes from positions (store without a model): the special unit at "
+                     "position 0 is the first special token, every other special unit a separator")
+    scorer = _scorer_for(model, gradients, source, _token_inputs(source, model, max_seq_len, 512),
+                         seed, notes, progress, max_seq_len)
+    analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=seed)
+    keeper = _ExampleKeeper()
+    done = 0
+    timings = {a.name: 0.0 for a in analyses}
+    t0 = time.perf_counter()
+    for batch in _batches_from(source, model, options, stats):
+        for a in analyses:
+            t = time.perf_counter()
+            a.update(batch)
+            timings[a.name] += time.perf_counter() - t
+        keeper.update(batch)
+        done += len(batch)
+        if progress is not None:
+            progress("general", done, total)
+    elapsed = time.perf_counter() - t0
+    if done == 0:
+        raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
+                             f"{max_seq_len})")
+    results = {a.name: a.finalize() for a in analyses}
+    if not is_store and stats.skipped:
+        notes.append(f"{len(stats.skipped)} examples longer than {max_seq_len} tokens were skipped")
+    return write_general(results, out_dir, model_desc=model_desc, example_map=keeper.best,
+                         notes=notes, seed=seed,
+                         run={"examples": done, "seconds": elapsed, "analysis_seconds": timings,
+                              "skipped": len(stats.skipped) if not is_store else 0,
+                              "max_seq_len": max_seq_len, "batch_size": batch_size,
+                              "gradients": gradients})
+
+
+# -- the family ------------------------------------------------------------------------------
+@dataclass
+class GeneralOptions:
+    gradients: str = option("auto", "Gradient importance (Figure 3): auto = only with a masked-LM "
+                            "head; fit-head trains an output layer on the frozen encoder when the "
+                            "model has none.", choices=GRADIENT_MODES)
+    fit_mlm_head: bool = option(False, "Same as --gradients fit-head.")
+    num_text_examples: int = option(1000, "Pairs built from sentence-per-line text (the paper "
+                                    "uses 1000).")
+
+    @property
+    def gradient_mode(self) -> str:
+        return "fit-head" if self.fit_mlm_head else self.gradients
+
+
+def read_general_input(path: Path, model, *, max_seq_len: int, seed: int,
+                       num_examples: int | None):
+    """A store folder, examples JSON / JSON Lines, or sentence-per-line text (built into
+    ``[CLS] A [SEP] B [SEP]`` pairs with :func:`~attnscope.data.unlabeled.prepare_unlabeled`)."""
+    from attnscope.data.io import read_examples
+    from attnscope.data.unlabeled import prepare_unlabeled
+    from attnscope.errors import InputError
+
+    if path.is_dir():
+        from attnscope.store import open_store
+        from attnscope.store.format import MANIFEST
+
+        if not (path / MANIFEST).is_file():
+            raise InputError(path, "is a folder but not an attnscope store (no manifest.json)")
+        return open_store(path)
+    if model is None:
+        raise AttnscopeError(f"{path}: examples need --model (or give a store folder)")
+    if path.suffix.lower() in (".json", ".jsonl"):
+        return read_examples(path)
+    return prepare_unlabeled(path, model.tokenizer, max_seq_len=max_seq_len, seed=seed,
+                             num_examples=num_examples)
+
+
+@register_family
+class General(Family):
+    key = "general"
+    title = "What do the heads attend to? (paper sections 3 and 6)"
+    help = "Relative position, special tokens, entropy, gradients, head distances and clusters."
+    inputs = (Input("text", "Sentence-per-line text (blank lines between documents; built into "
+                    "pairs), examples JSON / JSON Lines, or a store folder: the general analyses.",
+                    store=True, argument="input", sample="text.txt"),)
+    Options = GeneralOptions
+    saves_maps = True
+    order = 10
+
+    def wants_mlm_head(self, options: GeneralOptions) -> bool:
+        return options.gradient_mode != "off"
+
+    def prepare(self, inputs, options: GeneralOptions, ctx: Context) -> Prepared:
+        source = read_general_input(Path(inputs["text"]), ctx.model, max_seq_len=ctx.max_seq_len,
+                                    seed=ctx.seed, num_examples=options.num_text_examples)
+        return Prepared({"source": source}, weight=len(source),
+                        counts={"text examples": len(source)})
+
+    def run(self, prepared: Prepared, options: GeneralOptions, ctx: Context) -> Section:
+        return run_general(prepared.data["source"], ctx.model, ctx.out_dir, max_seq_len=ctx.max_seq_len,
+                           batch_size=ctx.batch_size, seed=ctx.seed, gradients=options.gradient_mode,
+                           progress=ctx.progress, save_maps=ctx.save_maps)

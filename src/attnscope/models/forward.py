@@ -1,0 +1,243 @@
+"""The one place that runs a model: pad -> forward, with named hook points inside attention.
+
+Every family whose transformers implementation routes self-attention through
+``AttentionInterface`` (BERT, RoBERTa, ELECTRA, DistilBERT, ALBERT, GPT-2, Llama, Qwen2,
+Mistral, Gemma, Phi, ...) is switched to attnscope's attention function when loaded. During
+:func:`forward` that function calls the hooks registered for the pass; outside a pass it is
+exactly the family's own eager attention, so ``model(**inputs)`` behaves as with
+``attn_implementation="eager"``.
+
+Hook points, called once per layer in layer order (shapes per layer)::
+
+    "q"         [B Hq T d]   queries after position encoding (rotary), before scaling
+    "k"         [B Hkv T d]  keys after position encoding; Hkv < Hq under grouped-query attention
+    "v"         [B Hkv T d]  values
+    "attn"      [B Hq T T]   attention probabilities (rows over unmasked keys sum to 1)
+    "head_out"  [B T Hq d]   each head's output (its attention-weighted values), before the
+                             layer's output projection; a hook may return a replacement
+
+A hook is ``fn(site, tensor) -> tensor | None``; :class:`Site` carries the layer index, the
+attention module, all of q/k/v, the additive mask and the scaling, so a hook can recompute
+anything the layer computes (the streaming statistics do exactly that). Returning a tensor
+replaces the value at that point (only for ``"head_out"``: ablation, gating).
+
+``gates`` (``[L H]``, optionally requiring grad) multiply ``head_out``: gate 1 changes
+nothing, gate 0 removes the head's contribution (zero ablation).
+
+When no hook needs the probabilities, the layer's output comes from torch's fused
+``scaled_dot_product_attention``; otherwise from the family's own eager code.
+
+>>> from attnscope.models import load_model
+>>> lm = load_model("debug:bert")
+>>> inputs = pad_batch(lm, [lm.tokenizer("the cat sat")["input_ids"]])
+>>> out = forward(lm, inputs, attentions=True)
+>>> len(out.attentions), tuple(out.attentions[0].shape)      # L layers of [B H T T]
+(2, (1, 2, 5, 5))
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnscope.errors import AttnscopeError
+
+#: The name attnscope's attention function is registered under in transformers.
+ATTN_IMPLEMENTATION = "attnscope"
+HOOK_POINTS = ("q", "k", "v", "attn", "head_out")
+
+Hook = Callable[["Site", Any], Any]
+
+
+@dataclass
+class Site:
+    """Where a hook is called: one layer's self-attention during one forward pass."""
+
+    layer: int
+    module: Any  # the attention nn.Module
+    query: Any  # [B Hq T d]
+    key: Any  # [B Hkv T d]
+    value: Any  # [B Hkv T d]
+    mask: Any  # additive float mask [B 1 T T] (0 = attend, very negative = masked) or None
+    scaling: float
+
+    @property
+    def kv_groups(self) -> int:
+        """Query heads per key/value head (1 without grouped-query attention)."""
+        return self.query.shape[1] // self.key.shape[1]
+
+
+@dataclass
+class ModelInputs:
+    """A padded batch: ``input_ids``, ``attention_mask``, ``token_type_ids`` ``[B T]`` long
+    tensors, and each sequence's real length."""
+
+    input_ids: Any
+    attention_mask: Any
+    token_type_ids: Any
+    lengths: list[int]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+@dataclass
+class ForwardOutput:
+    """The model's own output object and, when asked, each layer's ``[B H T T]`` attention."""
+
+    output: Any
+    attentions: list | None = None
+
+
+@dataclass
+class _Pass:
+    hooks: dict[str, list[Hook]]
+    gates: Any = None
+    layer: int = 0
+    attentions: list | None = None
+    extra: dict = field(default_factory=dict)
+
+
+_ACTIVE: contextvars.ContextVar[_Pass | None] = contextvars.ContextVar("attnscope_pass", default=None)
+
+
+def pad_batch(lm, sequences: Sequence[Sequence[int]],
+              token_types: Sequence[Sequence[int] | None] | None = None) -> ModelInputs:
+    """Right-pad token id sequences (and their segment ids) into one batch.
+
+    >>> lm = type("LM", (), {"tokenizer": type("T", (), {"pad_token_id": 0})()})()
+    >>> b = pad_batch(lm, [[5, 6, 7], [5]])
+    >>> b.input_ids.tolist(), b.attention_mask.tolist(), b.lengths
+    ([[5, 6, 7], [5, 0, 0]], [[1, 1, 1], [1, 0, 0]], [3, 1])
+    """
+    import torch
+
+    pad = lm.tokenizer.pad_token_id
+    pad = 0 if pad is None else int(pad)
+    lengths = [len(s) for s in sequences]
+    width = max(lengths, default=0)
+    ids = torch.full((len(sequences), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    types = torch.zeros((len(sequences), width), dtype=torch.long)
+    for b, seq in enumerate(sequences):
+        n = lengths[b]
+        ids[b, :n] = torch.as_tensor(list(seq), dtype=torch.long)
+        mask[b, :n] = 1
+        if token_types is not None and token_types[b] is not None:
+            types[b, :n] = torch.as_tensor(list(token_types[b]), dtype=torch.long)
+    return ModelInputs(ids, mask, types, lengths)
+
+
+def supports_hooks(lm) -> bool:
+    """Whether the model's attention runs through attnscope's attention function."""
+    return getattr(lm.model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+
+
+def install(model) -> bool:
+    """Route ``model``'s self-attention through attnscope's function, if its family allows.
+
+    Called once by the model loader. Returns False (and leaves the model on eager attention)
+    for families whose transformers code does not use ``AttentionInterface`` (e.g. MPNet).
+    """
+    if not getattr(type(model), "_supports_attention_backend", False):
+        return False
+    _register()
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    return True
+
+
+def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
+            hooks: dict[str, Hook | Sequence[Hook]] | None = None, gates: Any = None,
+            grad: bool = False, **model_kwargs) -> ForwardOutput:
+    """Run ``lm`` on a padded batch; see the module docstring for hooks and gates.
+
+    ``attentions``: also return each layer's ``[B H T T]`` probabilities (with autograd when
+    ``grad``). ``grad``: build the autograd graph (gradients with respect to attention or
+    gates); otherwise the pass runs under ``torch.inference_mode``. ``model_kwargs`` go to
+    the model (e.g. ``output_hidden_states=True``).
+    """
+    import torch
+
+    kwargs = {"input_ids": inputs.input_ids, "attention_mask": inputs.attention_mask, **model_kwargs}
+    if lm.family.token_types and inputs.token_type_ids is not None:
+        kwargs["token_type_ids"] = inputs.token_type_ids
+    hooks = {k: ([v] if callable(v) else list(v)) for k, v in (hooks or {}).items()}
+    unknown = set(hooks) - set(HOOK_POINTS)
+    if unknown:
+        raise ValueError(f"unknown hook points {sorted(unknown)}; known: {', '.join(HOOK_POINTS)}")
+    context = torch.enable_grad() if grad else torch.inference_mode()
+    if not supports_hooks(lm):
+        if hooks or gates is not None:
+            raise AttnscopeError(f"{lm.name}: its transformers code does not route attention through "
+                                 "AttentionInterface, so attnscope cannot hook its heads (only the "
+                                 "attention maps are available)")
+        with context:
+            out = lm.model(**kwargs, output_attentions=attentions)
+        return ForwardOutput(out, list(out.attentions) if attentions else None)
+    state = _Pass(hooks=hooks, gates=gates, attentions=[] if attentions else None)
+    token = _ACTIVE.set(state)
+    try:
+        with context:
+            out = lm.model(**kwargs)
+    finally:
+        _ACTIVE.reset(token)
+    if state.layer != lm.num_layers:
+        raise AttnscopeError(f"{lm.name}: attention ran {state.layer} times for {lm.num_layers} layers; "
+                             "attnscope's hook points assume one self-attention call per layer")
+    return ForwardOutput(out, state.attentions)
+
+
+# -- the attention function ----------------------------------------------------------------
+def _family_eager(module) -> Callable:
+    """The family's own eager attention (exact per-family maths: scaling, soft-capping, GQA)."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if fn is None:
+        from transformers.models.llama.modeling_llama import eager_attention_forward as fn
+    return fn
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """attnscope's ``AttentionInterface`` function: hooks around the family's attention."""
+    state = _ACTIVE.get()
+    if state is None:
+        return _family_eager(module)(module, query, key, value, attention_mask, scaling=scaling,
+                                     dropout=dropout, **kwargs)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    site = Site(state.layer, module, query, key, value, attention_mask, float(scaling))
+    for point, tensor in (("q", query), ("k", key), ("v", value)):
+        for hook in state.hooks.get(point, ()):
+            hook(site, tensor)
+    need_probs = state.attentions is not None or "attn" in state.hooks
+    if need_probs:
+        out, probs = _family_eager(module)(module, query, key, value, attention_mask, scaling=scaling,
+                                           dropout=dropout, **kwargs)
+        for hook in state.hooks.get("attn", ()):
+            hook(site, probs)
+        if state.attentions is not None:
+            state.attentions.append(probs)
+    else:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        out, probs = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                            dropout=dropout, **kwargs)
+    if state.gates is not None:
+        out = out * state.gates[state.layer].to(out.dtype)[None, None, :, None]
+    for hook in state.hooks.get("head_out", ()):
+        replaced = hook(site, out)
+        if replaced is not None:
+            out = replaced
+    state.layer += 1
+    return out, probs
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    if ATTN_IMPLEMENTATION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, eager_mask)

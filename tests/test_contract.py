@@ -1,0 +1,205 @@
+"""The contract every registered analysis and every registered family keeps (in the spirit of
+scikit-learn's ``parametrize_with_checks``): a new analysis or family is covered the moment it
+is registered, with no line added here.
+
+Analyses: empty input, one example, merge of two halves equals the whole, any batching gives
+the same result, a strict-JSON round trip, and the result carries its parameters and seeds.
+Families: each runs on the packaged sample of its first input, writes a strict-JSON
+``results/<key>.json`` that reads back like every other result, and gives the same numbers
+twice with the same seed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+
+import numpy as np
+import pytest
+
+from attnscope.analyses import ANALYSES
+from attnscope.families import load_families
+from attnscope.report.results import dumps
+
+load_families()  # importing the families imports every analysis they use
+ANALYSIS_NAMES = sorted(ANALYSES)
+
+
+@pytest.fixture(scope="module")
+def mlm_bert():
+    from attnscope.models import load_model
+
+    return load_model("debug:bert", mlm_head=True)
+
+
+def _examples(requires: frozenset, model) -> list:
+    """Small real inputs that satisfy ``requires``: dependency trees from the packaged sample,
+    or its coreference document cut into windows."""
+    from attnscope.data.depparse import iter_depparse
+    from attnscope.pipeline import demo_inputs
+
+    if "coreference" in requires:
+        from attnscope.analyses.coref import coref_windows
+        from attnscope.data.coref import read_coref
+
+        docs = read_coref(demo_inputs()["coref"])
+        examples, _ = coref_windows(docs, model, mode="sliding", max_seq_len=64)
+        return examples[:6]
+    return list(iter_depparse(demo_inputs()["deps"]))[:6]
+
+
+@pytest.fixture(scope="module")
+def batches_for(mlm_bert):
+    from attnscope.extract import extract
+
+    cache: dict = {}
+
+    def get(requires: frozenset):
+        word = "word_level" in requires
+        key = (word, "coreference" in requires)
+        if key not in cache:
+            examples = _examples(requires, mlm_bert)
+            cache[key] = [m for b in extract(examples, mlm_bert, word_level=word, batch_size=4,
+                                             max_seq_len=128) for m in b]
+        return cache[key]
+
+    return get
+
+
+def _batch(maps):
+    from attnscope.extract import AttentionBatch
+
+    return AttentionBatch(list(maps))
+
+
+def _equal(a, b, path="result"):
+    """Recursive equality: floats to 1e-9 relative, NaN equal to NaN (and to null after JSON)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        np.testing.assert_allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float),
+                                   rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=path)
+        return
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), (path, sorted(a), sorted(b))
+        for k in a:
+            _equal(a[k], b[k], f"{path}.{k}")
+        return
+    if isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _equal(x, y, f"{path}[{i}]")
+        return
+    def nan(v):
+        return v is None or (isinstance(v, float) and math.isnan(v))
+
+    if isinstance(a, float) or isinstance(b, float):
+        if nan(a) or nan(b):
+            assert nan(a) and nan(b), (path, a, b)
+        else:
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-12), (path, a, b)
+        return
+    assert a == b, (path, a, b)
+
+
+def _plain(result) -> dict:
+    return json.loads(dumps(result.to_json()))
+
+
+def _build(name, model):
+    return ANALYSES[name].for_model(model, seed=0)
+
+
+@pytest.mark.parametrize("name", ANALYSIS_NAMES)
+def test_empty_input_and_one_example(name, mlm_bert, batches_for):
+    empty = _build(name, mlm_bert).finalize()
+    assert empty.analysis == name
+    json.loads(dumps(empty.to_json()))  # serialises even with nothing accumulated
+    maps = batches_for(ANALYSES[name].requires)
+    one = _build(name, mlm_bert)
+    one.update(_batch(maps[:1]))
+    res = one.finalize()
+    assert res.analysis == name
+    assert res.tables or res.arrays  # one example gives numbers
+
+
+@pytest.mark.parametrize("name", ANALYSIS_NAMES)
+def test_merge_of_halves_and_any_batching_equal_the_whole(name, mlm_bert, batches_for):
+    maps = batches_for(ANALYSES[name].requires)
+    whole = _build(name, mlm_bert)
+    whole.update(_batch(maps))
+    expected = _plain(whole.finalize())
+
+    one_by_one = _build(name, mlm_bert)
+    for m in maps:
+        one_by_one.update(_batch([m]))
+    _equal(_plain(one_by_one.finalize()), expected, f"{name} one by one")
+
+    half = len(maps) // 2
+    a, b = _build(name, mlm_bert), _build(name, mlm_bert)
+    a.update(_batch(maps[:half]))
+    b.update(_batch(maps[half:]))
+    _equal(_plain(a.merge(b).finalize()), expected, f"{name} merged")
+
+
+@pytest.mark.parametrize("name", ANALYSIS_NAMES)
+def test_json_round_trip_params_and_seed(name, mlm_bert, batches_for):
+    from attnscope.analyses.base import Result
+
+    analysis = _build(name, mlm_bert)
+    analysis.update(_batch(batches_for(ANALYSES[name].requires)[:3]))
+    res = analysis.finalize()
+    text = dumps(res.to_json())
+    back = Result.from_json(json.loads(text))
+    _equal(_plain(back), json.loads(text), f"{name} round trip")
+    for k, arr in res.arrays.items():
+        assert back.arrays[k].shape == arr.shape and back.arrays[k].dtype == arr.dtype
+    assert json.loads(dumps(res.params)) == json.loads(dumps(analysis.params()))
+    if "seed" in inspect.signature(ANALYSES[name].__init__).parameters:
+        assert res.params.get("seed") == 0, f"{name} does not record its seed"
+
+
+# -- families -------------------------------------------------------------------------------
+FAMILY_KEYS = [f.key for f in load_families()]
+
+
+def _sample(inp):
+    from importlib.resources import files
+    from pathlib import Path
+
+    if inp.sample is None:
+        pytest.skip(f"input {inp.name!r} names no packaged sample")
+    return Path(str(files("attnscope") / "demo_data" / inp.sample))
+
+
+@pytest.mark.parametrize("key", FAMILY_KEYS)
+def test_family_runs_on_its_sample_and_writes_strict_results(key, tmp_path, mlm_bert):
+    from attnscope.analyses.base import Result
+    from attnscope.families import FAMILIES
+    from attnscope.pipeline import run_family
+
+    fam = FAMILIES[key]
+    first = fam.inputs[0]
+    sample = _sample(first)
+    inputs = {first.name: [sample] if first.multiple else sample}
+    def refuse(constant):
+        raise AssertionError(f"results/{key}.json is not strict JSON ({constant})")
+
+    outs = []
+    for run in ("a", "b"):
+        section = run_family(key, inputs, tmp_path / run, model=mlm_bert, seed=0)
+        assert section.key == key and section.title
+        path = tmp_path / run / "results" / f"{key}.json"
+        d = json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+        result = Result.from_json(d)
+        assert result.analysis and isinstance(result.params, dict)
+        outs.append(d)
+    volatile = {"seconds", "seconds_per_epoch", "analysis_seconds", "elapsed_s"}
+
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in volatile}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+
+    _equal(strip(outs[0]), strip(outs[1]), f"{key}: same seed, same numbers")
