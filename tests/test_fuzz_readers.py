@@ -310,8 +310,10 @@ def test_pickle_of_odd_structures(tmp_path):
     arrays = st.tuples(st.integers(0, 4), st.integers(0, 3), st.integers(0, 3)).map(
         lambda t: np.zeros((1,) * t[0] + (t[1],) * min(t[0], 2) if t[0] else (), np.float16)
         if t[0] != 4 else np.zeros((1, 1, t[1], t[2]), np.float16))
-    item = st.dictionaries(st.sampled_from(["tokens", "attns", "words", "text"]),
-                           json_values | arrays, max_size=4)
+    sets = st.frozensets(st.integers(0, 3) | st.text(max_size=2), max_size=3) | st.sets(
+        st.integers(0, 3) | st.text(max_size=2), max_size=3)
+    item = st.dictionaries(st.sampled_from(["tokens", "attns", "words", "text", "extra"]),
+                           json_values | arrays | sets, max_size=4)
 
     @FUZZ
     @given(data=st.lists(item, max_size=3) | json_values)
@@ -327,6 +329,14 @@ def test_pickle_naming_a_class_with_a_line_break_gives_one_line(tmp_path):
     path = tmp_path / "x_attn.pkl"
     module = b"num\npy"
     path.write_bytes(b"\x80\x04\x8c" + bytes([len(module)]) + module + b"\x8c\x07ndarray\x93.")
+    assert outcome("pickle", _read_pickle, path) == "error"
+
+
+def test_pickle_with_a_set_of_mixed_values_is_refused(tmp_path):
+    # sets need no class lookup in a pickle; the import cannot sort {1, "a"} into JSON
+    path = tmp_path / "x_attn.pkl"
+    a = np.zeros((1, 1, 2, 2), np.float16)
+    path.write_bytes(pickle.dumps([{"tokens": ["a", "b"], "attns": a, "extra": {1, "a"}}], protocol=4))
     assert outcome("pickle", _read_pickle, path) == "error"
 
 

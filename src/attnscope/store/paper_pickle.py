@@ -85,6 +85,13 @@ def read_paper_pickle(path: str | Path, *, allow_pickle: bool = False) -> list[d
         first_shape = a.shape[:2]
         if not np.isfinite(a).all():
             raise InputError(path, f"example {i}: 'attns' holds NaN or infinite values")
+        try:  # the import keeps the other fields: they must be plain data
+            import json
+
+            json.dumps(to_plain({k: v for k, v in d.items() if k not in ("tokens", "attns")}))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise InputError(path, f"example {i}: a field holds something that is not plain data "
+                                   f"({type(exc).__name__})") from None
         content = {k: d[k] for k in ("text", "words") if k in d}
         if content:  # the import builds the example from these: check them as an input file's
             from attnscope.data.io import example_from_dict
