@@ -141,3 +141,21 @@ def test_demo_report_says_its_sample_is_too_small(tmp_path, default_model):
     assert all(r["count"] >= 5 for r in table1)
     html = (tmp_path / "demo" / "report.html").read_text()
     assert "too wide for these numbers" in html
+
+
+def test_an_unfinished_store_is_refused(tmp_path, capsys, debug_bert):
+    """A store whose extraction was killed would give numbers over part of a corpus."""
+    from attnscope.data.io import example_from_dict
+    from attnscope.extract.runner import ExtractOptions
+    from attnscope.store import extract_to_store
+
+    store = tmp_path / "maps"
+    extract_to_store([example_from_dict({"text": "the cat sat on the mat"}, 0)], store, debug_bert,
+                     options=ExtractOptions())
+    manifest = json.loads((store / "manifest.json").read_text())
+    manifest["status"] = "running"
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    rc = main(["analyze", "general", str(store), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0 and "unfinished store" in err and str(store) in err
+    assert not (tmp_path / "o").exists()

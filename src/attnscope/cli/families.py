@@ -19,6 +19,7 @@ from typing import Any
 import typer
 
 from attnscope.cli.common import console, step_progress
+from attnscope.cli.options import batch_size_option, quiet_option, seed_option
 
 _P = inspect.Parameter
 
@@ -85,14 +86,12 @@ def shared_params(*, model_default: str | None, model_help: str) -> list[inspect
         _param("model", str | None, typer.Option(model_default, "--model", "-m", help=model_help)),
         _param("max_seq_len", int, typer.Option(128, "--max-seq-len", help="Tokens per example, "
                                                 "special tokens included; longer ones are skipped.")),
-        _param("batch_size", int, typer.Option(16, "--batch-size", help="Examples per forward pass.")),
-        _param("seed", int, typer.Option(0, "--seed", help="Seed for model loading, sentence pairing "
-                                         "and every analysis.")),
+        _param("batch_size", int, batch_size_option(16)),
+        _param("seed", int, seed_option(0)),
     ]
 
 
-QUIET = _param("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bars or summary.",
-                                           show_default=False))
+QUIET = _param("quiet", bool, quiet_option())
 
 
 def print_section(section, out: Path) -> None:

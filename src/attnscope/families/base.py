@@ -154,6 +154,22 @@ class Family(ABC):
         return dataclasses.asdict(options)
 
 
+def open_input_store(path: Path):
+    """A store folder given as a family's input: refused, naming the folder, when it is not a
+    store or its extraction did not finish (analyses of part of a corpus would look whole)."""
+    from attnscope.errors import InputError
+    from attnscope.store import open_store
+    from attnscope.store.format import MANIFEST
+
+    if not (Path(path) / MANIFEST).is_file():
+        raise InputError(path, "is a folder but not an attnscope store (no manifest.json)")
+    store = open_store(path)
+    if not store.complete:
+        raise InputError(path, "is an unfinished store (its extraction was interrupted); finish it "
+                               "with 'attnscope extract ... --resume' first")
+    return store
+
+
 FAMILIES: dict[str, type[Family]] = {}
 
 

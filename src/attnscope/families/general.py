@@ -25,7 +25,15 @@ from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError
-from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
+from attnscope.families.base import (
+    Context,
+    Family,
+    Input,
+    Prepared,
+    open_input_store,
+    option,
+    register_family,
+)
 from attnscope.maps import AttentionBatch, AttentionMap
 from attnscope.report.general import (
     Progress,
@@ -246,15 +254,9 @@ def read_general_input(path: Path, model, *, max_seq_len: int, seed: int,
     ``[CLS] A [SEP] B [SEP]`` pairs with :func:`~attnscope.data.unlabeled.prepare_unlabeled`)."""
     from attnscope.data.io import read_examples
     from attnscope.data.unlabeled import prepare_unlabeled
-    from attnscope.errors import InputError
 
     if path.is_dir():
-        from attnscope.store import open_store
-        from attnscope.store.format import MANIFEST
-
-        if not (path / MANIFEST).is_file():
-            raise InputError(path, "is a folder but not an attnscope store (no manifest.json)")
-        return open_store(path)
+        return open_input_store(path)
     if model is None:
         raise AttnscopeError(f"{path}: examples need --model (or give a store folder)")
     if path.suffix.lower() in (".json", ".jsonl"):

@@ -25,6 +25,7 @@ from attnscope.families.base import (
     Input,
     Prepared,
     check_options,
+    open_input_store,
     option,
     register_family,
 )
@@ -78,9 +79,7 @@ class PatternsFamily(Family):
         path = Path(path)
         check_options(options)  # the thresholds are at least 0
         if path.is_dir():
-            from attnscope.store import open_store
-
-            store = open_store(path)
+            store = open_input_store(path)
             if store.level != "token":
                 raise InputError(path, "the store holds word-level maps; Vig's patterns need token level "
                                        "(extract without --word-level)")

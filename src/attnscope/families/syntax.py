@@ -8,6 +8,7 @@ per-relation heatmaps and Figure 5 style examples.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -21,7 +22,15 @@ from attnscope.analyses.syntax import (
 )
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, InputError
-from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
+from attnscope.families.base import (
+    Context,
+    Family,
+    Input,
+    Prepared,
+    open_input_store,
+    option,
+    register_family,
+)
 from attnscope.maps import AttentionBatch
 from attnscope.report.section import Section, TableArtifact, small_sample_caution
 from attnscope.report.syntax import (
@@ -139,6 +148,10 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
 
 
 # -- the family entry point -----------------------------------------------------------------
+#: Prefix of the temporary folder that holds extracted maps while the family runs.
+TMP_PREFIX = "attnscope-syntax-"
+
+
 def table1_min_count(min_count: int | None, dependents: int) -> tuple[int, str]:
     """The smallest relation Table 1 shows, and how it was chosen. None adapts to the data: 1%
     of the scored dependents, at least 5 and at most 100 (the paper's cut-off), so a small
@@ -194,7 +207,9 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
     for d in (tables_dir, fig_dir, res_dir):  # only once the inputs are known to be usable
         d.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="attnscope-syntax-", dir=out_dir) as tmp:
+    for stale in out_dir.glob(f"{TMP_PREFIX}*"):  # left by a run that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=out_dir) as tmp:
         maps_root = Path(save_maps) if save_maps is not None else Path(tmp)
         # -- dev maps: a store when they are read more than once ------------------------------
         if _is_store(dev):
@@ -347,13 +362,8 @@ def read_syntax_input(path: Path):
     ``word head-relation`` format, or examples JSON (``attnscope prepare depparse``)."""
     from attnscope.data.depparse import iter_depparse
     from attnscope.data.io import read_examples
-    from attnscope.store import open_store
-    from attnscope.store.format import MANIFEST
-
     if path.is_dir():
-        if not (path / MANIFEST).is_file():
-            raise InputError(path, "is a folder but not an attnscope store (no manifest.json)")
-        return open_store(path)
+        return open_input_store(path)
     if path.suffix.lower() in (".json", ".jsonl"):
         examples = read_examples(path)
     else:
