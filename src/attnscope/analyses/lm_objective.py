@@ -127,7 +127,12 @@ class Objective:
         res = forward(self.lm, batch, hooks=hooks, gates=gates, grad=grad, **model_kwargs)
         context = torch.enable_grad() if grad else torch.inference_mode()
         with context:
-            logits = self.logits(res.output)  # [B T V]
+            gathered = self.head is not None or (self.kind == "causal" and self._tied is not None)
+            if gathered:  # score only the positions that carry a loss (the vocabulary is large)
+                hidden = res.output.last_hidden_state
+                logits = None
+            else:
+                logits = self.logits(res.output)  # [B T V]
             losses = []
             correct = np.zeros(len(inputs), dtype=np.int64)
             scored = np.zeros(len(inputs), dtype=np.int64)
@@ -137,7 +142,7 @@ class Objective:
                     continue
                 pos = torch.as_tensor(x.positions)
                 tgt = torch.as_tensor(x.targets)
-                row = logits[b, pos]  # [k V]
+                row = self.logits(None, rows=hidden[b, pos]) if gathered else logits[b, pos]  # [k V]
                 row_f = row if row.dtype == torch.float64 else row.float()
                 losses.append(torch.nn.functional.cross_entropy(row_f, tgt))
                 correct[b] = int((row.argmax(-1) == tgt).sum())

@@ -51,10 +51,10 @@ def behaviour_labels(out_dir: Path) -> dict[tuple[int, int], str]:
 def _heatmap(ax, m, title, xlabels=None, ylabels=None, cmap="viridis"):
     im = ax.imshow(m, cmap=cmap, aspect="auto")
     ax.set_title(title, fontsize=9)
-    if xlabels is not None:
+    if xlabels is not None and len(xlabels) <= 48:
         ax.set_xticks(range(len(xlabels)))
         ax.set_xticklabels(xlabels, rotation=90, fontsize=6)
-    if ylabels is not None:
+    if ylabels is not None and len(ylabels) <= 48:
         ax.set_yticks(range(len(ylabels)))
         ax.set_yticklabels(ylabels, fontsize=6)
     return im
