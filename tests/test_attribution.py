@@ -322,3 +322,43 @@ def test_agreement_merges_and_skips_flow_above_limit(bert_mlm):
     np.testing.assert_allclose(a.arrays["spearman"], b.arrays["spearman"], atol=1e-12)
     assert a.meta["flow_skipped"] == sum(len(e) > 10 for e in enc) > 0
     assert all(-1 <= r["spearman"] <= 1 for r in a.tables["agreement"])
+
+
+# -- contract -------------------------------------------------------------------------------
+def _instances(lm):
+    obj = Objective(lm, seed=0)
+    return {
+        "head-importance": lambda: HeadImportance(obj),
+        "ablation": lambda: AblationEffect(obj, mode="zero"),
+        "head-means": lambda: HeadMeans(lm),
+        "pruning-curve": lambda: PruningCurve(obj, {"random": random_order(2, 2, 0)}, fractions=(0.0, 0.5)),
+        "norm-shares": lambda: NormShares(lm),
+        "attribution-agreement": lambda: AttributionAgreement(obj, rows=1),
+    }
+
+
+@pytest.mark.parametrize("name", ["head-importance", "ablation", "head-means", "pruning-curve",
+                                  "norm-shares", "attribution-agreement"])
+def test_contract_empty_one_and_json(name, bert_mlm):
+    from attnscope.analyses import ANALYSES
+    from attnscope.analyses.base import Result
+    from attnscope.report.results import dumps
+
+    make = _instances(bert_mlm)[name]
+    assert isinstance(make(), ANALYSES[name])
+    empty = make().finalize()
+    assert empty.summary == ["no examples"] and not empty.arrays
+    enc, _ = encode_examples(bert_mlm, TEXTS[:1])
+    ids = list(enc[0].input_ids)
+    a = make()
+    a.update(enc)
+    assert enc[0].input_ids == ids  # never mutates its input
+    r = a.finalize()
+    assert r.arrays
+    back = Result.from_json(r.to_json())
+    for k in r.arrays:
+        np.testing.assert_array_equal(back.arrays[k], r.arrays[k])
+    assert a.finalize().to_json() == r.to_json()  # finalize does not change the state
+    dumps(r.to_json())  # strict JSON
+    with pytest.raises(ValueError):
+        a.merge(HeadMeans(bert_mlm) if name != "head-means" else NormShares(bert_mlm))

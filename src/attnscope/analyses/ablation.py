@@ -82,8 +82,10 @@ class HeadMeans(Analysis):
 
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(), meta={"tokens": self.tokens})
-        if self.sums is not None and self.tokens:
-            res.arrays["mean"] = self.sums / self.tokens
+        if self.sums is None or not self.tokens:
+            res.summary.append("no examples")
+            return res
+        res.arrays["mean"] = self.sums / self.tokens
         return res
 
 

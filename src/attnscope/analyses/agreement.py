@@ -135,6 +135,9 @@ class AttributionAgreement(Analysis):
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(),
                      meta={"examples": self.examples, "flow_skipped": self.flow_skipped})
+        if not self.examples:
+            res.summary.append("no examples")
+            return res
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = self.sums / np.where(self.counts > 0, self.counts, np.nan)
         res.arrays["spearman"] = mean
