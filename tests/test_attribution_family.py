@@ -90,3 +90,22 @@ def test_cli_bad_methods_is_one_line_exit_2_and_no_output(tmp_path):
     assert "--attribution-methods: unknown nope" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists() or not any(out.rglob("*.json"))
+
+
+def test_run_switch_runs_after_general_and_reaches_the_report(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "run", "--model", "debug:bert", "--text",
+                           str(DEMO), "--num-text-examples", "4", "--attribution", str(DEMO),
+                           "--attribution-examples", "3", "--attribution-map-examples", "1",
+                           "--ablation", "zero", "--out", str(out), "-q"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = _strict(out / "results" / "attribution.json")
+    general = _strict(out / "results" / "general.json")
+    labels = {(r["layer"], r["head"]): r["behaviour"] for r in general["clustering"]["rows"]}
+    heads = json.loads((out / "tables" / "attribution_heads.json").read_text())
+    assert {(r["layer"], r["head"]): r["behaviour"] for r in heads} == labels
+    assert "ablation-zero" in data["analyses"] and "ablation-mean" not in data["analyses"]
+    assert "attribution_importance.png" in (out / "report.html").read_text()

@@ -142,7 +142,7 @@ def _importance_findings(rows, labels) -> list[str]:
         return ", ".join(r["name"] + (f" ({labels.get((r['layer'], r['head']), '?')})" if labels else "")
                          for r in rs)
 
-    k = min(5, len(ranked))
+    k = max(1, min(5, len(ranked) // 2))
     return [f"most important heads: {fmt(ranked[:k])}", f"least important heads: {fmt(ranked[-k:][::-1])}"]
 
 
