@@ -8,9 +8,13 @@ encoder (:func:`attnscope.analyses.gradients.fit_mlm_head`, seeded; its held-out
 printed, its fitting time is not part of any method's time). Attention flow is refused above 32
 tokens, so it is timed on single WikiText sentences of at most 32 tokens and compared with a
 forward pass over those same sentences. Value zeroing and the rollout/saliency agreement are
-per example and timed on ``--map-examples`` segments.
+per example and timed on ``--map-examples`` segments; the ablations (``L*H + 1`` passes) and the
+pruning curves on ``--ablation-examples``. Every method is compared with a forward pass over
+exactly the examples it ran on. ``--only`` times a subset, so a slow machine can run the
+benchmark in parts.
 
-    OMP_NUM_THREADS=1 python benchmarks/attribution.py [--num-examples 100] [--model default]
+    OMP_NUM_THREADS=1 python benchmarks/attribution.py [--num-examples 100] [--model default] \
+        [--only importance,norms] [--head-cache /tmp/minilm_head]
 
 With ``--numbers GENERAL_OUT`` it instead computes the numbers issue 13 asks for on the first
 ``--num-examples`` segments: the 5 most and least important heads with the behaviour labels of
@@ -28,6 +32,49 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.sentences.txt"
+
+
+TIMED = ("importance", "zero-ablation", "mean-ablation", "pruning", "norms", "rollout", "value-zeroing",
+         "agreement", "flow")
+
+
+def _fitted_head(lm, encoded, args):
+    """Fit (seeded) or reload the masked-LM head of an encoder without one."""
+    from safetensors.torch import load_file, save_file
+
+    from attnscope.analyses.gradients import (
+        FitOptions,
+        FittedHead,
+        _fitted_head_class,
+        fit_mlm_head,
+    )
+    from attnscope.analyses.lm_objective import encode_examples
+    from attnscope.data.unlabeled import prepare_unlabeled
+
+    cache = args.head_cache
+    if cache is not None and cache.with_suffix(".safetensors").is_file():
+        report = json.loads(cache.with_suffix(".json").read_text())
+        emb = lm.model.get_input_embeddings().weight.detach().float()
+        module = _fitted_head_class()(emb, getattr(lm.model.config, "layer_norm_eps", 1e-12))
+        module.load_state_dict(load_file(str(cache.with_suffix(".safetensors"))))
+        module.eval()
+        for p in module.parameters():
+            p.requires_grad_(False)
+        return FittedHead(module, report["report"]), {"seconds": report["seconds"], "cached": True,
+                                                       **report["report"]}
+    fit_on = encoded
+    if args.fit_examples:
+        exs = prepare_unlabeled(DATA, lm.tokenizer, max_seq_len=args.max_seq_len, seed=0,
+                                num_examples=args.fit_examples)
+        fit_on, _ = encode_examples(lm, exs, max_len=args.max_seq_len)
+    t = time.perf_counter()
+    head = fit_mlm_head(lm, [(e.tokens, e.special, e.segment, e.index) for e in fit_on], FitOptions(seed=0))
+    seconds = time.perf_counter() - t
+    if cache is not None:
+        save_file({k: v.contiguous() for k, v in head.module.state_dict().items()},
+                  str(cache.with_suffix(".safetensors")))
+        cache.with_suffix(".json").write_text(json.dumps({"seconds": seconds, "report": head.report}))
+    return head, {"seconds": seconds, **head.report}
 
 
 def _forward_all(lm, encoded, batch_size: int) -> None:
@@ -51,11 +98,9 @@ def main() -> None:
         AblationEffect,
         HeadMeans,
         PruningCurve,
-        importance_order,
         random_order,
     )
     from attnscope.analyses.agreement import AttributionAgreement
-    from attnscope.analyses.gradients import FitOptions, fit_mlm_head
     from attnscope.analyses.importance import HeadImportance
     from attnscope.analyses.lm_objective import Objective, encode_examples
     from attnscope.analyses.norms import NormShares
@@ -76,6 +121,13 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="Also write the timings here.")
     ap.add_argument("--numbers", type=Path, default=None, metavar="GENERAL_OUT",
                     help="Compute the issue's numbers instead of timings (labels from this run folder).")
+    ap.add_argument("--only", default=None, help="Comma-separated subset of: " + ", ".join(TIMED))
+    ap.add_argument("--ablation-examples", type=int, default=16,
+                    help="Segments the ablations and pruning curves are timed on (they are slow).")
+    ap.add_argument("--head-cache", type=Path, default=None,
+                    help="Keep the fitted masked-LM head here (safetensors + JSON) and reuse it.")
+    ap.add_argument("--fit-examples", type=int, default=None,
+                    help="Segments the head is fitted on (default: the benchmarked ones).")
     args = ap.parse_args()
     if not DATA.is_file():
         raise SystemExit(f"{DATA} is absent")
@@ -89,41 +141,52 @@ def main() -> None:
     if lm.family.causal or lm.has_mlm_head:
         objective = Objective(lm, seed=0)
     else:
-        t = time.perf_counter()
-        head = fit_mlm_head(lm, [(e.tokens, e.special, e.segment, e.index) for e in encoded], FitOptions(seed=0))
-        fit_note = {"seconds": time.perf_counter() - t, **head.report}
+        head, fit_note = _fitted_head(lm, encoded, args)
         objective = Objective(lm, head=head, seed=0)
     if args.numbers is not None:
         numbers(lm, objective, encoded, args, fit_note)
         return
-    _forward_all(lm, encoded[:bs], bs)  # warm-up
-    base = _timed(lambda: _forward_all(lm, encoded, bs))
-    rows = {}
-
-    def record(name, seconds, ntok, base_seconds):
-        rows[name] = {"seconds": seconds, "tokens": ntok, "s_per_1k_tokens": 1000 * seconds / ntok,
-                      "ratio_to_forward": seconds / base_seconds}
-
-    record("forward", base, tokens, base)
-    imp = HeadImportance(objective, batch_size=bs)
-    record("importance", _timed(lambda: imp.update(encoded)), tokens, base)
+    only = set(args.only.split(",")) if args.only else set(TIMED)
+    unknown = only - set(TIMED)
+    if unknown:
+        raise SystemExit(f"--only: unknown {', '.join(sorted(unknown))}; choose from {', '.join(TIMED)}")
     L, H = lm.num_layers, lm.num_heads
-    record("zero ablation (all heads)", _timed(lambda: AblationEffect(objective, mode="zero",
-                                                                      batch_size=bs).update(encoded)), tokens, base)
-    means = {}
+    _forward_all(lm, encoded[:bs], bs)  # warm-up
+    rows = {}
+    bases: dict[int, float] = {}
+
+    def record(name, fn, subset):
+        # each method is compared with a forward pass over exactly the examples it ran on
+        key = len(subset)
+        if key not in bases:
+            bases[key] = _timed(lambda: _forward_all(lm, subset, bs))
+        seconds = _timed(fn)
+        ntok = sum(len(e) for e in subset)
+        rows[name] = {"seconds": seconds, "examples": len(subset), "tokens": ntok,
+                      "s_per_1k_tokens": 1000 * seconds / ntok, "ratio_to_forward": seconds / bases[key],
+                      "forward_s_per_1k_tokens": 1000 * bases[key] / ntok}
+
+    small = encoded[: args.ablation_examples]
+    few = encoded[: args.map_examples]
+    if "importance" in only:
+        record("importance", lambda: HeadImportance(objective, batch_size=bs).update(encoded), encoded)
+    if "zero-ablation" in only:
+        record("zero ablation (all heads)",
+               lambda: AblationEffect(objective, mode="zero", batch_size=bs).update(small), small)
 
     def mean_ablation():
         hm = HeadMeans(lm, batch_size=bs)
-        hm.update(encoded)
-        means["m"] = hm.finalize().arrays["mean"]
-        AblationEffect(objective, mode="mean", means=means["m"], batch_size=bs).update(encoded)
+        hm.update(small)
+        AblationEffect(objective, mode="mean", means=hm.finalize().arrays["mean"], batch_size=bs).update(small)
 
-    record("mean ablation (all heads, incl. means pass)", _timed(mean_ablation), tokens, base)
-    orders = {"importance": importance_order(imp.finalize().arrays["importance"]),
-              "random": random_order(L, H, 0)}
-    record("pruning curves (2 orders x 11 fractions)",
-           _timed(lambda: PruningCurve(objective, orders, batch_size=bs).update(encoded)), tokens, base)
-    record("norm shares", _timed(lambda: NormShares(lm, batch_size=bs).update(encoded)), tokens, base)
+    if "mean-ablation" in only:
+        record("mean ablation (all heads, incl. the means pass)", mean_ablation, small)
+    orders = {"first": [(i, j) for i in range(L) for j in range(H)], "random": random_order(L, H, 0)}
+    if "pruning" in only:
+        record("pruning curves (2 orders x 11 fractions)",
+               lambda: PruningCurve(objective, orders, batch_size=bs).update(small), small)
+    if "norms" in only:
+        record("norm shares", lambda: NormShares(lm, batch_size=bs).update(encoded), encoded)
 
     def rollout_all():
         for i in range(0, len(encoded), bs):
@@ -134,41 +197,41 @@ def main() -> None:
                 n = len(e)
                 attention_rollout(np.stack([a[b, :, :n, :n].numpy() for a in out.attentions]))
 
-    record("rollout (incl. a forward with attentions)", _timed(rollout_all), tokens, base)
-    few = encoded[: args.map_examples]
-    few_tokens = sum(len(e) for e in few)
-    few_base = _timed(lambda: _forward_all(lm, few, bs))
-    record("value zeroing (per example, all layers)",
-           _timed(lambda: [value_zeroing(lm, e) for e in few]), few_tokens, few_base)
-    record("rollout/flow agreement with saliency (4 rows per example)",
-           _timed(lambda: AttributionAgreement(objective, max_flow_tokens=0).update(few)), few_tokens, few_base)
-    sents = []
-    for line in DATA.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            sents.append(Example(text=line.strip()))
-        if len(sents) >= 20 * args.flow_sentences:
-            break
-    short, _ = encode_examples(lm, sents, max_len=32)
-    short = short[: args.flow_sentences]
-    short_tokens = sum(len(e) for e in short)
-    short_base = _timed(lambda: _forward_all(lm, short, bs))
+    if "rollout" in only:
+        record("rollout (incl. a forward with attentions)", rollout_all, encoded)
+    if "value-zeroing" in only:
+        record("value zeroing (per example, all layers)", lambda: [value_zeroing(lm, e) for e in few], few)
+    if "agreement" in only:
+        record("saliency + rollout agreement (4 rows per example, no flow)",
+               lambda: AttributionAgreement(objective, max_flow_tokens=0).update(few), few)
+    if "flow" in only:
+        sents = []
+        for line in DATA.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                sents.append(Example(text=line.strip()))
+            if len(sents) >= 20 * args.flow_sentences:
+                break
+        short, _ = encode_examples(lm, sents, max_len=32)
+        short = short[: args.flow_sentences]
 
-    def flow_all():
-        for e in short:
-            out = forward(lm, pad_batch(lm, [e.input_ids], [e.token_type_ids]), attentions=True)
-            attention_flow(np.stack([a[0].numpy() for a in out.attentions]))
+        def flow_all():
+            for e in short:
+                out = forward(lm, pad_batch(lm, [e.input_ids], [e.token_type_ids]), attentions=True)
+                attention_flow(np.stack([a[0].numpy() for a in out.attentions]))
 
-    if short:
-        record("attention flow (sentences <= 32 tokens)", _timed(flow_all), short_tokens, short_base)
-    print(f"model {lm.name}: {len(encoded)} segments, {tokens} tokens; {L} layers x {H} heads")
+        if short:
+            record("attention flow (single sentences <= 32 tokens)", flow_all, short)
+    print(f"model {lm.name}: {len(encoded)} segments, {tokens} tokens; {L} layers x {H} heads; "
+          f"torch threads {__import__('torch').get_num_threads()}")
     if fit_note:
         print(f"loss: fitted masked-LM head ({fit_note['steps']} steps, {fit_note['seconds']:.1f} s, "
               f"held-out masked-token accuracy {fit_note['heldout_accuracy']:.3f})")
     else:
         print(f"loss: {objective.describe()['loss']}")
-    print(f"{'method':<62} {'s/1k tok':>9} {'x forward':>10}")
+    print(f"{'method':<58} {'examples':>8} {'s/1k tok':>9} {'fwd s/1k':>9} {'x forward':>10}")
     for name, r in rows.items():
-        print(f"{name:<62} {r['s_per_1k_tokens']:9.3f} {r['ratio_to_forward']:10.1f}")
+        print(f"{name:<58} {r['examples']:8d} {r['s_per_1k_tokens']:9.3f} {r['forward_s_per_1k_tokens']:9.3f} "
+              f"{r['ratio_to_forward']:10.1f}")
     if args.json:
         args.json.write_text(json.dumps({"model": lm.name, "segments": len(encoded), "tokens": tokens,
                                          "fitted_head": fit_note, "rows": rows}, indent=1))
