@@ -14,8 +14,9 @@ by the residual adding the layer's input to its attention output with equal weig
   (after the last layer) traces back to input token ``j`` when attention is followed linearly.
 - Flow: the layered graph with nodes ``(l, i)`` for ``l = 0..L`` and an edge from ``(l, i)`` to
   ``(l-1, j)`` of capacity ``A~_l[i, j]``; ``F[i, j]`` is the maximum flow from ``(L, i)`` to
-  ``(0, j)`` (networkx, Edmonds-Karp, pinned). That is ``n^2`` max-flow problems on a graph of
-  ``(L+1) n`` nodes and ``L n^2`` edges, so inputs above :data:`MAX_FLOW_TOKENS` are refused.
+  ``(0, j)`` (networkx's Edmonds-Karp, pinned, one residual network reused). That is ``n^2``
+  max-flow problems on a graph of ``(L+1) n`` nodes and ``L n^2`` edges, so inputs above
+  :data:`MAX_FLOW_TOKENS` are refused.
   Flow values are not row-normalised (the paper compares them by rank).
 
 Both take ``attn`` as ``[L H n n]`` (``[layer, head, query, key]``) and return ``[n n]``.
@@ -60,7 +61,7 @@ def attention_rollout(attn: np.ndarray) -> np.ndarray:
 def attention_flow(attn: np.ndarray, *, max_tokens: int = MAX_FLOW_TOKENS) -> np.ndarray:
     """Maximum flow ``[n n]`` from each output token to each input token (see the module docstring)."""
     import networkx as nx
-    from networkx.algorithms.flow import edmonds_karp
+    from networkx.algorithms.flow import build_residual_network, edmonds_karp
 
     layers = residual_attention(attn)
     L, n, _ = layers.shape
@@ -75,10 +76,12 @@ def attention_flow(attn: np.ndarray, *, max_tokens: int = MAX_FLOW_TOKENS) -> np
                 if c > 0:
                     g.add_edge((layer + 1, i), (layer, j), capacity=c)
     out = np.zeros((n, n), dtype=np.float64)
+    residual = build_residual_network(g, "capacity")  # built once; edmonds_karp resets its flows
     for i in range(n):
         src = (L, i)
         for j in range(n):
             dst = (0, j)
             if src in g and dst in g:
-                out[i, j] = nx.maximum_flow_value(g, src, dst, capacity="capacity", flow_func=edmonds_karp)
+                out[i, j] = edmonds_karp(g, src, dst, capacity="capacity", residual=residual,
+                                         value_only=True).graph["flow_value"]
     return out
