@@ -362,3 +362,25 @@ def test_contract_empty_one_and_json(name, bert_mlm):
     dumps(r.to_json())  # strict JSON
     with pytest.raises(ValueError):
         a.merge(HeadMeans(bert_mlm) if name != "head-means" else NormShares(bert_mlm))
+
+
+@pytest.mark.slow
+def test_norm_identity_and_cls_finding_on_the_packaged_model(default_model, shared_data):
+    """MiniLM: the identity holds, and [CLS] gets far more weight than norm in the middle layers
+    (Kobayashi et al.'s finding, measured on 8 WikiText-2 segments)."""
+    from attnscope.data.unlabeled import prepare_unlabeled
+
+    lm = default_model
+    exs = prepare_unlabeled(shared_data / "wikitext-2" / "valid.sentences.txt", lm.tokenizer,
+                            max_seq_len=128, seed=0, num_examples=8)
+    enc, _ = encode_examples(lm, exs)
+    batch = pad_batch(lm, [e.input_ids for e in enc[:2]], [e.token_type_ids for e in enc[:2]])
+    real = batch.attention_mask.bool()
+    for ln in NormDecomposer(lm).run(batch, keep_vectors=True, keep_outputs=True):
+        total = torch.einsum("bhij,bhjd->bid", ln.attn, ln.f) + ln.bias
+        assert (total - ln.proj_out)[real].abs().max().item() < 1e-5
+    ns = NormShares(lm)
+    ns.update(enc)
+    res = ns.finalize()
+    w, n = res.arrays["weight_share"][:, 0], res.arrays["norm_share"][:, 0]
+    assert (w[1:5] > 3 * n[1:5]).all()
