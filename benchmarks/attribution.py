@@ -121,6 +121,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="Also write the timings here.")
     ap.add_argument("--numbers", type=Path, default=None, metavar="GENERAL_OUT",
                     help="Compute the issue's numbers instead of timings (labels from this run folder).")
+    ap.add_argument("--agreement", action="store_true",
+                    help="Print the rollout/flow agreement (Spearman) on --map-examples segments and "
+                         "--flow-sentences single sentences of at most 32 tokens, instead of timings.")
     ap.add_argument("--only", default=None, help="Comma-separated subset of: " + ", ".join(TIMED))
     ap.add_argument("--ablation-examples", type=int, default=16,
                     help="Segments the ablations and pruning curves are timed on (they are slow).")
@@ -145,6 +148,9 @@ def main() -> None:
         objective = Objective(lm, head=head, seed=0)
     if args.numbers is not None:
         numbers(lm, objective, encoded, args, fit_note)
+        return
+    if args.agreement:
+        agreement(lm, objective, encoded, args)
         return
     only = set(args.only.split(",")) if args.only else set(TIMED)
     unknown = only - set(TIMED)
@@ -235,6 +241,37 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"model": lm.name, "segments": len(encoded), "tokens": tokens,
                                          "fitted_head": fit_note, "rows": rows}, indent=1))
+
+
+def short_sentences(lm, count: int, max_tokens: int = 32):
+    """The first ``count`` WikiText-2 sentences that encode to at most ``max_tokens`` tokens."""
+    from attnscope.analyses.lm_objective import encode_examples
+    from attnscope.data.records import Example
+
+    sents = []
+    for line in DATA.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            sents.append(Example(text=line.strip()))
+        if len(sents) >= 20 * count:
+            break
+    short, _ = encode_examples(lm, sents, max_len=max_tokens)
+    return short[:count]
+
+
+def agreement(lm, objective, encoded, args) -> None:
+    from attnscope.analyses.agreement import AttributionAgreement
+
+    for label, exs in (("segments", encoded[: args.map_examples]),
+                       ("sentences <= 32 tokens", short_sentences(lm, args.flow_sentences))):
+        t = time.perf_counter()
+        ag = AttributionAgreement(objective, rows=4, max_flow_tokens=32)
+        ag.update(exs)
+        res = ag.finalize()
+        print(f"{lm.name}, {len(exs)} {label} ({sum(len(e) for e in exs)} tokens, "
+              f"{time.perf_counter() - t:.0f} s, flow skipped for {res.meta['flow_skipped']}):")
+        for r in res.tables["agreement"]:
+            print(f"  {r['pair']:<18} Spearman {r['spearman']:.3f} over {r['rows']} rows "
+                  f"({r['undefined_rows']} undefined)")
 
 
 def numbers(lm, objective, encoded, args, fit_note) -> None:

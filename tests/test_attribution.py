@@ -91,6 +91,7 @@ def test_flow_by_hand():
     # (capacity 1). From (2,1): 1 to (1,1), which passes .5 to inputs 0 and 1, none to 2.
     expected = [[0.5, 0.5, 0.5], [0.5, 0.5, 0.0], [0.5, 0.5, 0.5]]
     np.testing.assert_allclose(attention_flow(HAND), expected, atol=1e-12)
+    np.testing.assert_allclose(attention_flow(HAND, rows=[2, 1]), [expected[2], expected[1]], atol=1e-12)
 
 
 def test_residual_forms_agree_and_heads_are_averaged():

@@ -102,7 +102,7 @@ class AttributionAgreement(Analysis):
             roll = attention_rollout(attn)
             flow = None
             if len(x.input_ids) <= self.max_flow_tokens:
-                flow = attention_flow(attn, max_tokens=self.max_flow_tokens)
+                flow = attention_flow(attn, max_tokens=self.max_flow_tokens, rows=rows)  # [k n]
             else:
                 self.flow_skipped += 1
             raw = attn[-1].mean(0)
@@ -110,7 +110,7 @@ class AttributionAgreement(Analysis):
                 keys = slice(0, int(i) + 1) if causal else slice(None)
                 vals = {"rollout": roll[i, keys], "raw": raw[i, keys], "saliency": sal[k, keys]}
                 if flow is not None:
-                    vals["flow"] = flow[i, keys]
+                    vals["flow"] = flow[k, keys]
                 for p, pair in enumerate(PAIRS):
                     a, b = pair.split("~")
                     if a not in vals or b not in vals or vals[a].size < 2:

@@ -58,8 +58,11 @@ def attention_rollout(attn: np.ndarray) -> np.ndarray:
     return out
 
 
-def attention_flow(attn: np.ndarray, *, max_tokens: int = MAX_FLOW_TOKENS) -> np.ndarray:
-    """Maximum flow ``[n n]`` from each output token to each input token (see the module docstring)."""
+def attention_flow(attn: np.ndarray, *, max_tokens: int = MAX_FLOW_TOKENS, rows=None) -> np.ndarray:
+    """Maximum flow ``[n n]`` from each output token to each input token (see the module docstring).
+
+    ``rows``: only these output tokens (``[k n]``, in that order); each row costs ``n`` max-flows.
+    """
     import networkx as nx
     from networkx.algorithms.flow import build_residual_network, edmonds_karp
 
@@ -75,13 +78,14 @@ def attention_flow(attn: np.ndarray, *, max_tokens: int = MAX_FLOW_TOKENS) -> np
                 c = float(layers[layer, i, j])
                 if c > 0:
                     g.add_edge((layer + 1, i), (layer, j), capacity=c)
-    out = np.zeros((n, n), dtype=np.float64)
+    rows = list(range(n)) if rows is None else [int(i) for i in rows]
+    out = np.zeros((len(rows), n), dtype=np.float64)
     residual = build_residual_network(g, "capacity")  # built once; edmonds_karp resets its flows
-    for i in range(n):
+    for k, i in enumerate(rows):
         src = (L, i)
         for j in range(n):
             dst = (0, j)
             if src in g and dst in g:
-                out[i, j] = edmonds_karp(g, src, dst, capacity="capacity", residual=residual,
+                out[k, j] = edmonds_karp(g, src, dst, capacity="capacity", residual=residual,
                                          value_only=True).graph["flow_value"]
     return out
