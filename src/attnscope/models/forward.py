@@ -22,7 +22,9 @@ anything the layer computes (the streaming statistics do exactly that). Returnin
 replaces the value at that point (only for ``"head_out"``: ablation, gating).
 
 ``gates`` (``[L H]``, optionally requiring grad) multiply ``head_out``: gate 1 changes
-nothing, gate 0 removes the head's contribution (zero ablation).
+nothing, gate 0 removes the head's contribution (zero ablation). Gates of shape ``[B L H]``
+give each sequence of the batch its own gates, so one backward pass yields every example's
+own ``dL_b/d gate`` (head importance needs per-example gradient magnitudes).
 
 When no hook needs the probabilities, the layer's output comes from torch's fused
 ``scaled_dot_product_attention``; otherwise from the family's own eager code.
@@ -225,7 +227,10 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
         out, probs = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                             dropout=dropout, **kwargs)
     if state.gates is not None:
-        out = out * state.gates[state.layer].to(out.dtype)[None, None, :, None]
+        if state.gates.dim() == 3:  # [B L H]: per-sequence gates
+            out = out * state.gates[:, state.layer].to(out.dtype)[:, None, :, None]
+        else:
+            out = out * state.gates[state.layer].to(out.dtype)[None, None, :, None]
     for hook in state.hooks.get("head_out", ()):
         replaced = hook(site, out)
         if replaced is not None:

@@ -1,0 +1,273 @@
+"""Ablating heads: the loss change when one head is removed, and pruning curves (Michel et al. 2019).
+
+- Zero ablation: the head's gate is 0, so its output (before the output projection) is zero.
+- Mean ablation: the head's output at every position is replaced by its mean over all real
+  token positions of the corpus (:class:`HeadMeans`, a first pass), through the forward
+  helper's ``"head_out"`` hook; this keeps the average signal the next layers expect.
+- Pruning curve: heads are removed (gate 0) cumulatively in a given order, e.g. least important
+  first (Michel et al.'s Figure 3/4) against a seeded random order; at each fraction of heads
+  removed the mean per-example loss and the accuracy of the scored positions (masked tokens for
+  masked LMs, next tokens for causal models) are recorded.
+
+All three accumulate sums and counts over examples and divide in ``finalize``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.lm_objective import LossInput, Objective, loss_inputs
+
+#: Fractions of all heads removed along a pruning curve.
+DEFAULT_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def _scorable(objective: Objective, encoded) -> tuple[list[LossInput], int]:
+    keep, skipped = [], 0
+    for x in loss_inputs(objective, encoded):
+        if x.positions.size:
+            keep.append(x)
+        else:
+            skipped += 1
+    return keep, skipped
+
+
+def _chunks(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+@register
+class HeadMeans(Analysis):
+    """Mean of each head's output over all real token positions: ``[L H d]``."""
+
+    name = "head-means"
+    requires = frozenset({"model"})
+
+    def __init__(self, lm, *, batch_size: int = 16):
+        self.lm = lm
+        self.batch_size = int(batch_size)
+        self.sums: np.ndarray | None = None  # [L H d] float64
+        self.tokens = 0
+
+    def params(self) -> dict[str, Any]:
+        return {"model": self.lm.name, "over": "real token positions"}
+
+    def update(self, encoded) -> None:
+        from attnscope.models.forward import forward, pad_batch
+
+        for chunk in _chunks(list(encoded), self.batch_size):
+            batch = pad_batch(self.lm, [e.input_ids for e in chunk], [e.token_type_ids for e in chunk])
+            real = batch.attention_mask.bool()  # [B T]
+            layers: list[np.ndarray] = []
+
+            def grab(site, out, real=real, layers=layers):  # out [B T H d]
+                layers.append(out[real].double().sum(0).numpy())  # [H d]
+
+            forward(self.lm, batch, hooks={"head_out": grab})
+            sums = np.stack(layers)
+            self.sums = sums if self.sums is None else self.sums + sums
+            self.tokens += int(real.sum())
+
+    def merge(self, other: "HeadMeans") -> "HeadMeans":
+        self._check_mergeable(other)
+        if other.sums is not None:
+            self.sums = other.sums.copy() if self.sums is None else self.sums + other.sums
+        self.tokens += other.tokens
+        return self
+
+    def finalize(self) -> Result:
+        res = Result(self.name, params=self.params(), meta={"tokens": self.tokens})
+        if self.sums is None or not self.tokens:
+            res.summary.append("no examples")
+            return res
+        res.arrays["mean"] = self.sums / self.tokens
+        return res
+
+
+def mean_ablation_hook(means: np.ndarray, layer: int, head: int):
+    """A ``"head_out"`` hook replacing head ``(layer, head)``'s output by ``means[layer, head]``."""
+    import torch
+
+    value = torch.as_tensor(means[layer, head])
+
+    def hook(site, out):
+        if site.layer != layer:
+            return None
+        new = out.clone()
+        new[:, :, head, :] = value.to(out.dtype)
+        return new
+
+    return hook
+
+
+@register
+class AblationEffect(Analysis):
+    """Mean over examples of ``loss(head ablated) - loss(full model)`` for every head."""
+
+    name = "ablation"
+    requires = frozenset({"model"})
+
+    def __init__(self, objective: Objective, *, mode: str = "zero", means: np.ndarray | None = None,
+                 batch_size: int = 16):
+        if mode not in ("zero", "mean"):
+            raise ValueError(f"ablation mode must be zero or mean, not {mode!r}")
+        if mode == "mean" and means is None:
+            raise ValueError("mean ablation needs the heads' mean outputs (HeadMeans)")
+        self.objective = objective
+        self.mode = mode
+        self.means = None if means is None else np.asarray(means, dtype=np.float64)
+        self.batch_size = int(batch_size)
+        lm = objective.lm
+        self.delta = np.zeros((lm.num_layers, lm.num_heads), dtype=np.float64)  # sum of loss changes
+        self.base = 0.0  # sum of full-model losses
+        self.examples = 0
+        self.skipped = 0
+
+    def params(self) -> dict[str, Any]:
+        return {"objective": self.objective.describe(), "mode": self.mode}
+
+    def update(self, encoded) -> None:
+        import torch
+
+        inputs, skipped = _scorable(self.objective, encoded)
+        self.skipped += skipped
+        lm = self.objective.lm
+        L, H = lm.num_layers, lm.num_heads
+        dtype = next(lm.model.parameters()).dtype
+        for chunk in _chunks(inputs, self.batch_size):
+            base = self.objective.run(chunk).loss.double().numpy()
+            for layer in range(L):
+                for head in range(H):
+                    if self.mode == "zero":
+                        gates = torch.ones(L, H, dtype=dtype)
+                        gates[layer, head] = 0
+                        out = self.objective.run(chunk, gates=gates)
+                    else:
+                        out = self.objective.run(chunk, hooks={"head_out": mean_ablation_hook(
+                            self.means, layer, head)})
+                    self.delta[layer, head] += float((out.loss.double().numpy() - base).sum())
+            self.base += float(base.sum())
+            self.examples += len(chunk)
+
+    def merge(self, other: "AblationEffect") -> "AblationEffect":
+        self._check_mergeable(other)
+        self.delta += other.delta
+        self.base += other.base
+        self.examples += other.examples
+        self.skipped += other.skipped
+        return self
+
+    def finalize(self) -> Result:
+        res = Result(self.name, params=self.params(),
+                     meta={"examples": self.examples, "skipped": self.skipped})
+        if not self.examples:
+            res.summary.append("no examples")
+            return res
+        delta = self.delta / self.examples
+        res.arrays["loss_change"] = delta
+        res.meta["base_loss"] = self.base / self.examples
+        H = delta.shape[1]
+        res.tables[f"ablation_{self.mode}"] = [
+            {"layer": layer, "head": head, "name": f"{layer + 1}-{head + 1}",
+             "loss_change": float(delta[layer, head])}
+            for layer in range(delta.shape[0]) for head in range(H)]
+        return res
+
+
+def importance_order(importance: np.ndarray) -> list[tuple[int, int]]:
+    """Heads from least to most important (ties by position), the order Michel et al. prune in.
+
+    >>> importance_order(np.array([[0.5, 0.1], [0.9, 0.1]]))
+    [(0, 1), (1, 1), (0, 0), (1, 0)]
+    """
+    flat = np.asarray(importance, dtype=np.float64).ravel()
+    H = importance.shape[1]
+    return [divmod(int(i), H) for i in np.argsort(flat, kind="stable")]
+
+
+def random_order(num_layers: int, num_heads: int, seed: int) -> list[tuple[int, int]]:
+    """All heads in a seeded random order."""
+    perm = np.random.default_rng(seed).permutation(num_layers * num_heads)
+    return [divmod(int(i), num_heads) for i in perm]
+
+
+@register
+class PruningCurve(Analysis):
+    """Loss and accuracy as heads are removed cumulatively along each named order."""
+
+    name = "pruning-curve"
+    requires = frozenset({"model"})
+
+    def __init__(self, objective: Objective, orders: dict[str, Sequence[tuple[int, int]]], *,
+                 fractions: Sequence[float] = DEFAULT_FRACTIONS, batch_size: int = 16):
+        self.objective = objective
+        self.orders = {k: [tuple(map(int, h)) for h in v] for k, v in orders.items()}
+        self.fractions = tuple(float(f) for f in fractions)
+        self.batch_size = int(batch_size)
+        shape = (len(self.orders), len(self.fractions))
+        self.loss = np.zeros(shape, dtype=np.float64)
+        self.correct = np.zeros(shape, dtype=np.int64)
+        self.scored = np.zeros(shape, dtype=np.int64)
+        self.examples = 0
+        self.skipped = 0
+
+    def params(self) -> dict[str, Any]:
+        return {"objective": self.objective.describe(), "orders": {k: [list(h) for h in v]
+                                                                   for k, v in self.orders.items()},
+                "fractions": list(self.fractions)}
+
+    def removed(self, fraction: float) -> int:
+        lm = self.objective.lm
+        return int(round(fraction * lm.num_layers * lm.num_heads))
+
+    def update(self, encoded) -> None:
+        import torch
+
+        inputs, skipped = _scorable(self.objective, encoded)
+        self.skipped += skipped
+        lm = self.objective.lm
+        dtype = next(lm.model.parameters()).dtype
+        for chunk in _chunks(inputs, self.batch_size):
+            for o, order in enumerate(self.orders.values()):
+                for f, frac in enumerate(self.fractions):
+                    gates = torch.ones(lm.num_layers, lm.num_heads, dtype=dtype)
+                    for layer, head in order[:self.removed(frac)]:
+                        gates[layer, head] = 0
+                    out = self.objective.run(chunk, gates=gates)
+                    self.loss[o, f] += float(out.loss.double().sum())
+                    self.correct[o, f] += int(out.correct.sum())
+                    self.scored[o, f] += int(out.scored.sum())
+            self.examples += len(chunk)
+
+    def merge(self, other: "PruningCurve") -> "PruningCurve":
+        self._check_mergeable(other)
+        self.loss += other.loss
+        self.correct += other.correct
+        self.scored += other.scored
+        self.examples += other.examples
+        self.skipped += other.skipped
+        return self
+
+    def finalize(self) -> Result:
+        res = Result(self.name, params=self.params(),
+                     meta={"examples": self.examples, "skipped": self.skipped})
+        if not self.examples:
+            res.summary.append("no examples")
+            return res
+        loss = self.loss / self.examples
+        with np.errstate(invalid="ignore", divide="ignore"):
+            acc = self.correct / np.where(self.scored > 0, self.scored, np.nan)
+        res.arrays["loss"] = loss
+        res.arrays["accuracy"] = acc
+        rows = []
+        for o, name in enumerate(self.orders):
+            for f, frac in enumerate(self.fractions):
+                rows.append({"order": name, "fraction_removed": frac, "heads_removed": self.removed(frac),
+                             "loss": float(loss[o, f]), "accuracy": float(acc[o, f])})
+        res.tables["pruning_curve"] = rows
+        return res

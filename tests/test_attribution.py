@@ -1,0 +1,387 @@
+"""Attribution analyses: hand-worked rollout and flow, importance vs finite differences, ablation,
+the norm identity on tiny BERT / RoBERTa / GPT-2 / Llama (GQA), value zeroing vs a brute force."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnscope.analyses.ablation import (
+    AblationEffect,
+    HeadMeans,
+    PruningCurve,
+    importance_order,
+    random_order,
+)
+from attnscope.analyses.agreement import AttributionAgreement, spearman
+from attnscope.analyses.importance import HeadImportance, gate_gradients, normalise_per_layer
+from attnscope.analyses.lm_objective import Objective, encode_examples, loss_inputs
+from attnscope.analyses.norms import NormDecomposer, NormShares, example_norm_maps
+from attnscope.analyses.rollout import attention_flow, attention_rollout, residual_attention
+from attnscope.analyses.value_zeroing import value_zeroing
+from attnscope.data.records import Example
+from attnscope.errors import AttnscopeError
+from attnscope.models.forward import forward, pad_batch
+
+TEXTS = [Example(text="the cat sat on the mat"),
+         Example(text="she saw a big red house", text_pair="the dog ran to the man"),
+         Example(text="he said it was not there")]
+
+
+@pytest.fixture(scope="module")
+def bert_mlm():
+    from attnscope.models import load_model
+
+    lm = load_model("debug:bert", mlm_head=True)
+    lm.model.double()
+    return lm
+
+
+@pytest.fixture(scope="module")
+def gpt2_64():
+    from attnscope.models import load_model
+
+    lm = load_model("debug:gpt2")
+    lm.model.double()
+    return lm
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(debug_gpt2):
+    """A 2-layer Llama with grouped-query attention (4 query heads, 2 key/value heads) and biases."""
+    import transformers
+
+    from attnscope.models.families import Family
+    from attnscope.models.forward import install
+    from attnscope.models.loading import LoadedModel
+
+    tok = debug_gpt2.tokenizer
+    cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                   max_position_embeddings=128, attention_bias=True,
+                                   tie_word_embeddings=True)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # random biases, so that the bias bookkeeping is exercised
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    assert install(model)
+    return LoadedModel(model=model, tokenizer=tok, family=Family("llama", True, None, False),
+                       name="tiny-llama", source="test", weights_hash="-")
+
+
+# -- rollout and flow -----------------------------------------------------------------------
+# Layer 1 swaps tokens 0 and 1, layer 2 swaps tokens 0 and 2 (one head each). With the residual
+# (0.5 A + 0.5 I): A~1 = [[.5 .5 0] [.5 .5 0] [0 0 1]], A~2 = [[.5 0 .5] [0 1 0] [.5 0 .5]].
+HAND = np.array([[[[0, 1, 0], [1, 0, 0], [0, 0, 1]]],
+                 [[[0, 0, 1], [0, 1, 0], [1, 0, 0]]]], dtype=float)  # [L=2 H=1 3 3]
+
+
+def test_rollout_by_hand():
+    # R = A~2 A~1: row 0 = .5 [.5 .5 0] + .5 [0 0 1]; row 1 = [.5 .5 0]; row 2 = row 0
+    expected = [[0.25, 0.25, 0.5], [0.5, 0.5, 0.0], [0.25, 0.25, 0.5]]
+    np.testing.assert_allclose(attention_rollout(HAND), expected, atol=1e-12)
+
+
+def test_flow_by_hand():
+    # From (2,0): .5 to (1,0), which passes .5 to each of inputs 0 and 1; .5 to (1,2) -> input 2
+    # (capacity 1). From (2,1): 1 to (1,1), which passes .5 to inputs 0 and 1, none to 2.
+    expected = [[0.5, 0.5, 0.5], [0.5, 0.5, 0.0], [0.5, 0.5, 0.5]]
+    np.testing.assert_allclose(attention_flow(HAND), expected, atol=1e-12)
+    np.testing.assert_allclose(attention_flow(HAND, rows=[2, 1]), [expected[2], expected[1]], atol=1e-12)
+
+
+def test_residual_forms_agree_and_heads_are_averaged():
+    rng = np.random.default_rng(0)
+    a = rng.random((3, 2, 4, 4))
+    a /= a.sum(-1, keepdims=True)
+    mixed = residual_attention(a)
+    np.testing.assert_allclose(mixed, 0.5 * a.mean(1) + 0.5 * np.eye(4), atol=1e-12)
+    np.testing.assert_allclose(attention_rollout(a).sum(-1), 1.0, atol=1e-12)
+
+
+def test_flow_refuses_long_inputs():
+    a = np.full((1, 1, 5, 5), 0.2)
+    with pytest.raises(AttnscopeError, match="limited to 4 tokens"):
+        attention_flow(a, max_tokens=4)
+
+
+def test_spearman_hand_and_constant():
+    assert spearman(np.array([1.0, 2, 3]), np.array([10.0, 20, 30])) == pytest.approx(1.0)
+    assert spearman(np.array([1.0, 2, 3]), np.array([3.0, 2, 1])) == pytest.approx(-1.0)
+    assert np.isnan(spearman(np.array([1.0, 1, 1]), np.array([1.0, 2, 3])))
+
+
+# -- importance -----------------------------------------------------------------------------
+def test_per_example_gates_match_single_runs(debug_bert):
+    lm = debug_bert
+    seqs = [lm.tokenizer("the cat sat on the mat")["input_ids"], lm.tokenizer("a dog")["input_ids"]]
+    g = torch.rand(2, lm.num_layers, lm.num_heads, generator=torch.Generator().manual_seed(0))
+    both = forward(lm, pad_batch(lm, seqs), gates=g).output.last_hidden_state
+    for b, s in enumerate(seqs):
+        alone = forward(lm, pad_batch(lm, [s]), gates=g[b]).output.last_hidden_state[0]
+        torch.testing.assert_close(both[b, :len(s)], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fixture", ["bert_mlm", "gpt2_64"])
+def test_importance_equals_finite_differences(fixture, request):
+    lm = request.getfixturevalue(fixture)
+    obj = Objective(lm, seed=3)
+    enc, _ = encode_examples(lm, TEXTS[:2])
+    xs = loss_inputs(obj, enc)
+    grads = gate_gradients(obj, xs)  # [B L H]
+    eps = 1e-6
+    for b in range(2):
+        for layer in range(lm.num_layers):
+            for head in range(lm.num_heads):
+                up = torch.ones(lm.num_layers, lm.num_heads, dtype=torch.float64)
+                down = up.clone()
+                up[layer, head] += eps
+                down[layer, head] -= eps
+                fd = (obj.run([xs[b]], gates=up).loss[0] - obj.run([xs[b]], gates=down).loss[0]) / (2 * eps)
+                assert float(fd) == pytest.approx(grads[b, layer, head], rel=1e-5, abs=1e-9)
+
+
+def test_importance_is_mean_abs_gradient_normalised_and_batching_invariant(bert_mlm):
+    obj = Objective(bert_mlm, seed=1)
+    enc, _ = encode_examples(bert_mlm, TEXTS)
+    grads = gate_gradients(obj, loss_inputs(obj, enc))
+    whole = HeadImportance(obj, batch_size=3)
+    whole.update(enc)
+    parts = [HeadImportance(obj, batch_size=1) for _ in enc]
+    for p, e in zip(parts, enc):
+        p.update([e])
+    merged = parts[0].merge(parts[1]).merge(parts[2])
+    a, b = whole.finalize(), merged.finalize()
+    raw = np.abs(grads).mean(0)
+    np.testing.assert_allclose(a.arrays["importance_raw"], raw, rtol=1e-9)
+    np.testing.assert_allclose(b.arrays["importance_raw"], raw, rtol=1e-9)
+    np.testing.assert_allclose(np.linalg.norm(a.arrays["importance"], axis=1), 1.0)
+    assert normalise_per_layer(np.array([[3.0, 4.0]])).tolist() == [[0.6, 0.8]]
+    assert {r["rank"] for r in a.tables["head_importance"]} == set(range(1, 5))
+
+
+def test_objective_refuses_encoder_without_head(debug_bert):
+    from attnscope.errors import ModelError
+
+    with pytest.raises(ModelError, match="no masked-LM head"):
+        Objective(debug_bert)
+
+
+# -- ablation -------------------------------------------------------------------------------
+def test_zero_ablation_equals_removing_the_heads_value_weights(bert_mlm):
+    import copy
+
+    obj = Objective(bert_mlm, seed=0)
+    enc, _ = encode_examples(bert_mlm, TEXTS)
+    abl = AblationEffect(obj, mode="zero", batch_size=2)
+    abl.update(enc)
+    res = abl.finalize()
+    xs = loss_inputs(obj, enc)
+    base = obj.run(xs).loss.mean().item()
+    assert res.meta["base_loss"] == pytest.approx(base, rel=1e-10)
+    d = bert_mlm.model.config.hidden_size // bert_mlm.num_heads
+    for layer, head in [(0, 1), (1, 0)]:
+        lm2 = copy.copy(bert_mlm)
+        lm2.model = copy.deepcopy(bert_mlm.model)
+        value = lm2.model.bert.encoder.layer[layer].attention.self.value
+        with torch.no_grad():
+            value.weight[head * d:(head + 1) * d] = 0
+            value.bias[head * d:(head + 1) * d] = 0
+        removed = Objective(lm2, seed=0).run(xs).loss.mean().item()
+        assert res.arrays["loss_change"][layer, head] == pytest.approx(removed - base, rel=1e-8, abs=1e-12)
+
+
+def test_mean_ablation_with_zero_means_is_zero_ablation(bert_mlm):
+    obj = Objective(bert_mlm, seed=0)
+    enc, _ = encode_examples(bert_mlm, TEXTS)
+    zero = AblationEffect(obj, mode="zero")
+    zero.update(enc)
+    mean0 = AblationEffect(obj, mode="mean", means=np.zeros((2, 2, 16)))
+    mean0.update(enc)
+    np.testing.assert_allclose(mean0.finalize().arrays["loss_change"],
+                               zero.finalize().arrays["loss_change"], atol=1e-12)
+
+
+def test_head_means_ignore_padding_and_merge(bert_mlm):
+    enc, _ = encode_examples(bert_mlm, TEXTS)
+    together = HeadMeans(bert_mlm, batch_size=3)
+    together.update(enc)
+    apart = [HeadMeans(bert_mlm, batch_size=1) for _ in enc]
+    for a, e in zip(apart, enc):
+        a.update([e])
+    merged = apart[0].merge(apart[1]).merge(apart[2]).finalize()
+    np.testing.assert_allclose(together.finalize().arrays["mean"], merged.arrays["mean"], atol=1e-12)
+    assert merged.meta["tokens"] == sum(len(e) for e in enc)
+
+
+def test_pruning_curve_endpoints(gpt2_64):
+    obj = Objective(gpt2_64)
+    enc, _ = encode_examples(gpt2_64, TEXTS)
+    imp = np.array([[0.2, 0.9], [0.5, 0.1]])
+    order = importance_order(imp)
+    assert order == [(1, 1), (0, 0), (1, 0), (0, 1)]
+    curve = PruningCurve(obj, {"importance": order, "random": random_order(2, 2, 0)},
+                         fractions=(0.0, 0.5, 1.0), batch_size=2)
+    curve.update(enc)
+    res = curve.finalize()
+    base = obj.run(loss_inputs(obj, enc)).loss.mean().item()
+    np.testing.assert_allclose(res.arrays["loss"][:, 0], base, rtol=1e-10)
+    assert res.arrays["loss"][0, 2] == pytest.approx(res.arrays["loss"][1, 2])  # all heads gone
+    gates = torch.ones(2, 2, dtype=torch.float64)
+    gates[1, 1] = gates[0, 0] = 0
+    half = obj.run(loss_inputs(obj, enc), gates=gates).loss.mean().item()
+    assert res.arrays["loss"][0, 1] == pytest.approx(half, rel=1e-10)
+    assert ((res.arrays["accuracy"] >= 0) & (res.arrays["accuracy"] <= 1)).all()
+    assert sorted(random_order(3, 4, 7)) == [(i, j) for i in range(3) for j in range(4)]
+
+
+# -- norms ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("fixture", ["debug_bert", "debug_roberta", "debug_gpt2", "tiny_llama"])
+def test_norm_identity(fixture, request):
+    """sum_h sum_j alpha_ij f(x_j) + b_O = the output projection's output, to 1e-5."""
+    lm = request.getfixturevalue(fixture)
+    seqs = [lm.tokenizer("the cat sat on the mat")["input_ids"], lm.tokenizer("a big dog")["input_ids"]]
+    batch = pad_batch(lm, seqs)
+    real = batch.attention_mask.bool()
+    layers = NormDecomposer(lm).run(batch, keep_vectors=True, keep_outputs=True)
+    assert len(layers) == lm.num_layers
+    for ln in layers:
+        assert ln.attn.shape[1] == lm.num_heads
+        total = torch.einsum("bhij,bhjd->bid", ln.attn, ln.f) + ln.bias
+        assert (total - ln.proj_out)[real].abs().max().item() < 1e-5
+        torch.testing.assert_close(ln.norms(), ln.attn * ln.f.norm(dim=-1)[:, :, None, :])
+
+
+def test_norm_shares_are_shares(debug_bert):
+    enc, _ = encode_examples(debug_bert, TEXTS)
+    ns = NormShares(debug_bert)
+    ns.update(enc)
+    res = ns.finalize()
+    np.testing.assert_allclose(res.arrays["weight_share"].sum(-1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(res.arrays["norm_share"].sum(-1), 1.0, atol=1e-6)
+    maps = example_norm_maps(NormDecomposer(debug_bert), enc[0])
+    n = len(enc[0])
+    assert maps["weights"].shape == maps["norms"].shape == (2, 2, n, n)
+    assert maps["layer_norms"].shape == (2, n, n)
+    # ||sum_h v_h|| <= sum_h ||v_h|| (triangle inequality)
+    assert (maps["layer_norms"] <= maps["norms"].sum(1) + 1e-9).all()
+
+
+# -- value zeroing --------------------------------------------------------------------------
+def test_value_zeroing_matches_zeroing_the_value_projection(debug_bert):
+    lm = debug_bert
+    enc, _ = encode_examples(lm, TEXTS[:1])
+    e = enc[0]
+    n = len(e)
+    vz = value_zeroing(lm, e)
+    batch = pad_batch(lm, [e.input_ids], [e.token_type_ids])
+    for layer in range(lm.num_layers):
+        ref = forward(lm, batch, output_hidden_states=True).output.hidden_states[layer + 1][0].double()
+        dist = np.zeros((n, n))
+        value = lm.model.encoder.layer[layer].attention.self.value
+        for j in range(n):
+            def zero_j(m, args, out, j=j):
+                out = out.clone()
+                out[:, j] = 0
+                return out
+            h = value.register_forward_hook(zero_j)
+            try:
+                x = forward(lm, batch, output_hidden_states=True).output.hidden_states[layer + 1][0].double()
+            finally:
+                h.remove()
+            dist[:, j] = (1 - torch.nn.functional.cosine_similarity(x, ref, dim=-1)).clamp_min(0).numpy()
+        expected = dist / dist.sum(-1, keepdims=True)
+        np.testing.assert_allclose(vz[layer], expected, atol=1e-4)
+
+
+def test_value_zeroing_is_causal_for_decoders_and_refuses_long_inputs(tiny_llama):
+    enc, _ = encode_examples(tiny_llama, TEXTS[:1])
+    vz = value_zeroing(tiny_llama, enc[0])
+    n = len(enc[0])
+    assert vz.shape == (2, n, n)
+    assert np.abs(np.triu(vz, 1)).max() < 1e-6  # token i never mixes tokens after it
+    np.testing.assert_allclose(vz.sum(-1), 1.0, atol=1e-9)
+    with pytest.raises(AttnscopeError, match="limited to 3 tokens"):
+        value_zeroing(tiny_llama, enc[0], max_tokens=3)
+
+
+# -- agreement ------------------------------------------------------------------------------
+def test_agreement_merges_and_skips_flow_above_limit(bert_mlm):
+    obj = Objective(bert_mlm, seed=0)
+    enc, _ = encode_examples(bert_mlm, TEXTS)
+    whole = AttributionAgreement(obj, rows=2, max_flow_tokens=10)
+    whole.update(enc)
+    parts = [AttributionAgreement(obj, rows=2, max_flow_tokens=10) for _ in enc]
+    for p, e in zip(parts, enc):
+        p.update([e])
+    merged = parts[0].merge(parts[1]).merge(parts[2])
+    a, b = whole.finalize(), merged.finalize()
+    np.testing.assert_allclose(a.arrays["spearman"], b.arrays["spearman"], atol=1e-12)
+    assert a.meta["flow_skipped"] == sum(len(e) > 10 for e in enc) > 0
+    assert all(-1 <= r["spearman"] <= 1 for r in a.tables["agreement"])
+
+
+# -- contract -------------------------------------------------------------------------------
+def _instances(lm):
+    obj = Objective(lm, seed=0)
+    return {
+        "head-importance": lambda: HeadImportance(obj),
+        "ablation": lambda: AblationEffect(obj, mode="zero"),
+        "head-means": lambda: HeadMeans(lm),
+        "pruning-curve": lambda: PruningCurve(obj, {"random": random_order(2, 2, 0)}, fractions=(0.0, 0.5)),
+        "norm-shares": lambda: NormShares(lm),
+        "attribution-agreement": lambda: AttributionAgreement(obj, rows=1),
+    }
+
+
+@pytest.mark.parametrize("name", ["head-importance", "ablation", "head-means", "pruning-curve",
+                                  "norm-shares", "attribution-agreement"])
+def test_contract_empty_one_and_json(name, bert_mlm):
+    from attnscope.analyses import ANALYSES
+    from attnscope.analyses.base import Result
+    from attnscope.report.results import dumps
+
+    make = _instances(bert_mlm)[name]
+    assert isinstance(make(), ANALYSES[name])
+    empty = make().finalize()
+    assert empty.summary == ["no examples"] and not empty.arrays
+    enc, _ = encode_examples(bert_mlm, TEXTS[:1])
+    ids = list(enc[0].input_ids)
+    a = make()
+    a.update(enc)
+    assert enc[0].input_ids == ids  # never mutates its input
+    r = a.finalize()
+    assert r.arrays
+    back = Result.from_json(r.to_json())
+    for k in r.arrays:
+        np.testing.assert_array_equal(back.arrays[k], r.arrays[k])
+    assert a.finalize().to_json() == r.to_json()  # finalize does not change the state
+    dumps(r.to_json())  # strict JSON
+    with pytest.raises(ValueError):
+        a.merge(HeadMeans(bert_mlm) if name != "head-means" else NormShares(bert_mlm))
+
+
+@pytest.mark.slow
+def test_norm_identity_and_cls_finding_on_the_packaged_model(default_model, shared_data):
+    """MiniLM: the identity holds, and [CLS] gets far more weight than norm in the middle layers
+    (Kobayashi et al.'s finding, measured on 8 WikiText-2 segments)."""
+    from attnscope.data.unlabeled import prepare_unlabeled
+
+    lm = default_model
+    exs = prepare_unlabeled(shared_data / "wikitext-2" / "valid.sentences.txt", lm.tokenizer,
+                            max_seq_len=128, seed=0, num_examples=8)
+    enc, _ = encode_examples(lm, exs)
+    batch = pad_batch(lm, [e.input_ids for e in enc[:2]], [e.token_type_ids for e in enc[:2]])
+    real = batch.attention_mask.bool()
+    for ln in NormDecomposer(lm).run(batch, keep_vectors=True, keep_outputs=True):
+        total = torch.einsum("bhij,bhjd->bid", ln.attn, ln.f) + ln.bias
+        assert (total - ln.proj_out)[real].abs().max().item() < 1e-5
+    ns = NormShares(lm)
+    ns.update(enc)
+    res = ns.finalize()
+    w, n = res.arrays["weight_share"][:, 0], res.arrays["norm_share"][:, 0]
+    assert (w[1:5] > 3 * n[1:5]).all()

@@ -1,0 +1,111 @@
+"""The attribution family through its registered class (prepare/run with a Context) and the CLI
+generated from the registry; behaviour labels read from the general family's real output."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnscope.families import FAMILIES, Context, load_families
+
+DEMO = Path(__file__).resolve().parents[1] / "src" / "attnscope" / "demo_data" / "text.txt"
+
+
+@pytest.fixture(scope="module")
+def bert_mlm():
+    from attnscope.models import load_model
+
+    return load_model("debug:bert", mlm_head=True)
+
+
+def _run(key, lm, out, inputs, **opts):
+    load_families()
+    fam = FAMILIES[key]()
+    options = fam.Options(**opts)
+    ctx = Context(model=lm, out_dir=out, seed=0, max_seq_len=64, batch_size=4)
+    return fam.run(fam.prepare(inputs, options, ctx), options, ctx)
+
+
+def _strict(path: Path):
+    return json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
+
+
+def test_family_writes_everything_and_labels_heads_from_general(bert_mlm, tmp_path):
+    _run("general", bert_mlm, tmp_path, {"text": DEMO}, num_text_examples=8)
+    general = _strict(tmp_path / "results" / "general.json")
+    labels = {(r["layer"], r["head"]): r["behaviour"] for r in general["clustering"]["rows"]}
+    sec = _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, attribution_examples=6,
+               attribution_map_examples=3)
+    data = _strict(tmp_path / "results" / "attribution.json")
+    assert data["examples"] == 6
+    assert set(data["analyses"]) == {"head-importance", "ablation-zero", "ablation-mean",
+                                     "pruning-curve", "attribution-agreement", "norm-shares"}
+    heads = json.loads((tmp_path / "tables" / "attribution_heads.json").read_text())
+    assert len(heads) == bert_mlm.num_layers * bert_mlm.num_heads
+    assert {(r["layer"], r["head"]): r["behaviour"] for r in heads} == labels
+    assert sorted(r["rank"] for r in heads) == [1, 2, 3, 4]
+    for name in ("attribution_importance", "attribution_pruning", "attribution_weight_vs_norm",
+                 "attribution_example"):
+        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 0
+    ex = data["example"]
+    n = len(ex["tokens"])
+    assert np.allclose(np.asarray(ex["rollout"]).sum(-1), 1.0)
+    assert np.asarray(ex["value_zeroing"]).shape == (bert_mlm.num_layers, n, n)
+    assert any(f.startswith("most important heads") for f in sec.findings)
+    curve = data["analyses"]["pruning-curve"]["tables"]["pruning_curve"]
+    assert {r["order"] for r in curve} == {"importance", "random"}
+    assert all(r["accuracy"] is None or 0 <= r["accuracy"] <= 1 for r in curve)
+
+
+def test_encoder_without_head_skips_loss_methods_with_a_note(debug_bert, tmp_path):
+    sec = _run("attribution", debug_bert, tmp_path, {"attribution": DEMO}, attribution_examples=3)
+    data = _strict(tmp_path / "results" / "attribution.json")
+    assert set(data["analyses"]) == {"norm-shares"}
+    assert any("no masked-LM head" in n for n in data["notes"])
+    assert not math.isnan(data["analyses"]["norm-shares"]["arrays"]["weight_share"]["data"][0][0])
+    assert sec.figures
+
+
+def test_causal_model_uses_next_token_loss(debug_gpt2, tmp_path):
+    _run("attribution", debug_gpt2, tmp_path, {"attribution": DEMO}, attribution_examples=3,
+         attribution_methods="importance,norms")
+    data = _strict(tmp_path / "results" / "attribution.json")
+    assert data["methods"] == ["importance", "norms"]
+    assert data["analyses"]["head-importance"]["params"]["objective"]["loss"] == "next-token cross-entropy"
+
+
+def test_cli_bad_methods_is_one_line_exit_2_and_no_output(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "analyze", "attribution", str(DEMO),
+                           "--model", "debug:bert", "--out", str(out), "--attribution-methods",
+                           "importance,nope"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "--attribution-methods: unknown nope" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() or not any(out.rglob("*.json"))
+
+
+def test_run_switch_runs_after_general_and_reaches_the_report(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "run", "--model", "debug:bert", "--text",
+                           str(DEMO), "--num-text-examples", "4", "--attribution", str(DEMO),
+                           "--attribution-examples", "3", "--attribution-map-examples", "1",
+                           "--ablation", "zero", "--out", str(out), "-q"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = _strict(out / "results" / "attribution.json")
+    general = _strict(out / "results" / "general.json")
+    labels = {(r["layer"], r["head"]): r["behaviour"] for r in general["clustering"]["rows"]}
+    heads = json.loads((out / "tables" / "attribution_heads.json").read_text())
+    assert {(r["layer"], r["head"]): r["behaviour"] for r in heads} == labels
+    assert "ablation-zero" in data["analyses"] and "ablation-mean" not in data["analyses"]
+    assert "attribution_importance.png" in (out / "report.html").read_text()
