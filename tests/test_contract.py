@@ -22,8 +22,21 @@ from attnscope.analyses import ANALYSES
 from attnscope.families import load_families
 from attnscope.report.results import dumps
 
-load_families()  # importing the families imports every analysis they use
-ANALYSIS_NAMES = sorted(ANALYSES)
+
+def _import_all_analyses() -> list[str]:
+    """Import every module of ``attnscope.analyses`` so every registered analysis is listed."""
+    import importlib
+    import pkgutil
+
+    import attnscope.analyses as pkg
+
+    for info in pkgutil.walk_packages(pkg.__path__, prefix="attnscope.analyses."):
+        importlib.import_module(info.name)
+    load_families()
+    return sorted(ANALYSES)
+
+
+ANALYSIS_NAMES = _import_all_analyses()
 
 
 @pytest.fixture(scope="module")
@@ -55,22 +68,32 @@ def batches_for(mlm_bert):
 
     cache: dict = {}
 
-    def get(requires: frozenset):
-        word = "word_level" in requires
-        key = (word, "coreference" in requires)
+    def get(name: str) -> list:
+        """What ``update`` of analysis ``name`` consumes, one item per example: maps, or
+        encoded examples for analyses that run the model themselves."""
+        cls = ANALYSES[name]
+        word = "word_level" in cls.requires
+        key = (word, "coreference" in cls.requires, cls.consumes)
         if key not in cache:
-            examples = _examples(requires, mlm_bert)
-            cache[key] = [m for b in extract(examples, mlm_bert, word_level=word, batch_size=4,
-                                             max_seq_len=128) for m in b]
+            examples = _examples(cls.requires, mlm_bert)
+            if cls.consumes == "encoded":
+                from attnscope.extract.encode import Encoder
+
+                encoder = Encoder(mlm_bert)
+                cache[key] = [encoder.encode(ex, i) for i, ex in enumerate(examples)]
+            else:
+                cache[key] = [m for b in extract(examples, mlm_bert, word_level=word, batch_size=4,
+                                                 max_seq_len=128) for m in b]
         return cache[key]
 
     return get
 
 
-def _batch(maps):
+def _feed(name: str, items):
+    """One ``update`` argument: an AttentionBatch of maps, or a list of encoded examples."""
     from attnscope.extract import AttentionBatch
 
-    return AttentionBatch(list(maps))
+    return AttentionBatch(list(items)) if ANALYSES[name].consumes == "maps" else list(items)
 
 
 def _equal(a, b, path="result"):
@@ -114,9 +137,9 @@ def test_empty_input_and_one_example(name, mlm_bert, batches_for):
     empty = _build(name, mlm_bert).finalize()
     assert empty.analysis == name
     json.loads(dumps(empty.to_json()))  # serialises even with nothing accumulated
-    maps = batches_for(ANALYSES[name].requires)
+    maps = batches_for(name)
     one = _build(name, mlm_bert)
-    one.update(_batch(maps[:1]))
+    one.update(_feed(name, maps[:1]))
     res = one.finalize()
     assert res.analysis == name
     assert res.tables or res.arrays  # one example gives numbers
@@ -124,20 +147,20 @@ def test_empty_input_and_one_example(name, mlm_bert, batches_for):
 
 @pytest.mark.parametrize("name", ANALYSIS_NAMES)
 def test_merge_of_halves_and_any_batching_equal_the_whole(name, mlm_bert, batches_for):
-    maps = batches_for(ANALYSES[name].requires)
+    maps = batches_for(name)
     whole = _build(name, mlm_bert)
-    whole.update(_batch(maps))
+    whole.update(_feed(name, maps))
     expected = _plain(whole.finalize())
 
     one_by_one = _build(name, mlm_bert)
     for m in maps:
-        one_by_one.update(_batch([m]))
+        one_by_one.update(_feed(name, [m]))
     _equal(_plain(one_by_one.finalize()), expected, f"{name} one by one")
 
     half = len(maps) // 2
     a, b = _build(name, mlm_bert), _build(name, mlm_bert)
-    a.update(_batch(maps[:half]))
-    b.update(_batch(maps[half:]))
+    a.update(_feed(name, maps[:half]))
+    b.update(_feed(name, maps[half:]))
     _equal(_plain(a.merge(b).finalize()), expected, f"{name} merged")
 
 
@@ -146,7 +169,7 @@ def test_json_round_trip_params_and_seed(name, mlm_bert, batches_for):
     from attnscope.analyses.base import Result
 
     analysis = _build(name, mlm_bert)
-    analysis.update(_batch(batches_for(ANALYSES[name].requires)[:3]))
+    analysis.update(_feed(name, batches_for(name)[:3]))
     res = analysis.finalize()
     text = dumps(res.to_json())
     back = Result.from_json(json.loads(text))

@@ -47,6 +47,11 @@ class HeadMeans(Analysis):
 
     name = "head-means"
     requires = frozenset({"model"})
+    consumes = "encoded"
+
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "HeadMeans":
+        return cls(model)
 
     def __init__(self, lm, *, batch_size: int = 16):
         self.lm = lm
@@ -111,6 +116,11 @@ class AblationEffect(Analysis):
 
     name = "ablation"
     requires = frozenset({"model"})
+    consumes = "encoded"
+
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "AblationEffect":
+        return cls(Objective(model, seed=seed))
 
     def __init__(self, objective: Objective, *, mode: str = "zero", means: np.ndarray | None = None,
                  batch_size: int = 16):
@@ -202,6 +212,12 @@ class PruningCurve(Analysis):
 
     name = "pruning-curve"
     requires = frozenset({"model"})
+    consumes = "encoded"
+
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "PruningCurve":
+        heads = [(layer, head) for layer in range(model.num_layers) for head in range(model.num_heads)]
+        return cls(Objective(model, seed=seed), {"in order": heads, "reversed": heads[::-1]})
 
     def __init__(self, objective: Objective, orders: dict[str, Sequence[tuple[int, int]]], *,
                  fractions: Sequence[float] = DEFAULT_FRACTIONS, batch_size: int = 16):

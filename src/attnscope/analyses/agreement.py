@@ -71,6 +71,11 @@ class AttributionAgreement(Analysis):
 
     name = "attribution-agreement"
     requires = frozenset({"model"})
+    consumes = "encoded"
+
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "AttributionAgreement":
+        return cls(Objective(model, seed=seed))
 
     def __init__(self, objective: Objective, *, rows: int = 4, max_flow_tokens: int = MAX_FLOW_TOKENS):
         self.objective = objective

@@ -73,6 +73,10 @@ class Analysis(ABC):
 
     name: ClassVar[str]
     requires: ClassVar[frozenset[str]] = frozenset()
+    #: What ``update`` takes: ``"maps"`` (an :class:`AttentionBatch`) or ``"encoded"`` (a list of
+    #: :class:`~attnscope.extract.encode.Encoded` examples, for analyses that run the model
+    #: themselves, e.g. with gradients or ablated heads).
+    consumes: ClassVar[str] = "maps"
 
     @abstractmethod
     def update(self, batch: AttentionBatch) -> None:

@@ -52,6 +52,11 @@ class HeadImportance(Analysis):
 
     name = "head-importance"
     requires = frozenset({"model"})
+    consumes = "encoded"
+
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "HeadImportance":
+        return cls(Objective(model, seed=seed))
 
     def __init__(self, objective: Objective, *, batch_size: int = 8):
         self.objective = objective

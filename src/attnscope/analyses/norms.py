@@ -176,6 +176,11 @@ class NormShares(Analysis):
 
     name = "norm-shares"
     requires = frozenset({"model"})
+    consumes = "encoded"
+
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "NormShares":
+        return cls(model)
 
     def __init__(self, lm, classer: TokenClasser | None = None, *, batch_size: int = 16):
         self.lm = lm

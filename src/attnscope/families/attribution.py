@@ -18,6 +18,7 @@ model; without one they are skipped with a note. Results go to ``results/attribu
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
     from attnscope.analyses.value_zeroing import MAX_VZ_TOKENS, value_zeroing
     from attnscope.models.loading import seed_everything
     from attnscope.report.attribution import write_attribution
-    from attnscope.report.results import write_json
+    from attnscope.report.results import family_results, write_json
 
     def step(name, done, total):
         if progress is not None:
@@ -168,11 +169,12 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
                 notes.append(f"value zeroing of example {e.index} skipped: {len(e)} tokens is above "
                              f"{MAX_VZ_TOKENS}")
     sec = write_attribution(results, out_dir, model_name=lm.name, notes=notes, example=example)
-    payload = {"family": "attribution", "model": lm.describe(), "seed": seed, "methods": methods,
-               "examples": len(encoded), "notes": notes, "findings": sec.findings,
-               "analyses": {k: r.to_json() for k, r in results.items()},
-               "example": None if example is None else
-               {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in example.items()}}
+    payload = family_results(
+        "attribution", sec, {"seed": seed, **dataclasses.asdict(options)},
+        family="attribution", model=lm.describe(), seed=seed, methods=methods, examples=len(encoded),
+        notes=notes, findings=sec.findings, analyses={k: r.to_json() for k, r in results.items()},
+        example=None if example is None else
+        {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in example.items()})
     (Path(out_dir) / "results").mkdir(parents=True, exist_ok=True)
     write_json(Path(out_dir) / "results" / "attribution.json", payload)
     return sec
@@ -184,8 +186,10 @@ class Attribution(Family):
     title = "Beyond attention weights: importance, ablation, rollout, norms"
     help = "Head importance and ablation, attention rollout and flow, norm-based and value-zeroing maps."
     inputs = (Input("attribution", "Sentence-per-line text (blank lines between documents; built into "
-                    "pairs) or examples JSON / JSON Lines: the attribution analyses.", argument="input"),)
+                    "pairs) or examples JSON / JSON Lines: the attribution analyses.", argument="input",
+                    sample="text.txt"),)
     Options = AttributionOptions
+    default_model = "default"
     order = 60
 
     def wants_mlm_head(self, options: AttributionOptions) -> bool:

@@ -297,7 +297,7 @@ def write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map
 def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map: AttentionMap | None,
                    notes: list[str], seed: int, run: dict) -> Section:
     from attnscope.report.figures import save_figure
-    from attnscope.report.results import write_json
+    from attnscope.report.results import family_results, write_json
     from attnscope.report.tables import write_table
 
     tables_dir, figures_dir, results_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
@@ -393,14 +393,11 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
         {"what": "entropy of the last layer's attention from [CLS] (nats)", "paper": 3.89,
          "ours": round(float(np.nanmean(stats["entropy_first"][-1])), 2)},
     ]
-    # The keys of a Result (analysis, params, tables, summary) come first, so every reader of
-    # results/<family>.json (report, --resume, the viewer) reads this file like the others.
-    payload = {"analysis": "general", "params": {"seed": seed, **{k: run[k] for k in (
-                   "max_seq_len", "batch_size", "gradients") if k in run}},
-               "tables": {"general_heads": rows, "general_layers": lrows}, "summary": sec.findings,
-               "family": "general", "model": model_desc, "seed": seed, "run": run, "notes": notes,
-               "findings": sec.findings, "paper": sec.paper,
-               "clustering": {"params": clusters["params"], "rows": clusters["rows"]},
-               "analyses": {k: r.to_json() for k, r in results.items()}}
+    payload = family_results("general", sec, {"seed": seed, **{k: run[k] for k in (
+                                 "max_seq_len", "batch_size", "gradients") if k in run}},
+                             family="general", model=model_desc, seed=seed, run=run, notes=notes,
+                             findings=sec.findings, paper=sec.paper,
+                             clustering={"params": clusters["params"], "rows": clusters["rows"]},
+                             analyses={k: r.to_json() for k, r in results.items()})
     write_json(results_dir / "general.json", payload)
     return sec

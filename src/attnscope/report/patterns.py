@@ -25,7 +25,7 @@ from attnscope.analyses.patterns import (
     pattern_labels,
 )
 from attnscope.data.records import HeadId
-from attnscope.report.results import write_json
+from attnscope.report.results import family_results, write_json
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
 #: The rows of the best-heads table: (pattern, statistic ranked, what it is).
@@ -332,16 +332,14 @@ def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, 
     sec.findings = findings + notes
     sec.methods = methods(thresholds)
 
-    # a Result's keys first (analysis, params, tables, summary): read like every results file
-    payload = {"analysis": "patterns", "params": {"seed": seed, **asdict(thresholds)},
-               "tables": {"pattern_heads": rows}, "summary": sec.findings,
-               "family": "patterns", "model": model_desc, "seed": seed, "run": run, "notes": notes,
-               "causal": causal, "thresholds": asdict(thresholds), "findings": sec.findings,
-               "chance": {k: (None if k in na else chance.get(k)) for k in keys_cols},
-               "labels": [[str(x) for x in r] for r in labels],
-               "section6_labels": [[str(x) for x in r] for r in section6],
-               "best": best, "heads": rows,
-               "analyses": {k: r.to_json() for k, r in results.items()},
-               "keys": keys.to_json() if keys is not None else None}
+    payload = family_results(
+        "patterns", sec, {"seed": seed, **asdict(thresholds)},
+        family="patterns", model=model_desc, seed=seed, run=run, notes=notes, causal=causal,
+        thresholds=asdict(thresholds), findings=sec.findings,
+        chance={k: (None if k in na else chance.get(k)) for k in keys_cols},
+        labels=[[str(x) for x in r] for r in labels],
+        section6_labels=[[str(x) for x in r] for r in section6], best=best, heads=rows,
+        analyses={k: r.to_json() for k, r in results.items()},
+        keys=keys.to_json() if keys is not None else None)
     write_json(results_dir / "patterns.json", payload)
     return sec

@@ -39,3 +39,11 @@ def read_json(path: str | Path) -> dict | None:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+
+
+def family_results(key: str, section: Any, params: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A family's ``results/<key>.json`` payload: a Result's keys (``analysis``, ``params``, the
+    section's ``tables`` by name, its findings as ``summary``), so the report, ``--resume`` and
+    the viewer read it like every other results file, then anything else the family keeps."""
+    return {"analysis": key, "params": params, "tables": {t.name: t.rows for t in section.tables},
+            "summary": list(section.findings), **extra}
