@@ -308,3 +308,20 @@ def test_heldout_head_selection():
     assert [(r["candidates"], r["selected_on"], r["scored_on"], r["name"], r["accuracy"]) for r in rows] == [
         ("mentions", "train", "dev", "1-1", pytest.approx(1 / 3)),
         ("all-words", "train", "dev", "1-1", 0.0)]  # old (0,1) among all words: 0 of 3 (see above)
+
+
+def test_rule_based_sieves_apply_in_order():
+    # (head position, text, head word, number, gender, person); worked out sieve by sieve
+    ms = [(0, "the big dog", "dog", "sg", "neut", "3"), (2, "a dog", "dog", "sg", "neut", "3"),
+          (4, "it", "it", "sg", "neut", "3"), (6, "they", "they", "pl", None, "3"),
+          (8, "the big dog", "dog", "sg", "neut", "3"), (9, "they", "they", "pl", None, "3"),
+          (10, "the cat", "cat", "sg", "neut", "3"), (12, "that dog", "dog", "sg", "neut", "3")]
+    col = {k: [m[i] for m in ms] for i, k in enumerate(("head", "text", "head_word", "number", "gender",
+                                                          "person"))}
+    # "the big dog"@8: exact string -> @0 (head match alone would give the nearer "a dog"@2)
+    assert baseline_predictions(col, 4)["rule-based"] == 0
+    # "the cat"@10: no string or head match; agreement -> @8 (the nearest, "they"@9, is plural)
+    assert baseline_predictions(col, 6)["rule-based"] == 8
+    # "that dog"@12: head match -> @8 (agreement alone would give the nearer "the cat"@10)
+    assert baseline_predictions(col, 7)["rule-based"] == 8
+    assert baseline_predictions(col, 7)["nearest"] == 10 and baseline_predictions(col, 7)["head-match"] == 8

@@ -6,6 +6,16 @@ epoch however many probes use it.
 
 UAS = share of scored (non-punctuation) dependents whose highest-scoring candidate is the
 gold head; each dependent picks its head independently (no tree decoding), as in the paper.
+A dependent whose top score is shared by several candidates (e.g. an untrained probe, whose
+scores are all 0) gets no prediction and counts as wrong, the rule of
+:func:`attnscope.analyses.units.predict`.
+
+Speed: the features of each sentence are built once (:class:`SentenceSource` caches them,
+in memory or in a temporary file), minibatches hold sentences of similar length (padding
+costs quadratically), the dev set is scored for all probes in one pass per epoch, in
+batches sorted by length, and the attention + word vectors probe never builds its
+``[B j i 2K]`` pair tensor. Together about 5x faster than attnscope 0.1 on EWT with the
+same UAS within seed noise (``benchmarks/probes.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ class TrainConfig:
     lr: float = 0.01
     seed: int = 0
     buffer_chunks: int = 8  # shuffle window, in store shards
+    eval_batch_size: int = 64  # sentences per dev batch (no gradients)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -58,21 +69,39 @@ def masked_scores(module, batch):
     return s.masked_fill(~batch.candidates, float("-inf"))
 
 
-def evaluate(module, source: SentenceSource, batch_size: int = 64) -> tuple[int, int]:
-    """``(correct, total)`` over the scored dependents of ``source``."""
+def predict_heads(scores):
+    """``[B j]`` the highest-scoring candidate of each dependent, -1 where the top is shared
+    or no candidate is allowed (``scores`` masked with -inf)."""
     import torch
 
-    module.eval()
-    correct = total = 0
-    needs_attn = _needs_attn(module)
+    top = scores.max(-1, keepdim=True).values
+    unique = (scores == top).sum(-1) == 1
+    ok = unique & torch.isfinite(top[..., 0])
+    return torch.where(ok, scores.argmax(-1), torch.full_like(scores[..., 0], -1, dtype=torch.long))
+
+
+def evaluate(module, source: SentenceSource, batch_size: int = 64) -> tuple[int, int]:
+    """``(correct, total)`` over the scored dependents of ``source``."""
+    return evaluate_all({"m": module}, source, batch_size)["m"]
+
+
+def evaluate_all(modules: dict, source: SentenceSource, batch_size: int = 64) -> dict[str, tuple[int, int]]:
+    """``(correct, total)`` of every module, in one pass over ``source`` (batches sorted by length)."""
+    import torch
+
+    for m in modules.values():
+        m.eval()
+    out = {n: [0, 0] for n in modules}
+    needs_attn = any(_needs_attn(m) for m in modules.values())
     with torch.no_grad():
-        for sents in source.ordered_batches(batch_size):
+        for sents in source.ordered_batches(batch_size, by_length=True):
             b = collate(sents, with_attn=needs_attn)
-            pred = masked_scores(module, b).argmax(-1)  # [B j]
             mask = b.scored
-            correct += int(((pred == b.heads) & mask).sum())
-            total += int(mask.sum())
-    return correct, total
+            for n, m in modules.items():
+                pred = predict_heads(masked_scores(m, b))  # [B j]
+                out[n][0] += int(((pred == b.heads) & mask).sum())
+                out[n][1] += int(mask.sum())
+    return {n: (c, t) for n, (c, t) in out.items()}
 
 
 def _needs_attn(module) -> bool:
@@ -120,8 +149,9 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
             if progress is not None:
                 progress(f"probes epoch {epoch}", step + 1, None)
         elapsed = time.perf_counter() - start
+        scores = evaluate_all({n: modules[n] for n in sorted(active)}, dev, config.eval_batch_size)
         for n in sorted(active):
-            c, t = evaluate(modules[n], dev)
+            c, t = scores[n]
             uas = c / t if t else float("nan")
             run = runs[n]
             run.history.append({"epoch": epoch, "loss": losses[n] / max(counts[n], 1), "dev_uas": uas,
