@@ -2,7 +2,8 @@
 
 Trains the attention-only, attention + GloVe and distance + GloVe probes together (as the
 syntax family does) on a word-level train store for a fixed number of epochs, scores them on
-a dev store, and prints seconds per epoch, the total, and each probe's best dev UAS. It only
+a dev store, and prints wall seconds per epoch, the total wall and CPU seconds (compare CPU
+time on a shared machine), and each probe's best dev UAS. It only
 uses the API that attnscope 0.1 already had, so the same script measures an older checkout:
 
     git archive cbeaf95 src | tar -x -C /tmp/old      # the version before the speed-up
@@ -59,13 +60,13 @@ def main() -> None:
     mods = {n: make[n]() for n in args.probes.split(",")}
     train = SentenceSource(train_store.batches, glove)
     dev = SentenceSource(dev_store.batches, glove)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     runs = train_probes(mods, train, dev, cfg)
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
     secs = [h["seconds"] for h in next(iter(runs.values())).history]
     out = {"attnscope": attnscope.__file__, "train_sentences": train.num_sentences,
            "dev_sentences": dev.num_sentences, "config": cfg.as_dict(), "torch_threads": torch.get_num_threads(),
-           "seconds_total": total, "seconds_training_per_epoch": secs,
+           "seconds_total": total, "cpu_seconds_total": cpu, "seconds_training_per_epoch": secs,
            "uas": {n: 100 * r.uas for n, r in runs.items()},
            "best_epoch": {n: r.best_epoch for n, r in runs.items()},
            "dev_uas_by_epoch": {n: [round(100 * h["dev_uas"], 2) for h in r.history] for n, r in runs.items()}}
