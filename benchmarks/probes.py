@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None, help="default: the version's own")
     ap.add_argument("--lr", type=float, default=None, help="default: the version's own")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--random-batches", action="store_true", help="no length buckets (new versions only)")
     ap.add_argument("--probes", default="attn,attn+glove,distance+glove")
     ap.add_argument("--json", default=None, help="also write the numbers here")
     args = ap.parse_args()
@@ -54,6 +55,8 @@ def main() -> None:
         cfg.batch_size = args.batch_size
     if args.lr:
         cfg.lr = args.lr
+    if args.random_batches:
+        cfg.by_length = False
     torch.manual_seed(args.seed)
     make = {"attn": lambda: AttentionProbe(K), "attn+glove": lambda: AttentionGloveProbe(K, glove.vectors),
             "distance+glove": lambda: DistanceGloveMLP(glove.vectors)}

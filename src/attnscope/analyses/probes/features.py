@@ -178,7 +178,7 @@ class SentenceSource:
         return [s for chunk in self.chunks() for s in chunk]
 
     def shuffled_batches(self, batch_size: int, rng: np.random.Generator,
-                         buffer_chunks: int = 8) -> Iterator[list[ProbeSentence]]:
+                         buffer_chunks: int = 8, by_length: bool = True) -> Iterator[list[ProbeSentence]]:
         """Minibatches in a seeded random order, of sentences of similar length.
 
         Sentences are shuffled within a window of ``buffer_chunks`` chunks (a shuffle
@@ -186,17 +186,19 @@ class SentenceSource:
         window (random order among equal lengths), cut into batches, and the batches are
         shuffled. Similar lengths cut the padding, which costs quadratically: with random
         batches of 32 EWT sentences most of a ``[B K M M]`` batch is padding.
+        ``by_length=False``: plain random batches from the window.
         """
+        cut = _bucketed if by_length else _random
         buf: list[ProbeSentence] = []
         held = 0
         for chunk in self.chunks():
             buf.extend(chunk)
             held += 1
             if held >= buffer_chunks:
-                yield from _bucketed(buf, batch_size, rng)
+                yield from cut(buf, batch_size, rng)
                 buf, held = [], 0
         if buf:
-            yield from _bucketed(buf, batch_size, rng)
+            yield from cut(buf, batch_size, rng)
 
     def ordered_batches(self, batch_size: int, by_length: bool = False) -> Iterator[list[ProbeSentence]]:
         """Batches in input order, or (``by_length``) of sentences sorted by length."""
@@ -213,6 +215,12 @@ class SentenceSource:
                 buf = buf[batch_size:]
         if buf:
             yield buf
+
+
+def _random(buf: list[ProbeSentence], batch_size: int, rng: np.random.Generator):
+    order = rng.permutation(len(buf))
+    for i in range(0, len(order), batch_size):
+        yield [buf[j] for j in order[i:i + batch_size]]
 
 
 def _bucketed(buf: list[ProbeSentence], batch_size: int, rng: np.random.Generator):

@@ -42,6 +42,7 @@ class TrainConfig:
     seed: int = 0
     buffer_chunks: int = 8  # shuffle window, in store shards
     eval_batch_size: int = 64  # sentences per dev batch (no gradients)
+    by_length: bool = True  # minibatches of sentences of similar length
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -133,7 +134,8 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
         counts = {n: 0 for n in active}
         for m in (modules[n] for n in active):
             m.train()
-        for step, sents in enumerate(train.shuffled_batches(config.batch_size, rng, config.buffer_chunks)):
+        for step, sents in enumerate(train.shuffled_batches(config.batch_size, rng, config.buffer_chunks,
+                                                                     config.by_length)):
             b = collate(sents, with_attn=needs_attn)
             target = b.heads.clone()  # [B j]; ROOT and padding rows are ignored (-1)
             for n in sorted(active):
