@@ -82,3 +82,25 @@ def test_predict_rule():
     with pytest.raises(ValueError):
         predict(v, ties="random")
     assert WordUnits(np.array([-1, -1])).cut.all()
+
+
+def test_predict_edge_cases_found_by_mutation_testing():
+    # float64 scores are compared in float64: these two differ only below float32 precision
+    assert predict(np.array([[0.1, 0.1 + 1e-12]])).tolist() == [1]
+    # one row keeps its row axis; an empty candidate axis gives int -1s
+    assert predict(np.array([[0.2, 0.5, 0.3]])).shape == (1,)
+    assert predict(np.zeros((2, 0))).dtype == np.int64
+    assert predict(np.array([[0.2, 0.5]]), ties="lowest").dtype.kind == "i"
+    # no candidate at all is -1 under either rule
+    assert predict(np.array([[0.2, 0.5]]), np.zeros(2, bool), ties="lowest").tolist() == [-1]
+    # a unique top of exactly 0 is still no information
+    assert predict(np.array([[0.0, 0.0]]), np.array([True, False])).tolist() == [-1]
+    with pytest.raises(ValueError, match="ties must be one of"):
+        predict(np.zeros((1, 2)), ties="x")
+
+
+def test_word_units_positions_are_integers_and_bounded(zwsp_map):
+    u = word_units(zwsp_map)
+    assert u.positions.dtype == np.int64
+    # asking for fewer words than the map has: the extra words' units are ignored
+    assert word_units(zwsp_map, 2).positions.tolist() == [1, 2]

@@ -126,6 +126,7 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
     waited = {n: 0 for n in modules}
     active = set(modules)
     needs_attn = any(_needs_attn(m) for m in modules.values())
+    seen_sents = seen_deps = 0  # running count of training sentences and dependents
     for epoch in range(1, config.epochs + 1):
         if not active:
             break
@@ -138,11 +139,22 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
                                                                      config.by_length)):
             b = collate(sents, with_attn=needs_attn)
             target = b.heads.clone()  # [B j]; ROOT and padding rows are ignored (-1)
+            seen_sents += len(sents)
+            seen_deps += int((target >= 0).sum())
+            # with length buckets a batch of long sentences holds many more dependents than
+            # one of short sentences; dividing the summed loss by the dependents of an
+            # average batch (not of this batch) keeps every dependent's weight the same, as
+            # random batches give on average
+            per_batch = config.batch_size * seen_deps / seen_sents
             for n in sorted(active):
                 s = masked_scores(modules[n], b)  # [B j i]
                 s = s.masked_fill(target[..., None] < 0, 0.0)  # rows ignored below: keep finite
-                loss = torch.nn.functional.cross_entropy(s.reshape(-1, s.shape[-1]), target.reshape(-1),
-                                                         ignore_index=-1)
+                flat_s, flat_t = s.reshape(-1, s.shape[-1]), target.reshape(-1)
+                if config.by_length:
+                    loss = torch.nn.functional.cross_entropy(flat_s, flat_t, ignore_index=-1,
+                                                             reduction="sum") / per_batch
+                else:
+                    loss = torch.nn.functional.cross_entropy(flat_s, flat_t, ignore_index=-1)
                 opts[n].zero_grad()
                 loss.backward()
                 opts[n].step()
