@@ -89,6 +89,7 @@ def test_predict_edge_cases_found_by_mutation_testing():
     assert predict(np.array([[0.1, 0.1 + 1e-12]])).tolist() == [1]
     # one row keeps its row axis; an empty candidate axis gives int -1s
     assert predict(np.array([[0.2, 0.5, 0.3]])).shape == (1,)
+    assert predict(np.full((2, 1, 3), 0.1) + np.array([0.0, 0.1, 0.0])).tolist() == [[1], [1]]
     assert predict(np.zeros((2, 0))).dtype == np.int64
     assert predict(np.array([[0.2, 0.5]]), ties="lowest").dtype.kind == "i"
     # no candidate at all is -1 under either rule
@@ -103,4 +104,4 @@ def test_word_units_positions_are_integers_and_bounded(zwsp_map):
     u = word_units(zwsp_map)
     assert u.positions.dtype == np.int64
     # asking for fewer words than the map has: the extra words' units are ignored
-    assert word_units(zwsp_map, 2).positions.tolist() == [1, 2]
+    assert word_units(zwsp_map, 3).positions.tolist() == [1, 2, -1]
