@@ -55,6 +55,8 @@ def main() -> None:
         cfg.batch_size = args.batch_size
     if args.lr:
         cfg.lr = args.lr
+        if hasattr(cfg, "attn_lr"):
+            cfg.attn_lr = None  # one learning rate for every probe
     if args.random_batches:
         cfg.by_length = False
     torch.manual_seed(args.seed)

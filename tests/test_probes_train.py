@@ -136,7 +136,8 @@ def test_planted_head_gives_the_attention_probe_full_uas():
     torch.manual_seed(0)
     probe = AttentionProbe(4)
     before = evaluate(probe, dev)
-    runs = train_probes({"attn": probe}, train, dev, TrainConfig(epochs=15, patience=3, lr=0.1, seed=0))
+    runs = train_probes({"attn": probe}, train, dev, TrainConfig(epochs=15, patience=3, lr=0.1, attn_lr=None,
+                                                                          seed=0))
     c, t = evaluate(probe, dev)
     assert before[0] < t  # an untrained probe is not already perfect
     assert c == t and runs["attn"].uas == 1.0
@@ -194,3 +195,13 @@ def test_collate_masks_self_and_padding():
         assert not b.candidates[k].diagonal().any()
         assert b.candidates[k, 1, :m].sum() == m - 1 and not b.candidates[k, :, m:].any()
         assert b.heads[k, 0] == -1
+
+
+def test_the_attention_only_probe_has_its_own_learning_rate():
+    from attnscope.analyses.probes.training import _lr
+
+    vectors = np.zeros((3, 2), np.float32)
+    cfg = TrainConfig(lr=0.01)
+    assert _lr(AttentionProbe(2), cfg) == 0.05 and _lr(AttentionGloveProbe(2, vectors), cfg) == 0.01
+    assert _lr(DistanceGloveMLP(vectors, 4), cfg) == 0.01
+    assert _lr(AttentionProbe(2), TrainConfig(lr=0.02, attn_lr=None)) == 0.02
