@@ -325,3 +325,18 @@ def test_rule_based_sieves_apply_in_order():
     # "that dog"@12: head match -> @8 (agreement alone would give the nearer "the cat"@10)
     assert baseline_predictions(col, 7)["rule-based"] == 8
     assert baseline_predictions(col, 7)["nearest"] == 10 and baseline_predictions(col, 7)["head-match"] == 8
+
+
+def test_score_split_restricts_table2_but_not_the_heldout_rows():
+    m0 = planted_map(doc_index=0, index=0)
+    m1 = planted_map(doc_index=1, index=1)
+    m1.attn = np.roll(m1.attn, 1, axis=1)
+    m0.example.fields["coref"]["split"] = "train"
+    m1.example.fields["coref"]["split"] = "dev"
+    a = CorefAntecedents(n_boot=10, score_split="dev")
+    a.update(AttentionBatch([m0, m1]))
+    r = a.finalize()
+    # dev alone: head (0,0) there is the planted (0,1) (1/3), (0,1) the planted (0,0) (3/3)
+    np.testing.assert_allclose(r.arrays["accuracy"][0], [1 / 3, 1.0])
+    assert r.meta["mentions"] == 3 and r.meta["best_head"] == [0, 1]
+    assert [row["name"] for row in r.tables["table2_heldout"]] == ["1-1", "1-1"]  # chosen on train

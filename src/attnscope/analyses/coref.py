@@ -275,13 +275,16 @@ class CorefAntecedents(Analysis):
     (``fields["coref"]["split"]``, see :func:`coref_windows`) it is chosen on
     ``select_split`` and scored on each other split; with one split, on the documents of
     even index and scored on the odd ones, and the other way round (two folds).
+    ``score_split`` restricts Table 2 and the per-head arrays to one split (e.g. ``"dev"``
+    when train and dev windows are fed together for the held-out selection).
     """
 
     name = "coref-antecedents"
     requires = frozenset({"word_level", "coreference"})
 
     def __init__(self, candidates: str = "mentions", *, seed: int = 0, n_boot: int = 1000,
-                 level: float = 0.95, top_k: int = 3, ties: str = "none", select_split: str = "train"):
+                 level: float = 0.95, top_k: int = 3, ties: str = "none", select_split: str = "train",
+                 score_split: str | None = None):
         if candidates not in CANDIDATE_SETS:
             raise ValueError(f"candidates must be one of {CANDIDATE_SETS}, not {candidates!r}")
         if ties not in TIE_RULES:
@@ -293,6 +296,7 @@ class CorefAntecedents(Analysis):
         self.top_k = top_k
         self.ties = ties
         self.select_split = select_split
+        self.score_split = score_split  # Table 2 and the per-head arrays on this split only (None: all)
         self._keys: list[np.ndarray] = []  # each [m 2] (doc_index, mention id)
         self._types: list[np.ndarray] = []  # each [m] index into MENTION_TYPES
         self._splits: list[list[str]] = []  # each [m] split name ("" when not given)
@@ -304,7 +308,7 @@ class CorefAntecedents(Analysis):
     def params(self) -> dict[str, Any]:
         return {"candidates": self.candidates, "seed": self.seed, "n_boot": self.n_boot,
                 "level": self.level, "top_k": self.top_k, "ties": self.ties,
-                "select_split": self.select_split}
+                "select_split": self.select_split, "score_split": self.score_split}
 
     # -- accumulation -------------------------------------------------------------------------
     def update(self, batch: AttentionBatch) -> None:
@@ -365,7 +369,11 @@ class CorefAntecedents(Analysis):
                 "base": np.concatenate(self._base)[order]}
 
     def finalize(self) -> Result:
-        r = self._sorted()
+        everything = self._sorted()
+        r = everything
+        if self.score_split is not None:
+            keep = everything["splits"] == self.score_split
+            r = {k: v[keep] for k, v in everything.items()}
         keys, types, base = r["keys"], r["types"], r["base"]
         m = len(keys)
         L, H = self._shape or (0, 0)
@@ -402,7 +410,7 @@ class CorefAntecedents(Analysis):
             summaries.append((best, rows))
         if m == 0:
             result.summary.append("no mention with an antecedent in its window was scored")
-            result.tables["table2_heldout"] = []
+            result.tables["table2_heldout"] = self._heldout(everything) if len(everything["keys"]) else []
             return result
         (best, rows), (best_p, _) = summaries
         result.summary.append(
@@ -412,7 +420,7 @@ class CorefAntecedents(Analysis):
         result.summary.append(
             f"with the paper's definition (every other word a candidate) the best head is "
             f"{best_p['name']} at {100 * best_p['all']:.1f}%")
-        result.tables["table2_heldout"] = self._heldout(r)
+        result.tables["table2_heldout"] = self._heldout(everything)
         return result
 
     def _heldout(self, r: dict[str, np.ndarray]) -> list[dict[str, Any]]:
