@@ -248,7 +248,7 @@ def _slice(text: str, enc, front: int, back: int, tokenizer) -> str:
     stop = n - back
     while 0 < front < stop and words[front] == words[front - 1]:  # start at a word start
         front += 1
-    if front >= stop:  # cannot happen with a budget >= 2, kept for safety
+    if front >= stop:  # what is left lies inside one word: keep that side's first piece
         front, stop = 0, 1
     out = text[offsets[front][0]:offsets[stop - 1][1]]
     # byte-level BPE may not give back the same pieces for a word cut in two: drop that word
