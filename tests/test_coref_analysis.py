@@ -215,3 +215,128 @@ def test_coref_windows_truncate_and_sliding(debug_bert):
     # sliding: every anaphoric mention has an antecedent within half a window, so all are scored
     _, st_slide = coref_windows([doc], debug_bert, mode="sliding", max_seq_len=24)
     assert st_slide.scored == 22
+
+
+def _rows_map(rows_by_query: dict[int, dict[int, float]], dtype=np.float32, doc_index=0, index=0):
+    """One head (1x1); each scored query's row gets the weights given, the rest on [SEP]."""
+    n = len(WORDS) + 2
+    attn = np.full((1, 1, n, n), 1.0 / n, dtype)
+    for q, weights in rows_by_query.items():
+        row = np.zeros(n, np.float64)
+        for w, a in weights.items():
+            row[w + 1] = a
+        row[-1] = 1.0 - row.sum()
+        attn[0, 0, q + 1] = row.astype(dtype)
+    ex = Example(words=list(WORDS), fields={"coref": window_info(doc_index)})
+    return make_map(attn, ["[CLS]"] + WORDS + ["[SEP]"], example=ex, index=index)
+
+
+def test_the_query_word_itself_is_never_a_candidate():
+    # every query puts 0.6 on itself and 0.3 on a gold antecedent: He@4 -> John@0,
+    # her@6 -> Mary@2, John@8 -> He@4. Excluding the word itself, all three are right.
+    m = _rows_map({4: {4: 0.6, 0: 0.3}, 6: {6: 0.6, 2: 0.3}, 8: {8: 0.6, 4: 0.3}})
+    for cands in ("mentions", "words", "all-words"):
+        a = CorefAntecedents(candidates=cands)
+        a.update(AttentionBatch([m]))
+        assert a.finalize().arrays["accuracy"][0, 0] == 1.0, cands
+    choices = head_choices(m, m.example.fields["coref"], 0, 0, candidates="all-words")
+    assert [c["pred"] for c in choices] == [0, 2, 4]
+
+
+def test_paper_definition_all_other_words_is_computed_beside_the_default():
+    # He@4: "liked"@5 (after the query) 0.5, John@0 0.3 -> mentions/words: John (right);
+    #       all other words: liked (wrong).
+    # her@6: "."@7 0.5, Mary@2 0.2, He@4 0.25 -> mentions: He (wrong, cluster A);
+    #       words: He (wrong); all words: "." (wrong).
+    # John@8: "smiled"@9 0.1, He@4 0.2 -> every definition: He (right).
+    m = _rows_map({4: {5: 0.5, 0: 0.3}, 6: {7: 0.5, 2: 0.2, 4: 0.25}, 8: {9: 0.1, 4: 0.2}})
+    a = CorefAntecedents()
+    a.update(AttentionBatch([m]))
+    r = a.finalize()
+    assert r.arrays["accuracy"][0, 0] == pytest.approx(2 / 3)
+    assert r.arrays["accuracy_all_words"][0, 0] == pytest.approx(1 / 3)
+    assert r.arrays["accuracy_by_type_all_words"][:, 0, 0][:2].tolist() == [0.0, 1.0]  # pronoun, proper
+    assert r.meta["candidates"] == "mentions" and r.meta["paper_candidates"] == "all-words"
+    assert [row["name"] for row in r.tables["table2_all_words"]][3:] == ["1-1"]
+    assert r.tables["table2_all_words"][3]["all"] == pytest.approx(1 / 3)
+    assert r.tables["heads_all_words"][0]["all"] == pytest.approx(1 / 3)
+    assert r.meta["best_head_all_words"] == [0, 0]
+    assert any("paper's definition" in line for line in r.summary)
+
+
+def test_empty_float16_rows_get_no_credit():
+    # every query's weight is on [SEP]; in float16 the words get exactly 0. np.argmax over
+    # the candidates would pick the first preceding mention, John@0, which is right for
+    # He@4 and for John@8 (2 of 3 credited for nothing); no prediction -> 0.
+    m = _rows_map({4: {}, 6: {}, 8: {}}, dtype=np.float16)
+    old = CorefAntecedents(ties="lowest")
+    old.update(AttentionBatch([m]))
+    assert old.finalize().arrays["accuracy"][0, 0] == pytest.approx(2 / 3)
+    new = CorefAntecedents()
+    new.update(AttentionBatch([m]))
+    r = new.finalize()
+    assert r.arrays["accuracy"][0, 0] == 0.0 and r.arrays["accuracy_all_words"][0, 0] == 0.0
+    # a tie between John@0 and Mary@2 for He@4 is no prediction either
+    m = _rows_map({4: {0: 0.25, 2: 0.25}, 6: {2: 0.5}, 8: {0: 0.5}})
+    a = CorefAntecedents()
+    a.update(AttentionBatch([m]))
+    assert a.finalize().arrays["accuracy"][0, 0] == pytest.approx(2 / 3)
+    assert [c["pred"] for c in head_choices(m, m.example.fields["coref"], 0, 0)] == [-1, 2, 0]
+
+
+def test_heldout_head_selection():
+    # doc 0: the planted map (head 1-1 right on 3/3, 1-2 on 1/3); doc 1: the heads swapped.
+    m0 = planted_map(doc_index=0, index=0)
+    m1 = planted_map(doc_index=1, index=1)
+    m1.attn = np.roll(m1.attn, 1, axis=1)  # doc 1: (0,0) <- old (0,1), (0,1) <- old (0,0)
+    a = CorefAntecedents(n_boot=10)
+    a.update(AttentionBatch([m0, m1]))
+    rows = [r for r in a.finalize().tables["table2_heldout"] if r["candidates"] == "mentions"]
+    # no split names: two folds by document parity, each chooses on one and scores the other
+    assert [(r["selected_on"], r["scored_on"], r["name"]) for r in rows] == [
+        ("even documents", "odd documents", "1-1"), ("odd documents", "even documents", "1-2")]
+    for r in rows:
+        assert r["select_accuracy"] == 1.0 and r["accuracy"] == pytest.approx(1 / 3)
+        assert r["same_data_best"] == 1.0 and r["n"] == 3
+        assert r["rule-based"] == 1.0 and r["nearest"] == 0.0
+    # with split names: chosen on train, scored on dev
+    m0.example.fields["coref"]["split"] = "train"
+    m1.example.fields["coref"]["split"] = "dev"
+    a = CorefAntecedents(n_boot=10)
+    a.update(AttentionBatch([m1, m0]))
+    rows = a.finalize().tables["table2_heldout"]
+    assert [(r["candidates"], r["selected_on"], r["scored_on"], r["name"], r["accuracy"]) for r in rows] == [
+        ("mentions", "train", "dev", "1-1", pytest.approx(1 / 3)),
+        ("all-words", "train", "dev", "1-1", 0.0)]  # old (0,1) among all words: 0 of 3 (see above)
+
+
+def test_rule_based_sieves_apply_in_order():
+    # (head position, text, head word, number, gender, person); worked out sieve by sieve
+    ms = [(0, "the big dog", "dog", "sg", "neut", "3"), (2, "a dog", "dog", "sg", "neut", "3"),
+          (4, "it", "it", "sg", "neut", "3"), (6, "they", "they", "pl", None, "3"),
+          (8, "the big dog", "dog", "sg", "neut", "3"), (9, "they", "they", "pl", None, "3"),
+          (10, "the cat", "cat", "sg", "neut", "3"), (12, "that dog", "dog", "sg", "neut", "3")]
+    col = {k: [m[i] for m in ms] for i, k in enumerate(("head", "text", "head_word", "number", "gender",
+                                                          "person"))}
+    # "the big dog"@8: exact string -> @0 (head match alone would give the nearer "a dog"@2)
+    assert baseline_predictions(col, 4)["rule-based"] == 0
+    # "the cat"@10: no string or head match; agreement -> @8 (the nearest, "they"@9, is plural)
+    assert baseline_predictions(col, 6)["rule-based"] == 8
+    # "that dog"@12: head match -> @8 (agreement alone would give the nearer "the cat"@10)
+    assert baseline_predictions(col, 7)["rule-based"] == 8
+    assert baseline_predictions(col, 7)["nearest"] == 10 and baseline_predictions(col, 7)["head-match"] == 8
+
+
+def test_score_split_restricts_table2_but_not_the_heldout_rows():
+    m0 = planted_map(doc_index=0, index=0)
+    m1 = planted_map(doc_index=1, index=1)
+    m1.attn = np.roll(m1.attn, 1, axis=1)
+    m0.example.fields["coref"]["split"] = "train"
+    m1.example.fields["coref"]["split"] = "dev"
+    a = CorefAntecedents(n_boot=10, score_split="dev")
+    a.update(AttentionBatch([m0, m1]))
+    r = a.finalize()
+    # dev alone: head (0,0) there is the planted (0,1) (1/3), (0,1) the planted (0,0) (3/3)
+    np.testing.assert_allclose(r.arrays["accuracy"][0], [1 / 3, 1.0])
+    assert r.meta["mentions"] == 3 and r.meta["best_head"] == [0, 1]
+    assert [row["name"] for row in r.tables["table2_heldout"]] == ["1-1", "1-1"]  # chosen on train

@@ -87,6 +87,16 @@ def test_root_features_sum_to_and_mean_from_specials():
     assert s.heads.tolist() == [2, 0]
 
 
+def test_punctuation_is_the_punct_relation():
+    # the paper's PTB conversion: `` and -LRB- are punct (character test: not punctuation),
+    # # and $ are not (character test: punctuation); the relation decides
+    words = ["``", "-LRB-", "#", "$", "5", "''"]
+    ex = Example(words=words, relns=["punct", "punct", "dep", "dep", "num", "punct"],
+                 pos=["``", "-LRB-", "#", "$", "CD", "''"])
+    assert punctuation_mask(ex).tolist() == [True, True, False, False, False, True]
+    assert punctuation_mask(Example(words=["a", "."], relns=["root", "punct:x"])).tolist() == [False, True]
+
+
 def test_punctuation_from_upos_pos_or_characters():
     assert punctuation_mask(Example(words=["a", "."], upos=["NOUN", "PUNCT"])).tolist() == [False, True]
     assert punctuation_mask(Example(words=["a", "."], pos=["NN", "."])).tolist() == [False, True]
@@ -103,7 +113,8 @@ def test_right_branching_worked_by_hand():
             (["d", "e", "f", "."], [0, 1, 1, 1], ["X", "X", "X", "PUNCT"])]):
         toks = ["[CLS]"] + words + ["[SEP]"]
         n = len(toks)
-        ex = Example(words=words, heads=heads, relns=["dep"] * len(words), upos=upos)
+        relns = ["punct" if u == "PUNCT" else "dep" for u in upos]
+        ex = Example(words=words, heads=heads, relns=relns, upos=upos)
         maps.append(make_map(np.full((n, n), 1 / n), toks, example=ex, index=i))
     run = right_branching_uas(source_of(maps))
     assert (run.correct, run.total) == (3, 6)
@@ -125,7 +136,8 @@ def test_planted_head_gives_the_attention_probe_full_uas():
     torch.manual_seed(0)
     probe = AttentionProbe(4)
     before = evaluate(probe, dev)
-    runs = train_probes({"attn": probe}, train, dev, TrainConfig(epochs=15, patience=3, lr=0.1, seed=0))
+    runs = train_probes({"attn": probe}, train, dev, TrainConfig(epochs=15, patience=3, lr=0.1, attn_lr=None,
+                                                                          seed=0))
     c, t = evaluate(probe, dev)
     assert before[0] < t  # an untrained probe is not already perfect
     assert c == t and runs["attn"].uas == 1.0
@@ -164,7 +176,12 @@ def test_stream_without_cache_gives_the_same_batches():
         a = [[s.index for s in b] for b in cached.shuffled_batches(4, np.random.default_rng(0), 2)]
         b = [[s.index for s in b] for b in streamed.shuffled_batches(4, np.random.default_rng(0), 2)]
         assert a == b
-    assert cached._cache is not None and streamed._cache is None
+    # nothing fits in 0 bytes: the features went to a temporary file, read back by memory map
+    assert cached._spill is None and streamed._spill is not None
+    assert cached.store_passes == streamed.store_passes == 1  # the store is read once
+    assert all(isinstance(s.attn, np.memmap) for s in streamed.sentences())
+    for x, y in zip(cached.sentences(), streamed.sentences()):
+        np.testing.assert_array_equal(x.attn, y.attn)
     assert sorted(i for b in a for i in b) == list(range(30))
 
 
@@ -178,3 +195,13 @@ def test_collate_masks_self_and_padding():
         assert not b.candidates[k].diagonal().any()
         assert b.candidates[k, 1, :m].sum() == m - 1 and not b.candidates[k, :, m:].any()
         assert b.heads[k, 0] == -1
+
+
+def test_the_attention_only_probe_has_its_own_learning_rate():
+    from attnscope.analyses.probes.training import _lr
+
+    vectors = np.zeros((3, 2), np.float32)
+    cfg = TrainConfig(lr=0.01)
+    assert _lr(AttentionProbe(2), cfg) == 0.05 and _lr(AttentionGloveProbe(2, vectors), cfg) == 0.01
+    assert _lr(DistanceGloveMLP(vectors, 4), cfg) == 0.01
+    assert _lr(AttentionProbe(2), TrainConfig(lr=0.02, attn_lr=None)) == 0.02

@@ -55,6 +55,11 @@ def test_cli_writes_table1_and_table3(tmp_path, capsys):
     assert t3[0]["dependents"] == 26 and t3[0]["uas"] == pytest.approx(100 * 14 / 26)
     res = json.loads((out / "results" / "syntax.json").read_text())
     assert res["params"]["seed"] == 0 and res["tables"]["table1"]
+    # the random-init probe reads other maps than the pretrained one: the two attn+glove probes
+    # start from the same zero weights and see the same batches, so only the maps can differ
+    hist = res["meta"]["probes"]["history"]
+    losses = {k: [h["loss"] for h in hist[k]] for k in ("attn+glove", "random-init attn+glove")}
+    assert losses["attn+glove"] != losses["random-init attn+glove"]
     assert (out / "figures" / "figure_syntax_heatmap_det.png").is_file()
     assert not [p for p in out.iterdir() if p.name.startswith("attnscope-syntax-")]  # temp removed
 

@@ -70,20 +70,63 @@ def test_hand_worked_sentence():
     assert list(rows)[-1] == ALL
 
 
-def test_ties_go_to_lowest_word_and_self_and_specials_are_ignored():
+def test_ties_predict_nothing_and_self_and_specials_are_ignored():
     # uniform attention except a huge weight on [CLS] and on the word itself: both ignored,
-    # so every prediction is a tie among the other words -> the lowest word index.
+    # so every prediction is a tie among the other words.
     n = len(TOKENS)
     a = np.full((n, n), 0.1)
     a[:, 0] = 5.0
     a[np.arange(n), np.arange(n)] = 9.0
     ex = Example(words=list(WORDS), heads=list(HEADS), relns=list(RELNS))
+    m = make_map(a, TOKENS, example=ex)
     d = DependencyHeads()
-    d.update(AttentionBatch([make_map(a, TOKENS, example=ex)]))
+    d.update(AttentionBatch([m]))
     s = d.counts()
-    # dep->head predicts word 0 ("the") for all but the(1) itself, which predicts word 1 (cat):
-    # the(1) -> cat right; cat -> the wrong; on, the(5), mat -> the(1) wrong. 1 of 5.
+    assert int(s.correct[s.get(ALL)].sum()) == 0  # a tie is no prediction: nothing scores
+    # the paper code's argmax: the lowest other word. dep->head predicts word 0 ("the") for all
+    # but the(1) itself, which predicts word 1 (cat): the(1) -> cat right; cat -> the wrong;
+    # on, the(5), mat -> the(1) wrong. 1 of 5.
+    d = DependencyHeads(ties="lowest")
+    d.update(AttentionBatch([m]))
+    s = d.counts()
     assert int(s.correct[s.get(ALL), 0, 0, 0]) == 1
+
+
+def test_float16_empty_rows_get_no_credit():
+    # A head that attends only to [CLS]: in float16 every word weight is exactly 0. With the
+    # word itself excluded, np.argmax would "predict" the lowest other word: word 0 for all
+    # but word 0, which gets word 1. Gold heads (0-based): the->cat(1), cat->sat(2),
+    # on->mat(5), the->mat(5), mat->sat(2): only the(0)->cat(1) would be credited.
+    n = len(TOKENS)
+    a = np.zeros((n, n), np.float16)
+    a[:, 0] = 1.0
+    ex = Example(words=list(WORDS), heads=list(HEADS), relns=list(RELNS))
+    m = make_map(a, TOKENS, example=ex)
+    old = DependencyHeads(ties="lowest")
+    old.update(AttentionBatch([m]))
+    c = old.counts()
+    assert int(c.correct[c.get("det"), 0, 0, 0]) == 1  # the paper code's behaviour: free credit
+    new = DependencyHeads()
+    new.update(AttentionBatch([m]))
+    c = new.counts()
+    assert int(c.correct[c.get(ALL)].sum()) == 0 and int(c.total[c.get(ALL)]) == 5
+    # one informative weight is enough: word "the"(0) puts 0.001 on "cat"
+    a[1, 2] = np.float16(0.001)
+    new = DependencyHeads()
+    new.update(AttentionBatch([make_map(a, TOKENS, example=ex)]))
+    c = new.counts()
+    assert int(c.correct[c.get("det"), 0, 0, 0]) == 1 and int(c.correct[c.get(ALL), 0, 0, 0]) == 1
+
+
+def test_offsets_outside_the_sentence_do_not_score():
+    # 2 words: "a b", a's head is b (+1), b is the root. Offset +1 from "a" is right; offset
+    # -1 from "a" would be word -1 (outside): wrong, never clipped onto a word.
+    toks = ["[CLS]", "a", "b", "[SEP]"]
+    ex = Example(words=["a", "b"], heads=[2, 0], relns=["dep", "root"])
+    d = DependencyHeads(offsets=(-1, 1, 2))
+    d.update(AttentionBatch([make_map(np.full((4, 4), 0.25), toks, example=ex)]))
+    c = d.counts()
+    assert c.offset_correct[c.get(ALL)].tolist() == [0, 1, 0]
 
 
 def test_possessive_rule_uses_the_clitic():

@@ -78,3 +78,12 @@ def test_rows_sum_to_one_and_mass_is_conserved(case):
     # one piece per word: conversion is the identity
     ident = np.arange(attn.shape[-1])
     np.testing.assert_allclose(to_word_level(attn, ident), attn, atol=1e-12)
+
+
+def test_dtype_kept_empty_input_and_bad_option():
+    # found by mutation testing: float32 stays float32, an empty map stays empty
+    out = to_word_level(A.astype(np.float32), UNITS)
+    assert out.dtype == np.float32 and out.shape == (1, 1, 5, 5)
+    assert to_word_level(np.zeros((2, 3, 0, 0), np.float32), np.zeros(0, np.int64)).shape == (2, 3, 0, 0)
+    with pytest.raises(ValueError, match="from_word must be"):
+        to_word_level(A, UNITS, from_word="last")

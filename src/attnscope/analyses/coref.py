@@ -5,13 +5,26 @@ Paper section 4.3 and Table 2. Documents are cut into windows that fit the model
 ``fields["coref"]`` lists the mentions with their head word in the window. The analysis
 reads word-level maps of those examples.
 
-For a scored mention with head word ``q`` (the query) and candidate positions ``C`` (by
-default the head words of all mentions whose head word precedes ``q`` in the window; option
-``candidates="words"``: every word before ``q``), head ``(l, h)`` predicts::
+For a scored mention with head word ``q`` (the query) and candidate positions ``C``, head
+``(l, h)`` predicts::
 
     pred(l, h) = argmax_{c in C} attn[l, h, q, c]
 
-and is correct when some mention with head word ``pred`` belongs to the query's cluster.
+and is correct when ``pred`` is the head word of a mention of the query's cluster that
+precedes the query (an antecedent). Candidate sets (``candidates``):
+
+- ``"mentions"`` (default): the head words of all mentions whose head word precedes ``q``
+  in the window, the set the baselines choose from;
+- ``"words"``: every word before ``q``;
+- ``"all-words"``: every other word of the window, before or after ``q`` -- the paper's
+  definition (section 4.1, "whichever other word receives the most attention"). It is always
+  computed beside the configured set (result keys ending in ``_all_words``), because the
+  choice changes the conclusion: a head that beats the baselines among mention heads can
+  fall behind them among all words.
+
+The query word itself is never a candidate. A row without information on the candidates
+(every candidate weight 0, as float16 stores give for heads that attend only to the special
+tokens, or a tie for the top weight) makes no prediction and counts as wrong.
 The baselines predict a position from the same candidate set:
 
 - ``nearest``: the nearest preceding mention;
@@ -36,6 +49,7 @@ import numpy as np
 
 from attnscope.analyses.base import Analysis, Result, register
 from attnscope.analyses.stats import bootstrap_ci
+from attnscope.analyses.units import TIE_RULES, predict, word_units
 from attnscope.data.coref import MENTION_TYPES, Document, mention_attributes
 from attnscope.data.records import Example, HeadId
 from attnscope.maps import AttentionBatch, AttentionMap
@@ -44,7 +58,11 @@ BASELINES = ("nearest", "head-match", "rule-based")
 BASELINE_LABELS = {"nearest": "Nearest mention", "head-match": "Nearest with same head word",
                    "rule-based": "Rule-based (4 sieves)"}
 WINDOW_MODES = ("truncate", "sliding")
-CANDIDATE_SETS = ("mentions", "words")
+CANDIDATE_SETS = ("mentions", "words", "all-words")
+#: The paper's definition (section 4.1): "whichever other word receives the most attention".
+PAPER_CANDIDATES = "all-words"
+#: Suffix of the result keys computed with :data:`PAPER_CANDIDATES` (``accuracy_all_words``, ...).
+PAPER_SUFFIX = "_all_words"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,6 +128,7 @@ def _window_bounds(counts: np.ndarray, n_special: int, sentence_starts: Sequence
 
 
 def coref_windows(docs: Sequence[Document], model, *, mode: str = "truncate", max_seq_len: int = 128,
+                  split: str | None = None, first_doc_index: int = 0,
                   ) -> tuple[list[Example], WindowStats]:
     """Cut documents into model windows; one :class:`Example` per window.
 
@@ -122,7 +141,11 @@ def coref_windows(docs: Sequence[Document], model, *, mode: str = "truncate", ma
     ``fields["coref"]`` of each example holds, per mention with its head word in the window
     (column lists): ``id`` (index in the document), ``head`` (word index in the window),
     ``cluster``, ``type``, ``text`` and ``head_word`` (case-folded), ``number``, ``gender``,
-    ``person`` (None when unknown), ``score`` (whether this window scores it).
+    ``person`` (None when unknown), ``score`` (whether this window scores it). ``split``
+    (e.g. ``"train"``, ``"dev"``) is recorded as ``fields["coref"]["split"]``; the analysis
+    uses it for held-out head selection; when several splits are windowed separately, give
+    each call a ``first_doc_index`` past the previous call's documents, so that
+    ``fields["coref"]["doc_index"]`` stays unique.
     """
     from attnscope.errors import AttnscopeError
     from attnscope.extract.encode import Encoder
@@ -132,7 +155,7 @@ def coref_windows(docs: Sequence[Document], model, *, mode: str = "truncate", ma
     encoder = Encoder(model)
     stats = WindowStats(mode=mode, max_seq_len=max_seq_len)
     examples: list[Example] = []
-    for di, doc in enumerate(docs):
+    for di, doc in enumerate(docs, start=first_doc_index):
         stats.documents += 1
         counts, n_special = _piece_counts(encoder, doc.words)
         bounds = _window_bounds(counts, n_special, doc.sentence_starts, mode, max_seq_len)
@@ -177,6 +200,8 @@ def coref_windows(docs: Sequence[Document], model, *, mode: str = "truncate", ma
                 col["score"].append(score)
             info = {"doc": doc.id, "doc_index": di, "window": k, "offset": s, "mode": mode,
                     "mentions": col}
+            if split is not None:
+                info["split"] = split
             examples.append(Example(words=list(doc.words[s:e]), fields={"coref": info}))
             stats.windows += 1
     return examples, stats
@@ -236,10 +261,22 @@ def baseline_predictions(info: dict, q: int) -> dict[str, int]:
 class CorefAntecedents(Analysis):
     """Antecedent-selection accuracy of every head and of the three baselines (Table 2).
 
-    Keeps one record per scored mention (its key, type, the ``[L H]`` correctness of every
-    head and the baselines' correctness), so that confidence intervals can be bootstrapped
-    over mentions at the end and the result does not depend on batching (records are sorted
-    by ``(document, mention)`` before anything is computed).
+    Every scored mention is scored twice: with the configured candidate set (``candidates``,
+    default the preceding mentions' head words) and with the paper's definition (section
+    4.1: "whichever other word receives the most attention", i.e. every other word of the
+    window, :data:`PAPER_CANDIDATES`). Keeps one record per scored mention (its key, type,
+    split, the ``[L H]`` correctness of every head under both definitions and the baselines'
+    correctness), so that confidence intervals can be bootstrapped over mentions at the end
+    and the result does not depend on batching (records are sorted by ``(document, mention)``
+    before anything is computed).
+
+    Held-out head selection (``table2_heldout``): the best head is chosen on one part of the
+    mentions and scored on another. With mentions from two or more splits
+    (``fields["coref"]["split"]``, see :func:`coref_windows`) it is chosen on
+    ``select_split`` and scored on each other split; with one split, on the documents of
+    even index and scored on the odd ones, and the other way round (two folds).
+    ``score_split`` restricts Table 2 and the per-head arrays to one split (e.g. ``"dev"``
+    when train and dev windows are fed together for the held-out selection).
     """
 
     name = "coref-antecedents"
@@ -250,23 +287,32 @@ class CorefAntecedents(Analysis):
         return cls(seed=seed)
 
     def __init__(self, candidates: str = "mentions", *, seed: int = 0, n_boot: int = 1000,
-                 level: float = 0.95, top_k: int = 3):
+                 level: float = 0.95, top_k: int = 3, ties: str = "none", select_split: str = "train",
+                 score_split: str | None = None):
         if candidates not in CANDIDATE_SETS:
             raise ValueError(f"candidates must be one of {CANDIDATE_SETS}, not {candidates!r}")
+        if ties not in TIE_RULES:
+            raise ValueError(f"ties must be one of {TIE_RULES}, not {ties!r}")
         self.candidates = candidates
         self.seed = seed
         self.n_boot = n_boot
         self.level = level
         self.top_k = top_k
+        self.ties = ties
+        self.select_split = select_split
+        self.score_split = score_split  # Table 2 and the per-head arrays on this split only (None: all)
         self._keys: list[np.ndarray] = []  # each [m 2] (doc_index, mention id)
         self._types: list[np.ndarray] = []  # each [m] index into MENTION_TYPES
-        self._heads: list[np.ndarray] = []  # each [m L H] bool
+        self._splits: list[list[str]] = []  # each [m] split name ("" when not given)
+        self._heads: list[np.ndarray] = []  # each [m L H] bool, the configured candidates
+        self._paper: list[np.ndarray] = []  # each [m L H] bool, all other words (the paper)
         self._base: list[np.ndarray] = []  # each [m 3] bool, BASELINES order
         self._shape: tuple[int, int] | None = None
 
     def params(self) -> dict[str, Any]:
         return {"candidates": self.candidates, "seed": self.seed, "n_boot": self.n_boot,
-                "level": self.level, "top_k": self.top_k}
+                "level": self.level, "top_k": self.top_k, "ties": self.ties,
+                "select_split": self.select_split, "score_split": self.score_split}
 
     # -- accumulation -------------------------------------------------------------------------
     def update(self, batch: AttentionBatch) -> None:
@@ -282,11 +328,14 @@ class CorefAntecedents(Analysis):
             self._shape = (L, H)
         elif self._shape != (L, H):
             raise ValueError(f"maps with {L}x{H} heads after maps with {self._shape[0]}x{self._shape[1]}")
-        keys, types, correct, base = score_window(amap, info, self.candidates)
+        keys, types, correct, base = score_window(amap, info, self.candidates, ties=self.ties)
         if len(keys):
+            _, _, paper, _ = score_window(amap, info, PAPER_CANDIDATES, ties=self.ties)
             self._keys.append(keys)
             self._types.append(types)
+            self._splits.append([str(info.get("split") or "")] * len(keys))
             self._heads.append(correct)
+            self._paper.append(paper)
             self._base.append(base)
 
     def merge(self, other: "Analysis") -> "Analysis":
@@ -298,62 +347,118 @@ class CorefAntecedents(Analysis):
             raise ValueError("cannot merge results of models with different head counts")
         self._keys += other._keys
         self._types += other._types
+        self._splits += other._splits
         self._heads += other._heads
+        self._paper += other._paper
         self._base += other._base
         return self
 
     # -- results ------------------------------------------------------------------------------
     def records(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """All mention records sorted by key: keys [m 2], types [m], heads [m L H], base [m 3]."""
+        r = self._sorted()
+        return r["keys"], r["types"], r["heads"], r["base"]
+
+    def _sorted(self) -> dict[str, np.ndarray]:
         L, H = self._shape or (0, 0)
         if not self._keys:
-            return (np.zeros((0, 2), np.int64), np.zeros(0, np.int64), np.zeros((0, L, H), bool),
-                    np.zeros((0, len(BASELINES)), bool))
+            return {"keys": np.zeros((0, 2), np.int64), "types": np.zeros(0, np.int64),
+                    "splits": np.zeros(0, object), "heads": np.zeros((0, L, H), bool),
+                    "paper": np.zeros((0, L, H), bool), "base": np.zeros((0, len(BASELINES)), bool)}
         keys = np.concatenate(self._keys)
         order = np.lexsort((keys[:, 1], keys[:, 0]))
-        return (keys[order], np.concatenate(self._types)[order], np.concatenate(self._heads)[order],
-                np.concatenate(self._base)[order])
+        splits = np.asarray([x for part in self._splits for x in part], dtype=object)
+        return {"keys": keys[order], "types": np.concatenate(self._types)[order], "splits": splits[order],
+                "heads": np.concatenate(self._heads)[order], "paper": np.concatenate(self._paper)[order],
+                "base": np.concatenate(self._base)[order]}
 
     def finalize(self) -> Result:
-        keys, types, heads, base = self.records()
+        everything = self._sorted()
+        r = everything
+        if self.score_split is not None:
+            keep = everything["splits"] == self.score_split
+            r = {k: v[keep] for k, v in everything.items()}
+        keys, types, base = r["keys"], r["types"], r["base"]
         m = len(keys)
         L, H = self._shape or (0, 0)
         counts = {t: int(np.sum(types == i)) for i, t in enumerate(MENTION_TYPES)}
-        with np.errstate(invalid="ignore", divide="ignore"):
-            acc = heads.sum(axis=0) / m if m else np.full((L, H), np.nan)  # [L H]
-            by_type = np.stack([heads[types == i].sum(axis=0) / counts[t] if counts[t] else
-                                np.full((L, H), np.nan) for i, t in enumerate(MENTION_TYPES)]) \
-                if L else np.zeros((len(MENTION_TYPES), 0, 0))  # [3 L H]
         result = Result(self.name, params=self.params(),
                         meta={"mentions": m, "mentions_by_type": counts, "num_layers": L,
                               "num_heads": H, "head_convention": "layer and head 0-indexed; name is "
-                              "the paper's 1-indexed layer-head"})
-        result.arrays["accuracy"] = acc.astype(np.float64)
-        result.arrays["accuracy_by_type"] = by_type.astype(np.float64)
-        result.tables["heads"] = [
-            {"layer": ly, "head": h, "name": str(HeadId(ly, h)), "all": _f(acc[ly, h]),
-             **{t: _f(by_type[i, ly, h]) for i, t in enumerate(MENTION_TYPES)}}
-            for ly in range(L) for h in range(H)]
+                              "the paper's 1-indexed layer-head",
+                              "candidates": self.candidates, "paper_candidates": PAPER_CANDIDATES,
+                              "ties": "a row whose top candidate weight is 0 or shared predicts nothing "
+                                      "(wrong)" if self.ties == "none" else "lowest candidate index"})
+        summaries = []
+        for suffix, correct in (("", r["heads"]), (PAPER_SUFFIX, r["paper"])):
+            acc, by_type = _accuracies(correct, types, counts, L, H)
+            result.arrays["accuracy" + suffix] = acc
+            result.arrays["accuracy_by_type" + suffix] = by_type
+            result.tables["heads" + suffix] = [
+                {"layer": ly, "head": h, "name": str(HeadId(ly, h)), "all": _f(acc[ly, h]),
+                 **{t: _f(by_type[i, ly, h]) for i, t in enumerate(MENTION_TYPES)}}
+                for ly in range(L) for h in range(H)]
+            if m == 0:
+                result.tables["table2" + suffix] = []
+                continue
+            flat = acc.reshape(-1)
+            order = sorted(range(flat.size), key=lambda k: (-flat[k], k))[: self.top_k]
+            rows = [self._row(BASELINE_LABELS[name], "baseline", None, base[:, b], types)
+                    for b, name in enumerate(BASELINES)]
+            for k in order:
+                ly, h = divmod(k, H)
+                rows.append(self._row(f"Head {HeadId(ly, h)}", "head", (ly, h), correct[:, ly, h], types))
+            result.tables["table2" + suffix] = rows
+            best = rows[len(BASELINES)]
+            result.meta["best_head" + suffix] = [best["layer"], best["head"]]
+            summaries.append((best, rows))
         if m == 0:
             result.summary.append("no mention with an antecedent in its window was scored")
-            result.tables["table2"] = []
+            result.tables["table2_heldout"] = self._heldout(everything) if len(everything["keys"]) else []
             return result
-        flat = acc.reshape(-1)
-        order = sorted(range(flat.size), key=lambda k: (-flat[k], k))[: self.top_k]
-        rows = []
-        for b, name in enumerate(BASELINES):
-            rows.append(self._row(BASELINE_LABELS[name], "baseline", None, base[:, b], types))
-        for k in order:
-            ly, h = divmod(k, H)
-            rows.append(self._row(f"Head {HeadId(ly, h)}", "head", (ly, h), heads[:, ly, h], types))
-        result.tables["table2"] = rows
-        best = rows[len(BASELINES)]
-        result.meta["best_head"] = [best["layer"], best["head"]]
+        (best, rows), (best_p, _) = summaries
         result.summary.append(
             f"best head {best['name']} selects the antecedent of {100 * best['all']:.1f}% of {m} "
-            f"mentions; nearest mention {100 * rows[0]['all']:.1f}%, same head word "
-            f"{100 * rows[1]['all']:.1f}%, rule-based {100 * rows[2]['all']:.1f}%")
+            f"mentions ({self.candidates} as candidates); nearest mention {100 * rows[0]['all']:.1f}%, "
+            f"same head word {100 * rows[1]['all']:.1f}%, rule-based {100 * rows[2]['all']:.1f}%")
+        result.summary.append(
+            f"with the paper's definition (every other word a candidate) the best head is "
+            f"{best_p['name']} at {100 * best_p['all']:.1f}%")
+        result.tables["table2_heldout"] = self._heldout(everything)
         return result
+
+    def _heldout(self, r: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+        """Best head chosen on one part of the mentions and scored on another (see the class)."""
+        splits = r["splits"]
+        names = sorted(set(splits.tolist()))
+        if len(names) >= 2:
+            sel = self.select_split if self.select_split in names else names[0]
+            parts = [(sel, splits == sel, name, splits == name) for name in names if name != sel]
+        else:
+            even = r["keys"][:, 0] % 2 == 0
+            parts = [("even documents", even, "odd documents", ~even),
+                     ("odd documents", ~even, "even documents", even)]
+        rows = []
+        for cands, correct in ((self.candidates, r["heads"]), (PAPER_CANDIDATES, r["paper"])):
+            L, H = correct.shape[1:] if correct.ndim == 3 else (0, 0)
+            for sel_name, sel, score_name, score in parts:
+                if not sel.any() or not score.any() or not L:
+                    continue
+                sel_acc = correct[sel].mean(axis=0).reshape(-1)  # [L*H]
+                k = int(np.argmax(sel_acc))  # ties: the lowest (layer, head)
+                ly, h = divmod(k, H)
+                vals = correct[score][:, ly, h].astype(np.float64)
+                lo, hi = bootstrap_ci(vals, n_boot=self.n_boot, level=self.level, seed=self.seed)
+                row = {"candidates": cands, "selected_on": sel_name, "scored_on": score_name,
+                       "layer": ly, "head": h, "name": str(HeadId(ly, h)),
+                       "select_accuracy": _f(sel_acc[k]), "select_n": int(sel.sum()),
+                       "accuracy": _f(vals.mean()), "accuracy_lo": _f(lo), "accuracy_hi": _f(hi),
+                       "n": int(vals.size),
+                       "same_data_best": _f(correct[score].mean(axis=0).max())}
+                for b, name in enumerate(BASELINES):
+                    row[name] = _f(r["base"][score][:, b].mean())
+                rows.append(row)
+        return rows
 
     def _row(self, label: str, kind: str, head: tuple[int, int] | None, correct: np.ndarray,
              types: np.ndarray) -> dict[str, Any]:
@@ -372,16 +477,43 @@ class CorefAntecedents(Analysis):
         return row
 
 
+def _accuracies(correct: np.ndarray, types: np.ndarray, counts: dict[str, int], L: int, H: int):
+    """Accuracy ``[L H]`` and by mention type ``[3 L H]`` (NaN where nothing is scored)."""
+    m = len(correct)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = correct.sum(axis=0) / m if m else np.full((L, H), np.nan)  # [L H]
+        by_type = np.stack([correct[types == i].sum(axis=0) / counts[t] if counts[t] else
+                            np.full((L, H), np.nan) for i, t in enumerate(MENTION_TYPES)]) \
+            if L else np.zeros((len(MENTION_TYPES), 0, 0))  # [3 L H]
+    return acc.astype(np.float64), by_type.astype(np.float64)
+
+
 def _f(x) -> float | None:
     x = float(x)
     return None if np.isnan(x) else x
 
 
-def score_window(amap: AttentionMap, info: dict, candidates: str = "mentions",
+def _candidate_mask(nw: int, q_heads: np.ndarray, present: np.ndarray, is_head: np.ndarray,
+                    candidates: str) -> np.ndarray:
+    """``[m nw]`` bool: the words each query may pick; never the query word itself."""
+    idx = np.arange(nw)[None, :]
+    if candidates == PAPER_CANDIDATES:
+        cand = idx != q_heads[:, None]
+    else:
+        cand = idx < q_heads[:, None]
+        if candidates == "mentions":
+            cand = cand & is_head[None, :]
+    return cand & present[None, :]
+
+
+def score_window(amap: AttentionMap, info: dict, candidates: str = "mentions", *, ties: str = "none",
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Score the mentions a window marks ``score``: keys [m 2], types [m], heads [m L H], base [m 3].
 
-    ``heads[i, l, h]`` says whether head ``(l, h)`` picks an antecedent of mention ``i``.
+    ``heads[i, l, h]`` says whether head ``(l, h)`` picks an antecedent of mention ``i``: the
+    candidate with the highest attention from the query's head word is the head word of a
+    mention of the query's cluster that precedes the query. A row with no information on
+    the candidates (all 0, or a tie for the top) picks nothing (:func:`~attnscope.analyses.units.predict`).
     """
     col = info["mentions"]
     L, H = amap.attn.shape[:2]
@@ -389,7 +521,8 @@ def score_window(amap: AttentionMap, info: dict, candidates: str = "mentions",
     if not q_idx:
         return (np.zeros((0, 2), np.int64), np.zeros(0, np.int64), np.zeros((0, L, H), bool),
                 np.zeros((0, len(BASELINES)), bool))
-    pos = amap.word_positions()  # [nw] unit of each word of the window
+    units = word_units(amap, len(amap.example.all_words or []) or None)
+    pos = units.positions  # [nw] unit of each word of the window, -1 without one
     nw = len(pos)
     heads = np.asarray(col["head"], dtype=np.int64)  # [M] word index in window
     clusters = np.asarray(col["cluster"], dtype=object)
@@ -397,19 +530,17 @@ def score_window(amap: AttentionMap, info: dict, candidates: str = "mentions",
     is_head[heads] = True
     q_heads = heads[q_idx]  # [m]
     before = np.arange(nw)[None, :] < q_heads[:, None]  # [m nw]
-    mapped = pos >= 0  # [nw]
-    cand = before & mapped[None, :] & (is_head[None, :] if candidates == "mentions" else True)
+    cand = _candidate_mask(nw, q_heads, units.present, is_head, candidates)  # [m nw]
     # gold[i, w]: some mention of i's cluster has head word w (before i's head)
     gold = np.zeros((len(q_idx), nw), bool)
     for r, i in enumerate(q_idx):
         same = heads[clusters == clusters[i]]
         gold[r, same] = True
     gold &= before
-    rows = amap.attn[:, :, pos[q_heads], :][:, :, :, np.where(mapped, pos, 0)]  # [L H m nw]
-    masked = np.where(cand[None, None], rows, -np.inf)
-    pred = np.argmax(masked, axis=-1)  # [L H m]
-    correct = np.take_along_axis(gold[None, None], pred[..., None], axis=-1)[..., 0]  # [L H m]
-    correct &= np.take_along_axis(cand[None, None], pred[..., None], axis=-1)[..., 0]
+    rows = amap.attn[:, :, pos[q_heads], :][:, :, :, np.maximum(pos, 0)]  # [L H m nw]
+    pred = predict(rows, cand[None, None], ties=ties)  # [L H m], -1 = no prediction
+    correct = (pred >= 0) & np.take_along_axis(gold[None, None], np.maximum(pred, 0)[..., None],
+                                                axis=-1)[..., 0]  # [L H m]
     base = np.zeros((len(q_idx), len(BASELINES)), bool)
     for r, i in enumerate(q_idx):
         preds = baseline_predictions(col, i)
@@ -422,26 +553,30 @@ def score_window(amap: AttentionMap, info: dict, candidates: str = "mentions",
 
 
 def head_choices(amap: AttentionMap, info: dict, layer: int, head: int,
-                 candidates: str = "mentions") -> list[dict[str, Any]]:
+                 candidates: str = "mentions", ties: str = "none") -> list[dict[str, Any]]:
     """For one head, each scored mention's query word, predicted word, gold words and weights.
 
     Used for the Figure 5 style examples: ``{"query", "pred", "gold", "correct", "weights"}``
-    with word indices in the window and ``weights`` the head's attention from the query word
-    to every word of the window ``[nw]``.
+    with word indices in the window (``pred`` -1: no prediction) and ``weights`` the head's
+    attention from the query word to every word of the window ``[nw]`` (0 for a word without
+    a unit).
     """
     col = info["mentions"]
-    pos = amap.word_positions()
+    units = word_units(amap, len(amap.example.all_words or []) or None)
+    pos = units.positions
+    nw = len(pos)
     heads = np.asarray(col["head"], dtype=np.int64)
     clusters = np.asarray(col["cluster"], dtype=object)
+    is_head = np.zeros(nw, bool)
+    is_head[heads] = True
     out = []
     for i, s in enumerate(col["score"]):
         if not s:
             continue
         q = int(heads[i])
-        weights = amap.attn[layer, head, pos[q], :][np.where(pos >= 0, pos, 0)] * (pos >= 0)  # [nw]
-        cands = heads[heads < q] if candidates == "mentions" else np.arange(q)
-        cands = np.unique(cands[pos[cands] >= 0])
-        pred = int(cands[np.argmax(weights[cands])]) if cands.size else -1
+        weights = amap.attn[layer, head, pos[q], :][np.maximum(pos, 0)] * units.present  # [nw]
+        cand = _candidate_mask(nw, np.array([q]), units.present, is_head, candidates)[0]
+        pred = int(predict(weights[None, :], cand[None, :], ties=ties)[0])
         gold = sorted({int(w) for w in heads[(clusters == clusters[i]) & (heads < q)]})
         out.append({"mention": int(col["id"][i]), "query": q, "pred": pred, "gold": gold,
                     "correct": pred in gold, "type": col["type"][i],

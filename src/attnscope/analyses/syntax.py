@@ -8,13 +8,18 @@ For a dependent word ``d`` with gold head ``g`` and one attention head ``(layer,
   ``argmax_i attn[layer, head, i, d]`` (the transposed map).
 
 Both ignore the special tokens (only word units are candidates) and the word itself.
-**Ties** go to the lowest word index (``np.argmax`` returns the first maximum); ties are rare
-in float32 but can happen with float16 stores. Words whose head is the root (head 0) are left
-out: no word can be a correct prediction for them (the paper's notebook counts them, always
-wrong, in its "all" row).
+**No information, no prediction**: a row whose highest candidate weight is 0 (float16 stores
+round the rows of heads that attend almost only to [CLS]/[SEP] to exactly 0 on every word)
+or is shared by several candidates predicts nothing and counts as wrong
+(:func:`attnscope.analyses.units.predict`; ``ties="lowest"`` gives the paper code's argmax,
+which credits the lowest word). Words whose head is the root (head 0) are left out: no word
+can be a correct prediction for them (the paper's notebook counts them, always wrong, in its
+"all" row). A word without a unit (cut off, or turned into zero tokens) is neither a
+candidate nor scored (:func:`attnscope.analyses.units.word_units`).
 
 The **fixed-offset baseline** predicts ``d + k`` for ``k`` in ``offsets`` (default -3..+3
-without 0); the best ``k`` per relation is chosen like the best head.
+without 0); the best ``k`` per relation is chosen like the best head. A prediction outside
+the sentence is no prediction (wrong); the paper's code clips it into the sentence.
 
 Possessives (paper section 4.2): with ``possessive_rule`` (default on, as the paper's
 evaluation does), a ``poss`` / ``nmod:poss`` dependent directly followed by ``'s`` (or ``'``)
@@ -32,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.units import TIE_RULES, predict, word_units
 from attnscope.maps import AttentionBatch, AttentionMap
 
 DEFAULT_OFFSETS = (-3, -2, -1, 1, 2, 3)
@@ -64,39 +70,56 @@ class MapScores:
 
 
 def score_map(m: AttentionMap, *, offsets=DEFAULT_OFFSETS, collapse_subtypes: bool = False,
-              possessive_rule: bool = True) -> MapScores | None:
+              possessive_rule: bool = True, ties: str = "none") -> MapScores | None:
     """Score every head of one word-level map against the example's tree (None if it has none).
 
-    Vectorised over layers, heads and words: two ``argmax`` calls over a ``[L H w w]`` array.
-    Words cut off by truncation are skipped, and so are dependents whose head was cut off.
+    Vectorised over layers, heads and words: two predictions over a ``[L H w w]`` array. A
+    word without a unit (:func:`~attnscope.analyses.units.word_units`: cut off by truncation,
+    or turned into zero tokens) is neither a candidate nor scored, and neither is a
+    dependent whose head has no unit. A row without information (all candidates 0, or a tie
+    for the top) predicts nothing and is wrong (``ties="lowest"``: the paper code's argmax).
     """
     ex = m.example
     if ex.heads is None or ex.relns is None:
         return None
-    pos = m.word_positions()  # [w_present]: unit position of each word
-    heads = np.asarray(ex.heads, dtype=np.int64)
-    w = int(np.sum(pos >= 0))
+    units = word_units(m, len(ex.heads))
+    idx = np.nonzero(units.present)[0]  # [w] word index of each present word
+    w = len(idx)
     if w == 0:
         return None
-    pos = pos[:w]
-    sub = m.attn[:, :, pos[:, None], pos[None, :]].astype(np.float32, copy=False)  # [L H w w] a copy
+    pos = units.positions[idx]  # [w] their units
+    sub = m.attn[:, :, pos[:, None], pos[None, :]]  # [L H w w] a copy
     diag = np.arange(w)
-    sub[:, :, diag, diag] = -np.inf  # never predict the word itself
-    pred = np.stack([sub.argmax(axis=-1), sub.argmax(axis=-2)], axis=2)  # [L H 2 w]; ties -> lowest
-    gold = heads[:w] - 1  # [w] 0-based, -1 = root
-    source = diag.copy()  # whose prediction scores each word (the possessive rule redirects)
+    cand = diag[:, None] != diag[None, :]  # never predict the word itself
+    # [L H 2 w] in present-word order; -1 = no prediction
+    local = np.stack([predict(sub, cand, axis=-1, ties=ties),
+                      predict(sub, cand, axis=-2, ties=ties)], axis=2)
+    pred = np.where(local >= 0, idx[np.maximum(local, 0)], -1)  # [L H 2 w] word indices
+    heads = np.asarray(ex.heads, dtype=np.int64)
+    nw = len(heads)
+    gold_all = heads - 1  # [nw] 0-based, -1 = root
+    slot = np.full(nw, -1, np.int64)  # present-word slot of each word
+    slot[idx] = diag
+    source = idx.copy()  # whose prediction scores each present word (the possessive rule redirects)
     words = ex.all_words or []
     if possessive_rule:
-        for d in range(w - 1):
-            if ex.relns[d] in POSSESSIVE_RELATIONS and words[d + 1].lower() in POSSESSIVE_CLITICS:
-                source[d] = d + 1
-    keep = np.nonzero((gold >= 0) & (gold < w))[0]  # [k] not root, head not cut off
-    g = gold[keep]
-    correct = pred[..., source[keep]] == g  # [L H 2 k]
+        for k, d in enumerate(idx):
+            if (d + 1 < nw and units.present[d + 1] and ex.relns[d] in POSSESSIVE_RELATIONS
+                    and words[d + 1].lower() in POSSESSIVE_CLITICS):
+                source[k] = d + 1
+    g_all = gold_all[idx]
+    head_ok = (g_all >= 0) & units.present[np.clip(g_all, 0, nw - 1)]
+    keep_slots = np.nonzero(head_ok)[0]  # [k] slots: not root, head has a unit
+    keep = idx[keep_slots]  # [k] word indices of the scored dependents
+    g = g_all[keep_slots]
+    correct = pred[..., slot[source[keep_slots]]] == g  # [L H 2 k]
     offs = np.asarray(offsets, dtype=np.int64)
-    offset_correct = (source[keep][None, :] + offs[:, None]) == g[None, :]  # [K k]
+    # an offset prediction outside the sentence is no prediction (wrong); no clipping
+    offset_correct = (source[keep_slots][None, :] + offs[:, None]) == g[None, :]  # [K k]
     rels = [relation_label(ex.relns[d], collapse_subtypes) for d in keep]
-    return MapScores(rels, keep, g, correct, offset_correct, pred)
+    full = np.full(pred.shape[:-1] + (nw,), -1, np.int64)
+    full[..., idx] = pred
+    return MapScores(rels, keep, g, correct, offset_correct, full)
 
 
 @register
@@ -112,7 +135,10 @@ class DependencyHeads(Analysis):
     requires = frozenset({"word_level", "dependencies"})
 
     def __init__(self, *, collapse_subtypes: bool = False, offsets=DEFAULT_OFFSETS,
-                 possessive_rule: bool = True):
+                 possessive_rule: bool = True, ties: str = "none"):
+        if ties not in TIE_RULES:
+            raise ValueError(f"ties must be one of {TIE_RULES}, not {ties!r}")
+        self.ties = ties
         self.collapse_subtypes = bool(collapse_subtypes)
         self.offsets = tuple(int(k) for k in offsets)
         if 0 in self.offsets:
@@ -126,11 +152,12 @@ class DependencyHeads(Analysis):
         self.total = np.zeros((NUM_FOLDS, 0), np.int64)
         self.examples = 0
         self.skipped_examples = 0  # no tree
-        self.skipped_words = 0  # cut off by truncation
+        self.skipped_words = 0  # without a unit: cut off by truncation, or zero tokens
+        self.empty_words = 0  # of which: zero tokens inside the sentence
 
     def params(self) -> dict[str, Any]:
         return {"collapse_subtypes": self.collapse_subtypes, "offsets": list(self.offsets),
-                "possessive_rule": self.possessive_rule}
+                "possessive_rule": self.possessive_rule, "ties": self.ties}
 
     # -- accumulation ---------------------------------------------------------------------
     def _init_shape(self, L: int, H: int) -> None:
@@ -162,13 +189,14 @@ class DependencyHeads(Analysis):
                 raise ValueError("dependency-heads needs word-level maps (extract with word_level=True)")
             self.examples += 1
             s = score_map(m, offsets=self.offsets, collapse_subtypes=self.collapse_subtypes,
-                          possessive_rule=self.possessive_rule)
+                          possessive_rule=self.possessive_rule, ties=self.ties)
             if s is None:
                 self.skipped_examples += 1
                 continue
             self._init_shape(m.attn.shape[0], m.attn.shape[1])
-            n_words = m.example.num_words or 0
-            self.skipped_words += n_words - int(np.sum(m.word_positions() >= 0))
+            units = word_units(m, len(m.example.heads))
+            self.skipped_words += int(np.sum(~units.present))
+            self.empty_words += int(np.sum(units.empty))
             per_fold.setdefault(m.index % NUM_FOLDS, []).append(s)
         for fold, scores in per_fold.items():
             rels = [r for s in scores for r in s.relations]
@@ -201,6 +229,7 @@ class DependencyHeads(Analysis):
         self.examples += other.examples
         self.skipped_examples += other.skipped_examples
         self.skipped_words += other.skipped_words
+        self.empty_words += other.empty_words
         return self
 
     # -- results --------------------------------------------------------------------------
@@ -237,9 +266,11 @@ class DependencyHeads(Analysis):
             meta={"relations": c.relations, "offsets": list(self.offsets),
                   "directions": list(DIRECTIONS), "examples": self.examples,
                   "skipped_examples": self.skipped_examples, "skipped_words": self.skipped_words,
+                  "empty_words": self.empty_words,
                   "heads": "arrays are [relation, layer, head, direction], 0-indexed",
-                  "ties": "lowest word index; best head: lowest (layer, head, direction); "
-                          "best offset: lowest offset"},
+                  "ties": ("a row whose top value is 0 or shared predicts nothing (wrong)"
+                           if self.ties == "none" else "lowest word index (the paper code's argmax)")
+                          + "; best head: lowest (layer, head, direction); best offset: lowest offset"},
         )
 
 

@@ -22,9 +22,21 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         max_seq_len: int = typer.Option(128, "--max-seq-len", help="Tokens per example, special tokens included."),
         num_docs: int = typer.Option(None, "--num-docs", help="Use at most this many documents."),
         num_examples: int = typer.Option(None, "--num-examples", help="Write at most this many examples."),
-        seed: int = typer.Option(0, "--seed", help="Seed for the A/B split points."),
+        seed: int = typer.Option(0, "--seed", help="Seed for the A/B split points and the truncation side."),
+        packing: str = typer.Option("bert", "--packing",
+                                    help="bert: fill each example to --max-seq-len as BERT's pre-training "
+                                         "data was built; greedy: pack whole sentences only while they fit "
+                                         "(attnscope before 0.2)."),
+        keep_unk: bool = typer.Option(False, "--keep-unk",
+                                      help="Keep WikiText's '<unk>' words as text instead of mapping them "
+                                           "to the tokenizer's unknown token."),
     ) -> None:
         """Build [CLS] A [SEP] B [SEP] examples (segment ids 0/1) as in BERT pre-training."""
+        from attnscope.data.unlabeled import PACKINGS
+        from attnscope.errors import AttnscopeError
+
+        if packing not in PACKINGS:
+            raise AttnscopeError(f"--packing must be one of {', '.join(PACKINGS)}, not {packing!r}")
         from attnscope.data.io import write_examples
         from attnscope.data.unlabeled import UnlabeledStats, prepare_unlabeled
         from attnscope.models import load_model
@@ -32,10 +44,10 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         lm = load_model(model, seed=seed)
         stats = UnlabeledStats()
         examples = prepare_unlabeled(file, lm.tokenizer, max_seq_len=max_seq_len, seed=seed,
-                                     num_docs=num_docs, num_examples=num_examples, stats=stats)
+                                     num_docs=num_docs, num_examples=num_examples, stats=stats,
+                                     packing=packing, unk_marker=None if keep_unk else "<unk>")
         write_examples(examples, out)
-        results.print(f"{out}: {stats.examples} examples from {stats.documents} documents "
-                      f"({stats.sentences} sentences; {len(stats.cut_sentences)} over-long sentences cut; seed {seed})")
+        results.print(f"{out}: {stats.summary()}; seed {seed}", highlight=False)
 
     @prepare_app.command("depparse")
     def depparse_cli(

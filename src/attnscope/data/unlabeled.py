@@ -1,17 +1,36 @@
 """Sentence-per-line text into BERT pre-training style pairs ``[CLS] A [SEP] B [SEP]``.
 
-Documents are separated by blank lines. Within a document, consecutive sentences are packed
-into chunks that fit ``max_seq_len`` tokens (with the model's special tokens); each chunk of
-two or more sentences is split at a seeded random sentence boundary into segment A (ids 0)
-and segment B (ids 1). A chunk of one sentence becomes a single-segment example
-``[CLS] A [SEP]``, so one-sentence documents are kept (the paper's code drops them). A
-sentence longer than the budget on its own is cut to fit and counted. The last document is
-kept even without a trailing blank line.
+Documents are separated by blank lines; the last document is kept even without a trailing
+blank line. Two ways to pack a document's sentences into examples (``packing``):
+
+- ``"bert"`` (default), as BERT's pre-training data was built: sentences are added to a chunk
+  until the chunk reaches the target length in tokens (``max_seq_len`` minus the special
+  tokens the model adds to a pair) or the document ends. A chunk of two or more sentences is
+  split into segment A (ids 0) and segment B (ids 1) at a sentence boundary drawn at random
+  (seeded); a chunk that one sentence fills on its own takes the document's next sentence as
+  B (BERT would take a random other document; the paper analyses real continuations). While
+  the pair is longer than the target, one token is removed from the longer side (A on a
+  tie: BERT's rule), at its front or back by a seeded coin flip. A cut at the front moves on
+  to the next word start so that no example starts inside a word; a cut at the back may end
+  inside a word, as BERT's does. So almost every example is exactly ``max_seq_len`` tokens;
+  the exceptions are documents (or document tails) shorter than the target, which are kept
+  and counted, and one-sentence documents, which give ``[CLS] A [SEP]``.
+- ``"greedy"`` (attnscope before 0.2): sentences are packed only while they fit, a new
+  example starts otherwise, and a sentence longer than the budget is cut to its longest
+  whole-word prefix that fits. Most examples are then shorter than the target (on
+  WikiText-2 the mean is about 106 of 128 tokens and 11% have one segment).
+
+``unk_marker``: a corpus word that stands for an unknown word (WikiText writes ``<unk>``) is
+replaced by the tokenizer's own unknown token, so it becomes one ``[UNK]`` instead of junk
+pieces like ``<``, ``un``, ``##k``, ``>``. Only whole words are replaced, and only when the
+tokenizer has an unknown token of its own (GPT-2's is its end-of-text token, so there the
+marker is left as text; :attr:`UnlabeledStats.unk_note` says which).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +39,48 @@ from attnscope.data.io import read_text
 from attnscope.data.records import Example
 from attnscope.errors import InputError
 
+PACKINGS = ("bert", "greedy")
+DEFAULT_UNK_MARKER = "<unk>"
+
 
 @dataclass
 class UnlabeledStats:
+    """What :func:`prepare_unlabeled` built; ``lengths`` are tokens per example, specials included."""
+
     documents: int = 0
     sentences: int = 0
     examples: int = 0
-    cut_sentences: list[int] = field(default_factory=list)  # line numbers
+    cut_sentences: list[int] = field(default_factory=list)  # line numbers (greedy packing)
+    lengths: list[int] = field(default_factory=list)
+    single_segment: int = 0
+    max_seq_len: int = 0
+    packing: str = "bert"
+    unk_replaced: int = 0
+    unk_note: str = ""
+
+    @property
+    def short(self) -> int:
+        """Examples shorter than ``max_seq_len`` tokens."""
+        return sum(1 for n in self.lengths if n < self.max_seq_len)
+
+    def distribution(self) -> dict[str, float]:
+        """Mean length, share at the maximum and share with one segment (0 for no examples)."""
+        n = len(self.lengths)
+        if not n:
+            return {"mean_length": 0.0, "share_at_max": 0.0, "share_single_segment": 0.0}
+        return {"mean_length": sum(self.lengths) / n,
+                "share_at_max": sum(1 for x in self.lengths if x >= self.max_seq_len) / n,
+                "share_single_segment": self.single_segment / n}
+
+    def summary(self) -> str:
+        """One line for the command's output."""
+        d = self.distribution()
+        return (f"{self.examples} examples from {self.documents} documents ({self.sentences} sentences; "
+                f"{self.packing} packing): mean {d['mean_length']:.1f} tokens, "
+                f"{100 * d['share_at_max']:.1f}% at the maximum {self.max_seq_len}, "
+                f"{self.short} shorter, {100 * d['share_single_segment']:.1f}% with one segment"
+                + (f"; {len(self.cut_sentences)} over-long sentences cut" if self.packing == "greedy" else "")
+                + f"; {self.unk_note}")
 
 
 def read_documents(path: str | Path) -> Iterator[list[tuple[int, str]]]:
@@ -43,59 +97,167 @@ def read_documents(path: str | Path) -> Iterator[list[tuple[int, str]]]:
         yield doc
 
 
+def unk_replacement(tokenizer) -> str | None:
+    """The tokenizer's own unknown token, or None when it has none distinct from its other
+    special tokens (GPT-2 uses its end-of-text token for everything)."""
+    unk = getattr(tokenizer, "unk_token", None)
+    if not unk:
+        return None
+    others = {getattr(tokenizer, k, None) for k in ("bos_token", "eos_token", "cls_token", "sep_token",
+                                                    "pad_token", "mask_token")}
+    return None if unk in others else str(unk)
+
+
 def prepare_unlabeled(path: str | Path, tokenizer, *, max_seq_len: int = 128, seed: int = 0,
                       num_docs: int | None = None, num_examples: int | None = None,
-                      stats: UnlabeledStats | None = None) -> list[Example]:
+                      stats: UnlabeledStats | None = None, packing: str = "bert",
+                      unk_marker: str | None = DEFAULT_UNK_MARKER) -> list[Example]:
     """Build pair examples from a sentence-per-line file (see the module docstring).
 
     ``tokenizer`` is a fast tokenizer; lengths count its pieces plus the special tokens it adds
-    for a pair (3 for BERT, 4 for RoBERTa, 0 for GPT-2).
+    for a pair (3 for BERT, 4 for RoBERTa, 0 for GPT-2). ``unk_marker=None`` keeps the text as
+    it is.
     """
+    if packing not in PACKINGS:
+        raise InputError(None, f"--packing must be one of {', '.join(PACKINGS)}, not {packing!r}")
     stats = stats if stats is not None else UnlabeledStats()
+    stats.max_seq_len, stats.packing = max_seq_len, packing
     rng = random.Random(seed)
-    pair_extra = len(tokenizer("a", "b")["input_ids"]) - len(tokenizer("a", add_special_tokens=False)["input_ids"]) \
-        - len(tokenizer("b", add_special_tokens=False)["input_ids"])
+    pair_extra = _n(tokenizer, "a", "b") - _n(tokenizer, "a") - _n(tokenizer, "b")
     budget = max_seq_len - pair_extra
     if budget < 2:
         raise InputError(path, f"--max-seq-len {max_seq_len} leaves no room for text")
+    unk = unk_replacement(tokenizer) if unk_marker else None
+    pattern = re.compile(r"(?<!\S)" + re.escape(unk_marker) + r"(?!\S)") if unk_marker else None
+    if not unk_marker:
+        stats.unk_note = "unknown-word markers left as text (--keep-unk)"
+    elif unk is None:
+        stats.unk_note = f"{unk_marker!r} left as text (the tokenizer has no unknown token of its own)"
     examples: list[Example] = []
     for d, doc in enumerate(read_documents(path)):
         if num_docs is not None and d >= num_docs:
             break
         stats.documents += 1
-        sents = []
-        for lineno, s in doc:
-            ids = tokenizer(s, add_special_tokens=False)["input_ids"]
-            if len(ids) > budget:
-                s = _cut(s, tokenizer, budget)
-                ids = tokenizer(s, add_special_tokens=False)["input_ids"]
-                stats.cut_sentences.append(lineno)
-            sents.append((lineno, s, len(ids)))
-        stats.sentences += len(sents)
-        i = 0
-        while i < len(sents):
-            chunk = [sents[i]]
-            total = sents[i][2]
-            j = i + 1
-            while j < len(sents) and total + sents[j][2] <= budget:
-                chunk.append(sents[j])
-                total += sents[j][2]
-                j += 1
-            fields = {"doc": d, "line": chunk[0][0]}
-            if len(chunk) == 1:
-                ex = Example(text=chunk[0][1], fields=fields)
-            else:
-                split = rng.randint(1, len(chunk) - 1)
-                ex = Example(text=" ".join(c[1] for c in chunk[:split]),
-                             text_pair=" ".join(c[1] for c in chunk[split:]), fields=fields)
+        if unk is not None:
+            fixed = []
+            for lineno, s in doc:
+                s, k = pattern.subn(unk, s)
+                stats.unk_replaced += k
+                fixed.append((lineno, s))
+            doc = fixed
+        stats.sentences += len(doc)
+        pack = _pack_bert if packing == "bert" else _pack_greedy
+        for a, b, line in pack(doc, tokenizer, budget, rng, stats):
+            ex = Example(text=a, text_pair=b, fields={"doc": d, "line": line})
             examples.append(ex)
             stats.examples += 1
+            stats.lengths.append(_n(tokenizer, a, b, special=True))
+            stats.single_segment += b is None
             if num_examples is not None and len(examples) >= num_examples:
-                return examples
-            i = j
+                break
+        if num_examples is not None and len(examples) >= num_examples:
+            break
+    if unk is not None:
+        stats.unk_note = f"{stats.unk_replaced} {unk_marker!r} words mapped to {unk!r}"
     if not examples:
         raise InputError(path, "holds no sentences")
     return examples
+
+
+def _n(tokenizer, a: str, b: str | None = None, special: bool | None = None) -> int:
+    """Tokens of ``a`` (and ``b``); special tokens only for a pair or when asked."""
+    add = (b is not None) if special is None else special
+    return len(tokenizer(a, b, add_special_tokens=add)["input_ids"])
+
+
+def _pack_greedy(doc, tokenizer, budget: int, rng: random.Random, stats: UnlabeledStats):
+    sents = []
+    for lineno, s in doc:
+        n = _n(tokenizer, s)
+        if n > budget:
+            s = _cut(s, tokenizer, budget)
+            n = _n(tokenizer, s)
+            stats.cut_sentences.append(lineno)
+        sents.append((lineno, s, n))
+    i = 0
+    while i < len(sents):
+        chunk = [sents[i]]
+        total = sents[i][2]
+        j = i + 1
+        while j < len(sents) and total + sents[j][2] <= budget:
+            chunk.append(sents[j])
+            total += sents[j][2]
+            j += 1
+        if len(chunk) == 1:
+            yield chunk[0][1], None, chunk[0][0]
+        else:
+            split = rng.randint(1, len(chunk) - 1)
+            yield (" ".join(c[1] for c in chunk[:split]), " ".join(c[1] for c in chunk[split:]),
+                   chunk[0][0])
+        i = j
+
+
+def _pack_bert(doc, tokenizer, budget: int, rng: random.Random, stats: UnlabeledStats):
+    sents = [(lineno, s, _n(tokenizer, s)) for lineno, s in doc]
+    chunk: list[tuple[int, str, int]] = []
+    length = 0
+    i = 0
+    while i < len(sents):
+        chunk.append(sents[i])
+        length += sents[i][2]
+        last = i == len(sents) - 1
+        if last or length >= budget:
+            if len(chunk) == 1 and not last:  # one sentence fills the target: B is the next one
+                i += 1
+                chunk.append(sents[i])
+            if len(chunk) == 1:
+                a, b = chunk[0][1], None
+            else:
+                split = rng.randint(1, len(chunk) - 1)
+                a = " ".join(c[1] for c in chunk[:split])
+                b = " ".join(c[1] for c in chunk[split:])
+            a, b = _truncate_pair(a, b, tokenizer, budget, rng)
+            yield a, b, chunk[0][0]
+            chunk, length = [], 0
+        i += 1
+
+
+def _truncate_pair(a: str, b: str | None, tokenizer, budget: int, rng: random.Random):
+    """BERT's ``truncate_seq_pair``: trim the longer side one token at a time, at its front
+    or back by a coin flip, until both fit ``budget``; then cut the texts accordingly."""
+    enc_a = tokenizer(a, add_special_tokens=False, return_offsets_mapping=True)
+    enc_b = tokenizer(b, add_special_tokens=False, return_offsets_mapping=True) if b is not None else None
+    n = [len(enc_a["input_ids"]), len(enc_b["input_ids"]) if enc_b is not None else 0]
+    cut = [[0, 0], [0, 0]]  # [side][front, back]
+    while n[0] + n[1] > budget:
+        side = 0 if n[0] >= n[1] else 1
+        cut[side][0 if rng.random() < 0.5 else 1] += 1
+        n[side] -= 1
+    a = _slice(a, enc_a, *cut[0], tokenizer)
+    if b is not None:
+        b = _slice(b, enc_b, *cut[1], tokenizer)
+    return a, b
+
+
+def _slice(text: str, enc, front: int, back: int, tokenizer) -> str:
+    """``text`` without its first ``front`` and last ``back`` tokens (see :func:`_truncate_pair`)."""
+    if not front and not back:
+        return text
+    offsets, words = enc["offset_mapping"], enc.word_ids()
+    n = len(offsets)
+    stop = n - back
+    while 0 < front < stop and words[front] == words[front - 1]:  # start at a word start
+        front += 1
+    if front >= stop:  # what is left lies inside one word: keep that side's first piece
+        front, stop = 0, 1
+    out = text[offsets[front][0]:offsets[stop - 1][1]]
+    # byte-level BPE may not give back the same pieces for a word cut in two: drop that word
+    while stop - front > 1 and _n(tokenizer, out) > stop - front:
+        stop -= 1
+        while stop - front > 1 and words[stop] == words[stop - 1]:
+            stop -= 1
+        out = text[offsets[front][0]:offsets[stop - 1][1]]
+    return out
 
 
 def _cut(sentence: str, tokenizer, budget: int) -> str:
@@ -104,7 +266,7 @@ def _cut(sentence: str, tokenizer, budget: int) -> str:
     lo, hi = 1, len(words)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if len(tokenizer(" ".join(words[:mid]), add_special_tokens=False)["input_ids"]) <= budget:
+        if _n(tokenizer, " ".join(words[:mid])) <= budget:
             lo = mid
         else:
             hi = mid - 1

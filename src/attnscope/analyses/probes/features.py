@@ -12,8 +12,14 @@ ROOT's attention (``root``):
 - ``"first"``: the first special token only ([CLS] for BERT), which is where ROOT sits in the
   paper code's maps (it drops [SEP] and keeps [CLS] at position 0).
 
-Punctuation (left out of UAS, kept in training): UPOS ``PUNCT`` when the example has UPOS,
-else a PTB punctuation tag, else a word made only of Unicode punctuation characters.
+Punctuation (left out of UAS, kept in training): a word whose dependency relation is
+``punct`` (what the paper's code checks; UD and the paper's Stanford-dependency files both
+have the relation). Only an example without relations falls back to UPOS ``PUNCT``, else a
+PTB punctuation tag, else a word made only of Unicode punctuation characters.
+
+A sentence in which some word has no unit (cut off by truncation, or turned into zero
+tokens; :func:`attnscope.analyses.units.word_units`) is skipped and counted
+(:attr:`SentenceSource.skipped`): the probes' ROOT-plus-words layout needs every word.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnscope.analyses.units import word_units
 from attnscope.data.records import Example
 from attnscope.maps import AttentionBatch, AttentionMap
 
@@ -32,8 +39,14 @@ ROOT_MODES = ("special", "first")
 
 
 def punctuation_mask(ex: Example) -> np.ndarray:
-    """``[n]`` bool: which words count as punctuation (see the module docstring)."""
+    """``[n]`` bool: which words count as punctuation (see the module docstring).
+
+    >>> punctuation_mask(Example(words=["-LRB-", "$", "x"], relns=["punct", "dep", "punct"])).tolist()
+    [True, False, True]
+    """
     words = ex.all_words or []
+    if ex.relns is not None and len(ex.relns) == len(words):
+        return np.array([r.split(":", 1)[0] == "punct" for r in ex.relns], dtype=bool)
     if ex.upos is not None and len(ex.upos) == len(words):
         return np.array([u == "PUNCT" for u in ex.upos], dtype=bool)
     if ex.pos is not None and len(ex.pos) == len(words):
@@ -66,10 +79,11 @@ def probe_sentence(m: AttentionMap, glove=None, root: str = "special") -> ProbeS
     ex = m.example
     if ex.heads is None or m.level != "word":
         return None
-    pos = m.word_positions()  # [n]
     n = len(ex.heads)
-    if len(pos) < n or (pos < 0).any():
+    units = word_units(m, n)
+    if not units.present.all():
         return None
+    pos = units.positions  # [n]
     L, H = m.attn.shape[:2]
     a = m.attn.reshape(L * H, m.attn.shape[2], m.attn.shape[3])  # [K u u]
     spec = np.nonzero(m.special)[0]
@@ -87,66 +101,112 @@ def probe_sentence(m: AttentionMap, glove=None, root: str = "special") -> ProbeS
 
 
 class SentenceSource:
-    """Probe sentences from batches of maps, re-readable once per epoch.
+    """Probe sentences from batches of maps, read from the store once.
 
     ``batches`` is a function returning a fresh iterable of :class:`AttentionBatch` (e.g.
-    ``store.batches``), so a training set larger than memory is streamed shard by shard. When
-    the features of the whole set fit in ``cache_bytes`` they are kept after the first pass
-    (an optimisation only: the order of examples is the same either way).
+    ``store.batches``). The features of each sentence are built once, on the first pass:
+    they are kept in memory up to ``cache_bytes``, and what does not fit is written once to
+    a temporary float16 file that later epochs read through a memory map (the page cache
+    keeps it warm). So later epochs neither read the store nor rebuild features, however
+    large the set. The order of sentences is the input order either way.
     """
 
     def __init__(self, batches: Callable[[], Iterable[AttentionBatch]], glove=None, *,
-                 root: str = "special", cache_bytes: int = 1 << 30):
+                 root: str = "special", cache_bytes: int = 1 << 30, spill_dir: str | None = None):
         self._batches = batches
         self.glove = glove
         self.root = root
         self.cache_bytes = cache_bytes
+        self.spill_dir = spill_dir
         self._cache: list[list[ProbeSentence]] | None = None
+        self._spill = None  # the temporary file holding features past cache_bytes
         self.skipped = 0
         self.num_sentences = 0
+        self.store_passes = 0
 
     def chunks(self) -> Iterator[list[ProbeSentence]]:
         """One list of sentences per input batch (a store shard), in input order."""
         if self._cache is not None:
             yield from self._cache
             return
-        cache: list[list[ProbeSentence]] | None = []
+        import tempfile
+
+        cache: list[list[ProbeSentence]] = []
+        spilled: list[tuple[ProbeSentence, int]] = []  # (sentence, byte offset in the spill file)
         size = skipped = count = 0
-        for batch in self._batches():
-            chunk = []
-            for m in batch:
-                s = probe_sentence(m, self.glove, self.root)
-                if s is None:
-                    skipped += 1
-                    continue
-                chunk.append(s)
-            count += len(chunk)
-            if cache is not None:
-                size += sum(s.nbytes() for s in chunk)
-                if size <= self.cache_bytes:
-                    cache.append(chunk)
-                else:
-                    cache = None
-            yield chunk
+        spill = None
+        self.store_passes += 1
+        try:
+            for batch in self._batches():
+                chunk = []
+                for m in batch:
+                    s = probe_sentence(m, self.glove, self.root)
+                    if s is None:
+                        skipped += 1
+                        continue
+                    chunk.append(s)
+                count += len(chunk)
+                yield chunk
+                kept = []
+                for s in chunk:
+                    if size + s.nbytes() <= self.cache_bytes:
+                        size += s.nbytes()
+                        kept.append(s)
+                        continue
+                    if spill is None:
+                        spill = tempfile.TemporaryFile(dir=self.spill_dir)
+                    spilled.append((s, spill.tell()))
+                    spill.write(np.ascontiguousarray(s.attn, np.float16).tobytes())
+                    kept.append(s)
+                cache.append(kept)
+        except GeneratorExit:  # an unfinished pass caches nothing
+            if spill is not None:
+                spill.close()
+            raise
+        if spill is not None:
+            spill.flush()
+            mm = np.memmap(spill, dtype=np.float16, mode="r")
+            for s, offset in spilled:
+                n = s.attn.size
+                s.attn = mm[offset // 2: offset // 2 + n].reshape(s.attn.shape)
+            self._spill = spill
         self.skipped, self.num_sentences = skipped, count
         self._cache = cache
 
+    def sentences(self) -> list[ProbeSentence]:
+        """Every sentence (one pass over the store the first time)."""
+        return [s for chunk in self.chunks() for s in chunk]
+
     def shuffled_batches(self, batch_size: int, rng: np.random.Generator,
-                         buffer_chunks: int = 8) -> Iterator[list[ProbeSentence]]:
-        """Minibatches in a seeded random order: sentences are shuffled within a window of
-        ``buffer_chunks`` chunks (a shuffle buffer), so memory stays bounded."""
+                         buffer_chunks: int = 8, by_length: bool = True) -> Iterator[list[ProbeSentence]]:
+        """Minibatches in a seeded random order, of sentences of similar length.
+
+        Sentences are shuffled within a window of ``buffer_chunks`` chunks (a shuffle
+        buffer, so memory stays bounded on the first pass), sorted by length within the
+        window (random order among equal lengths), cut into batches, and the batches are
+        shuffled. Similar lengths cut the padding, which costs quadratically: with random
+        batches of 32 EWT sentences most of a ``[B K M M]`` batch is padding.
+        ``by_length=False``: plain random batches from the window.
+        """
+        cut = _bucketed if by_length else _random
         buf: list[ProbeSentence] = []
         held = 0
         for chunk in self.chunks():
             buf.extend(chunk)
             held += 1
             if held >= buffer_chunks:
-                yield from _cut(buf, batch_size, rng)
+                yield from cut(buf, batch_size, rng)
                 buf, held = [], 0
         if buf:
-            yield from _cut(buf, batch_size, rng)
+            yield from cut(buf, batch_size, rng)
 
-    def ordered_batches(self, batch_size: int) -> Iterator[list[ProbeSentence]]:
+    def ordered_batches(self, batch_size: int, by_length: bool = False) -> Iterator[list[ProbeSentence]]:
+        """Batches in input order, or (``by_length``) of sentences sorted by length."""
+        if by_length:
+            sents = sorted(self.sentences(), key=lambda s: s.num_words)
+            for i in range(0, len(sents), batch_size):
+                yield sents[i:i + batch_size]
+            return
         buf: list[ProbeSentence] = []
         for chunk in self.chunks():
             buf.extend(chunk)
@@ -157,10 +217,18 @@ class SentenceSource:
             yield buf
 
 
-def _cut(buf: list[ProbeSentence], batch_size: int, rng: np.random.Generator):
+def _random(buf: list[ProbeSentence], batch_size: int, rng: np.random.Generator):
     order = rng.permutation(len(buf))
     for i in range(0, len(order), batch_size):
         yield [buf[j] for j in order[i:i + batch_size]]
+
+
+def _bucketed(buf: list[ProbeSentence], batch_size: int, rng: np.random.Generator):
+    order = rng.permutation(len(buf))
+    order = order[np.argsort([buf[j].num_words for j in order], kind="stable")]
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    for b in rng.permutation(len(batches)):
+        yield [buf[j] for j in batches[b]]
 
 
 def sentences_from_maps(maps: Iterable[AttentionMap], glove=None, root: str = "special") -> list[ProbeSentence]:

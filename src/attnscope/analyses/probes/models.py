@@ -84,12 +84,15 @@ class AttentionGloveProbe(nn.Module):
 
     def forward(self, batch: ProbeBatch) -> torch.Tensor:
         v = self.vectors(batch.glove)  # [B M d]
-        z = self.dep(v)[:, :, None, :] + self.cand(v)[:, None, :, :]  # [B j i 2K]
-        a = batch.attn  # [B K M M]
-        to_dep = a.permute(0, 3, 2, 1)  # [B j i K] = alpha[k, i, j] (candidate -> dependent)
-        from_dep = a.permute(0, 2, 3, 1)  # [B j i K] = alpha[k, j, i] (dependent -> candidate)
+        a = batch.attn  # [B K M M] from, to
         K = self.K
-        return (z[..., :K] * to_dep).sum(-1) + (z[..., K:] * from_dep).sum(-1)
+        dep, cand = self.dep(v), self.cand(v)  # [B M 2K]: W_dep v_j and W_cand v_i (+ bias)
+        # s(j, i) = sum_k (dep[j, k] + cand[i, k]) a[k, i, j] + (dep[j, K+k] + cand[i, K+k]) a[k, j, i],
+        # as four contractions: the [B j i 2K] pair tensor is never built (same sums, less memory)
+        s = torch.einsum("bjk,bkij->bji", dep[..., :K], a)  # candidate -> dependent, by v_j
+        s = s + torch.einsum("bik,bkij->bji", cand[..., :K], a)  # ... by v_i
+        s = s + torch.einsum("bjk,bkji->bji", dep[..., K:], a)  # dependent -> candidate, by v_j
+        return s + torch.einsum("bik,bkji->bji", cand[..., K:], a)  # ... by v_i
 
 
 def distance_features(M: int) -> torch.Tensor:

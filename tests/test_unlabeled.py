@@ -1,0 +1,137 @@
+"""``prepare unlabeled``: BERT-style packing, truncation, ``<unk>`` mapping and the summary.
+
+The expected examples below are worked out by hand from the debug BERT tokenizer, in which
+every word of the text is one token (``[UNK]`` too) and a pair adds 3 special tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from attnscope.data.unlabeled import UnlabeledStats, prepare_unlabeled
+
+TEXT = """the cat sat on the mat .
+the dog ran to the house .
+a man saw the <unk> woman .
+she said it was big .
+
+one two three .
+"""
+# sentence lengths in tokens: 7, 7, 7, 6 | 4
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_text(TEXT)
+    return p
+
+
+def coin_flips(n_splits_before: int, n: int, seed: int = 0) -> list[bool]:
+    """The truncation coin flips (True = cut the front) as the module docstring describes them:
+    one ``randint`` per multi-sentence chunk, then one ``random()`` per removed token."""
+    rng = random.Random(seed)
+    for _ in range(n_splits_before):
+        rng.randint(1, 1)
+    return [rng.random() < 0.5 for _ in range(n)]
+
+
+def test_bert_packing_fills_to_the_target_and_keeps_short_documents(text_file, debug_bert):
+    stats = UnlabeledStats()
+    exs = prepare_unlabeled(text_file, debug_bert.tokenizer, max_seq_len=16, seed=0, stats=stats)
+    # budget 13: sentences 1+2 reach 14 >= 13 -> one chunk, split after sentence 1 (the only
+    # boundary); 14 > 13, so one token goes from A (the longer side on a tie).
+    assert coin_flips(1, 1) == [False]  # seed 0: the back of A -> the final "." goes
+    assert (exs[0].text, exs[0].text_pair) == ("the cat sat on the mat", "the dog ran to the house .")
+    # sentences 3+4: 7 + 6 = 13 tokens, exactly the budget, no cut; <unk> is one [UNK]
+    assert (exs[1].text, exs[1].text_pair) == ("a man saw the [UNK] woman .", "she said it was big .")
+    assert (exs[2].text, exs[2].text_pair) == ("one two three .", None)  # kept, one segment
+    tok = debug_bert.tokenizer
+    assert [len(tok(e.text, e.text_pair)["input_ids"]) for e in exs] == [16, 16, 6]
+    assert stats.lengths == [16, 16, 6] and stats.short == 1 and stats.single_segment == 1
+    d = stats.distribution()
+    assert d == {"mean_length": pytest.approx(38 / 3), "share_at_max": pytest.approx(2 / 3),
+                 "share_single_segment": pytest.approx(1 / 3)}
+    assert stats.unk_replaced == 1 and "1 '<unk>' words mapped to '[UNK]'" in stats.summary()
+    assert [e.fields for e in exs] == [{"doc": 0, "line": 1}, {"doc": 0, "line": 3}, {"doc": 1, "line": 6}]
+
+
+def test_bert_packing_truncates_the_longer_side_front_or_back(text_file, debug_bert):
+    # budget 9: 7 + 7 = 14 -> 5 tokens go, from A, B, A, B, A (the longer side, A on a tie)
+    exs = prepare_unlabeled(text_file, debug_bert.tokenizer, max_seq_len=12, seed=0)
+    flips = coin_flips(1, 5)
+    a, b = "the cat sat on the mat .".split(), "the dog ran to the house .".split()
+    for side, front in zip("ABABA", flips):
+        words = a if side == "A" else b
+        words.pop(0 if front else -1)
+    assert (exs[0].text, exs[0].text_pair) == (" ".join(a), " ".join(b))
+    assert (exs[0].text, exs[0].text_pair) == ("sat on the mat", "dog ran to the house")
+    # the second chunk (13 tokens) loses 4: A=7 B=6 -> A, then A/B alternate from 6/6
+    assert (exs[1].text, exs[1].text_pair) == ("saw the [UNK] woman", "she said it was big")
+
+
+def test_a_front_cut_never_starts_inside_a_word(tmp_path, debug_bert):
+    # "zzzz" is unknown to the debug vocabulary: z ##z ##z ##z (4 pieces)
+    p = tmp_path / "t.txt"
+    p.write_text("zzzz cat sat .\nthe dog .\n")
+    tok = debug_bert.tokenizer
+    assert len(tok("zzzz", add_special_tokens=False)["input_ids"]) == 4
+    for seed in range(6):
+        for e in prepare_unlabeled(p, tok, max_seq_len=8, seed=seed):
+            assert len(tok(e.text, e.text_pair)["input_ids"]) <= 8
+            assert e.text.split()[0] in ("zzzz", "cat", "sat", ".", "z", "zz", "zzz")
+            # a kept piece of zzzz is always its beginning: the text starts with "z" or a whole word
+            assert not e.text.startswith("##")
+
+
+def test_greedy_packing_is_the_old_behaviour(text_file, debug_bert):
+    stats = UnlabeledStats()
+    exs = prepare_unlabeled(text_file, debug_bert.tokenizer, max_seq_len=16, seed=0, packing="greedy",
+                            stats=stats)
+    # budget 13: 7 + 7 > 13, so every sentence of doc 0 is its own example
+    assert [(e.text, e.text_pair) for e in exs] == [
+        ("the cat sat on the mat .", None), ("the dog ran to the house .", None),
+        ("a man saw the [UNK] woman .", "she said it was big ."), ("one two three .", None)]
+    assert stats.lengths == [9, 9, 16, 6] and stats.single_segment == 3
+    with pytest.raises(Exception, match="--packing"):
+        prepare_unlabeled(text_file, debug_bert.tokenizer, packing="nope")
+
+
+def test_unk_mapping_can_be_turned_off_and_is_skipped_without_an_own_unknown_token(text_file, debug_bert,
+                                                                                   debug_gpt2):
+    stats = UnlabeledStats()
+    exs = prepare_unlabeled(text_file, debug_bert.tokenizer, max_seq_len=40, unk_marker=None, stats=stats)
+    assert "<unk>" in exs[0].text_pair and stats.unk_replaced == 0
+    assert "left as text" in stats.summary()
+    # the literal marker is several pieces; the mapped one is one token
+    tok = debug_bert.tokenizer
+    assert len(tok("<unk>", add_special_tokens=False)["input_ids"]) == 5
+    assert tok("[UNK]", add_special_tokens=False)["input_ids"] == [tok.unk_token_id]
+    # GPT-2's unknown token is its end-of-text token: the marker stays text
+    stats = UnlabeledStats()
+    exs = prepare_unlabeled(text_file, debug_gpt2.tokenizer, max_seq_len=200, stats=stats)
+    assert "<unk>" in exs[0].text + (exs[0].text_pair or "") and stats.unk_replaced == 0
+    assert "no unknown token of its own" in stats.unk_note
+    # only whole words: "x<unk>" is not a marker
+    p = text_file.parent / "w.txt"
+    p.write_text("a<unk> <unk> b <unk>.\n")
+    ex = prepare_unlabeled(p, debug_bert.tokenizer)[0]
+    assert ex.text == "a<unk> [UNK] b <unk>."
+
+
+def test_cli_prints_the_length_distribution(tmp_path, capsys, text_file):
+    from attnscope.cli.main import main
+
+    out = tmp_path / "u.json"
+    code = main(["prepare", "unlabeled", str(text_file), "--model", "debug", "--out", str(out),
+                 "--max-seq-len", "16"])
+    text = capsys.readouterr().out.replace("\n", " ")  # a result: on stdout
+    assert code in (0, None) and len(json.loads(out.read_text())) == 3
+    assert "mean 12.7 tokens" in text and "66.7% at the maximum 16" in text and "1 shorter" in text
+    assert "33.3% with one segment" in text and "'<unk>' words mapped" in text
+    code = main(["prepare", "unlabeled", str(text_file), "--model", "debug", "--out", str(tmp_path / "v.json"),
+                 "--packing", "nope"])
+    assert code == 2 and not (tmp_path / "v.json").exists()
