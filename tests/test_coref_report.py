@@ -78,6 +78,19 @@ def test_run_coref_writes_table2_and_baselines_match_hand(tmp_path, debug_bert):
     assert res["meta"]["windows"]["scored"] == 3 and res["params"]["window"] == "sliding"
     assert res["params"]["seed"] == 0
     assert [p["paper"] for p in section.paper] == [27, 52, 69, 65]
+    # The paper's definition (every other word a candidate) and held-out selection beside it;
+    # "close to the rule-based system" only where the head is within its interval.
+    names = [t.name for t in section.tables]
+    assert names[:2] == ["table2_coref", "table2_coref_all_words"]
+    assert res["tables"]["table2_all_words"]
+    # one document: no part to select on and another to score on, so no held-out table
+    assert res["tables"]["table2_heldout"] == [] and "table2_coref_heldout" not in names
+    verdicts = [f for f in section.findings if "the rule-based system (" in f]
+    assert len(verdicts) == 2
+    for f, key in zip(verdicts, ("table2", "table2_all_words")):
+        best, rb = res["tables"][key][len(BASELINES)], res["tables"][key][2]
+        close = best["all"] >= rb["all_lo"]
+        assert ("comes close to" in f or "beats" in f) == close, f
     for _layer, _head, idx, _ in section.best_heads:
         assert idx in section.maps and section.maps[idx].level == "word"
 

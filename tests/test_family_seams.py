@@ -148,6 +148,9 @@ def test_demo_report_says_its_sample_is_too_small(tmp_path, default_model):
     assert all(r["count"] >= 5 for r in table1)
     html = (tmp_path / "demo" / "report.html").read_text()
     assert "too wide for these numbers" in html
+    held = json.loads((tmp_path / "demo" / "tables" / "table2_coref_heldout.json").read_text())
+    assert [(r["selected_on"], r["scored_on"]) for r in held if r["candidates"] == "mentions"] == [
+        ("even documents", "odd documents"), ("odd documents", "even documents")]
 
 
 def test_an_unfinished_store_is_refused(tmp_path, capsys, debug_bert):
