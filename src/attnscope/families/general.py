@@ -24,6 +24,7 @@ from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import Example
+from attnscope.data.unlabeled import DEFAULT_UNK_MARKER, PACKINGS, UnlabeledStats
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import (
     Context,
@@ -241,7 +242,12 @@ class GeneralOptions:
                             "model has none.", choices=GRADIENT_MODES)
     fit_mlm_head: bool = option(False, "Same as --gradients fit-head.")
     num_text_examples: int = option(1000, "Pairs built from sentence-per-line text (the paper "
-                                    "uses 1000).")
+                                    "uses 1000).", minimum=1)
+    packing: str = option("bert", "How sentence-per-line text becomes pairs: bert (filled to "
+                          "--max-seq-len as BERT's pre-training data) or greedy (attnscope 0.1).",
+                          choices=PACKINGS)
+    keep_unk: bool = option(False, "Keep WikiText's literal '<unk>' instead of the tokenizer's own "
+                            "unknown token.")
 
     @property
     def gradient_mode(self) -> str:
@@ -249,7 +255,8 @@ class GeneralOptions:
 
 
 def read_general_input(path: Path, model, *, max_seq_len: int, seed: int,
-                       num_examples: int | None):
+                       num_examples: int | None, packing: str = "bert", keep_unk: bool = False,
+                       stats=None):
     """A store folder, examples JSON / JSON Lines, or sentence-per-line text (built into
     ``[CLS] A [SEP] B [SEP]`` pairs with :func:`~attnscope.data.unlabeled.prepare_unlabeled`)."""
     from attnscope.data.io import read_examples
@@ -262,7 +269,8 @@ def read_general_input(path: Path, model, *, max_seq_len: int, seed: int,
     if path.suffix.lower() in (".json", ".jsonl"):
         return read_examples(path)
     return prepare_unlabeled(path, model.tokenizer, max_seq_len=max_seq_len, seed=seed,
-                             num_examples=num_examples)
+                             num_examples=num_examples, packing=packing, stats=stats,
+                             unk_marker=None if keep_unk else DEFAULT_UNK_MARKER)
 
 
 @register_family
@@ -281,12 +289,19 @@ class General(Family):
         return options.gradient_mode != "off"
 
     def prepare(self, inputs, options: GeneralOptions, ctx: Context) -> Prepared:
+        stats = UnlabeledStats()
         source = read_general_input(Path(inputs["text"]), ctx.model, max_seq_len=ctx.max_seq_len,
-                                    seed=ctx.seed, num_examples=options.num_text_examples)
-        return Prepared({"source": source}, weight=len(source),
-                        counts={"text examples": len(source)})
+                                    seed=ctx.seed, num_examples=options.num_text_examples,
+                                    packing=options.packing, keep_unk=options.keep_unk, stats=stats)
+        return Prepared({"source": source, "text": stats if stats.examples else None},
+                        weight=len(source), counts={"text examples": len(source)})
 
     def run(self, prepared: Prepared, options: GeneralOptions, ctx: Context) -> Section:
-        return run_general(prepared.data["source"], ctx.model, ctx.out_dir, max_seq_len=ctx.max_seq_len,
-                           batch_size=ctx.batch_size, seed=ctx.seed, gradients=options.gradient_mode,
-                           progress=ctx.progress, save_maps=ctx.save_maps)
+        section = run_general(prepared.data["source"], ctx.model, ctx.out_dir,
+                              max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size, seed=ctx.seed,
+                              gradients=options.gradient_mode, progress=ctx.progress,
+                              save_maps=ctx.save_maps)
+        text = prepared.data.get("text")
+        if text is not None:  # how the pairs were built: lengths, one-segment share, <unk> mapping
+            section.findings.append(f"Pairs from the text: {text.summary()}.")
+        return section

@@ -387,7 +387,9 @@ class SyntaxOptions:
     collapse_subtypes: bool = option(False, "Count nmod:poss as nmod, and so on.")
     epochs: int = option(10, "Most probe training epochs.")
     patience: int = option(2, "Stop the probes after this many epochs without dev improvement.")
-    lr: float = option(0.01, "Adam learning rate for the probes.")
+    lr: float = option(0.01, "Adam learning rate of the probes that use GloVe.", minimum=0)
+    attn_lr: float = option(0.05, "Adam learning rate of the attention-only probe (at 0.01 it is "
+                            "still improving after 10 epochs; see docs/analyses-syntax.md).", minimum=0)
 
 
 @register_family
@@ -422,7 +424,7 @@ class Syntax(Family):
         from attnscope.analyses.probes.training import TrainConfig
 
         config = TrainConfig(epochs=options.epochs, patience=options.patience, lr=options.lr,
-                             seed=ctx.seed)
+                             attn_lr=options.attn_lr, seed=ctx.seed)
         return run_syntax(prepared.data["dev"], ctx.model, ctx.out_dir, train=prepared.data["train"],
                           glove=options.glove, max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size,
                           seed=ctx.seed, progress=ctx.progress, save_maps=ctx.save_maps,

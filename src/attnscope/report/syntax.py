@@ -96,10 +96,15 @@ def example_figure(m: AttentionMap, layer: int, head: int, direction: int, relat
     """Figure 5 style: one head's word-level attention as lines from words (left) to words
     (right); the gold arcs of ``relation`` in the head's direction are drawn in red."""
     from attnscope.analyses.syntax import relation_label
+    from attnscope.analyses.units import word_units
     from attnscope.report.figures import new_figure, save_figure
 
-    pos = m.word_positions()
-    words = m.example.all_words or []
+    units = word_units(m)
+    keep = np.nonzero(units.present)[0]  # words with a unit (a zero-token word has none)
+    row_of = {int(w): r for r, w in enumerate(keep)}
+    pos = units.positions[keep]
+    all_words = m.example.all_words or []
+    words = [all_words[w] for w in keep]
     n = len(pos)
     a = m.attn[layer, head][pos[:, None], pos[None, :]]  # [n n] words only
     fig, ax = new_figure(figsize=(4.2, 0.3 * n + 1.0))
@@ -109,9 +114,9 @@ def example_figure(m: AttentionMap, layer: int, head: int, direction: int, relat
         for j in range(n):
             if a[i, j] > 0.05:
                 ax.plot([0.02, 0.98], [-i, -j], color="tab:blue", alpha=float(min(1.0, a[i, j])), lw=1.2)
-    for dep in range(n):
-        h = m.example.heads[dep] - 1
-        if h < 0 or h >= n or relation_label(m.example.relns[dep], collapse_subtypes) != relation:
+    for w in keep:
+        dep, h = row_of[int(w)], row_of.get(m.example.heads[w] - 1)
+        if h is None or relation_label(m.example.relns[w], collapse_subtypes) != relation:
             continue
         src, dst = (dep, h) if direction == 0 else (h, dep)
         ax.plot([0.02, 0.98], [-src, -dst], color="tab:red", lw=2.0, ls="--")
