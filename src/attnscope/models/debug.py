@@ -145,7 +145,8 @@ def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int
             num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=TINY["hidden"] // 4,
             intermediate_size=TINY["intermediate"], max_position_embeddings=TINY["positions"],
             pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id)
+            eos_token_id=tokenizer.eos_token_id,
+            initializer_range=0.3)  # larger than the default 0.02, so heads are not near-uniform
         cls = getattr(transformers, model_name)
     else:
         raise ModelError(f"debug:{family}: unknown debug family (choose bert, roberta, gpt2, "

@@ -1,0 +1,181 @@
+"""The streaming engine: per-head statistics computed inside attention, without ``[n n]`` maps.
+
+For each layer the forward helper's ``"k"`` hook sees the rotated queries ``Q`` ``[B Hq T d]``
+and keys ``K`` ``[B Hkv T d]``, the mask and the scaling ``s``. The engine expands the keys to
+the query heads (grouped-query attention: query head ``h`` uses key head ``h // (Hq / Hkv)``)
+and recomputes the attention of one block of ``c`` query rows at a time, in float32::
+
+    S = s * Q[rows] K[:k1]^T              [Hq c k1]   (k1 = last row + 1 for causal models)
+    S[masked] = float32 min                (causal, padding, sliding window: Site.allowed)
+    log P = S - logsumexp(S)               P = exp(log P)
+
+and folds the tile into :class:`~attnscope.analyses.longctx.LongContextStats`. The model's own
+output comes from torch's fused ``scaled_dot_product_attention`` (no probabilities are
+requested, and the forward pass builds no ``[T T]`` mask), so the largest extra memory is one
+tile, ``Hq * c * n`` floats (a few copies of it), instead of the ``L * Hq * n * n`` of
+``output_attentions``.
+
+>>> from attnscope.models import load_model
+>>> from attnscope.analyses.longctx import LongContextStats
+>>> lm = load_model("debug:llama")
+>>> stats = LongContextStats()
+>>> stream_stats(lm, [lm.tokenizer("the cat sat on the mat")["input_ids"]], stats, chunk=4)
+>>> stats.finalize().arrays["sink"].shape
+(2, 4)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import numpy as np
+
+from attnscope.analyses.longctx import LongContextStats, Sequence, is_punct, sample_rows
+from attnscope.models.forward import forward, pad_batch
+
+ENGINES = ("auto", "streaming", "maps")
+
+
+def maps_bytes(lm, n: int, batch_size: int = 1, bytes_per_value: int = 4) -> int:
+    """Memory the ``[L H n n]`` maps of ``batch_size`` sequences of ``n`` tokens would take."""
+    return lm.num_layers * lm.num_heads * n * n * bytes_per_value * batch_size
+
+
+def choose_engine(lm, n: int, batch_size: int = 1, budget_bytes: int = 2 << 30,
+                  engine: str = "auto") -> str:
+    """``"maps"`` when the maps fit in ``budget_bytes`` (and attention can be returned),
+    ``"streaming"`` otherwise; an explicit ``engine`` is returned as is."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
+    if engine != "auto":
+        return engine
+    return "maps" if maps_bytes(lm, n, batch_size) <= budget_bytes else "streaming"
+
+
+def _key_masks(lm, ids: Seq[int], device, cache: dict[int, bool]) -> tuple[Any, Any]:
+    import torch
+
+    specials = set(getattr(lm.tokenizer, "all_special_ids", []) or [])
+    special = torch.tensor([float(i in specials) for i in ids], device=device)
+    missing = sorted({int(i) for i in ids} - cache.keys())
+    if missing:
+        for i, text in zip(missing, lm.tokenizer.convert_ids_to_tokens(missing)):
+            cache[i] = (i not in specials) and is_punct(text or "")
+    punct = torch.tensor([float(cache[int(i)]) for i in ids], device=device)
+    return special, punct
+
+
+def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
+                   targets: Seq[dict[str, Seq[int]] | None] | None = None, device=None) -> list[Sequence]:
+    """The per-sequence records the tile code needs (key masks, targets, sampled rows)."""
+    import torch
+
+    cache: dict[int, bool] = {}
+    out = []
+    for b, ids in enumerate(sequences):
+        special, punct = _key_masks(lm, ids, device, cache)
+        tg = {}
+        if targets is not None and targets[b]:
+            tg = {k: torch.as_tensor(list(v), dtype=torch.long, device=device) for k, v in targets[b].items()}
+        out.append(Sequence(len(ids), special, punct, tg, sample_rows(list(ids), stats.js_rows, stats.seed)))
+    return out
+
+
+def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk: int = 256,
+                 batch_size: int = 1, targets: Seq[dict[str, Seq[int]] | None] | None = None,
+                 progress: Callable[[int], None] | None = None) -> None:
+    """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
+
+    ``chunk``: query rows per tile. ``targets``: per sequence, name -> key index per row (-1:
+    none), e.g. from :func:`induction_sequences`. The statistics do not depend on ``chunk`` or
+    ``batch_size`` (up to float32 rounding).
+    """
+    import torch
+
+    if chunk < 1:
+        raise ValueError("chunk must be at least 1")
+    device = lm.model.device
+    for start in range(0, len(sequences), batch_size):
+        batch = [list(s) for s in sequences[start:start + batch_size]]
+        tg = None if targets is None else targets[start:start + batch_size]
+        seqs = make_sequences(lm, batch, stats, tg, device)
+        for seq in seqs:
+            stats.begin(lm.num_layers, lm.num_heads, seq)
+        inputs = pad_batch(lm, batch)
+        inputs.input_ids = inputs.input_ids.to(device)
+        inputs.attention_mask = inputs.attention_mask.to(device)
+        inputs.token_type_ids = inputs.token_type_ids.to(device)
+
+        def hook(site, key, seqs=seqs):
+            q = site.query.float()
+            k = key.float()
+            if site.kv_groups > 1:
+                k = k.repeat_interleave(site.kv_groups, dim=1)
+            cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
+            low = torch.finfo(torch.float32).min
+            for b, seq in enumerate(seqs):
+                for q0 in range(1, seq.n, chunk):
+                    q1 = min(seq.n, q0 + chunk)
+                    k1 = q1 if stats.causal else seq.n
+                    s = torch.matmul(q[b, :, q0:q1], k[b, :, :k1].transpose(-1, -2)) * site.scaling
+                    if cap:
+                        s = torch.tanh(s / cap) * cap
+                    s = s.masked_fill(~site.allowed(q0, q1, k1)[b], low)
+                    logp = s - torch.logsumexp(s, -1, keepdim=True)
+                    del s
+                    stats.tile(site.layer, seq, q0, torch.exp(logp), logp)
+
+        forward(lm, inputs, hooks={"k": hook}, lean_mask=True)
+        for seq in seqs:
+            stats.end(seq)
+        if progress is not None:
+            progress(len(batch))
+
+
+def maps_update(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, batch_size: int = 1,
+                targets: Seq[dict[str, Seq[int]] | None] | None = None) -> None:
+    """The same statistics from eager ``output_attentions`` maps (every layer's ``[B H T T]``
+    held at once, as other tools do); the reference the streaming engine is tested against."""
+    for start in range(0, len(sequences), batch_size):
+        batch = [list(s) for s in sequences[start:start + batch_size]]
+        tg = None if targets is None else targets[start:start + batch_size]
+        seqs = make_sequences(lm, batch, stats, tg, lm.model.device)
+        inputs = pad_batch(lm, batch)
+        out = forward(lm, inputs, attentions=True)
+        for b, seq in enumerate(seqs):
+            stats.begin(lm.num_layers, lm.num_heads, seq)
+            for layer, probs in enumerate(out.attentions):
+                stats._layer_from_probs(layer, seq, probs[b, :, :seq.n, :seq.n])
+            stats.end(seq)
+
+
+def induction_sequences(lm, count: int, half: int, seed: int = 0) -> tuple[list[list[int]], list[dict]]:
+    """``count`` sequences ``[first] + r + r`` of ``half`` random tokens ``r`` repeated once, and
+    their targets: for a row ``i`` of the second copy, ``duplicate`` is ``i - half`` (the same
+    token earlier) and ``induction`` is ``i - half + 1`` (the token that followed it).
+
+    ``first`` is the tokenizer's BOS token when it has one, else a random token. The tokens are
+    drawn without replacement from the non-special vocabulary (seeded).
+    """
+    tok = lm.tokenizer
+    specials = set(getattr(tok, "all_special_ids", []) or [])
+    vocab = np.array([i for i in range(len(tok)) if i not in specials], dtype=np.int64)
+    if len(vocab) < half + 1:
+        raise ValueError(f"the vocabulary has fewer than {half + 1} ordinary tokens")
+    rng = np.random.default_rng(seed)
+    seqs, targets = [], []
+    for _ in range(count):
+        draw = rng.choice(vocab, size=half + 1, replace=False)
+        first = tok.bos_token_id if tok.bos_token_id is not None else int(draw[-1])
+        r = [int(x) for x in draw[:half]]
+        ids = [int(first)] + r + r
+        dup = [-1] * len(ids)
+        ind = [-1] * len(ids)
+        for i in range(half + 1, 2 * half + 1):
+            dup[i] = i - half
+            ind[i] = i - half + 1
+        seqs.append(ids)
+        targets.append({"duplicate": dup, "induction": ind})
+    return seqs, targets
