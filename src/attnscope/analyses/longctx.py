@@ -231,10 +231,13 @@ class LongContextStats(Analysis):
         # distance profile: bucket of |i - j| for every (row, key) of the tile
         dist = (pos[:, None] - torch.arange(K, device=dev)[None, :]).abs()  # [c K]
         table = seq.buckets(dev)
-        dbucket = table[dist].reshape(-1)
-        dmass = torch.zeros(H, NUM_BUCKETS, dtype=p.dtype, device=dev)
-        dmass.index_add_(1, dbucket, p.reshape(H, c * K))
-        s["dist_mass"][layer] += dmass.double().cpu().numpy()
+        dbucket = table[dist]  # [c K]
+        # float64 sums: one bucket gathers up to c * K terms, too many for float32 to add exactly
+        dmass = torch.zeros(H, NUM_BUCKETS, dtype=torch.float64, device=dev)
+        for r0 in range(0, c, 64):
+            r1 = min(c, r0 + 64)
+            dmass.index_add_(1, dbucket[r0:r1].reshape(-1), p[:, r0:r1].double().reshape(H, -1))
+        s["dist_mass"][layer] += dmass.cpu().numpy()
         pb = table[pos]
         for name, value in (("pos_sink", p[:, :, 0]), ("pos_entropy", ent), ("pos_norm_entropy", norm)):
             acc = torch.zeros(H, NUM_BUCKETS, dtype=p.dtype, device=dev)

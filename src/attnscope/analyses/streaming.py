@@ -85,12 +85,18 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
 
 def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk: int = 256,
                  batch_size: int = 1, targets: Seq[dict[str, Seq[int]] | None] | None = None,
-                 progress: Callable[[int], None] | None = None) -> None:
+                 progress: Callable[[int], None] | None = None,
+                 reference: LongContextStats | None = None) -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
     ``chunk``: query rows per tile. ``targets``: per sequence, name -> key index per row (-1:
     none), e.g. from :func:`induction_sequences`. The statistics do not depend on ``chunk`` or
     ``batch_size`` (up to float32 rounding).
+
+    ``reference`` (for testing on deep models): also fold the family's eager probabilities of
+    the same pass into it, so both see the very same queries and keys (the layers' output then
+    comes from eager attention, not sdpa; a separate eager run would differ in the last bits
+    of every layer's input, which 30 layers amplify to ~1e-5 in the statistics).
     """
     import torch
 
@@ -109,6 +115,11 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
         inputs.token_type_ids = inputs.token_type_ids.to(device)
 
         def hook(site, key, seqs=seqs):
+            # float32 whatever the forward pass runs in (autocast would turn matmul to bfloat16)
+            with torch.autocast(device_type=key.device.type, enabled=False):
+                _tiles(site, key, seqs)
+
+        def _tiles(site, key, seqs):
             q = site.query.float()
             k = key.float()
             if site.kv_groups > 1:
@@ -127,27 +138,53 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
                     del s
                     stats.tile(site.layer, seq, q0, torch.exp(logp), logp)
 
-        forward(lm, inputs, hooks={"k": hook}, lean_mask=True)
+        hooks = {"k": hook}
+        if reference is not None:
+            ref_seqs = make_sequences(lm, batch, reference, tg, device)
+            for seq in ref_seqs:
+                reference.begin(lm.num_layers, lm.num_heads, seq)
+
+            def fold(site, probs, ref_seqs=ref_seqs):
+                for b, seq in enumerate(ref_seqs):
+                    reference._layer_from_probs(site.layer, seq, probs[b, :, :seq.n, :seq.n])
+
+            hooks["attn"] = fold
+        forward(lm, inputs, hooks=hooks, lean_mask=True)
         for seq in seqs:
             stats.end(seq)
+        if reference is not None:
+            for seq in ref_seqs:
+                reference.end(seq)
         if progress is not None:
             progress(len(batch))
 
 
 def maps_update(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, batch_size: int = 1,
-                targets: Seq[dict[str, Seq[int]] | None] | None = None) -> None:
-    """The same statistics from eager ``output_attentions`` maps (every layer's ``[B H T T]``
-    held at once, as other tools do); the reference the streaming engine is tested against."""
+                targets: Seq[dict[str, Seq[int]] | None] | None = None, keep_all: bool = True) -> None:
+    """The same statistics from eager attention maps; the reference the streaming engine is
+    tested against. ``keep_all``: request ``output_attentions`` (every layer's ``[B H T T]``
+    held at once, as other tools do); otherwise each layer's map is folded by an ``"attn"``
+    hook as it is made (one layer's maps in memory)."""
     for start in range(0, len(sequences), batch_size):
         batch = [list(s) for s in sequences[start:start + batch_size]]
         tg = None if targets is None else targets[start:start + batch_size]
         seqs = make_sequences(lm, batch, stats, tg, lm.model.device)
-        inputs = pad_batch(lm, batch)
-        out = forward(lm, inputs, attentions=True)
-        for b, seq in enumerate(seqs):
+        for seq in seqs:
             stats.begin(lm.num_layers, lm.num_heads, seq)
-            for layer, probs in enumerate(out.attentions):
+        inputs = pad_batch(lm, batch)
+
+        def fold(layer, probs, seqs=seqs):
+            for b, seq in enumerate(seqs):
                 stats._layer_from_probs(layer, seq, probs[b, :, :seq.n, :seq.n])
+
+        if keep_all:
+            out = forward(lm, inputs, attentions=True)
+            for layer, probs in enumerate(out.attentions):
+                fold(layer, probs)
+            del out
+        else:
+            forward(lm, inputs, hooks={"attn": lambda site, probs: fold(site.layer, probs)})
+        for seq in seqs:
             stats.end(seq)
 
 
