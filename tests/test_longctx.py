@@ -313,3 +313,25 @@ def test_streaming_never_runs_eager_attention(monkeypatch):
     st = LongContextStats(js_rows=1)
     stream_stats(lm, [lm.tokenizer(TEXTS[0])["input_ids"]], st, chunk=8)
     assert st.rows == len(lm.tokenizer(TEXTS[0])["input_ids"]) - 1
+
+
+@pytest.mark.parametrize("c,K,q0", [(1, 5, 4), (3, 7, 4), (4, 9, 0), (5, 5, 0)])
+def test_diagonal_sums_match_brute_force(c, K, q0):
+    from attnscope.analyses.longctx import diagonal_sums
+
+    p = torch.rand(2, c, K)
+    d, sums = diagonal_sums(p, q0)
+    want = {}
+    for r in range(c):
+        for j in range(K):
+            want[q0 + r - j] = want.get(q0 + r - j, 0.0) + p[:, r, j]
+    assert sorted(d.tolist()) == sorted(want)
+    for x, dd in enumerate(d.tolist()):
+        assert torch.allclose(sums[:, x], want[dd])
+
+
+def test_auto_chunk():
+    from attnscope.analyses.streaming import auto_chunk
+
+    assert auto_chunk(9, 16384, tile_bytes=64 << 20) == (64 << 20) // (4 * 9 * 16384) == 113
+    assert auto_chunk(9, 10) == 1024 and auto_chunk(9, 10 ** 7) == 16

@@ -101,7 +101,7 @@ def test_bad_inputs_name_the_file(tmp_path, llama):
     with pytest.raises(InputError, match="bad.jsonl.*text"):
         fam.prepare({"documents": bad}, Options(), ctx)
     with pytest.raises(InputError, match="--chunk"):
-        fam.prepare({"documents": bad}, Options(chunk=0), ctx)
+        fam.prepare({"documents": bad}, Options(chunk=-1), ctx)
     enc = load_model("debug:bert")
     with pytest.raises(InputError, match="--max-seq-len"):
         fam.prepare({"documents": bad}, Options(), Context(model=enc, out_dir=tmp_path, max_seq_len=10 ** 5))

@@ -132,6 +132,14 @@ class Sequence:
     js_rows: list[int] = field(default_factory=list)
     js_store: dict[int, list] = field(default_factory=dict)  # row -> per-layer [H m] rows
     _table: Any = None  # bucket of every distance 0 .. n
+    _classes: Any = None  # [n 2] float: special, punctuation
+
+    def key_classes(self, device) -> Any:
+        if self._classes is None or self._classes.device != device:
+            import torch
+
+            self._classes = torch.stack([self.special, self.punct], 1).float().to(device)
+        return self._classes
 
     def buckets(self, device) -> Any:
         if self._table is None or self._table.device != device:
@@ -202,11 +210,9 @@ class LongContextStats(Analysis):
             entry = self.targets.setdefault(name, [np.zeros((L, H)), 0])
             entry[1] += int((t[1:] >= 0).sum())
 
-    def tile(self, layer: int, seq: Sequence, q0: int, p, logp) -> None:
-        """Fold the rows ``q0 .. q0+c-1`` (all >= 1) of one layer: ``p``, ``logp`` ``[H c K]``.
-
-        ``p`` is exactly 0 where a key is masked; ``logp`` may be anything finite there.
-        """
+    def tile(self, layer: int, seq: Sequence, q0: int, p, ent) -> None:
+        """Fold the rows ``q0 .. q0+c-1`` (all >= 1) of one layer: ``p`` ``[H c K]`` (exactly 0
+        where a key is masked) and each row's entropy ``ent`` ``[H c]`` (nats)."""
         import torch
 
         H, c, K = p.shape
@@ -218,31 +224,28 @@ class LongContextStats(Analysis):
             s[name][layer] += value.double().cpu().numpy()
 
         add("sink", p[:, :, 0].sum(1))
-        add("special", (p @ seq.special[:K]).sum(1))
-        add("punct", (p @ seq.punct[:K]).sum(1))
+        classes = (p @ seq.key_classes(dev)[:K]).sum(1)  # [H 2]: special, punctuation
+        add("special", classes[:, 0])
+        add("punct", classes[:, 1])
         idx = pos.clamp(max=K - 1)[None, :, None].expand(H, c, 1)
         add("current", p.gather(2, idx)[..., 0].sum(1))
         add("previous", p.gather(2, (idx - 1).clamp(min=0))[..., 0].sum(1))
-        ent = -(p * logp).sum(-1)  # [H c]
         norm = ent / torch.log((pos + 1).to(ent.dtype))[None, :]
         add("entropy", ent.sum(1))
         add("norm_entropy", norm.sum(1))
         add("max", p.amax(-1).sum(1))
-        # distance profile: bucket of |i - j| for every (row, key) of the tile
-        dist = (pos[:, None] - torch.arange(K, device=dev)[None, :]).abs()  # [c K]
+        # distance profile: the mass at each signed distance d = i - j summed over the tile's
+        # rows (c terms each, float32), then per bucket of |d| in float64
         table = seq.buckets(dev)
-        dbucket = table[dist]  # [c K]
-        # float64 sums: one bucket gathers up to c * K terms, too many for float32 to add exactly
+        d, per_d = diagonal_sums(p, q0)
         dmass = torch.zeros(H, NUM_BUCKETS, dtype=torch.float64, device=dev)
-        for r0 in range(0, c, 64):
-            r1 = min(c, r0 + 64)
-            dmass.index_add_(1, dbucket[r0:r1].reshape(-1), p[:, r0:r1].double().reshape(H, -1))
+        dmass.index_add_(1, table[d.abs()], per_d.double())
         s["dist_mass"][layer] += dmass.cpu().numpy()
         pb = table[pos]
         for name, value in (("pos_sink", p[:, :, 0]), ("pos_entropy", ent), ("pos_norm_entropy", norm)):
-            acc = torch.zeros(H, NUM_BUCKETS, dtype=p.dtype, device=dev)
-            acc.index_add_(1, pb, value)
-            s[name][layer] += acc.double().cpu().numpy()
+            acc = torch.zeros(H, NUM_BUCKETS, dtype=torch.float64, device=dev)
+            acc.index_add_(1, pb, value.double())
+            s[name][layer] += acc.cpu().numpy()
         for name, t in seq.targets.items():
             tt = t[q0:q0 + c]
             ok = tt >= 0
@@ -295,7 +298,7 @@ class LongContextStats(Analysis):
             K = q1 if self.causal else n
             p = probs[:, q0:q1, :K].float()
             logp = torch.where(p > 0, torch.log(p.clamp(min=1e-45)), torch.zeros_like(p))
-            self.tile(layer, seq, q0, p, logp)
+            self.tile(layer, seq, q0, p, -(p * logp).sum(-1))
 
     def merge(self, other: "LongContextStats") -> "LongContextStats":
         self._check_mergeable(other)
@@ -374,6 +377,33 @@ def _sample_by_digest(n: int, digest: bytes, count: int, seed: int) -> list[int]
     rng = np.random.default_rng([seed, int.from_bytes(digest[:8], "little")])
     k = min(count, n - 1)
     return sorted(int(r) for r in rng.choice(np.arange(1, n), size=k, replace=False))
+
+
+def diagonal_sums(p, q0: int):
+    """Sum of ``p`` ``[H c K]`` (rows ``q0 .. q0+c-1``, keys ``0 .. K-1``) over rows, per signed
+    distance ``d = i - j``: returns ``(d [W], sums [H W])`` with ``W = K + c - 1``.
+
+    No index tensors: the rows are copied into a buffer whose row stride is one less than its
+    width, which shifts row ``r`` left by ``r``, so every column holds one distance.
+
+    >>> import torch
+    >>> p = torch.tensor([[[1., 2., 0.], [3., 4., 5.]]])   # rows i = 1, 2; keys j = 0, 1, 2
+    >>> d, sums = diagonal_sums(p, 1)
+    >>> dict(zip(d.tolist(), sums[0].tolist()))
+    {2: 3.0, 1: 5.0, 0: 7.0, -1: 0.0}
+    """
+    import torch
+
+    H, c, K = p.shape
+    W = K + c - 1
+    buf = p.new_zeros(H, c * W)
+    if c > 1:
+        buf.as_strided((H, c, K), (c * W, W - 1, 1), c - 1).copy_(p)
+    else:
+        buf[:, :K] = p[:, 0]
+    sums = buf.view(H, c, W).sum(1)  # column x holds distance q0 + c - 1 - x
+    d = q0 + c - 1 - torch.arange(W, device=p.device)
+    return d, sums
 
 
 def js_rows_matrix(rows, smoothing: float):

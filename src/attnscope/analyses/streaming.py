@@ -36,6 +36,31 @@ from attnscope.analyses.longctx import LongContextStats, Sequence, is_punct, sam
 from attnscope.models.forward import forward, pad_batch
 
 ENGINES = ("auto", "streaming", "maps")
+TILE_BYTES = 64 << 20  # one [heads, rows, n] float32 tile, for the automatic chunk
+LOW = -3.4028234663852886e38  # float32's most negative finite value: "masked"
+
+
+def _upper(c: int, device):
+    """``[c c]`` bool, True above the diagonal (a query must not see later keys)."""
+    import torch
+
+    return torch.ones(c, c, dtype=torch.bool, device=device).triu(1)
+
+
+def _softmax_entropy(s):
+    """Row softmax of the scores ``s`` ``[H c K]`` (changed in place) and each row's entropy.
+
+    With ``m`` the row maximum and ``z = sum exp(s - m)``: ``p = exp(s - m) / z`` and
+    ``H = -sum p ln p = ln z - sum p (s - m)``; masked scores give ``p = 0`` exactly.
+    """
+    import torch
+
+    s.sub_(s.amax(-1, keepdim=True))
+    p = torch.exp(s)
+    z = p.sum(-1, keepdim=True)
+    p.div_(z)
+    ent = torch.log(z)[..., 0] - torch.linalg.vecdot(p, s)
+    return p, ent
 
 
 def maps_bytes(lm, n: int, batch_size: int = 1, bytes_per_value: int = 4) -> int:
@@ -83,13 +108,19 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
     return out
 
 
-def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk: int = 256,
+def auto_chunk(num_heads: int, n: int, tile_bytes: int = TILE_BYTES) -> int:
+    """Query rows per tile so that one float32 ``[heads, rows, n]`` tile takes ``tile_bytes``
+    (between 16 and 1024 rows)."""
+    return int(min(1024, max(16, tile_bytes // (4 * num_heads * max(1, n)))))
+
+
+def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk: int = 0,
                  batch_size: int = 1, targets: Seq[dict[str, Seq[int]] | None] | None = None,
                  progress: Callable[[int], None] | None = None,
                  reference: LongContextStats | None = None) -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
-    ``chunk``: query rows per tile. ``targets``: per sequence, name -> key index per row (-1:
+    ``chunk``: query rows per tile (0: :func:`auto_chunk` per sequence). ``targets``: per sequence, name -> key index per row (-1:
     none), e.g. from :func:`induction_sequences`. The statistics do not depend on ``chunk`` or
     ``batch_size`` (up to float32 rounding).
 
@@ -100,8 +131,8 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
     """
     import torch
 
-    if chunk < 1:
-        raise ValueError("chunk must be at least 1")
+    if chunk < 0:
+        raise ValueError("chunk must be at least 1 (or 0: automatic)")
     device = lm.model.device
     for start in range(0, len(sequences), batch_size):
         batch = [list(s) for s in sequences[start:start + batch_size]]
@@ -120,23 +151,27 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
                 _tiles(site, key, seqs)
 
         def _tiles(site, key, seqs):
-            q = site.query.float()
+            q = site.query.float() * site.scaling
             k = key.float()
             if site.kv_groups > 1:
                 k = k.repeat_interleave(site.kv_groups, dim=1)
             cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
-            low = torch.finfo(torch.float32).min
+            plain = site.mask is None and stats.causal  # no padding: the causal triangle only
             for b, seq in enumerate(seqs):
-                for q0 in range(1, seq.n, chunk):
-                    q1 = min(seq.n, q0 + chunk)
+                rows = chunk or auto_chunk(q.shape[1], seq.n)
+                for q0 in range(1, seq.n, rows):
+                    q1 = min(seq.n, q0 + rows)
                     k1 = q1 if stats.causal else seq.n
-                    s = torch.matmul(q[b, :, q0:q1], k[b, :, :k1].transpose(-1, -2)) * site.scaling
+                    s = torch.matmul(q[b, :, q0:q1], k[b, :, :k1].transpose(-1, -2))  # [H c k1]
                     if cap:
                         s = torch.tanh(s / cap) * cap
-                    s = s.masked_fill(~site.allowed(q0, q1, k1)[b], low)
-                    logp = s - torch.logsumexp(s, -1, keepdim=True)
+                    if plain:  # keys < q0 are all visible; mask the upper triangle of the last block
+                        s[:, :, q0:q1].masked_fill_(_upper(q1 - q0, s.device), LOW)
+                    else:
+                        s.masked_fill_(~site.allowed(q0, q1, k1)[b], LOW)
+                    p, ent = _softmax_entropy(s)
                     del s
-                    stats.tile(site.layer, seq, q0, torch.exp(logp), logp)
+                    stats.tile(site.layer, seq, q0, p, ent)
 
         hooks = {"k": hook}
         if reference is not None:

@@ -24,8 +24,8 @@ BATCH_TOKENS = 8192
 
 @dataclass
 class Options:
-    chunk: int = option(256, "Query rows per tile of the streaming engine (memory ~ heads x chunk x "
-                             "length floats; the numbers do not depend on it).")
+    chunk: int = option(0, "Query rows per tile of the streaming engine (memory ~ heads x chunk x "
+                           "length floats; the numbers do not depend on it); 0: tiles of about 64 MB.")
     engine: str = option("auto", "Where the statistics come from: the streaming engine (no n x n maps), "
                                  "the attention maps, or auto (maps when they fit in --maps-budget-gb).",
                          choices=("auto", "streaming", "maps"))
@@ -63,9 +63,9 @@ class LongContext(Family):
             raise InputError(None, "--documents: no file given")
         lm = ctx.model
         for name in ("chunk", "js_rows", "induction", "induction_length", "num_docs"):
-            if getattr(options, name) < (1 if name in ("chunk", "induction_length") else 0):
+            if getattr(options, name) < (1 if name == "induction_length" else 0):
                 raise InputError(None, f"--{name.replace('_', '-')} must be at least "
-                                       f"{1 if name in ('chunk', 'induction_length') else 0}")
+                                       f"{1 if name == 'induction_length' else 0}")
         if not lm.family.decoder_llm and ctx.max_seq_len > lm.max_positions:
             raise InputError(None, f"--max-seq-len {ctx.max_seq_len} is longer than {lm.name} allows "
                                    f"({lm.max_positions} positions)")
