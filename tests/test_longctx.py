@@ -334,4 +334,5 @@ def test_auto_chunk():
     from attnscope.analyses.streaming import auto_chunk
 
     assert auto_chunk(9, 16384, tile_bytes=64 << 20) == (64 << 20) // (4 * 9 * 16384) == 113
-    assert auto_chunk(9, 10) == 1024 and auto_chunk(9, 10 ** 7) == 16
+    assert auto_chunk(9, 2048) == (4 << 20) // (4 * 9 * 2048) == 56
+    assert auto_chunk(9, 10) == 256 and auto_chunk(9, 10 ** 7) == 16

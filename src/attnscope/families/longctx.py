@@ -25,7 +25,7 @@ BATCH_TOKENS = 8192
 @dataclass
 class Options:
     chunk: int = option(0, "Query rows per tile of the streaming engine (memory ~ heads x chunk x "
-                           "length floats; the numbers do not depend on it); 0: tiles of about 64 MB.")
+                           "length floats; the numbers do not depend on it); 0: tiles of about 4 MB.")
     engine: str = option("auto", "Where the statistics come from: the streaming engine (no n x n maps), "
                                  "the attention maps, or auto (maps when they fit in --maps-budget-gb).",
                          choices=("auto", "streaming", "maps"))
