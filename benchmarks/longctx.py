@@ -159,6 +159,9 @@ def main() -> None:
     ap.add_argument("--bf16-diff", action="store_true",
                     help="streaming in float32 and in bfloat16 at each length: time ratio, largest "
                          "difference of each statistic")
+    ap.add_argument("--load-times", action="store_true",
+                    help="time load_model(--model) twice in fresh processes with an empty cache "
+                         "folder: the first load converts (GGUF), the second reads the cache")
     ap.add_argument("--out", type=Path, help="also write the rows as JSON here")
     ap.add_argument("--worker", choices=["sdpa", "streaming", "maps"], help=argparse.SUPPRESS)
     ap.add_argument("--length", type=int, help=argparse.SUPPRESS)
@@ -166,6 +169,18 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
+        return
+    if args.load_times:
+        import tempfile
+
+        code = ("import time; t = time.perf_counter(); from attnscope.models import load_model; "
+                f"lm = load_model({args.model!r}); print(round(time.perf_counter() - t, 1))")
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, ATTNSCOPE_CACHE=cache, PYTHONPATH=str(ROOT / "src"))
+            for which in ("first (empty cache)", "second (cached)"):
+                p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+                print(json.dumps({"model": args.model, "load": which,
+                                  "seconds": p.stdout.strip().splitlines()[-1] if p.stdout.strip() else None}))
         return
     rows = []
     for n in args.lengths:
