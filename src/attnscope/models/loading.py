@@ -95,6 +95,7 @@ class LoadedModel:
             "tokenizer_class": type(self.tokenizer).__name__,
             "num_layers": self.num_layers,
             "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
             "causal": self.family.causal,
             "lowercase": self.do_lower_case,
         }
