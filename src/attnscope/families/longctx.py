@@ -84,6 +84,7 @@ class LongContext(Family):
         from attnscope.analyses.streaming import (
             choose_engine,
             induction_sequences,
+            maps_bytes,
             maps_update,
             stream_stats,
         )
@@ -120,11 +121,12 @@ class LongContext(Family):
             else:
                 maps_update(lm, seqs, stats, batch_size=batch_size, targets=targets, keep_all=False)
         res = stats.finalize()
-        maps_gb = lm.num_layers * lm.num_heads * longest * longest * 4 / 2 ** 30
+        maps_gb = maps_bytes(lm, longest, batch_size) / 2 ** 30
         res.meta.update({"engine": engine, "dtype": options.dtype, "longest": longest,
                          "documents": len(docs), "induction_sequences": options.induction,
                          "model": lm.describe()})
-        why = (f"the maps of one {longest}-token input would take {maps_gb:.1f} GB"
+        why = (f"the maps of a batch of {batch_size} inputs of up to {longest} tokens would take "
+               f"{maps_gb:.1f} GB"
                + (" (more than --maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
         extra = [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
                  f"forward pass in {options.dtype}; {len(docs)} documents, longest input {longest} tokens."]
