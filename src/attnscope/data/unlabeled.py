@@ -271,3 +271,69 @@ def _cut(sentence: str, tokenizer, budget: int) -> str:
         else:
             hi = mid - 1
     return " ".join(words[:lo])
+
+
+@dataclass
+class LongDocument:
+    """One long input: its token ids (with the tokenizer's special tokens), where it came from
+    (``file:first_line-last_line`` or ``file#example``), how many source documents it joins,
+    and whether it was cut at the length limit."""
+
+    ids: list[int]
+    source: str
+    documents: int = 1
+    cut: bool = False
+
+
+def prepare_documents(path: str | Path, tokenizer, *, max_seq_len: int, join: bool = False,
+                      num_docs: int | None = None) -> list[LongDocument]:
+    """Documents kept whole (up to ``max_seq_len`` tokens), for long-context analyses.
+
+    ``path``: text with a blank line between documents (the sentences of a document are joined
+    with spaces), or JSON / JSON Lines (``.json`` / ``.jsonl``) whose examples have ``text``.
+    Each document is tokenized once and cut to ``max_seq_len`` tokens (``cut`` says so).
+    ``join``: consecutive documents, in file order, are joined with a blank line into one
+    input until it reaches ``max_seq_len`` tokens (how 16k-token inputs are made from
+    WikiText-2's articles); the last input may be shorter. ``num_docs``: stop after that many
+    inputs.
+    """
+    path = Path(path)
+    if max_seq_len < 2:
+        raise InputError(path, f"--max-seq-len {max_seq_len} is too short for a document")
+    texts: list[tuple[str, str]] = []  # (source, text)
+    if path.suffix.lower() in (".json", ".jsonl"):
+        from attnscope.data.io import iter_examples
+
+        for i, ex in enumerate(iter_examples(path)):
+            if ex.text is None:
+                raise InputError(path, f"example {i}: long documents need a 'text' field")
+            texts.append((f"{path.name}#{i}", ex.text))
+    else:
+        for doc in read_documents(path):
+            texts.append((f"{path.name}:{doc[0][0]}-{doc[-1][0]}", " ".join(s for _, s in doc)))
+    if not texts:
+        raise InputError(path, "holds no documents")
+    out: list[LongDocument] = []
+
+    def emit(group: list[tuple[str, str]]) -> None:
+        ids = tokenizer("\n\n".join(t for _, t in group))["input_ids"]
+        first, last = group[0][0], group[-1][0]
+        source = first if len(group) == 1 else f"{first} .. {last}"
+        out.append(LongDocument(list(ids[:max_seq_len]), source, len(group), len(ids) > max_seq_len))
+
+    group: list[tuple[str, str]] = []
+    size = 0
+    for source, text in texts:
+        if num_docs is not None and len(out) >= num_docs:
+            break
+        if not join:
+            emit([(source, text)])
+            continue
+        group.append((source, text))
+        size += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
+        if size >= max_seq_len:
+            emit(group)
+            group, size = [], 0
+    if group and (num_docs is None or len(out) < num_docs):
+        emit(group)
+    return out

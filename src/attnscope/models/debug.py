@@ -25,6 +25,10 @@ _CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789")
 _PUNCT = list(".,;:!?'\"()-[]<>/&@#$%*+=_")
 
 TINY = {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 64, "positions": 512}
+#: Tiny decoder LLMs: 4 query heads; key/value heads per family (grouped-query attention for
+#: Llama and Qwen2, one shared key/value head, i.e. multi-query, for Gemma).
+DECODERS = {"llama": ("LlamaConfig", "LlamaModel", 2), "qwen2": ("Qwen2Config", "Qwen2Model", 2),
+            "gemma": ("GemmaConfig", "GemmaModel", 1)}
 
 
 def _wordpiece_tokenizer():
@@ -70,6 +74,8 @@ def _bpe_tokenizer(kind: str):
                     vocab_list.append(current)
     if kind == "roberta":
         specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    elif kind == "llama":
+        specials = ["<pad>", "<s>", "</s>", "<unk>"]
     else:
         specials = ["<|endoftext|>"]
     vocab = {w: i for i, w in enumerate(dict.fromkeys(specials + vocab_list))}
@@ -84,6 +90,13 @@ def _bpe_tokenizer(kind: str):
         return RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                     sep_token="</s>", cls_token="<s>", unk_token="<unk>",
                                     pad_token="<pad>", mask_token="<mask>")
+    if kind == "llama":  # decoder LLMs: BOS first, no [CLS]/[SEP]
+        from transformers import PreTrainedTokenizerFast
+
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])])
+        return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                       unk_token="<unk>", pad_token="<pad>")
     from transformers import GPT2TokenizerFast
 
     t = GPT2TokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
@@ -93,7 +106,8 @@ def _bpe_tokenizer(kind: str):
 
 
 def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int = 0) -> LoadedModel:
-    """A tiny random model of ``family`` ("bert", "roberta" or "gpt2"), 2 layers x 2 heads."""
+    """A tiny random model of ``family``: "bert", "roberta" or "gpt2" (2 layers x 2 heads), or
+    a decoder LLM "llama", "qwen2" or "gemma" (2 layers x 4 query heads, see :data:`DECODERS`)."""
     import torch
     import transformers
 
@@ -121,8 +135,22 @@ def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int
             vocab_size=len(tokenizer), n_embd=TINY["hidden"], n_layer=TINY["layers"],
             n_head=TINY["heads"], n_positions=TINY["positions"], bos_token_id=0, eos_token_id=0)
         cls = transformers.GPT2Model
+    elif family in DECODERS:
+        if mlm_head:
+            raise ModelError(f"debug:{family}: a causal model has no masked-LM head")
+        tokenizer = _bpe_tokenizer("llama")
+        config_name, model_name, kv_heads = DECODERS[family]
+        config = getattr(transformers, config_name)(
+            vocab_size=len(tokenizer), hidden_size=TINY["hidden"], num_hidden_layers=TINY["layers"],
+            num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=TINY["hidden"] // 4,
+            intermediate_size=TINY["intermediate"], max_position_embeddings=TINY["positions"],
+            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            initializer_range=0.3)  # larger than the default 0.02, so heads are not near-uniform
+        cls = getattr(transformers, model_name)
     else:
-        raise ModelError(f"debug:{family}: unknown debug family (choose bert, roberta or gpt2)")
+        raise ModelError(f"debug:{family}: unknown debug family (choose bert, roberta, gpt2, "
+                         f"{', '.join(DECODERS)})")
     config._attn_implementation = "eager"
     tokenizer.model_max_length = TINY["positions"]
     torch.manual_seed(seed)

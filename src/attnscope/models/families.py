@@ -24,6 +24,11 @@ class Family:
     query: str | None = None
     key: str | None = None
     fused_qkv: bool = False
+    #: Decoder LLMs (Llama, Qwen2, ...): no [CLS]/[SEP]; the first token (BOS, when the
+    #: tokenizer adds one) plays the sink role; may use grouped-query attention.
+    decoder_llm: bool = False
+    #: The config attribute holding the number of key/value heads (grouped-query attention).
+    kv_heads: str | None = None
 
 
 FAMILIES: dict[str, Family] = {
@@ -48,6 +53,9 @@ FAMILIES: dict[str, Family] = {
                "encoder.albert_layer_groups.0.albert_layers.0.attention.key"),
         Family("gpt2", True, None, False, "h.{layer}.attn.c_attn", "h.{layer}.attn.c_attn",
                fused_qkv=True),
+        *[Family(name, True, None, False, "layers.{layer}.self_attn.q_proj",
+                 "layers.{layer}.self_attn.k_proj", decoder_llm=True, kv_heads="num_key_value_heads")
+          for name in ("llama", "qwen2", "mistral", "gemma", "phi")],
     ]
 }
 

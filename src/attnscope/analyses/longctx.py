@@ -1,0 +1,430 @@
+"""Per-head attention statistics for long inputs, computed without ``[n n]`` maps.
+
+:class:`LongContextStats` is an accumulator (``update`` / ``merge`` / ``finalize``) of per-head
+sums and counts. It is fed one tile of attention rows at a time, ``p`` ``[H c K]`` (heads,
+``c`` query rows ``q0 .. q0+c-1``, keys ``0 .. K-1``), either
+
+- from maps (``update(AttentionBatch)``, or :func:`maps_update` from eager probabilities), or
+- by the streaming engine (:mod:`attnscope.analyses.streaming`), which recomputes each tile
+  inside attention from the rotated queries and keys and never holds a layer's ``[H n n]``.
+
+Both paths run the same tile code, so they agree to float32 rounding.
+
+Which rows count: query rows at positions ``i >= 1`` (row 0 can only attend to itself). For a
+row ``i`` with causal length ``m = i + 1`` (the keys it may see) and weights ``p_ij``:
+
+- sink mass ``p_i0`` (the first token); special mass ``sum_{j special} p_ij``; punctuation mass;
+- previous ``p_i,i-1``, current ``p_ii``; maximum ``max_j p_ij``;
+- entropy ``H_i = -sum_j p_ij ln p_ij`` (nats, ``0 ln 0 = 0``), normalised ``H_i / ln m``
+  (1 = uniform over what the row can see);
+- distance profile: the mass at distance ``d = |i - j|`` summed per log-spaced bucket
+  ``0 | 1 | 2 | 3-4 | 5-8 | ...`` (bucket ``ceil(log2 d) + 1`` for ``d >= 1``); reported as the
+  mean mass per row (sums to 1 over buckets) and as the mean weight per key
+  (mass / number of (row, key) pairs at those distances);
+- per query-position bucket (same log buckets of ``i``): mean sink mass and entropy;
+- targets: for named per-row key indices (induction: the token after the previous copy of the
+  current token; duplicate: the previous copy itself), the mean weight on that key;
+- head-to-head Jensen-Shannon distances (paper section 6) over a seeded sample of rows per
+  document, each row smoothed as in the paper's script (``s / m + (1 - s) p`` over its ``m``
+  keys).
+
+Every per-head mean is a sum over rows divided by the number of rows, only in ``finalize``;
+the sample of rows for the distances is drawn from a seed and the document's own tokens, so
+results do not depend on chunk size, batch size or how documents are split across runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.token_classes import WORD_MARKERS
+from attnscope.data.records import HeadId
+from attnscope.extract.batch import AttentionBatch
+
+#: Number of log-spaced buckets (distance or position): 0, 1, 2, 3-4, ..., up to 2^20.
+NUM_BUCKETS = 22
+#: Gu et al. 2024 ("When Attention Sink Emerges"): a sink head puts more than this on token 0.
+SINK_THRESHOLD = 0.3
+HEAD_SUMS = ("sink", "special", "punct", "previous", "current", "entropy", "norm_entropy", "max")
+
+
+def bucket_of(d: np.ndarray) -> np.ndarray:
+    """Log-spaced bucket of non-negative integers: 0 -> 0, 1 -> 1, 2 -> 2, 3-4 -> 3, 5-8 -> 4.
+
+    >>> bucket_of(np.array([0, 1, 2, 3, 4, 5, 8, 9, 16, 17])).tolist()
+    [0, 1, 2, 3, 3, 4, 4, 5, 5, 6]
+    """
+    d = np.asarray(d, dtype=np.int64)
+    out = np.zeros(d.shape, dtype=np.int64)
+    pos = d >= 1
+    # ceil(log2 d) + 1 == bit_length(d - 1) + 1, exactly, in integers
+    dm1 = d[pos] - 1
+    bl = np.zeros(dm1.shape, dtype=np.int64)
+    x = dm1.copy()
+    while (x > 0).any():
+        bl += x > 0
+        x >>= 1
+    out[pos] = bl + 1
+    if (out >= NUM_BUCKETS).any():
+        raise ValueError(f"distance or position beyond the last bucket (2^{NUM_BUCKETS - 2})")
+    return out
+
+
+def bucket_labels() -> list[str]:
+    """``["0", "1", "2", "3-4", "5-8", ...]``."""
+    labels = ["0", "1"]
+    for k in range(2, NUM_BUCKETS):
+        lo, hi = 2 ** (k - 2) + 1, 2 ** (k - 1)
+        labels.append(str(hi) if lo == hi else f"{lo}-{hi}")
+    return labels
+
+
+def pairs_per_bucket(n: int, causal: bool) -> np.ndarray:
+    """Number of (row, key) pairs per distance bucket over rows ``1 .. n-1`` of one sequence.
+
+    ``causal``: a row ``i`` sees keys ``0 .. i``; otherwise all ``n`` keys.
+    """
+    counts = np.zeros(NUM_BUCKETS, dtype=np.float64)
+    if n < 2:
+        return counts
+    rows = np.arange(1, n)
+    for k in range(NUM_BUCKETS):
+        lo = 0 if k == 0 else (1 if k == 1 else 2 ** (k - 2) + 1)
+        hi = 0 if k == 0 else (1 if k == 1 else 2 ** (k - 1))
+        if lo > n - 1:
+            break
+        # keys j <= i with lo <= i - j <= hi
+        left = np.clip(np.minimum(rows, hi) - lo + 1, 0, None)
+        total = left.sum()
+        if not causal and hi >= 1:  # keys j > i with lo <= j - i <= hi
+            total += np.clip(np.minimum(n - 1 - rows, hi) - lo + 1, 0, None).sum()
+        counts[k] = total
+    return counts
+
+
+def is_punct(text: str) -> bool:
+    """A token whose text (word markers removed) is only punctuation characters."""
+    for marker in WORD_MARKERS:
+        text = text.replace(marker, "")
+    text = text.strip()
+    return bool(text) and all(unicodedata.category(ch).startswith("P") for ch in text)
+
+
+@dataclass
+class Sequence:
+    """What the tile code needs to know about one sequence (tensors on the model's device).
+
+    ``special`` / ``punct``: float ``[n]`` key masks; ``targets``: name -> long ``[n]`` key
+    index per row (-1: none); ``js_rows``: the sampled rows; ``js_store``: filled per layer.
+    """
+
+    n: int
+    special: Any
+    punct: Any
+    targets: dict[str, Any] = field(default_factory=dict)
+    js_rows: list[int] = field(default_factory=list)
+    js_store: dict[int, list] = field(default_factory=dict)  # row -> per-layer [H m] rows
+    _table: Any = None  # bucket of every distance 0 .. n
+    _classes: Any = None  # [n 2] float: special, punctuation
+
+    def key_classes(self, device) -> Any:
+        if self._classes is None or self._classes.device != device:
+            import torch
+
+            self._classes = torch.stack([self.special, self.punct], 1).float().to(device)
+        return self._classes
+
+    def buckets(self, device) -> Any:
+        if self._table is None or self._table.device != device:
+            import torch
+
+            self._table = torch.as_tensor(bucket_of(np.arange(self.n + 1)), device=device)
+        return self._table
+
+
+def sample_rows(ids: list[int] | np.ndarray, count: int, seed: int) -> list[int]:
+    """``count`` distinct rows from ``1 .. n-1``, drawn from ``seed`` and the sequence itself."""
+    digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).digest()
+    return _sample_by_digest(len(ids), digest, count, seed)
+
+
+@register
+class LongContextStats(Analysis):
+    """Per-head sink, previous/current, entropy, distance and position statistics (see module)."""
+
+    name = "longctx-stats"
+    requires = frozenset()
+
+    def __init__(self, js_rows: int = 8, smoothing: float = 0.001, seed: int = 0,
+                 sink_threshold: float = SINK_THRESHOLD, causal: bool = True):
+        self.js_rows = int(js_rows)
+        self.smoothing = float(smoothing)
+        self.seed = int(seed)
+        self.sink_threshold = float(sink_threshold)
+        self.causal = bool(causal)
+        self.shape: tuple[int, int] | None = None
+        self.rows = 0  # query rows counted (position >= 1), over all documents
+        self.documents = 0
+        self.tokens = 0
+        self.sums: dict[str, np.ndarray] = {}
+        self.targets: dict[str, list] = {}  # name -> [sums [L H], rows]
+        self.js_sums: np.ndarray | None = None
+        self.js_count = 0
+
+    def params(self) -> dict[str, Any]:
+        return {"js_rows": self.js_rows, "smoothing": self.smoothing, "seed": self.seed,
+                "sink_threshold": self.sink_threshold, "causal": self.causal}
+
+    # -- accumulation ---------------------------------------------------------------------
+    def _ensure(self, L: int, H: int) -> None:
+        if self.shape is None:
+            self.shape = (L, H)
+            for k in HEAD_SUMS:
+                self.sums[k] = np.zeros((L, H))
+            for k in ("dist_mass", "pos_sink", "pos_entropy", "pos_norm_entropy"):
+                self.sums[k] = np.zeros((L, H, NUM_BUCKETS))
+            self.sums["dist_pairs"] = np.zeros(NUM_BUCKETS)
+            self.sums["pos_rows"] = np.zeros(NUM_BUCKETS)
+        elif self.shape != (L, H):
+            raise ValueError(f"{L}x{H} heads after {self.shape[0]}x{self.shape[1]}")
+
+    def begin(self, L: int, H: int, seq: Sequence) -> None:
+        """Count one sequence's rows (called once per sequence, before its tiles)."""
+        self._ensure(L, H)
+        n = seq.n
+        self.documents += 1
+        self.tokens += n
+        if n < 2:
+            return
+        self.rows += n - 1
+        self.sums["dist_pairs"] += pairs_per_bucket(n, self.causal)
+        self.sums["pos_rows"] += np.bincount(bucket_of(np.arange(1, n)), minlength=NUM_BUCKETS)
+        for name, t in seq.targets.items():
+            entry = self.targets.setdefault(name, [np.zeros((L, H)), 0])
+            entry[1] += int((t[1:] >= 0).sum())
+
+    def tile(self, layer: int, seq: Sequence, q0: int, p, ent) -> None:
+        """Fold the rows ``q0 .. q0+c-1`` (all >= 1) of one layer: ``p`` ``[H c K]`` (exactly 0
+        where a key is masked) and each row's entropy ``ent`` ``[H c]`` (nats)."""
+        import torch
+
+        H, c, K = p.shape
+        dev = p.device
+        pos = torch.arange(q0, q0 + c, device=dev)  # [c]
+        s = self.sums
+
+        def add(name, value):  # value [H] (torch) -> float64 sums
+            s[name][layer] += value.double().cpu().numpy()
+
+        add("sink", p[:, :, 0].sum(1))
+        classes = (p @ seq.key_classes(dev)[:K]).sum(1)  # [H 2]: special, punctuation
+        add("special", classes[:, 0])
+        add("punct", classes[:, 1])
+        idx = pos.clamp(max=K - 1)[None, :, None].expand(H, c, 1)
+        add("current", p.gather(2, idx)[..., 0].sum(1))
+        add("previous", p.gather(2, (idx - 1).clamp(min=0))[..., 0].sum(1))
+        norm = ent / torch.log((pos + 1).to(ent.dtype))[None, :]
+        add("entropy", ent.sum(1))
+        add("norm_entropy", norm.sum(1))
+        add("max", p.amax(-1).sum(1))
+        # distance profile: the mass at each signed distance d = i - j summed over the tile's
+        # rows (c terms each, float32), then per bucket of |d| in float64
+        table = seq.buckets(dev)
+        d, per_d = diagonal_sums(p, q0)
+        dmass = torch.zeros(H, NUM_BUCKETS, dtype=torch.float64, device=dev)
+        dmass.index_add_(1, table[d.abs()], per_d.double())
+        s["dist_mass"][layer] += dmass.cpu().numpy()
+        pb = table[pos]
+        for name, value in (("pos_sink", p[:, :, 0]), ("pos_entropy", ent), ("pos_norm_entropy", norm)):
+            acc = torch.zeros(H, NUM_BUCKETS, dtype=torch.float64, device=dev)
+            acc.index_add_(1, pb, value.double())
+            s[name][layer] += acc.cpu().numpy()
+        for name, t in seq.targets.items():
+            tt = t[q0:q0 + c]
+            ok = tt >= 0
+            if bool(ok.any()):
+                rows = torch.nonzero(ok)[:, 0]
+                got = p[:, rows, tt[rows]]  # [H r]
+                self.targets[name][0][layer] += got.sum(1).double().cpu().numpy()
+        for r in seq.js_rows:
+            if q0 <= r < q0 + c:
+                seq.js_store.setdefault(r, []).append(p[:, r - q0, :r + 1].detach().to("cpu", copy=True))
+
+    def end(self, seq: Sequence) -> None:
+        """After every layer of a sequence: fold its sampled rows into the head distances."""
+        import torch
+
+        for r in sorted(seq.js_store):
+            rows = torch.cat(seq.js_store[r], 0)  # [L*H m], layer-major
+            d = js_rows_matrix(rows, self.smoothing)
+            self.js_sums = d if self.js_sums is None else self.js_sums + d
+            self.js_count += 1
+        seq.js_store.clear()
+
+    # -- the Analysis contract --------------------------------------------------------------
+    def update(self, batch: AttentionBatch) -> None:
+        """From stored or extracted maps (token level; every map ``[L H n n]``)."""
+        import torch
+
+        for m in batch:
+            if not m.num_units:
+                continue
+            L, H, n, _ = m.attn.shape
+            punct = torch.tensor([is_punct(t) for t in m.tokens], dtype=torch.float32)
+            special = torch.as_tensor(np.asarray(m.special, dtype=np.float32))
+            digest = hashlib.sha256("\x00".join(m.tokens).encode()).digest()
+            seq = Sequence(n, special, punct,
+                           js_rows=_sample_by_digest(n, digest, self.js_rows, self.seed))
+            self.begin(L, H, seq)
+            attn = torch.as_tensor(np.asarray(m.attn, dtype=np.float32))
+            for layer in range(L):
+                self._layer_from_probs(layer, seq, attn[layer])
+            self.end(seq)
+
+    def _layer_from_probs(self, layer: int, seq: Sequence, probs, chunk: int = 512) -> None:
+        """One layer's ``[H n n]`` probabilities (rows 1 .. n-1 are folded)."""
+        import torch
+
+        n = seq.n
+        for q0 in range(1, n, chunk):
+            q1 = min(n, q0 + chunk)
+            K = q1 if self.causal else n
+            p = probs[:, q0:q1, :K].float()
+            logp = torch.where(p > 0, torch.log(p.clamp(min=1e-45)), torch.zeros_like(p))
+            self.tile(layer, seq, q0, p, -(p * logp).sum(-1))
+
+    def merge(self, other: "LongContextStats") -> "LongContextStats":
+        self._check_mergeable(other)
+        if other.shape is None:
+            return self
+        if self.shape is None:
+            self._ensure(*other.shape)
+        elif self.shape != other.shape:
+            raise ValueError("cannot merge statistics of models with different heads")
+        for k, v in other.sums.items():
+            self.sums[k] = self.sums[k] + v
+        for name, (v, c) in other.targets.items():
+            entry = self.targets.setdefault(name, [np.zeros(self.shape), 0])
+            entry[0] = entry[0] + v
+            entry[1] += c
+        if other.js_sums is not None:
+            self.js_sums = other.js_sums.copy() if self.js_sums is None else self.js_sums + other.js_sums
+        self.js_count += other.js_count
+        self.rows += other.rows
+        self.documents += other.documents
+        self.tokens += other.tokens
+        return self
+
+    def means(self) -> dict[str, np.ndarray]:
+        """Every statistic as a mean (``[L H]``, ``[L H B]`` or ``[P P]``); no state change."""
+        if self.shape is None or self.rows == 0:
+            return {}
+        s = self.sums
+        out = {k: s[k] / self.rows for k in HEAD_SUMS}
+        out["dist_mass"] = s["dist_mass"] / self.rows
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["dist_weight"] = np.where(s["dist_pairs"] > 0, s["dist_mass"] / s["dist_pairs"], np.nan)
+            for k in ("pos_sink", "pos_entropy", "pos_norm_entropy"):
+                out[k] = np.where(s["pos_rows"] > 0, s[k] / s["pos_rows"], np.nan)
+        for name, (v, c) in self.targets.items():
+            out[f"target_{name}"] = v / c if c else np.full(self.shape, np.nan)
+        if self.js_sums is not None and self.js_count:
+            out["js"] = self.js_sums / self.js_count
+        return out
+
+    def finalize(self) -> Result:
+        res = Result(self.name, params=self.params(),
+                     meta={"documents": self.documents, "tokens": self.tokens, "rows": self.rows,
+                           "js_rows_used": self.js_count, "buckets": bucket_labels(),
+                           "rows_counted": "query positions >= 1", "head_index": "0-indexed"})
+        m = self.means()
+        if not m:
+            res.summary.append("no rows (every document shorter than 2 tokens)")
+            return res
+        for k, v in m.items():
+            res.arrays[k] = np.asarray(v, dtype=np.float64)
+        L, H = self.shape
+        sink = m["sink"]
+        rows = []
+        for layer in range(L):
+            for head in range(H):
+                row = {"layer": layer, "head": head, "name": str(HeadId(layer, head)),
+                       "sink_head": bool(sink[layer, head] > self.sink_threshold)}
+                for k in HEAD_SUMS:
+                    row[k] = float(m[k][layer, head])
+                for name in self.targets:
+                    v = m[f"target_{name}"][layer, head]
+                    row[name] = None if not math.isfinite(v) else float(v)
+                rows.append(row)
+        res.tables["heads"] = rows
+        res.tables["sink_heads"] = [r for r in rows if r["sink_head"]]
+        n_sink = len(res.tables["sink_heads"])
+        res.summary.append(f"{n_sink} of {L * H} heads are sink heads (mean mass on the first token "
+                           f"> {self.sink_threshold}, Gu et al. 2024)")
+        return res
+
+
+def _sample_by_digest(n: int, digest: bytes, count: int, seed: int) -> list[int]:
+    if count <= 0 or n < 2:
+        return []
+    rng = np.random.default_rng([seed, int.from_bytes(digest[:8], "little")])
+    k = min(count, n - 1)
+    return sorted(int(r) for r in rng.choice(np.arange(1, n), size=k, replace=False))
+
+
+def diagonal_sums(p, q0: int):
+    """Sum of ``p`` ``[H c K]`` (rows ``q0 .. q0+c-1``, keys ``0 .. K-1``) over rows, per signed
+    distance ``d = i - j``: returns ``(d [W], sums [H W])`` with ``W = K + c - 1``.
+
+    No index tensors: the rows are copied into a buffer whose row stride is one less than its
+    width, which shifts row ``r`` left by ``r``, so every column holds one distance.
+
+    >>> import torch
+    >>> p = torch.tensor([[[1., 2., 0.], [3., 4., 5.]]])   # rows i = 1, 2; keys j = 0, 1, 2
+    >>> d, sums = diagonal_sums(p, 1)
+    >>> dict(zip(d.tolist(), sums[0].tolist()))
+    {2: 3.0, 1: 5.0, 0: 7.0, -1: 0.0}
+    """
+    import torch
+
+    H, c, K = p.shape
+    W = K + c - 1
+    buf = p.new_zeros(H, c * W)
+    if c > 1:
+        buf.as_strided((H, c, K), (c * W, W - 1, 1), c - 1).copy_(p)
+    else:
+        buf[:, :K] = p[:, 0]
+    sums = buf.view(H, c, W).sum(1)  # column x holds distance q0 + c - 1 - x
+    d = q0 + c - 1 - torch.arange(W, device=p.device)
+    return d, sums
+
+
+def js_rows_matrix(rows, smoothing: float):
+    """``[P P]`` float64 Jensen-Shannon divergences (nats) between ``P`` rows ``[P m]``.
+
+    Each row is first smoothed as the paper's script does, ``s / m + (1 - s) p``. Uses the same
+    identity as :func:`attnscope.analyses.distances.js_matrix`:
+    ``JS(p, q) = 1/2 sum p ln p + 1/2 sum q ln q - sum m ln m`` with ``m = (p + q) / 2``.
+    """
+    import torch
+
+    P, width = rows.shape
+    x = rows.double()
+    if smoothing:
+        x = x * (1.0 - smoothing) + smoothing / width
+    xlx = torch.where(x > 0, x * torch.log(x.clamp(min=1e-300)), torch.zeros_like(x))
+    f = xlx.sum(1)  # [P]
+    out = torch.zeros(P, P, dtype=torch.float64)
+    for i in range(P - 1):
+        mid = (x[i + 1:] + x[i]) * 0.5
+        mlm = torch.where(mid > 0, mid * torch.log(mid.clamp(min=1e-300)), torch.zeros_like(mid)).sum(1)
+        out[i, i + 1:] = 0.5 * (f[i] + f[i + 1:]) - mlm
+    out = out.clamp(min=0.0)
+    return (out + out.T).numpy()

@@ -1,0 +1,253 @@
+"""The streaming engine: per-head statistics computed inside attention, without ``[n n]`` maps.
+
+For each layer the forward helper's ``"k"`` hook sees the rotated queries ``Q`` ``[B Hq T d]``
+and keys ``K`` ``[B Hkv T d]``, the mask and the scaling ``s``. The engine expands the keys to
+the query heads (grouped-query attention: query head ``h`` uses key head ``h // (Hq / Hkv)``)
+and recomputes the attention of one block of ``c`` query rows at a time, in float32::
+
+    S = s * Q[rows] K[:k1]^T              [Hq c k1]   (k1 = last row + 1 for causal models)
+    S[masked] = float32 min                (causal, padding, sliding window: Site.allowed)
+    log P = S - logsumexp(S)               P = exp(log P)
+
+and folds the tile into :class:`~attnscope.analyses.longctx.LongContextStats`. The model's own
+output comes from torch's fused ``scaled_dot_product_attention`` (no probabilities are
+requested, and the forward pass builds no ``[T T]`` mask), so the largest extra memory is one
+tile, ``Hq * c * n`` floats (a few copies of it), instead of the ``L * Hq * n * n`` of
+``output_attentions``.
+
+>>> from attnscope.models import load_model
+>>> from attnscope.analyses.longctx import LongContextStats
+>>> lm = load_model("debug:llama")
+>>> stats = LongContextStats()
+>>> stream_stats(lm, [lm.tokenizer("the cat sat on the mat")["input_ids"]], stats, chunk=4)
+>>> stats.finalize().arrays["sink"].shape
+(2, 4)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import numpy as np
+
+from attnscope.analyses.longctx import LongContextStats, Sequence, is_punct, sample_rows
+from attnscope.models.forward import forward, pad_batch
+
+ENGINES = ("auto", "streaming", "maps")
+TILE_BYTES = 4 << 20  # one [heads, rows, n] float32 tile, for the automatic chunk (small: cache-friendly)
+LOW = -3.4028234663852886e38  # float32's most negative finite value: "masked"
+
+
+def _upper(c: int, device):
+    """``[c c]`` bool, True above the diagonal (a query must not see later keys)."""
+    import torch
+
+    return torch.ones(c, c, dtype=torch.bool, device=device).triu(1)
+
+
+def _softmax_entropy(s):
+    """Row softmax of the scores ``s`` ``[H c K]`` (changed in place) and each row's entropy.
+
+    With ``m`` the row maximum and ``z = sum exp(s - m)``: ``p = exp(s - m) / z`` and
+    ``H = -sum p ln p = ln z - sum p (s - m)``; masked scores give ``p = 0`` exactly.
+    """
+    import torch
+
+    s.sub_(s.amax(-1, keepdim=True))
+    p = torch.exp(s)
+    z = p.sum(-1, keepdim=True)
+    p.div_(z)
+    ent = torch.log(z)[..., 0] - torch.linalg.vecdot(p, s)
+    return p, ent
+
+
+def maps_bytes(lm, n: int, batch_size: int = 1, bytes_per_value: int = 4) -> int:
+    """Memory the ``[L H n n]`` maps of ``batch_size`` sequences of ``n`` tokens would take."""
+    return lm.num_layers * lm.num_heads * n * n * bytes_per_value * batch_size
+
+
+def choose_engine(lm, n: int, batch_size: int = 1, budget_bytes: int = 2 << 30,
+                  engine: str = "auto") -> str:
+    """``"maps"`` when the maps fit in ``budget_bytes`` (and attention can be returned),
+    ``"streaming"`` otherwise; an explicit ``engine`` is returned as is."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
+    if engine != "auto":
+        return engine
+    return "maps" if maps_bytes(lm, n, batch_size) <= budget_bytes else "streaming"
+
+
+def _key_masks(lm, ids: Seq[int], device, cache: dict[int, bool]) -> tuple[Any, Any]:
+    import torch
+
+    specials = set(getattr(lm.tokenizer, "all_special_ids", []) or [])
+    special = torch.tensor([float(i in specials) for i in ids], device=device)
+    missing = sorted({int(i) for i in ids} - cache.keys())
+    if missing:
+        for i, text in zip(missing, lm.tokenizer.convert_ids_to_tokens(missing)):
+            cache[i] = (i not in specials) and is_punct(text or "")
+    punct = torch.tensor([float(cache[int(i)]) for i in ids], device=device)
+    return special, punct
+
+
+def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
+                   targets: Seq[dict[str, Seq[int]] | None] | None = None, device=None) -> list[Sequence]:
+    """The per-sequence records the tile code needs (key masks, targets, sampled rows)."""
+    import torch
+
+    cache: dict[int, bool] = {}
+    out = []
+    for b, ids in enumerate(sequences):
+        special, punct = _key_masks(lm, ids, device, cache)
+        tg = {}
+        if targets is not None and targets[b]:
+            tg = {k: torch.as_tensor(list(v), dtype=torch.long, device=device) for k, v in targets[b].items()}
+        out.append(Sequence(len(ids), special, punct, tg, sample_rows(list(ids), stats.js_rows, stats.seed)))
+    return out
+
+
+def auto_chunk(num_heads: int, n: int, tile_bytes: int = TILE_BYTES) -> int:
+    """Query rows per tile so that one float32 ``[heads, rows, n]`` tile takes ``tile_bytes``
+    (between 16 and 256 rows; measured fastest on CPU)."""
+    return int(min(256, max(16, tile_bytes // (4 * num_heads * max(1, n)))))
+
+
+def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk: int = 0,
+                 batch_size: int = 1, targets: Seq[dict[str, Seq[int]] | None] | None = None,
+                 progress: Callable[[int], None] | None = None,
+                 reference: LongContextStats | None = None) -> None:
+    """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
+
+    ``chunk``: query rows per tile (0: :func:`auto_chunk` per sequence). ``targets``: per sequence, name -> key index per row (-1:
+    none), e.g. from :func:`induction_sequences`. The statistics do not depend on ``chunk`` or
+    ``batch_size`` (up to float32 rounding).
+
+    ``reference`` (for testing on deep models): also fold the family's eager probabilities of
+    the same pass into it, so both see the very same queries and keys (the layers' output then
+    comes from eager attention, not sdpa; a separate eager run would differ in the last bits
+    of every layer's input, which 30 layers amplify to ~1e-5 in the statistics).
+    """
+    import torch
+
+    if chunk < 0:
+        raise ValueError("chunk must be at least 1 (or 0: automatic)")
+    device = lm.model.device
+    for start in range(0, len(sequences), batch_size):
+        batch = [list(s) for s in sequences[start:start + batch_size]]
+        tg = None if targets is None else targets[start:start + batch_size]
+        seqs = make_sequences(lm, batch, stats, tg, device)
+        for seq in seqs:
+            stats.begin(lm.num_layers, lm.num_heads, seq)
+        inputs = pad_batch(lm, batch)
+        inputs.input_ids = inputs.input_ids.to(device)
+        inputs.attention_mask = inputs.attention_mask.to(device)
+        inputs.token_type_ids = inputs.token_type_ids.to(device)
+
+        def hook(site, key, seqs=seqs):
+            # float32 whatever the forward pass runs in (autocast would turn matmul to bfloat16)
+            with torch.autocast(device_type=key.device.type, enabled=False):
+                _tiles(site, key, seqs)
+
+        def _tiles(site, key, seqs):
+            q = site.query.float() * site.scaling
+            k = key.float()
+            if site.kv_groups > 1:
+                k = k.repeat_interleave(site.kv_groups, dim=1)
+            cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
+            plain = site.mask is None and stats.causal  # no padding: the causal triangle only
+            for b, seq in enumerate(seqs):
+                rows = chunk or auto_chunk(q.shape[1], seq.n)
+                for q0 in range(1, seq.n, rows):
+                    q1 = min(seq.n, q0 + rows)
+                    k1 = q1 if stats.causal else seq.n
+                    s = torch.matmul(q[b, :, q0:q1], k[b, :, :k1].transpose(-1, -2))  # [H c k1]
+                    if cap:
+                        s = torch.tanh(s / cap) * cap
+                    if plain:  # keys < q0 are all visible; mask the upper triangle of the last block
+                        s[:, :, q0:q1].masked_fill_(_upper(q1 - q0, s.device), LOW)
+                    else:
+                        s.masked_fill_(~site.allowed(q0, q1, k1)[b], LOW)
+                    p, ent = _softmax_entropy(s)
+                    del s
+                    stats.tile(site.layer, seq, q0, p, ent)
+
+        hooks = {"k": hook}
+        if reference is not None:
+            ref_seqs = make_sequences(lm, batch, reference, tg, device)
+            for seq in ref_seqs:
+                reference.begin(lm.num_layers, lm.num_heads, seq)
+
+            def fold(site, probs, ref_seqs=ref_seqs):
+                for b, seq in enumerate(ref_seqs):
+                    reference._layer_from_probs(site.layer, seq, probs[b, :, :seq.n, :seq.n])
+
+            hooks["attn"] = fold
+        forward(lm, inputs, hooks=hooks, lean_mask=True)
+        for seq in seqs:
+            stats.end(seq)
+        if reference is not None:
+            for seq in ref_seqs:
+                reference.end(seq)
+        if progress is not None:
+            progress(len(batch))
+
+
+def maps_update(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, batch_size: int = 1,
+                targets: Seq[dict[str, Seq[int]] | None] | None = None, keep_all: bool = True) -> None:
+    """The same statistics from eager attention maps; the reference the streaming engine is
+    tested against. ``keep_all``: request ``output_attentions`` (every layer's ``[B H T T]``
+    held at once, as other tools do); otherwise each layer's map is folded by an ``"attn"``
+    hook as it is made (one layer's maps in memory)."""
+    for start in range(0, len(sequences), batch_size):
+        batch = [list(s) for s in sequences[start:start + batch_size]]
+        tg = None if targets is None else targets[start:start + batch_size]
+        seqs = make_sequences(lm, batch, stats, tg, lm.model.device)
+        for seq in seqs:
+            stats.begin(lm.num_layers, lm.num_heads, seq)
+        inputs = pad_batch(lm, batch)
+
+        def fold(layer, probs, seqs=seqs):
+            for b, seq in enumerate(seqs):
+                stats._layer_from_probs(layer, seq, probs[b, :, :seq.n, :seq.n])
+
+        if keep_all:
+            out = forward(lm, inputs, attentions=True)
+            for layer, probs in enumerate(out.attentions):
+                fold(layer, probs)
+            del out
+        else:
+            forward(lm, inputs, hooks={"attn": lambda site, probs: fold(site.layer, probs)})
+        for seq in seqs:
+            stats.end(seq)
+
+
+def induction_sequences(lm, count: int, half: int, seed: int = 0) -> tuple[list[list[int]], list[dict]]:
+    """``count`` sequences ``[first] + r + r`` of ``half`` random tokens ``r`` repeated once, and
+    their targets: for a row ``i`` of the second copy, ``duplicate`` is ``i - half`` (the same
+    token earlier) and ``induction`` is ``i - half + 1`` (the token that followed it).
+
+    ``first`` is the tokenizer's BOS token when it has one, else a random token. The tokens are
+    drawn without replacement from the non-special vocabulary (seeded).
+    """
+    tok = lm.tokenizer
+    specials = set(getattr(tok, "all_special_ids", []) or [])
+    vocab = np.array([i for i in range(len(tok)) if i not in specials], dtype=np.int64)
+    if len(vocab) < half + 1:
+        raise ValueError(f"the vocabulary has fewer than {half + 1} ordinary tokens")
+    rng = np.random.default_rng(seed)
+    seqs, targets = [], []
+    for _ in range(count):
+        draw = rng.choice(vocab, size=half + 1, replace=False)
+        first = tok.bos_token_id if tok.bos_token_id is not None else int(draw[-1])
+        r = [int(x) for x in draw[:half]]
+        ids = [int(first)] + r + r
+        dup = [-1] * len(ids)
+        ind = [-1] * len(ids)
+        for i in range(half + 1, 2 * half + 1):
+            dup[i] = i - half
+            ind[i] = i - half + 1
+        seqs.append(ids)
+        targets.append({"duplicate": dup, "induction": ind})
+    return seqs, targets

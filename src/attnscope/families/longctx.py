@@ -1,0 +1,156 @@
+"""The long-context family: what a (decoder) model looks at over long documents.
+
+Inputs: long documents (text with a blank line between documents, or JSON / JSON Lines with
+``text``), each kept whole up to the run's ``max_seq_len`` (``--join`` joins consecutive
+documents to reach it). The statistics (:mod:`attnscope.analyses.longctx`) come from the
+streaming engine (:mod:`attnscope.analyses.streaming`) whenever the ``[L H n n]`` maps would not
+fit in ``--maps-budget-gb``, or from the maps otherwise; ``--engine`` forces either. Induction
+and duplicate-token scores come from extra sequences of random tokens repeated once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from attnscope.errors import InputError
+from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
+
+#: Tokens per forward pass: long inputs go one (or a few) at a time whatever --batch-size says.
+BATCH_TOKENS = 8192
+
+
+@dataclass
+class Options:
+    chunk: int = option(0, "Query rows per tile of the streaming engine (memory ~ heads x chunk x "
+                           "length floats; the numbers do not depend on it); 0: tiles of about 4 MB.")
+    engine: str = option("auto", "Where the statistics come from: the streaming engine (no n x n maps), "
+                                 "the attention maps, or auto (maps when they fit in --maps-budget-gb).",
+                         choices=("auto", "streaming", "maps"))
+    maps_budget_gb: float = option(2.0, "Largest size of one batch's attention maps for --engine auto "
+                                        "to use them.")
+    dtype: str = option("float32", "Precision of the forward pass (bfloat16: autocast; the statistics "
+                                   "are always recomputed in float32 from its queries and keys).",
+                        choices=("float32", "bfloat16"))
+    join: bool = option(False, "Join consecutive documents (in file order) until --max-seq-len tokens.")
+    num_docs: int = option(0, "Use only the first N documents (0: all).")
+    js_rows: int = option(8, "Query rows sampled per document (seeded) for the head-to-head "
+                             "Jensen-Shannon distances.")
+    induction: int = option(4, "Sequences of repeated random tokens for the induction and "
+                               "duplicate-token scores (0: none).")
+    induction_length: int = option(256, "Random tokens per copy in those sequences.")
+    sink_threshold: float = option(0.3, "A sink head's mean attention on the first token is above "
+                                        "this (Gu et al. 2024 use 0.3).")
+
+
+@register_family
+class LongContext(Family):
+    key = "longctx"
+    title = "Long-context attention"
+    help = "Sink, previous-token, induction heads, entropy and distance profiles over long documents"
+    inputs = (Input("documents", "Long documents: text with a blank line between documents, or "
+                                 "JSON / JSON Lines with a 'text' field."),)
+    Options = Options
+    order = 60
+
+    def prepare(self, inputs: dict[str, Any], options: Options, ctx: Context) -> Prepared:
+        from attnscope.data.unlabeled import prepare_documents
+
+        path = inputs.get("documents")
+        if path is None:
+            raise InputError(None, "--documents: no file given")
+        lm = ctx.model
+        for name in ("chunk", "js_rows", "induction", "induction_length", "num_docs"):
+            if getattr(options, name) < (1 if name == "induction_length" else 0):
+                raise InputError(None, f"--{name.replace('_', '-')} must be at least "
+                                       f"{1 if name == 'induction_length' else 0}")
+        if not lm.family.decoder_llm and ctx.max_seq_len > lm.max_positions:
+            raise InputError(None, f"--max-seq-len {ctx.max_seq_len} is longer than {lm.name} allows "
+                                   f"({lm.max_positions} positions)")
+        docs = prepare_documents(path, lm.tokenizer, max_seq_len=ctx.max_seq_len, join=options.join,
+                                 num_docs=options.num_docs or None)
+        return Prepared({"documents": docs}, weight=sum(len(d.ids) for d in docs) // 128 + 1,
+                        counts={"documents": len(docs), "tokens": sum(len(d.ids) for d in docs),
+                                "cut": sum(d.cut for d in docs)})
+
+    def run(self, prepared: Prepared, options: Options, ctx: Context):
+        import contextlib
+
+        import torch
+
+        from attnscope.analyses.longctx import LongContextStats
+        from attnscope.analyses.streaming import (
+            choose_engine,
+            induction_sequences,
+            maps_bytes,
+            maps_update,
+            stream_stats,
+        )
+        from attnscope.report.longctx import write_section
+
+        lm = ctx.model
+        docs = prepared.data["documents"]
+        seqs = [d.ids for d in docs]
+        targets: list = [None] * len(seqs)
+        if options.induction:
+            iseq, itg = induction_sequences(lm, options.induction, options.induction_length, seed=ctx.seed)
+            seqs, targets = seqs + iseq, targets + itg
+        longest = max(len(s) for s in seqs)
+        batch_size = max(1, min(ctx.batch_size, BATCH_TOKENS // longest))
+        engine = choose_engine(lm, longest, batch_size, int(options.maps_budget_gb * 2 ** 30),
+                               options.engine)
+        if engine == "maps" and options.dtype == "bfloat16":
+            engine = "streaming"  # eager maps under autocast would not be the same computation
+        stats = LongContextStats(js_rows=options.js_rows, seed=ctx.seed,
+                                 sink_threshold=options.sink_threshold, causal=lm.family.causal)
+        autocast = (torch.autocast(device_type=lm.model.device.type, dtype=torch.bfloat16)
+                    if options.dtype == "bfloat16" else contextlib.nullcontext())
+        done = 0
+
+        def progress(k: int) -> None:
+            nonlocal done
+            done += k
+            ctx.step("longctx", done, len(seqs))
+
+        with autocast:
+            if engine == "streaming":
+                stream_stats(lm, seqs, stats, chunk=options.chunk, batch_size=batch_size,
+                             targets=targets, progress=progress)
+            else:
+                maps_update(lm, seqs, stats, batch_size=batch_size, targets=targets, keep_all=False)
+        res = stats.finalize()
+        maps_gb = maps_bytes(lm, longest, batch_size) / 2 ** 30
+        res.meta.update({"engine": engine, "dtype": options.dtype, "longest": longest,
+                         "documents": len(docs), "induction_sequences": options.induction,
+                         "model": lm.describe()})
+        why = (f"the maps of a batch of {batch_size} inputs of up to {longest} tokens would take "
+               f"{maps_gb:.1f} GB"
+               + (" (more than --maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
+        extra = [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
+                 f"forward pass in {options.dtype}; {len(docs)} documents, longest input {longest} tokens."]
+        limit = getattr(lm.model.config, "max_position_embeddings", None)
+        if limit and longest > limit:
+            extra.append(f"Inputs run to {longest} tokens, past the {limit} positions the model was "
+                         "configured for; statistics beyond that length describe extrapolation.")
+        out = ctx.out_dir
+        (out / "results").mkdir(parents=True, exist_ok=True)
+        from attnscope.data.io import atomic_write_text
+
+        atomic_write_text(out / "results" / f"{self.key}.json",
+                          json.dumps(_plain(res.to_json()), allow_nan=False, indent=1))
+        return write_section(res, out, title=self.title, key=self.key, extra_findings=extra)
+
+
+def _plain(x: Any) -> Any:
+    """JSON-able plain types, non-finite floats as None."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if hasattr(x, "item") and not hasattr(x, "__len__"):
+        return _plain(x.item())
+    return x

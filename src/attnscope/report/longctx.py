@@ -1,0 +1,234 @@
+"""The long-context report section: tables, figures and plain-words findings from a
+:class:`~attnscope.analyses.longctx.LongContextStats` result.
+
+Pure: reads a :class:`~attnscope.analyses.base.Result` (``arrays`` of means) and writes under
+``tables/`` and ``figures/``. Heads are named 1-indexed ``layer-head`` in every output, as in
+the paper; the JSON tables also carry 0-indexed ``layer`` and ``head``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnscope.analyses.base import Result
+from attnscope.data.records import HeadId
+from attnscope.report.section import FigureArtifact, Section, TableArtifact
+
+#: A head is called a previous-token / induction head above these mean weights.
+PREVIOUS_THRESHOLD = 0.5
+INDUCTION_THRESHOLD = 0.3
+HEAD_COLUMNS = ["name", "layer", "head", "sink", "sink_head", "special", "punct", "previous",
+                "current", "entropy", "norm_entropy", "max", "induction", "duplicate"]
+
+
+def _names(mask: np.ndarray, values: np.ndarray, limit: int = 12) -> str:
+    idx = np.argwhere(mask)
+    order = sorted(idx.tolist(), key=lambda lh: -values[lh[0], lh[1]])
+    shown = [f"{HeadId(lh[0], lh[1])} ({values[lh[0], lh[1]]:.2f})" for lh in order[:limit]]
+    more = f" and {len(order) - limit} more" if len(order) > limit else ""
+    return ", ".join(shown) + more
+
+
+def findings(res: Result) -> list[str]:
+    """Plain sentences about the sink, previous-token and induction heads."""
+    a = res.arrays
+    if "sink" not in a:
+        return ["No statistics: no document had two or more tokens."]
+    L, H = a["sink"].shape
+    thr = res.params.get("sink_threshold", 0.3)
+    out = []
+    sink = a["sink"] > thr
+    out.append(f"{int(sink.sum())} of {L * H} heads are attention sinks: on average they put more than "
+               f"{thr:.0%} of their attention on the first token (Gu et al. 2024)"
+               + (f": {_names(sink, a['sink'])}." if sink.any() else "."))
+    per_layer = a["sink"].mean(1)
+    out.append(f"Mean attention on the first token per layer ranges from {per_layer.min():.2f} "
+               f"(layer {int(per_layer.argmin()) + 1}) to {per_layer.max():.2f} (layer {int(per_layer.argmax()) + 1}).")
+    prev = a["previous"] > PREVIOUS_THRESHOLD
+    out.append(f"{int(prev.sum())} heads put more than half of their attention on the previous token"
+               + (f": {_names(prev, a['previous'])}." if prev.any() else "."))
+    if "target_induction" in a and np.isfinite(a["target_induction"]).all():
+        ind = a["target_induction"] > INDUCTION_THRESHOLD
+        best = np.unravel_index(np.argmax(a["target_induction"]), (L, H))
+        out.append(f"On repeated random tokens, {int(ind.sum())} heads put more than {INDUCTION_THRESHOLD:.0%} "
+                   "of their attention on the token that followed the previous copy of the current token "
+                   f"(induction heads); the strongest is {HeadId(*map(int, best))} "
+                   f"({a['target_induction'][best]:.2f}).")
+    if "pos_sink" in a:
+        rows = res.meta.get("buckets", [])
+        ps = a["pos_sink"].mean(axis=(0, 1))
+        seen = [i for i in range(len(ps)) if math.isfinite(ps[i])]
+        if len(seen) >= 2 and rows:
+            lo, hi = seen[1] if len(seen) > 2 else seen[0], seen[-1]
+            out.append(f"Averaged over all heads, attention on the first token is {ps[lo]:.2f} for query "
+                       f"positions {rows[lo]} and {ps[hi]:.2f} for positions {rows[hi]}.")
+    return out
+
+
+def head_rows(res: Result) -> list[dict[str, Any]]:
+    rows = []
+    for r in res.tables.get("heads", []):
+        row = {c: r.get(c) for c in HEAD_COLUMNS}
+        row["name"] = r["name"]
+        rows.append(row)
+    return rows
+
+
+def _heatmap(values: np.ndarray, title: str, stem: Path) -> list[Path]:
+    from attnscope.report.figures import new_figure, save_figure
+
+    L, H = values.shape
+    fig, ax = new_figure(figsize=(max(4.0, 0.45 * H + 2), max(3.0, 0.25 * L + 1.5)))
+    im = ax.imshow(values, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, origin="lower")
+    ax.set_xticks(range(H), [str(h + 1) for h in range(H)])
+    step = max(1, L // 15)
+    ax.set_yticks(range(0, L, step), [str(layer + 1) for layer in range(0, L, step)])
+    ax.set_xlabel("head (1-indexed)")
+    ax.set_ylabel("layer (1-indexed)")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax)
+    return save_figure(fig, stem)
+
+
+def _distance_figure(res: Result, stem: Path) -> list[Path]:
+    from attnscope.report.figures import new_figure, save_figure
+
+    w = res.arrays["dist_weight"].mean(1)  # [L B], mean over heads
+    labels = res.meta["buckets"]
+    # x = the largest distance of each bucket (bucket 0 is distance 0, drawn at 0.5 on log axes)
+    xs = np.array([0.5, 1.0] + [2.0 ** (k - 1) for k in range(2, len(labels))])
+    fig, ax = new_figure(figsize=(6, 4))
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"]
+    L = w.shape[0]
+    for layer in range(L):
+        ok = np.isfinite(w[layer]) & (w[layer] > 0)
+        ax.plot(xs[ok], w[layer][ok], color=cmap(layer / max(1, L - 1)), lw=1,
+                label=f"layer {layer + 1}" if layer in (0, L - 1) else None)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("distance from the query (tokens; bucket's upper end; 0 drawn at 0.5)")
+    ax.set_ylabel("mean attention weight per key")
+    ax.set_title("Attention against distance (mean over heads), one line per layer")
+    ax.legend()
+    return save_figure(fig, stem)
+
+
+def _position_figure(res: Result, stem: Path) -> list[Path]:
+    from attnscope.report.figures import new_figure, save_figure
+
+    labels = res.meta["buckets"]
+    sink = res.arrays["pos_sink"].mean(axis=1)  # [L B]
+    ent = res.arrays["pos_norm_entropy"].mean(axis=1)
+    ok = np.isfinite(sink).all(0)
+    ok[0] = False  # row 0 is not counted
+    xs = np.arange(len(labels))[ok]
+    fig, axes = new_figure(1, 2, figsize=(10, 4))
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"]
+    L = sink.shape[0]
+    for layer in range(L):
+        c = cmap(layer / max(1, L - 1))
+        lab = f"layer {layer + 1}" if layer in (0, L - 1) else None
+        axes[0].plot(xs, sink[layer, ok], color=c, lw=1, label=lab)
+        axes[1].plot(xs, ent[layer, ok], color=c, lw=1, label=lab)
+    for ax, what in ((axes[0], "mean attention on the first token"),
+                     (axes[1], "entropy / ln(row length)")):
+        ax.set_xticks(xs, [labels[i] for i in xs], rotation=60, fontsize=7)
+        ax.set_xlabel("query position (log buckets)")
+        ax.set_ylabel(what)
+        ax.set_ylim(0, 1.02)
+        ax.legend()
+    axes[0].set_title("Sink mass against position")
+    axes[1].set_title("Normalised entropy against position")
+    return save_figure(fig, stem)
+
+
+def _cluster_figure(res: Result, stem: Path, tables_dir: Path, sec: Section) -> None:
+    from attnscope.analyses.clustering import cluster_heads
+    from attnscope.report.figures import new_figure, save_figure
+    from attnscope.report.tables import write_table
+
+    a = res.arrays
+    L, H = a["sink"].shape
+    if L * H < 3:
+        return
+    stats = {"first": a["sink"], "previous": a["previous"], "punct": a["punct"],
+             "entropy": a["norm_entropy"] * math.log(128)}  # broad: on the scale of 128 tokens
+    out = cluster_heads(a["js"], stats, uniform_entropy=math.log(128))
+    labels = out["labels"]
+    names = {"[CLS]": "first token (sink)"}
+    fig, ax = new_figure(figsize=(6, 5))
+    for lab in sorted(set(labels.reshape(-1).tolist())):
+        idx = [i for i in range(L * H) if labels.reshape(-1)[i] == lab]
+        ax.scatter(out["coords"][idx, 0], out["coords"][idx, 1], s=14, label=names.get(lab, lab))
+    ax.set_title("Heads by Jensen-Shannon distance (MDS)")
+    ax.legend(fontsize=7)
+    sec.figures.append(FigureArtifact(stem.name, "Heads placed by multidimensional scaling of the "
+                                      "Jensen-Shannon distances of their attention over sampled rows; "
+                                      "colour: behaviour (first-token / previous / punctuation / broad).",
+                                      save_figure(fig, stem)))
+    for r in out["rows"]:
+        if r["behaviour"] == "[CLS]":
+            r["behaviour"] = "first token (sink)"
+    cols = ["name", "layer", "head", "x", "y", "behaviour"]
+    sec.tables.append(TableArtifact("longctx_clusters", "MDS coordinates and behaviour of each head.",
+                                    out["rows"], cols,
+                                    write_table(out["rows"], tables_dir / "longctx_clusters", columns=cols)))
+
+
+def write_section(res: Result, out_dir: Path, *, title: str = "Long-context attention",
+                  key: str = "longctx", extra_findings: list[str] | None = None) -> Section:
+    """Write the tables and figures of ``res`` under ``out_dir`` and describe them."""
+    from attnscope.report.tables import write_table
+
+    out_dir = Path(out_dir)
+    tables_dir, fig_dir = out_dir / "tables", out_dir / "figures"
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    sec = Section(key=key, title=title, findings=findings(res) + list(extra_findings or []))
+    sec.methods = [
+        "Statistics are means over query rows at positions 1 and later (row 0 can attend only to "
+        "itself), per query head; grouped-query heads are reported as their query heads.",
+        "Sink mass: attention on the first token; sink head: mean sink mass > "
+        f"{res.params.get('sink_threshold', 0.3)} (Gu et al. 2024, 'When Attention Sink Emerges').",
+        "Entropy in nats; normalised entropy divides each row's entropy by ln of the number of keys "
+        "the row can see (1 = uniform).",
+        "Distance buckets: 0, 1, 2, 3-4, 5-8, ...; 'mean weight per key' divides a bucket's mass by "
+        "the number of (row, key) pairs at those distances.",
+        "Induction / duplicate-token scores: mean weight, on sequences of random tokens repeated "
+        "once, on the token after the previous copy of the current token / on that copy.",
+        "Head-to-head distances: Jensen-Shannon divergence (paper section 6) over a seeded sample "
+        "of query rows per document, each row smoothed as in the paper's script.",
+    ]
+    if "sink" not in res.arrays:
+        return sec
+    rows = head_rows(res)
+    cap = "Per-head long-context statistics (heads 1-indexed layer-head; layer/head columns 0-indexed)."
+    sec.tables.append(TableArtifact("longctx_heads", cap, rows, HEAD_COLUMNS,
+                                    write_table(rows, tables_dir / "longctx_heads", columns=HEAD_COLUMNS,
+                                                caption=cap)))
+    sink_rows = [r for r in rows if r["sink_head"]]
+    scols = ["name", "layer", "head", "sink", "entropy", "norm_entropy"]
+    scap = "Sink heads: mean attention on the first token above the threshold (Gu et al. 2024)."
+    sec.tables.append(TableArtifact("longctx_sink_heads", scap, sink_rows, scols,
+                                    write_table(sink_rows, tables_dir / "longctx_sink_heads", columns=scols,
+                                                caption=scap)))
+    sec.figures.append(FigureArtifact("longctx_sink_heatmap", "Mean attention on the first token, per layer "
+                                      "and head.", _heatmap(res.arrays["sink"], "Attention on the first token",
+                                                           fig_dir / "longctx_sink_heatmap")))
+    sec.figures.append(FigureArtifact("longctx_distance", "Mean attention weight per key against distance "
+                                      "(log axes), averaged over each layer's heads.",
+                                      _distance_figure(res, fig_dir / "longctx_distance")))
+    sec.figures.append(FigureArtifact("longctx_position", "Sink mass and normalised entropy against query "
+                                      "position, averaged over each layer's heads.",
+                                      _position_figure(res, fig_dir / "longctx_position")))
+    if "js" in res.arrays:
+        _cluster_figure(res, fig_dir / "longctx_clusters", tables_dir, sec)
+    return sec

@@ -1,0 +1,338 @@
+"""The long-context statistics: the streaming engine against eager maps, merge, hand cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attnscope.analyses.longctx import (
+    NUM_BUCKETS,
+    LongContextStats,
+    Sequence,
+    bucket_labels,
+    bucket_of,
+    is_punct,
+    js_rows_matrix,
+    pairs_per_bucket,
+    sample_rows,
+)
+from attnscope.analyses.streaming import (
+    choose_engine,
+    induction_sequences,
+    maps_update,
+    stream_stats,
+)
+from attnscope.models import load_model
+from attnscope.models.forward import forward, pad_batch
+
+torch = pytest.importorskip("torch")
+
+TEXTS = ["the cat sat on the mat. a dog ran, she said; " * 3,
+         "when the old man saw the red house, he ran.",
+         "it is big"]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma"])
+def decoder(request):
+    return load_model(f"debug:{request.param}")
+
+
+def _docs(lm):
+    seqs = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
+    iseq, itg = induction_sequences(lm, 2, 12, seed=3)
+    return seqs + iseq, [None] * len(seqs) + itg
+
+
+# -- an independent reference: every statistic straight from the eager maps ------------------
+def reference(lm, seqs, targets, js_rows, smoothing=0.001, seed=0):
+    L, H = lm.num_layers, lm.num_heads
+    specials = set(lm.tokenizer.all_special_ids)
+    sums = {k: np.zeros((L, H)) for k in ("sink", "special", "punct", "previous", "current",
+                                           "entropy", "norm_entropy", "max")}
+    dist = np.zeros((L, H, NUM_BUCKETS))
+    pairs = np.zeros(NUM_BUCKETS)
+    pos_sink = np.zeros((L, H, NUM_BUCKETS))
+    pos_ent = np.zeros((L, H, NUM_BUCKETS))
+    pos_rows = np.zeros(NUM_BUCKETS)
+    tsum = {"induction": np.zeros((L, H)), "duplicate": np.zeros((L, H))}
+    tcount = {"induction": 0, "duplicate": 0}
+    js_sum, js_n = np.zeros((L * H, L * H)), 0
+    rows = 0
+    for s, ids in enumerate(seqs):
+        out = forward(lm, pad_batch(lm, [ids]), attentions=True)
+        A = np.stack([a[0].double().numpy() for a in out.attentions])  # [L H n n]
+        n = len(ids)
+        toks = lm.tokenizer.convert_ids_to_tokens(ids)
+        sp = np.array([i in specials for i in ids], float)
+        pu = np.array([(i not in specials) and is_punct(t) for i, t in zip(ids, toks)], float)
+        for i in range(1, n):
+            rows += 1
+            p = A[:, :, i, :i + 1]  # [L H m]
+            sums["sink"] += p[..., 0]
+            sums["special"] += (p * sp[:i + 1]).sum(-1)
+            sums["punct"] += (p * pu[:i + 1]).sum(-1)
+            sums["previous"] += p[..., i - 1]
+            sums["current"] += p[..., i]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ent = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)
+            sums["entropy"] += ent
+            sums["norm_entropy"] += ent / math.log(i + 1)
+            sums["max"] += p.max(-1)
+            b = bucket_of(np.array([i]))[0]
+            pos_sink[..., b] += p[..., 0]
+            pos_ent[..., b] += ent
+            pos_rows[b] += 1
+            for j in range(i + 1):
+                k = bucket_of(np.array([i - j]))[0]
+                dist[..., k] += p[..., j]
+                pairs[k] += 1
+            if targets[s]:
+                for name in tsum:
+                    t = targets[s][name][i]
+                    if t >= 0:
+                        tsum[name] += p[..., t]
+                        tcount[name] += 1
+        for r in sample_rows(ids, js_rows, seed):
+            m = r + 1
+            P = A[:, :, r, :m].reshape(L * H, m) * (1 - smoothing) + smoothing / m
+            for a in range(L * H):
+                for c in range(L * H):
+                    mid = (P[a] + P[c]) / 2
+                    js_sum[a, c] += 0.5 * (P[a] * np.log(P[a] / mid)).sum() + \
+                        0.5 * (P[c] * np.log(P[c] / mid)).sum()
+            js_n += 1
+    ref = {k: v / rows for k, v in sums.items()}
+    ref["dist_mass"] = dist / rows
+    ref["dist_weight"] = np.where(pairs > 0, dist / np.where(pairs > 0, pairs, 1), np.nan)
+    ref["pos_sink"] = np.where(pos_rows > 0, pos_sink / np.where(pos_rows > 0, pos_rows, 1), np.nan)
+    ref["pos_entropy"] = np.where(pos_rows > 0, pos_ent / np.where(pos_rows > 0, pos_rows, 1), np.nan)
+    for name in tsum:
+        ref[f"target_{name}"] = tsum[name] / tcount[name]
+    ref["js"] = js_sum / js_n
+    return ref
+
+
+def assert_close(got: dict, ref: dict, tol=1e-5):
+    for k, v in ref.items():
+        assert k in got, k
+        np.testing.assert_allclose(got[k], v, atol=tol, rtol=0, err_msg=k)
+
+
+# -- unit cases -----------------------------------------------------------------------------
+def test_buckets_by_hand():
+    assert bucket_of(np.array([0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 1024, 1025])).tolist() == \
+        [0, 1, 2, 3, 3, 4, 4, 5, 5, 6, 11, 12]
+    assert bucket_labels()[:6] == ["0", "1", "2", "3-4", "5-8", "9-16"]
+    with pytest.raises(ValueError):
+        bucket_of(np.array([2 ** 21]))
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 17])
+@pytest.mark.parametrize("causal", [True, False])
+def test_pairs_per_bucket_counts_every_pair_once(n, causal):
+    want = np.zeros(NUM_BUCKETS)
+    for i in range(1, n):
+        for j in range(n if not causal else i + 1):
+            want[bucket_of(np.array([abs(i - j)]))[0]] += 1
+    np.testing.assert_array_equal(pairs_per_bucket(n, causal), want)
+
+
+def test_uniform_attention_by_hand():
+    # one head, 3 tokens, each row uniform over what it sees
+    p = torch.tensor([[[1, 0, 0], [0.5, 0.5, 0], [1 / 3, 1 / 3, 1 / 3]]], dtype=torch.float32)
+    st = LongContextStats(js_rows=0)
+    seq = Sequence(3, torch.tensor([1.0, 0, 0]), torch.tensor([0.0, 0, 1]))
+    st.begin(1, 1, seq)
+    st._layer_from_probs(0, seq, p)
+    m = st.means()
+    assert st.rows == 2
+    assert m["sink"][0, 0] == pytest.approx((0.5 + 1 / 3) / 2)
+    assert m["special"][0, 0] == pytest.approx((0.5 + 1 / 3) / 2)
+    assert m["punct"][0, 0] == pytest.approx((0 + 1 / 3) / 2)
+    assert m["previous"][0, 0] == pytest.approx((0.5 + 1 / 3) / 2)
+    assert m["entropy"][0, 0] == pytest.approx((math.log(2) + math.log(3)) / 2)
+    assert m["norm_entropy"][0, 0] == pytest.approx(1.0)
+    assert m["max"][0, 0] == pytest.approx((0.5 + 1 / 3) / 2)
+    # distances: row 1 has 0.5 at d=0 and d=1; row 2 has 1/3 at d=0, 1, 2
+    assert m["dist_mass"][0, 0, :3].tolist() == pytest.approx([(0.5 + 1 / 3) / 2, (0.5 + 1 / 3) / 2, 1 / 6])
+    assert m["dist_mass"][0, 0].sum() == pytest.approx(1.0)
+    # mean weight per key: d=0 pairs (1,1),(2,2); d=2 one pair (2,0)
+    assert m["dist_weight"][0, 0, 2] == pytest.approx(1 / 3)
+
+
+def test_js_rows_matrix_properties():
+    rows = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
+    d = js_rows_matrix(rows, smoothing=0.0)
+    assert d[0, 1] == pytest.approx(math.log(2))
+    assert np.allclose(d, d.T) and np.allclose(np.diag(d), 0)
+    # JS([1,0], [.5,.5]) by the definition
+    want = 0.5 * math.log(1 / 0.75) + 0.5 * (0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(0.5 / 0.25))
+    assert d[0, 2] == pytest.approx(want)
+    rng = np.random.default_rng(0)
+    r = torch.as_tensor(rng.dirichlet(np.ones(7), size=5))
+    d = js_rows_matrix(r, smoothing=0.001)
+    assert (d >= 0).all() and (d <= math.log(2) + 1e-12).all()
+
+
+def test_sample_rows_depends_on_document_not_batch():
+    ids = list(range(100, 160))
+    a = sample_rows(ids, 5, seed=1)
+    assert a == sample_rows(ids, 5, seed=1) and len(set(a)) == 5 and min(a) >= 1
+    assert a != sample_rows(ids, 5, seed=2)
+    assert sample_rows([5], 3, 0) == [] and sample_rows([5, 6], 3, 0) == [1]
+
+
+def test_is_punct():
+    assert is_punct("Ġ.") and is_punct(",") and is_punct("...")
+    assert not is_punct("Ġthe") and not is_punct("Ġ") and not is_punct("a.")
+
+
+def test_induction_targets_point_at_the_right_tokens():
+    lm = load_model("debug:llama")
+    seqs, tg = induction_sequences(lm, 2, 10, seed=0)
+    for ids, t in zip(seqs, tg):
+        assert len(ids) == 21 and ids[1:11] == ids[11:]
+        for i in range(11, 21):
+            assert ids[t["duplicate"][i]] == ids[i]
+            assert ids[t["induction"][i]] == ids[i - 10 + 1] if i < 20 else True
+            assert t["induction"][i] == t["duplicate"][i] + 1
+        assert all(x == -1 for x in t["induction"][:11])
+
+
+def test_choose_engine():
+    lm = load_model("debug:llama")  # 2 layers x 4 heads
+    assert choose_engine(lm, 16, budget_bytes=2 * 4 * 16 * 16 * 4) == "maps"
+    assert choose_engine(lm, 17, budget_bytes=2 * 4 * 16 * 16 * 4) == "streaming"
+    assert choose_engine(lm, 10 ** 6, engine="maps") == "maps"
+    with pytest.raises(ValueError):
+        choose_engine(lm, 10, engine="fast")
+
+
+# -- the forward helper's lean mask -----------------------------------------------------------
+def test_lean_mask_same_output_and_same_allowed_keys(decoder):
+    lm = decoder
+    ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
+    inputs = pad_batch(lm, ids)
+    seen = {}
+
+    def grab(name):
+        def hook(site, key):
+            seen[(name, site.layer)] = site.allowed(0, key.shape[2]).clone()
+        return hook
+
+    full = forward(lm, inputs, hooks={"k": grab("eager")}, attentions=True).output.last_hidden_state
+    lean = forward(lm, inputs, hooks={"k": grab("lean")}, lean_mask=True).output.last_hidden_state
+    for b, n in enumerate(inputs.lengths):
+        assert torch.allclose(full[b, :n], lean[b, :n], atol=1e-5)
+    for layer in range(lm.num_layers):
+        e, g = seen[("eager", layer)], seen[("lean", layer)]
+        for b, n in enumerate(inputs.lengths):  # rows of real tokens: the same keys
+            assert torch.equal(e[b, 0, :n, :n], g[b, 0, :n, :n])
+            assert torch.equal(e[b, 0, :n, :n], torch.ones(n, n, dtype=torch.bool).tril())
+    single = forward(lm, pad_batch(lm, ids[:1]), hooks={"k": grab("none")}, lean_mask=True)
+    assert single is not None and torch.equal(seen[("none", 0)][0, 0], torch.ones(
+        len(ids[0]), len(ids[0]), dtype=torch.bool).tril())
+
+
+# -- exactness: streaming == maps == independent reference ---------------------------------------
+def test_streaming_equals_reference_from_eager_maps(decoder):
+    lm = decoder
+    seqs, targets = _docs(lm)
+    ref = reference(lm, seqs, targets, js_rows=3)
+    st = LongContextStats(js_rows=3)
+    stream_stats(lm, seqs, st, chunk=4, targets=targets)
+    assert_close(st.means(), ref)
+    mp = LongContextStats(js_rows=3)
+    maps_update(lm, seqs, mp, batch_size=2, targets=targets)
+    assert_close(mp.means(), ref)
+
+
+@pytest.mark.parametrize("chunk,batch", [(1, 1), (3, 2), (7, 5), (1000, 3)])
+def test_streaming_independent_of_chunk_and_batch(chunk, batch):
+    lm = load_model("debug:llama")
+    seqs, targets = _docs(lm)
+    base = LongContextStats(js_rows=2)
+    stream_stats(lm, seqs, base, chunk=16, batch_size=1, targets=targets)
+    st = LongContextStats(js_rows=2)
+    stream_stats(lm, seqs, st, chunk=chunk, batch_size=batch, targets=targets)
+    assert_close(st.means(), base.means())
+    assert st.rows == base.rows == sum(len(s) - 1 for s in seqs)
+
+
+def test_merge_of_split_documents_equals_one_run():
+    lm = load_model("debug:qwen2")
+    seqs, targets = _docs(lm)
+    whole = LongContextStats(js_rows=2)
+    stream_stats(lm, seqs, whole, chunk=5, targets=targets)
+    parts = []
+    for lo, hi in ((0, 1), (1, 4), (4, len(seqs))):
+        p = LongContextStats(js_rows=2)
+        stream_stats(lm, seqs[lo:hi], p, chunk=3, targets=targets[lo:hi])
+        parts.append(p)
+    merged = LongContextStats(js_rows=2).merge(parts[2]).merge(parts[0]).merge(parts[1])
+    assert_close(merged.means(), whole.means())
+    assert merged.documents == len(seqs) and merged.js_count == whole.js_count
+    with pytest.raises(ValueError):
+        merged.merge(LongContextStats(js_rows=5))
+
+
+def test_finalize_tables_and_empty():
+    empty = LongContextStats().finalize()
+    assert empty.summary and not empty.arrays
+    lm = load_model("debug:gemma")
+    st = LongContextStats(js_rows=1, sink_threshold=0.0)  # every head is a "sink head"
+    stream_stats(lm, [lm.tokenizer(TEXTS[0])["input_ids"]], st)
+    res = st.finalize()
+    assert len(res.tables["heads"]) == lm.num_layers * lm.num_heads
+    assert len(res.tables["sink_heads"]) == lm.num_layers * lm.num_heads
+    assert res.tables["heads"][5]["name"] == "2-2"
+    assert np.allclose(res.arrays["dist_mass"].sum(-1), 1.0, atol=1e-6)
+
+
+def test_encoder_maps_path_matches_streaming_on_bidirectional_model():
+    lm = load_model("debug:bert")
+    ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
+    a = LongContextStats(js_rows=2, causal=False)
+    maps_update(lm, ids, a, batch_size=3)
+    b = LongContextStats(js_rows=2, causal=False)
+    stream_stats(lm, ids, b, chunk=4, batch_size=2)
+    assert_close(b.means(), a.means())
+    assert np.allclose(a.means()["dist_mass"].sum(-1), 1.0, atol=1e-6)
+
+
+def test_streaming_never_runs_eager_attention(monkeypatch):
+    import attnscope.models.forward as fw
+
+    def boom(module):
+        raise AssertionError("eager attention (full maps) was used")
+
+    monkeypatch.setattr(fw, "_family_eager", boom)
+    lm = load_model("debug:llama")
+    st = LongContextStats(js_rows=1)
+    stream_stats(lm, [lm.tokenizer(TEXTS[0])["input_ids"]], st, chunk=8)
+    assert st.rows == len(lm.tokenizer(TEXTS[0])["input_ids"]) - 1
+
+
+@pytest.mark.parametrize("c,K,q0", [(1, 5, 4), (3, 7, 4), (4, 9, 0), (5, 5, 0)])
+def test_diagonal_sums_match_brute_force(c, K, q0):
+    from attnscope.analyses.longctx import diagonal_sums
+
+    p = torch.rand(2, c, K)
+    d, sums = diagonal_sums(p, q0)
+    want = {}
+    for r in range(c):
+        for j in range(K):
+            want[q0 + r - j] = want.get(q0 + r - j, 0.0) + p[:, r, j]
+    assert sorted(d.tolist()) == sorted(want)
+    for x, dd in enumerate(d.tolist()):
+        assert torch.allclose(sums[:, x], want[dd])
+
+
+def test_auto_chunk():
+    from attnscope.analyses.streaming import auto_chunk
+
+    assert auto_chunk(9, 16384, tile_bytes=64 << 20) == (64 << 20) // (4 * 9 * 16384) == 113
+    assert auto_chunk(9, 2048) == (4 << 20) // (4 * 9 * 2048) == 56
+    assert auto_chunk(9, 10) == 256 and auto_chunk(9, 10 ** 7) == 16

@@ -1,0 +1,117 @@
+"""The longctx family and its report writer, driven through prepare/run with a Context."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from attnscope.errors import InputError
+from attnscope.families import Context, load_families
+from attnscope.families.longctx import LongContext, Options
+from attnscope.models import load_model
+
+DOCS = ("the cat sat on the mat. the dog ran.\nshe said it was big.\n\n"
+        "when the old man saw the red house , he ran . then there was one .\n\n"
+        "a small dog.\n")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load_model("debug:llama")
+
+
+def _run(tmp_path, lm, text=DOCS, suffix=".txt", max_seq_len=64, **opts):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / f"docs{suffix}"
+    path.write_text(text)
+    fam = LongContext()
+    options = Options(**{"induction": 2, "induction_length": 10, "js_rows": 3, **opts})
+    ctx = Context(model=lm, out_dir=tmp_path / "out", max_seq_len=max_seq_len, batch_size=2)
+    prepared = fam.prepare({"documents": path}, options, ctx)
+    return prepared, fam.run(prepared, options, ctx), ctx
+
+
+def test_registered():
+    assert "longctx" in {f.key for f in load_families()}
+
+
+def test_run_writes_results_tables_figures(tmp_path, llama):
+    prepared, sec, ctx = _run(tmp_path, llama)
+    assert prepared.counts["documents"] == 3
+    data = json.loads((ctx.out_dir / "results" / "longctx.json").read_text())
+    assert data["meta"]["engine"] == "maps"  # tiny maps fit the default budget
+    sink = np.asarray(data["arrays"]["sink"]["data"])
+    assert sink.shape == (2, 4) and ((sink > 0) & (sink < 1)).all()
+    names = {t.name for t in sec.tables}
+    assert {"longctx_heads", "longctx_sink_heads", "longctx_clusters"} <= names
+    figs = {f.name for f in sec.figures}
+    assert figs == {"longctx_sink_heatmap", "longctx_distance", "longctx_position", "longctx_clusters"}
+    for f in sec.figures:
+        assert all(p.is_file() and p.stat().st_size > 0 for p in f.paths)
+    assert any("sink" in s for s in sec.findings) and any("Engine: maps" in s for s in sec.findings)
+    heads = json.loads((ctx.out_dir / "tables" / "longctx_heads.json").read_text())
+    assert len(heads) == 8 and heads[0]["name"] == "1-1" and heads[0]["induction"] is not None
+
+
+def test_streaming_and_maps_engines_agree(tmp_path, llama):
+    _, _, c1 = _run(tmp_path / "a", llama, engine="maps")
+    _, _, c2 = _run(tmp_path / "b", llama, engine="streaming", chunk=3)
+    a = json.loads((c1.out_dir / "results" / "longctx.json").read_text())
+    b = json.loads((c2.out_dir / "results" / "longctx.json").read_text())
+    assert b["meta"]["engine"] == "streaming"
+    for k in ("sink", "entropy", "dist_mass", "target_induction", "js"):
+        x = np.asarray(a["arrays"][k]["data"], dtype=float)
+        y = np.asarray(b["arrays"][k]["data"], dtype=float)
+        np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_auto_picks_streaming_when_maps_do_not_fit(tmp_path, llama):
+    _, sec, ctx = _run(tmp_path, llama, maps_budget_gb=1e-9)
+    data = json.loads((ctx.out_dir / "results" / "longctx.json").read_text())
+    assert data["meta"]["engine"] == "streaming"
+    assert any("chosen" in s and "budget" in s for s in sec.findings)
+
+
+def test_bfloat16_close_to_float32(tmp_path, llama):
+    _, _, c1 = _run(tmp_path / "a", llama, engine="streaming")
+    _, _, c2 = _run(tmp_path / "b", llama, engine="streaming", dtype="bfloat16")
+    a = json.loads((c1.out_dir / "results" / "longctx.json").read_text())
+    b = json.loads((c2.out_dir / "results" / "longctx.json").read_text())
+    x, y = np.asarray(a["arrays"]["sink"]["data"]), np.asarray(b["arrays"]["sink"]["data"])
+    assert 0 < np.abs(x - y).max() < 5e-2  # bfloat16 changes the numbers, a little
+
+
+def test_json_and_join_inputs(tmp_path, llama):
+    rows = [{"text": "the cat sat on the mat."}, {"text": "a dog ran."}]
+    prepared, _, _ = _run(tmp_path / "j", llama, text="\n".join(json.dumps(r) for r in rows),
+                          suffix=".jsonl", induction=0)
+    assert prepared.counts["documents"] == 2
+    prepared, _, _ = _run(tmp_path / "k", llama, join=True, max_seq_len=30, induction=0)
+    docs = prepared.data["documents"]
+    assert docs[0].documents >= 2 and len(docs[0].ids) == 30 and docs[0].cut
+
+
+def test_bad_inputs_name_the_file(tmp_path, llama):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"words": ["a", "b"]}\n')
+    fam = LongContext()
+    ctx = Context(model=llama, out_dir=tmp_path / "out", max_seq_len=64)
+    with pytest.raises(InputError, match="bad.jsonl.*text"):
+        fam.prepare({"documents": bad}, Options(), ctx)
+    with pytest.raises(InputError, match="--chunk"):
+        fam.prepare({"documents": bad}, Options(chunk=-1), ctx)
+    enc = load_model("debug:bert")
+    with pytest.raises(InputError, match="--max-seq-len"):
+        fam.prepare({"documents": bad}, Options(), Context(model=enc, out_dir=tmp_path, max_seq_len=10 ** 5))
+    assert not (tmp_path / "out").exists()
+
+
+def test_encoder_section_works(tmp_path):
+    enc = load_model("debug:bert")
+    _, sec, ctx = _run(tmp_path, enc, induction=1)
+    data = json.loads((ctx.out_dir / "results" / "longctx.json").read_text())
+    assert data["params"]["causal"] is False
+    assert np.allclose(np.asarray(data["arrays"]["dist_mass"]["data"]).sum(-1), 1.0, atol=1e-6)
+    assert sec.figures
