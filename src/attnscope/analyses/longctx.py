@@ -46,7 +46,7 @@ import numpy as np
 from attnscope.analyses.base import Analysis, Result, register
 from attnscope.analyses.token_classes import WORD_MARKERS
 from attnscope.data.records import HeadId
-from attnscope.extract.batch import AttentionBatch
+from attnscope.maps import AttentionBatch
 
 #: Number of log-spaced buckets (distance or position): 0, 1, 2, 3-4, ..., up to 2^20.
 NUM_BUCKETS = 22

@@ -10,8 +10,6 @@ and duplicate-token scores come from extra sequences of random tokens repeated o
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +49,10 @@ class LongContext(Family):
     title = "Long-context attention"
     help = "Sink, previous-token, induction heads, entropy and distance profiles over long documents"
     inputs = (Input("documents", "Long documents: text with a blank line between documents, or "
-                                 "JSON / JSON Lines with a 'text' field."),)
+                                 "JSON / JSON Lines with a 'text' field.", sample="text.txt"),)
     Options = Options
-    order = 60
+    default_model = "smollm2"
+    order = 70
 
     def prepare(self, inputs: dict[str, Any], options: Options, ctx: Context) -> Prepared:
         from attnscope.data.unlabeled import prepare_documents
@@ -94,8 +93,16 @@ class LongContext(Family):
         docs = prepared.data["documents"]
         seqs = [d.ids for d in docs]
         targets: list = [None] * len(seqs)
+        notes: list[str] = []
         if options.induction:
-            iseq, itg = induction_sequences(lm, options.induction, options.induction_length, seed=ctx.seed)
+            # a copy draws distinct ordinary tokens and both copies must fit the model's positions
+            tok = lm.tokenizer
+            ordinary = len(tok) - len(set(getattr(tok, "all_special_ids", []) or []))
+            half = min(options.induction_length, ordinary - 1, (lm.max_positions - 1) // 2)
+            if half < options.induction_length:
+                notes.append(f"Induction sequences use {half} random tokens per copy, not "
+                             f"{options.induction_length}: the model's vocabulary or positions allow no more.")
+            iseq, itg = induction_sequences(lm, options.induction, half, seed=ctx.seed)
             seqs, targets = seqs + iseq, targets + itg
         longest = max(len(s) for s in seqs)
         batch_size = max(1, min(ctx.batch_size, BATCH_TOKENS // longest))
@@ -128,29 +135,12 @@ class LongContext(Family):
         why = (f"the maps of a batch of {batch_size} inputs of up to {longest} tokens would take "
                f"{maps_gb:.1f} GB"
                + (" (more than --maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
-        extra = [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
+        extra = notes + [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
                  f"forward pass in {options.dtype}; {len(docs)} documents, longest input {longest} tokens."]
         limit = getattr(lm.model.config, "max_position_embeddings", None)
         if limit and longest > limit:
             extra.append(f"Inputs run to {longest} tokens, past the {limit} positions the model was "
                          "configured for; statistics beyond that length describe extrapolation.")
         out = ctx.out_dir
-        (out / "results").mkdir(parents=True, exist_ok=True)
-        from attnscope.data.io import atomic_write_text
-
-        atomic_write_text(out / "results" / f"{self.key}.json",
-                          json.dumps(_plain(res.to_json()), allow_nan=False, indent=1))
+        res.save(out / "results" / f"{self.key}.json")  # strict JSON (report.results)
         return write_section(res, out, title=self.title, key=self.key, extra_findings=extra)
-
-
-def _plain(x: Any) -> Any:
-    """JSON-able plain types, non-finite floats as None."""
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if hasattr(x, "item") and not hasattr(x, "__len__"):
-        return _plain(x.item())
-    return x
