@@ -52,6 +52,11 @@ class UnitClasses:
         return getattr(self, name)
 
 
+#: What the report says when token classes come from positions.
+POSITIONAL_NOTE = ("token classes from positions (store without a model): the special unit at "
+                   "position 0 is the first special token, every other special unit a separator")
+
+
 @dataclass(frozen=True)
 class TokenClasser:
     """Decides the class of every unit (see the module docstring).
@@ -86,6 +91,14 @@ class TokenClasser:
     def positional(cls) -> "TokenClasser":
         """For maps whose tokenizer is not at hand (a store): decide by position."""
         return cls()
+
+    @classmethod
+    def for_model(cls, model) -> tuple["TokenClasser", str | None]:
+        """The classer of ``model``'s tokenizer; without a model (a store alone), the positional
+        one and a note saying so for the report."""
+        if model is not None:
+            return cls.from_tokenizer(model.tokenizer), None
+        return cls.positional(), POSITIONAL_NOTE
 
     def params(self) -> dict[str, Any]:
         return {

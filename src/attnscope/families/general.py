@@ -197,12 +197,8 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
         causal = bool(model.family.causal)
         model_desc = model.describe()
         total = len(source)
-    if model is not None:
-        classer = TokenClasser.from_tokenizer(model.tokenizer)
-    else:
-        classer = TokenClasser.positional()
-        notes.append("token classes from positions (store without a model): the special unit at "
-                     "position 0 is the first special token, every other special unit a separator")
+    classer, note = TokenClasser.for_model(model)
+    notes += [note] if note else []
     scorer = _scorer_for(model, gradients, source, _token_inputs(source, model, max_seq_len, 512),
                          seed, notes, progress, max_seq_len)
     analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=seed)

@@ -122,12 +122,8 @@ class PatternsFamily(Family):
         else:
             causal = bool(model.family.causal)
             model_desc = model.describe()
-        if model is not None:
-            classer = TokenClasser.from_tokenizer(model.tokenizer)
-        else:
-            classer = TokenClasser.positional()
-            notes.append("token classes from positions (store without a model): the special unit at "
-                         "position 0 is the first special token, every other special unit a separator")
+        classer, note = TokenClasser.for_model(model)
+        notes += [note] if note else []
         analyses = [VigPatterns(classer, causal=causal), SpecialTokens(classer), RelativePosition(),
                     Entropy(causal=causal)]
         keys = KeyConcentration() if kind != "store" else None
