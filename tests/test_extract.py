@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.extract import ExtractOptions, ExtractStats, extract
 from attnscope.extract.encode import word_units
@@ -125,3 +126,14 @@ def test_deterministic(debug_bert):
 
 def test_options_are_plain_data():
     assert ExtractOptions(word_level=True).as_dict()["word_level"] is True
+
+
+def test_byte_level_space_pieces_belong_to_the_next_word(debug_gpt2):
+    """Byte-level BPE offsets start at the space before a word (and this vocabulary has the space
+    as a piece of its own): that piece belongs to the word after it, not the one before.
+    Found on SmolLM2, where 'Ġthe' was counted as part of 'From'."""
+    from attnscope.extract.encode import Encoder
+
+    e = Encoder(debug_gpt2).encode(Example(words=["From", "the", "AP"]), 0)
+    assert e.tokens == ["F", "r", "o", "m", "Ġ", "the", "Ġ", "A", "P"]
+    assert e.word_ids == [0, 0, 0, 0, 1, 1, 2, 2, 2]

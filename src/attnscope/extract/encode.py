@@ -89,9 +89,9 @@ class Encoder:
                 if sp:
                     word_ids.append(-1)
                 elif s == 0:
-                    word_ids.append(_word_at(a_spans, off[0]))
+                    word_ids.append(_word_at(a_spans, _anchor(a, off)))
                 else:
-                    word_ids.append(n_a + _word_at(b_spans, off[0]))
+                    word_ids.append(n_a + _word_at(b_spans, _anchor(b, off)))
         else:
             raw = enc.word_ids()
             n_a = 1 + max((w for w, s in zip(raw, seq) if s == 0 and w is not None), default=-1)
@@ -159,8 +159,22 @@ def _join(words: list[str]) -> tuple[str, list[tuple[int, int]]]:
     return " ".join(words), spans
 
 
+def _anchor(text: str, offset: tuple[int, int]) -> int:
+    """The character that decides a token's word: its first non-space character. Byte-level
+    BPE pieces (SmolLM2, Llama, GPT-2) carry the space before a word, and a piece that is only
+    that space belongs to the word after it.
+
+    >>> [_anchor("From the AP", o) for o in [(0, 4), (4, 8), (4, 5), (5, 8)]]
+    [0, 5, 5, 5]
+    """
+    c = offset[0]
+    while c < offset[1] and text[c].isspace():
+        c += 1
+    return min(c, max(len(text) - 1, 0))
+
+
 def _word_at(spans: list[tuple[int, int]], char: int) -> int:
-    """The word whose span holds ``char`` (a token's first character)."""
+    """The word whose span holds ``char`` (see :func:`_anchor`)."""
     lo, hi = 0, len(spans) - 1
     while lo < hi:  # the last span starting at or before char
         mid = (lo + hi + 1) // 2
