@@ -19,11 +19,13 @@ checkpoint has the same fingerprint are not run again.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -252,6 +254,24 @@ class _ProgressRouter:
 # The run
 
 
+#: A write the disk refuses for these reasons is the user's to fix (then ``--resume``).
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+@contextmanager
+def refused_writes(out_dir: Path):
+    """Turn a write the disk refuses (full, read-only, no permission) into one line naming the
+    folder: the finished families are kept as checkpoints, so ``--resume`` continues."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            raise
+        reason = (exc.strerror or type(exc).__name__).lower()
+        raise AttnscopeError(f"{out_dir}: cannot write ({reason}); the finished families are kept: "
+                             "make room (or fix the folder) and run the same command with --resume") from None
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -345,71 +365,72 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                            "data": [(d["role"], d["sha256"]) for d in files],
                            "weights": model_info["weights_sha256"], "model": model_info})
     old_state = _take_out_dir(out_dir, old_run, run_fp, overwrite=overwrite)
-    (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
-    state = {"fingerprint": run_fp, "status": "running", "started": started,
-             "arguments": arguments}
-    write_json(out_dir / STATE_DIR / STATE_FILE, state)
+    with refused_writes(out_dir):
+        (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
+        state = {"fingerprint": run_fp, "status": "running", "started": started,
+                 "arguments": arguments}
+        write_json(out_dir / STATE_DIR / STATE_FILE, state)
 
-    router = _ProgressRouter(progress, {f.key: prepared[f.key].weight for f in families})
-    sections: list[Section] = []
-    links: dict[str, list[dict]] = {}
-    times: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for fam in families:
-        counts.update(prepared[fam.key].counts)
-        ckpt_path = out_dir / STATE_DIR / f"{fam.key}.json"
-        family_fp = _fingerprint({"run": run_fp, "family": fam.key})
-        old = read_json(ckpt_path) if old_state is not None else None
-        router.start(fam.key)
-        if old is not None and old.get("fingerprint") == family_fp and old.get("status") == "done":
-            sections.append(section_from_json(old["section"], out_dir))
-            links[fam.key] = old.get("views", [])
-            times[fam.key] = old.get("elapsed_s", 0.0)
-            status[fam.key] = "resumed"
+        router = _ProgressRouter(progress, {f.key: prepared[f.key].weight for f in families})
+        sections: list[Section] = []
+        links: dict[str, list[dict]] = {}
+        times: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for fam in families:
+            counts.update(prepared[fam.key].counts)
+            ckpt_path = out_dir / STATE_DIR / f"{fam.key}.json"
+            family_fp = _fingerprint({"run": run_fp, "family": fam.key})
+            old = read_json(ckpt_path) if old_state is not None else None
+            router.start(fam.key)
+            if old is not None and old.get("fingerprint") == family_fp and old.get("status") == "done":
+                sections.append(section_from_json(old["section"], out_dir))
+                links[fam.key] = old.get("views", [])
+                times[fam.key] = old.get("elapsed_s", 0.0)
+                status[fam.key] = "resumed"
+                router.finish(fam.key)
+                continue
+            tf = time.perf_counter()
+            ctx = dataclasses.replace(base, progress=router.family_progress(fam.key),
+                                      save_maps=out_dir / "maps" / fam.key if cfg.save_maps else None)
+            section = fam.run(prepared[fam.key], cfg.options[fam.key], ctx)
+            views = write_head_views(section, out_dir)
+            times[fam.key] = time.perf_counter() - tf
+            write_json(ckpt_path, {"fingerprint": family_fp, "status": "done", "elapsed_s": times[fam.key],
+                                   "section": section_to_json(section, out_dir), "views": views})
+            sections.append(section)
+            links[fam.key] = views
+            status[fam.key] = "done"
             router.finish(fam.key)
-            continue
-        tf = time.perf_counter()
-        ctx = dataclasses.replace(base, progress=router.family_progress(fam.key),
-                                  save_maps=out_dir / "maps" / fam.key if cfg.save_maps else None)
-        section = fam.run(prepared[fam.key], cfg.options[fam.key], ctx)
-        views = write_head_views(section, out_dir)
-        times[fam.key] = time.perf_counter() - tf
-        write_json(ckpt_path, {"fingerprint": family_fp, "status": "done", "elapsed_s": times[fam.key],
-                               "section": section_to_json(section, out_dir), "views": views})
-        sections.append(section)
-        links[fam.key] = views
-        status[fam.key] = "done"
-        router.finish(fam.key)
 
-    say("report", 0, 1)
-    elapsed = time.perf_counter() - t0
-    provenance = {
-        "model": model_info, "data": files, "counts": counts,
-        "seeds": {"run": cfg.seed, "model loading (torch)": cfg.seed, "sentence pairs (A/B split)": cfg.seed,
-                  "analyses (bootstrap, probes, MDS)": cfg.seed},
-        "arguments": arguments, "versions": versions(), "command": command,
-        "started": started, "elapsed_s": round(elapsed, 3),
-        "family_times_s": {k: round(v, 3) for k, v in times.items()},
-        # With --resume, elapsed_s is this invocation only; the families' own times come
-        # from their checkpoints, so their sum is the analysis time of the whole job.
-        "analysis_time_s": round(sum(times.values()), 3),
-        "status": status,
-    }
-    report = write_report(sections, out_dir, provenance=provenance, links=links, notes=notes)
-    results = {
-        "attnscope_results": 1,
-        "provenance": provenance,
-        "families": {s.key: {"status": status.get(s.key), "section": section_to_json(s, out_dir),
-                             "views": links.get(s.key, [])} for s in sections},
-        "unavailable": notes,
-        "results": _collect_results(out_dir),
-    }
-    results_path = out_dir / "results.json"
-    write_json(results_path, results)
-    state["status"] = "complete"
-    state["finished"] = _now()
-    write_json(out_dir / STATE_DIR / STATE_FILE, state)
-    say("report", 1, 1)
+        say("report", 0, 1)
+        elapsed = time.perf_counter() - t0
+        provenance = {
+            "model": model_info, "data": files, "counts": counts,
+            "seeds": {"run": cfg.seed, "model loading (torch)": cfg.seed, "sentence pairs (A/B split)": cfg.seed,
+                      "analyses (bootstrap, probes, MDS)": cfg.seed},
+            "arguments": arguments, "versions": versions(), "command": command,
+            "started": started, "elapsed_s": round(elapsed, 3),
+            "family_times_s": {k: round(v, 3) for k, v in times.items()},
+            # With --resume, elapsed_s is this invocation only; the families' own times come
+            # from their checkpoints, so their sum is the analysis time of the whole job.
+            "analysis_time_s": round(sum(times.values()), 3),
+            "status": status,
+        }
+        report = write_report(sections, out_dir, provenance=provenance, links=links, notes=notes)
+        results = {
+            "attnscope_results": 1,
+            "provenance": provenance,
+            "families": {s.key: {"status": status.get(s.key), "section": section_to_json(s, out_dir),
+                                 "views": links.get(s.key, [])} for s in sections},
+            "unavailable": notes,
+            "results": _collect_results(out_dir),
+        }
+        results_path = out_dir / "results.json"
+        write_json(results_path, results)
+        state["status"] = "complete"
+        state["finished"] = _now()
+        write_json(out_dir / STATE_DIR / STATE_FILE, state)
+        say("report", 1, 1)
     return RunOutcome(out_dir=out_dir, report=report, results=results_path, status=status, notes=notes,
                       elapsed_s=time.perf_counter() - t0, results_json=to_plain(results))
 
