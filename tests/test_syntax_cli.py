@@ -49,6 +49,9 @@ def test_cli_writes_table1_and_table3(tmp_path, capsys):
     t3 = json.loads((out / "tables" / "table3_probes.json").read_text())
     assert [r["model"] for r in t3] == ["right-branching", "distance+glove", "random-init attn+glove",
                                         "attn", "attn+glove"]
+    # each probe's own time (they train side by side on shared batches; 0.1 gave one shared time)
+    trained = [r["seconds_per_epoch"] for r in t3 if r["model"] != "right-branching"]
+    assert all(t > 0 for t in trained) and len(set(trained)) == len(trained)
     # right-branching by hand on dev (punct excluded): s1 the->cat ok, cat->sat ok, sat->ROOT? no
     # (next is "."); s2: a ok, dog ok, ran no, to no, the ok, house->ROOT no; s3: she ok, saw no,
     # his ok, mat->ROOT no. Per copy 7 of 13 -> 53.8%.
