@@ -477,7 +477,8 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                   batch_size=batch_size, progress=progress,
                   save_maps=Path(save_maps) if save_maps is not None else None)
     prepared = fam.prepare(inputs, opts, ctx)
-    return fam.run(prepared, opts, ctx)
+    with refused_writes(Path(out_dir)):
+        return fam.run(prepared, opts, ctx)
 
 
 def _collect_results(out_dir: Path) -> dict[str, Any]:
