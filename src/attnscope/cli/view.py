@@ -62,9 +62,11 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         svg: Path = typer.Option(None, "--svg", help="Also export the view as SVG (headless Chromium)."),
         scale: float = typer.Option(2.0, "--scale", help="PNG pixels per SVG unit."),
         chromium: str = typer.Option(None, "--chromium", help="Chromium binary (default /usr/bin/chromium)."),
-        offset: int = typer.Option(None, "--offset", help="Long inputs (more than 512 units): first query "
-                                   "row of the window shown (default: the last --window rows)."),
+        offset: int = typer.Option(None, "--offset", help="Long inputs (more than --long-input units): "
+                                   "first query row of the window shown (default: the last --window rows)."),
         window: int = typer.Option(256, "--window", min=1, help="Long inputs: query rows shown."),
+        long_input: int = typer.Option(512, "--long-input", min=1,
+                                       help="Inputs with more units than this are shown as a window."),
     ) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
         from attnscope.viz.write import write_view
@@ -72,7 +74,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         res = write_view(store, example, view.value, out, layer=layer, heads=_parse_heads(heads),
                          head=head, query=query, pair_filter=pair_filter.value,
                          hide_special=hide_special, model=model, png=png, svg=svg, scale=scale,
-                         chromium=chromium, offset=offset, window=window)
+                         chromium=chromium, offset=offset, window=window,
+                         long_input=long_input)
         for w in res["warnings"]:
             console.print(f"[yellow]warning:[/] {w}")
         results.print(f"{res['html']}: {res.get('view', view.value)} view, {res['bytes']:,} bytes")

@@ -10,14 +10,14 @@ neuron when query/key vectors were captured) switch views without a server.
 from __future__ import annotations
 
 from attnscope.maps import AttentionMap
-from attnscope.viz.payload import WINDOW, page_payload
+from attnscope.viz.payload import LONG_INPUT, WINDOW, page_payload
 from attnscope.viz.render import render_page
 
 
 def view_html(amap: AttentionMap, view: str = "head", *, layer: int = 0, heads=None,
               head: int | None = None, pair_filter: str = "all", hide_special: bool = False,
               title: str | None = None, neuron: dict | None = None, model: str | None = None,
-              offset: int | None = None, window: int = WINDOW) -> str:
+              offset: int | None = None, window: int = WINDOW, long_input: int = LONG_INPUT) -> str:
     """A page opening on ``view`` ("head", "model", "heatmap" or "neuron").
 
     An input longer than :data:`~attnscope.viz.payload.LONG_INPUT` units shows ``window`` query
@@ -26,7 +26,7 @@ def view_html(amap: AttentionMap, view: str = "head", *, layer: int = 0, heads=N
     """
     payload = page_payload(amap, view, layer=layer, heads=heads, head=head, pair_filter=pair_filter,
                            hide_special=hide_special, title=title, neuron=neuron, model=model,
-                           offset=offset, window=window)
+                           offset=offset, window=window, long_input=long_input)
     return render_page(payload)
 
 

@@ -47,7 +47,8 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
                layer: int = 0, heads=None, head: int | None = None, query: int = 0,
                pair_filter: str = "all", hide_special: bool = False, model: str | None = None,
                png: str | Path | None = None, svg: str | Path | None = None, scale: float = 2.0,
-               chromium: str | None = None, offset: int | None = None, window: int = 256) -> dict:
+               chromium: str | None = None, offset: int | None = None, window: int = 256,
+               long_input: int = 512) -> dict:
     """Write ``out`` (HTML) for one stored example; ``png``/``svg`` export the opening view.
 
     ``store_path`` may also be an analysis output folder (no ``manifest.json``; ``view``
@@ -82,7 +83,7 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
     html = view_html(amap, view, layer=layer, heads=heads, head=head, pair_filter=pair_filter,
                      hide_special=hide_special, neuron=neuron, model=model_name,
                      title=f"{Path(store_path).name}: example {amap.index}", offset=offset,
-                     window=window)
+                     window=window, long_input=long_input)
     return _finish(html, out, png, svg, scale, chromium, warnings)
 
 
