@@ -72,7 +72,8 @@
       svg("rect", { x: lm, y: top, width: n * cell, height: n * cell, fill: "none", stroke: "#999" }, root);
       if (labels) {
         toks.forEach(function (t, i) {
-          svg("text", { x: lm - 3, y: top + i * cell + cell / 2 + 4, "text-anchor": "end", "class": "as-token rs-row" }, root, A.shorten(t, 14));
+          var rt = svg("text", { x: lm - 3, y: top + i * cell + cell / 2 + 4, "text-anchor": "end", "class": "as-token rs-row" }, root, A.shorten(t, 14));
+          svg("title", null, rt, t);
           var x = lm + i * cell + cell / 2 + 4, y = top - 3;
           svg("text", { x: x, y: y, transform: "rotate(-90 " + x + " " + y + ")", "class": "as-token rs-col" }, root, A.shorten(t, 14));
         });
