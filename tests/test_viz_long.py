@@ -99,3 +99,14 @@ def test_the_window_payload_is_strict_json(map_factory):
     text = embed_json(page_payload(amap, long_input=10, window=4))
     assert "</script>" not in text and "<script>" not in text
     assert json.loads(text)["tokens"][0] == "<script>x</script>"
+
+
+def test_show_head_view_of_a_long_bertviz_style_input():
+    from attnscope.show import head_view
+    from tests.test_viz_pages import payload_of
+
+    n = 600  # above the default threshold of 512 units
+    att = [np.asarray(causal_uniform(n, L=1, H=1)[0])]  # one layer, [H n n]
+    p = payload_of(head_view(att, [f"t{i}" for i in range(n)], offset=100, window=50).html)
+    assert p["window"]["units"] == [0] + list(range(100, 150))
+    assert decode(p["attn"]).shape == (1, 1, 51, 51)

@@ -264,3 +264,20 @@ def test_browser_long_example_window_and_profiles(browser, longctx):
         context.close()
     finally:
         server.close()
+
+
+def test_view_cli_window_options_on_a_long_store(longctx, tmp_path, capsys):
+    from attnscope.cli.main import main
+    from tests.test_viz_pages import payload_of
+
+    store, _ = longctx
+    html = tmp_path / "long.html"
+    args = ["view", str(store), "-o", str(html), "--long-input", "128", "--window", "64"]
+    assert main(args + ["--offset", "0"]) == 0
+    p = payload_of(html.read_text(encoding="utf-8"))
+    assert p["window"]["units"] == list(range(64)) and p["window"]["num_units"] == 512
+    capsys.readouterr()
+    assert main(args + ["--offset", "449", "-o", str(tmp_path / "bad.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--offset 449: out of range for 512 units and a window of 64 (0 .. 448)")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "bad.html").exists()
