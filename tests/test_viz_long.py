@@ -110,3 +110,22 @@ def test_show_head_view_of_a_long_bertviz_style_input():
     p = payload_of(head_view(att, [f"t{i}" for i in range(n)], offset=100, window=50).html)
     assert p["window"]["units"] == [0] + list(range(100, 150))
     assert decode(p["attn"]).shape == (1, 1, 51, 51)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_distance_profile_equals_a_brute_force_count(causal):
+    from attnscope.analyses.longctx import bucket_of
+
+    rng = np.random.default_rng(3)
+    L, H, n = 2, 3, 37  # distances up to 36: buckets 0 .. 7 ("33-64")
+    a = rng.random((L, H, n, n))
+    if causal:
+        a = np.tril(a)
+    a /= a.sum(-1, keepdims=True)
+    want = np.zeros((L, H, 8))
+    for i in range(1, n):
+        for j in range(n):
+            want[:, :, bucket_of(np.array([abs(i - j)]))[0]] += a[:, :, i, j] / (n - 1)
+    prof = distance_profile(a)
+    assert prof["buckets"][-1] == "33-64"
+    assert np.allclose(prof["values"], want, atol=1e-12)

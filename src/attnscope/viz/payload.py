@@ -219,16 +219,22 @@ def distance_profile(attn: np.ndarray, *, causal: bool | None = None) -> dict:
     L, H, n = attn.shape[0], attn.shape[1], attn.shape[-1]
     if n < 2:
         return {"buckets": [], "values": [[[] for _ in range(H)] for _ in range(L)]}
-    i = np.arange(1, n)[:, None]
-    j = np.arange(n)[None, :]
-    bk = bucket_of(np.abs(i - j))  # [n-1 n]
-    B = int(bk.max()) + 1
-    bk = bk.ravel()
+    B = int(bucket_of(np.array([n - 1]))[0]) + 1
+    lo = np.array([0, 1] + [2 ** (k - 2) + 1 for k in range(2, B)])[None, :]  # [1 B] distances
+    hi = np.array([0, 1] + [2 ** (k - 1) for k in range(2, B)])[None, :]
+    i = np.arange(1, n)[:, None]  # [(n-1) 1] query rows
+    # row prefix sums cs[r, j] = sum of the row's keys < j; a band of keys is a difference of two
+    below = (np.clip(i - lo + 1, 0, n), np.clip(i - hi, 0, n))  # keys i-hi .. i-lo (j <= i)
+    above = (np.clip(i + hi + 1, 0, n), np.clip(i + lo, 0, n))  # keys i+lo .. i+hi (j > i)
+    above[1][:, 0] = above[0][:, 0]  # distance 0 is counted once, on the left side
     out = np.zeros((L, H, B))
+    cs = np.zeros((n - 1, n + 1))
     for layer in range(L):
         for head in range(H):
-            rows = np.asarray(attn[layer, head, 1:, :], dtype=np.float64).ravel()  # [(n-1) n]
-            out[layer, head] = np.bincount(bk, weights=rows, minlength=B) / (n - 1)
+            np.cumsum(np.asarray(attn[layer, head, 1:, :], dtype=np.float64), axis=1, out=cs[:, 1:])
+            mass = sum(np.take_along_axis(cs, a, 1) - np.take_along_axis(cs, b, 1)
+                       for a, b in (below, above))  # [(n-1) B]
+            out[layer, head] = mass.sum(0) / (n - 1)
     return {"buckets": bucket_labels()[:B], "values": out.tolist(), "rows": "query positions >= 1",
             "causal": causal}
 
