@@ -169,6 +169,8 @@ def test_serve_sends_a_window_of_a_long_example(longctx):
     r = c.get("/api/example/0?offset=1000")
     assert r.status_code == 400
     assert r.get_json()["error"] == "--offset 1000: out of range for 512 units and a window of 64 (0 .. 448)"
+    r = c.get("/api/example/0?window=5000")
+    assert r.status_code == 400 and "between 1 and 1024" in r.get_json()["error"]
     whole = create_app(store, None).test_client().get("/api/example/0").get_data()
     windowed = c.get("/api/example/0").get_data()
     assert len(windowed) < len(whole) / 3  # 65^2 instead of 512^2 weights per head

@@ -43,6 +43,8 @@ _ABS_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/](?:[^\s'\"\\/:]+[\\/])*([^\s'\"\\/:]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+#: Largest window of query rows one request may ask for (a payload stays bounded whatever ``n``).
+MAX_WINDOW = 1024
 CSP = ("default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
        "img-src data: blob:; connect-src 'self'")
 
@@ -229,12 +231,15 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
     def example(pos: int):
         store, _ = live()
         amap = store[_pos(store, pos)]
+        rows = _int_arg("window", window or WINDOW)
+        if not 1 <= rows <= MAX_WINDOW:
+            raise AttnscopeError(f"window must be between 1 and {MAX_WINDOW} query rows, not {rows}")
         payload = page_payload(amap, request.args.get("view", "head"),
                                layer=_int_arg("layer", 0),
                                title=f"{store.path.name}: example {amap.index}",
                                model=store.manifest.get("model", {}).get("name"),
                                offset=_int_arg("offset", None),
-                               window=_int_arg("window", window or WINDOW),
+                               window=rows,
                                long_input=long_input or LONG_INPUT)
         return Response(embed_json(payload), mimetype="application/json")
 
