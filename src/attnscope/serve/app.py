@@ -101,8 +101,8 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
         if results is None:
             raise AttnscopeError("the viewer needs a store, a results folder (--results), or both")
         store = None
-        current = {"store": None, "catalog": None}
-        found = load_results(results, *results_shape(results))
+        current = {"store": None, "catalog": None, "shape": results_shape(results)}
+        found = load_results(results, *current["shape"])
     else:
         current = {"store": open_store(store_path)}
         current["catalog"] = Catalog(current["store"])
@@ -213,7 +213,7 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
 
     def _info(store) -> dict:
         if store is None:
-            L, H = results_shape(results)
+            L, H = current["shape"]
             return {"store": Path(results).name, "examples": 0,
                     "summary": {"model": None, "layers": L, "heads": H, "level": "-", "status": None}}
         return {"store": store.path.name, "summary": _summary(store), "examples": len(store)}
