@@ -97,6 +97,8 @@ def test_longctx_profiles_and_sink(longctx):
     assert {"dist_mass", "dist_weight", "pos_sink", "pos_entropy", "pos_norm_entropy"} <= set(prof)
     # rows reach distance 511 (bucket ceil(log2 511) + 1 = 10, "257-512"): buckets 0..10 kept
     dm = prof["dist_mass"]
+    assert dm["axis"] == "distance bucket (log-spaced)"
+    assert prof["pos_sink"]["axis"] == "query-position bucket (log-spaced)"
     assert dm["buckets"] == d["meta"]["buckets"][:11] and dm["buckets"][-1] == "257-512"
     full = np.asarray(d["arrays"]["dist_mass"]["data"])
     assert np.array_equal(np.asarray(dm["values"]), full[..., :11])
@@ -261,6 +263,10 @@ def test_browser_long_example_window_and_profiles(browser, longctx):
         # the results views: the longctx profiles (one line per head) and the sink heatmap
         page.wait_for_selector("#vw-resviews[data-ready=true]")
         assert page.locator("#vw-resviews .rs-profile-chart .as-profile-line").count() == 4
+        page.select_option("select.rs-profile", label="longctx-stats: pos_sink: "
+                           "mass on the first token (sink) by query position")
+        assert page.text_content("#vw-resviews .rs-profile-chart .as-x-axis") == \
+            "query-position bucket (log-spaced)"
         assert page.locator("#vw-resviews .rs-sink-cell").count() == 8
         assert left == [] and errors == []
         context.close()

@@ -56,7 +56,7 @@ def _array(spec) -> np.ndarray | None:
 
 
 def profiles_from_result(d: dict, source: str, problems: list[str]) -> list[dict]:
-    """``[{"name", "title", "source", "buckets" [B'], "values" [L][H][B']}]`` for each bucketed
+    """``[{"name", "title", "axis", "source", "buckets" [B'], "values" [L][H][B']}]`` for each bucketed
     ``[L H B]`` array of result ``d``; trailing buckets with no data anywhere are dropped (a
     64-token input has nothing at distance 65 or more)."""
     labels = (d.get("meta") or {}).get("buckets")
@@ -78,7 +78,10 @@ def profiles_from_result(d: dict, source: str, problems: list[str]) -> list[dict
             continue
         keep = int(used[-1]) + 1
         values = [[[_finite_or_none(v) for v in row[:keep]] for row in layer] for layer in a.tolist()]
+        axis = ("distance bucket" if name.startswith("dist_") else
+                "query-position bucket" if name.startswith("pos_") else "bucket")
         out.append({"name": f"{d.get('analysis', '?')}: {name}", "title": PROFILE_TITLES.get(name, name),
+                    "axis": f"{axis} (log-spaced)",
                     "source": source, "buckets": [str(x) for x in labels[:keep]], "values": values})
     return out
 

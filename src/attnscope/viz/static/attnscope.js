@@ -444,7 +444,7 @@
   };
 
   // a line chart of series[k][b] over bucket labels; draws into an empty <svg> and sizes it
-  function drawProfile(root, buckets, series, title, name) {
+  function drawProfile(root, buckets, series, title, name, axis) {
     var B = buckets.length, left = 48, top = 40, pw = Math.max(240, 36 * B), ph = 200;
     var width = Math.max(left + pw + 110, Math.ceil(textWidth(title)) + 12), height = top + ph + 44;
     root.setAttribute("width", width); root.setAttribute("height", height);
@@ -464,7 +464,8 @@
       var x = X(b), y = top + ph + 14;
       svg("text", { x: x, y: y, "text-anchor": "end", transform: "rotate(-35 " + x + " " + y + ")", "class": "as-axis" }, root, lab);
     });
-    svg("text", { x: left + pw / 2, y: height - 2, "text-anchor": "middle", "class": "as-axis" }, root, "distance bucket (log-spaced)");
+    svg("text", { x: left + pw / 2, y: height - 2, "text-anchor": "middle", "class": "as-axis as-x-axis" }, root,
+        axis || "distance bucket (log-spaced)");
     series.forEach(function (r, k) {
       var pts = [];
       r.forEach(function (v, b) { if (v !== null) pts.push(X(b).toFixed(1) + "," + Y(v).toFixed(1)); });

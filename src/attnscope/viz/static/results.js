@@ -113,7 +113,7 @@
     this.stage.textContent = "";
     var root = svg("svg", { xmlns: SVGNS, width: 10, height: 10, "class": "as-svg rs-profile-chart" }, this.stage);
     A.drawProfile(root, p.buckets, p.values[layer], "Layer " + (layer + 1) + ": " + p.title + " (" + p.source + ")",
-                  function (h) { return (layer + 1) + "-" + (h + 1); });
+                  function (h) { return (layer + 1) + "-" + (h + 1); }, p.axis);
     this.box.setAttribute("data-profile", p.name);
   };
 
