@@ -1,4 +1,5 @@
-"""Views from Python and in Jupyter: ``head_view``, ``model_view``, ``heatmap``, ``neuron_view``.
+"""Views from Python and in Jupyter: ``head_view``, ``model_view``, ``heatmap``, ``neuron_view``,
+``results_view``.
 
 Each returns a :class:`View`: in a notebook it displays inline (an ``<iframe srcdoc>``, so the
 page's script and styles stay isolated from the notebook's); ``.save("view.html")`` writes the
@@ -94,21 +95,35 @@ def _to_numpy(a):
 
 
 def head_view(attention, tokens=None, *, layer: int = 0, heads=None, pair_filter: str = "all",
-              hide_special: bool = False, title: str | None = None, **map_kwargs) -> View:
-    """Lines from each token to what it attends to, for ``heads`` of ``layer`` (0-indexed)."""
+              hide_special: bool = False, title: str | None = None, offset: int | None = None,
+              window: int = 256, **map_kwargs) -> View:
+    """Lines from each token to what it attends to, for ``heads`` of ``layer`` (0-indexed).
+
+    Inputs longer than 512 units show ``window`` query rows from ``offset`` (default: the last
+    ones) plus the first token, and a distance-profile tab for the whole input.
+    """
     from attnscope.viz.pages import view_html
 
     amap = as_map(attention, tokens, **map_kwargs)
     return View(view_html(amap, "head", layer=layer, heads=heads, pair_filter=pair_filter,
-                          hide_special=hide_special, title=title), "head")
+                          hide_special=hide_special, title=title, offset=offset, window=window), "head")
 
 
-def model_view(attention, tokens=None, *, title: str | None = None, **map_kwargs) -> View:
-    """Every layer and head as thumbnails; click one to open it in the head view."""
+def model_view(attention, tokens=None, *, title: str | None = None, offset: int | None = None,
+               window: int = 256, **map_kwargs) -> View:
+    """Every layer and head as thumbnails; click one to open it in the head view (for a long
+    input, the head view shows a window: see :func:`head_view`)."""
     from attnscope.viz.pages import view_html
 
     amap = as_map(attention, tokens, **map_kwargs)
-    return View(view_html(amap, "model", title=title), "model")
+    return View(view_html(amap, "model", title=title, offset=offset, window=window), "model")
+
+
+def results_view(folder, *, title: str | None = None) -> View:
+    """The attribution maps and long-context profiles of an analysis output folder."""
+    from attnscope.viz.pages import results_view_html
+
+    return View(results_view_html(folder, title=title), "results")
 
 
 def heatmap(attention, tokens=None, *, layer: int = 0, head: int = 0, pair_filter: str = "all",

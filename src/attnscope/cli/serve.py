@@ -18,7 +18,8 @@ from attnscope.cli.output import results as out
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     @app.command("serve")
     def serve_cli(
-        store: Path = typer.Argument(..., help="Store folder (attnscope extract)."),
+        store: Path = typer.Argument(None, help="Store folder (attnscope extract); may be left out "
+                                                "when --results is given."),
         results: Path = typer.Option(None, "--results", help="Analysis output folder (results/*.json, tables/*.csv)."),
         host: str = typer.Option("127.0.0.1", "--host",
                                  help="Address to bind. Loopback (the default) needs no token; any "
@@ -37,6 +38,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         from attnscope.errors import AttnscopeError
         from attnscope.serve.app import create_app, is_loopback, make_server
 
+        if store is None and results is None:
+            raise AttnscopeError("give a store folder, --results DIR, or both")
         if token is not None and len(token) < 16:
             raise AttnscopeError("--token: use at least 16 characters")
         if token is None and not is_loopback(host):
@@ -51,7 +54,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         shown = [host]
         if host in ("0.0.0.0", "::", ""):
             shown = [socket.gethostname(), "127.0.0.1"]
-        console.print(f"attnscope viewer for {store} (Ctrl+C to stop); open:")
+        console.print(f"attnscope viewer for {store if store is not None else results} (Ctrl+C to stop); open:")
         for h in shown:
             h = f"[{h}]" if ":" in h else h
             out.print(f"    http://{h}:{port}/{query}", highlight=False)

@@ -16,6 +16,8 @@ class ViewKind(str, Enum):
     model = "model"
     heatmap = "heatmap"
     neuron = "neuron"
+    profile = "profile"
+    results = "results"
 
 
 class PairFilter(str, Enum):
@@ -40,7 +42,9 @@ def _parse_heads(text: str | None) -> list[int] | None:
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     @app.command("view")
     def view_cli(
-        store: Path = typer.Argument(..., help="Store folder (attnscope extract)."),
+        store: Path = typer.Argument(..., help="Store folder (attnscope extract), or an analysis "
+                                               "output folder (attnscope analyze attribution / longctx) "
+                                               "for its attribution maps and profiles."),
         example: int = typer.Option(0, "--example", "-e", help="Input index of the example."),
         view: ViewKind = typer.Option(ViewKind.head, "--view", help="Which view opens first."),
         out: Path = typer.Option(..., "--out", "-o", help="HTML file to write."),
@@ -58,6 +62,11 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         svg: Path = typer.Option(None, "--svg", help="Also export the view as SVG (headless Chromium)."),
         scale: float = typer.Option(2.0, "--scale", help="PNG pixels per SVG unit."),
         chromium: str = typer.Option(None, "--chromium", help="Chromium binary (default /usr/bin/chromium)."),
+        offset: int = typer.Option(None, "--offset", help="Long inputs (more than --long-input units): "
+                                   "first query row of the window shown (default: the last --window rows)."),
+        window: int = typer.Option(256, "--window", min=1, help="Long inputs: query rows shown."),
+        long_input: int = typer.Option(512, "--long-input", min=1,
+                                       help="Inputs with more units than this are shown as a window."),
     ) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
         from attnscope.viz.write import write_view
@@ -65,10 +74,11 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         res = write_view(store, example, view.value, out, layer=layer, heads=_parse_heads(heads),
                          head=head, query=query, pair_filter=pair_filter.value,
                          hide_special=hide_special, model=model, png=png, svg=svg, scale=scale,
-                         chromium=chromium)
+                         chromium=chromium, offset=offset, window=window,
+                         long_input=long_input)
         for w in res["warnings"]:
             console.print(f"[yellow]warning:[/] {w}")
-        results.print(f"{res['html']}: {view.value} view, {res['bytes']:,} bytes")
+        results.print(f"{res['html']}: {res.get('view', view.value)} view, {res['bytes']:,} bytes")
         for key in ("png", "svg"):
             if res[key]:
                 w, h = res[f"{key}_size"]

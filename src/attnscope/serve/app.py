@@ -15,7 +15,15 @@ exception text (those go to the server's log).
 Routes: ``/`` the viewer; ``/api/info``; ``/api/examples?q=&offset=&limit=``;
 ``/api/example/<pos>`` (the page payload of the ``pos``-th stored example);
 ``/api/example/<pos>/neuron?layer=`` (runs the store's model, loaded on first use);
-``/api/results``.
+``/api/results`` (per-head statistics); ``/api/results-views`` (one example's attribution maps,
+per-head distance / position profiles and the sink heatmap, see :mod:`attnscope.viz.results`).
+
+``/api/example/<pos>?offset=&window=``: an example longer than 512 units comes as a window of
+query rows (the last 256 by default) plus the first token (:func:`attnscope.viz.payload.page_payload`);
+the page moves the window with these parameters.
+
+Without a store (``store_path=None``) the viewer shows only the results folder: the example
+list is empty and the results views fill the page.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ _ABS_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/](?:[^\s'\"\\/:]+[\\/])*([^\s'\"\\/:]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+#: Largest window of query rows one request may ask for (a payload stays bounded whatever ``n``).
+MAX_WINDOW = 1024
 CSP = ("default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
        "img-src data: blob:; connect-src 'self'")
 
@@ -65,9 +75,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def create_app(store_path: str | Path, results: str | Path | None = None, *,
-               model: str | None = None, token: str | None = None):
-    """The viewer app for ``store_path``; ``results`` is an analysis output folder.
+def create_app(store_path: str | Path | None, results: str | Path | None = None, *,
+               model: str | None = None, token: str | None = None, long_input: int | None = None,
+               window: int | None = None):
+    """The viewer app for ``store_path``; ``results`` is an analysis output folder (either may
+    be None, not both).
+
+    ``long_input`` / ``window``: examples longer than ``long_input`` units are sent as a window
+    of ``window`` query rows (defaults :data:`~attnscope.viz.payload.LONG_INPUT`,
+    :data:`~attnscope.viz.payload.WINDOW`).
 
     ``token``: when given, every request must carry it (see the module docstring).
     """
@@ -75,24 +91,33 @@ def create_app(store_path: str | Path, results: str | Path | None = None, *,
     from werkzeug.exceptions import HTTPException
 
     from attnscope.serve.catalog import Catalog
-    from attnscope.serve.results import load_results
+    from attnscope.serve.results import load_results, results_shape
     from attnscope.store import open_store
-    from attnscope.viz.payload import page_payload
+    from attnscope.viz.payload import LONG_INPUT, WINDOW, page_payload
     from attnscope.viz.render import embed_json, static_text
+    from attnscope.viz.results import results_payload
 
-    current = {"store": open_store(store_path)}
-    current["catalog"] = Catalog(current["store"])
-    store = current["store"]
-    if not store.complete:
-        current["shards"] = tuple(sorted(p.name for p in (store.path / "shards").glob("*.safetensors")))
-    found = load_results(results, store.num_layers, store.num_heads)
+    if store_path is None:
+        if results is None:
+            raise AttnscopeError("the viewer needs a store, a results folder (--results), or both")
+        store = None
+        current = {"store": None, "catalog": None, "shape": results_shape(results)}
+        found = load_results(results, *current["shape"])
+    else:
+        current = {"store": open_store(store_path)}
+        current["catalog"] = Catalog(current["store"])
+        store = current["store"]
+        if not store.complete:
+            current["shards"] = tuple(sorted(p.name for p in (store.path / "shards").glob("*.safetensors")))
+        found = load_results(results, store.num_layers, store.num_heads)
+    views = results_payload(results) if results is not None else None
     refresh_lock = threading.Lock()
 
     def live():
         """The store and catalog; an unfinished store is re-read when its shard files change,
         so a store still being written shows its finished shards (never a partial one)."""
         st = current["store"]
-        if st.complete:
+        if st is None or st.complete:
             return st, current["catalog"]
         shards = tuple(sorted(p.name for p in (st.path / "shards").glob("*.safetensors")))
         if shards != current.get("shards"):
@@ -153,6 +178,8 @@ def create_app(store_path: str | Path, results: str | Path | None = None, *,
         return resp
 
     def _pos(store, pos: int) -> int:
+        if store is None:
+            raise AttnscopeError("this viewer has no store (it was started with --results only)")
         if not 0 <= pos < len(store):
             raise AttnscopeError(f"no example at position {pos} (the store has {len(store)})")
         return pos
@@ -171,34 +198,49 @@ def create_app(store_path: str | Path, results: str | Path | None = None, *,
         from markupsafe import Markup
 
         store, _ = live()
-        info = {"store": store.path.name, "summary": _summary(store), "examples": len(store)}
+        info = _info(store)
         return render_template(
-            "viewer.html.j2", title=f"attnscope: {store.path.name}",
+            "viewer.html.j2", title=f"attnscope: {info['store']}",
             css=Markup(static_text("attnscope.css") + static_text("viewer.css")),
-            js=Markup((static_text("attnscope.js") + static_text("viewer.js")).replace("</", "<\\/")),
+            js=Markup((static_text("attnscope.js") + static_text("results.js") +
+                       static_text("viewer.js")).replace("</", "<\\/")),
             info_json=Markup(embed_json(info)))
 
     @app.get("/api/info")
     def info():
         store, _ = live()
-        return jsonify({"store": store.path.name, "summary": _summary(store),
-                        "examples": len(store), "has_results": bool(found["stats"] or found["scatter"])})
+        return jsonify({**_info(store), "has_results": bool(found["stats"] or found["scatter"])})
+
+    def _info(store) -> dict:
+        if store is None:
+            L, H = current["shape"]
+            return {"store": Path(results).name, "examples": 0,
+                    "summary": {"model": None, "layers": L, "heads": H, "level": "-", "status": None}}
+        return {"store": store.path.name, "summary": _summary(store), "examples": len(store)}
 
     @app.get("/api/examples")
     def examples():
         q = request.args.get("q", "")
         offset, limit = _int_arg("offset", 0), min(200, max(1, _int_arg("limit", 50)))
         _, catalog = live()
+        if catalog is None:
+            return jsonify({"items": [], "total": 0, "next": None})
         return jsonify(catalog.search(q, offset, limit))
 
     @app.get("/api/example/<int:pos>")
     def example(pos: int):
         store, _ = live()
         amap = store[_pos(store, pos)]
+        rows = _int_arg("window", window or WINDOW)
+        if not 1 <= rows <= MAX_WINDOW:
+            raise AttnscopeError(f"window must be between 1 and {MAX_WINDOW} query rows, not {rows}")
         payload = page_payload(amap, request.args.get("view", "head"),
                                layer=_int_arg("layer", 0),
                                title=f"{store.path.name}: example {amap.index}",
-                               model=store.manifest.get("model", {}).get("name"))
+                               model=store.manifest.get("model", {}).get("name"),
+                               offset=_int_arg("offset", None),
+                               window=rows,
+                               long_input=long_input or LONG_INPUT)
         return Response(embed_json(payload), mimetype="application/json")
 
     @app.get("/api/example/<int:pos>/neuron")
@@ -221,6 +263,11 @@ def create_app(store_path: str | Path, results: str | Path | None = None, *,
     @app.get("/api/results")
     def results_api():
         return jsonify(found)
+
+    @app.get("/api/results-views")
+    def results_views():
+        empty = {"folder": None, "profiles": [], "sinks": [], "attribution": None, "problems": []}
+        return Response(embed_json(views or empty), mimetype="application/json")
 
     app.extensions["attnscope"] = {"store": store, "catalog": current["catalog"], "results": found,
                                    "live": live}

@@ -140,3 +140,29 @@ def load_results(folder: str | Path | None, num_layers: int, num_heads: int) -> 
                 out["stats"].append({"name": f"{path.stem}.{col}", "source": str(path),
                                      "values": values})
     return out
+
+
+def results_shape(folder: str | Path | None) -> tuple[int, int]:
+    """``(layers, heads)`` of the model a results folder describes, read from its per-head
+    tables (largest 0-indexed ``layer`` / ``head`` + 1) and ``[L, H, B]`` arrays; ``(0, 0)``
+    when it names none. Used when the viewer runs on a results folder without a store."""
+    L = H = 0
+    if folder is None or not Path(folder).is_dir():
+        return L, H
+    folder = Path(folder)
+    for path in sorted((folder / "results").glob("*.json")) + sorted(folder.glob("*.json")):
+        d = read_json(path)
+        if not isinstance(d, dict) or "attnscope_results" in d:
+            continue
+        for rows in (d.get("tables") or {}).values():
+            for r in rows if isinstance(rows, list) else []:
+                if not isinstance(r, dict):
+                    continue
+                layer, head = r.get("layer"), r.get("head")
+                if isinstance(layer, int) and isinstance(head, int) and not isinstance(layer, bool):
+                    L, H = max(L, layer + 1), max(H, head + 1)
+        for arr in (d.get("arrays") or {}).values():
+            shape = arr.get("shape") if isinstance(arr, dict) else None
+            if isinstance(shape, list) and len(shape) == 3 and all(isinstance(x, int) for x in shape):
+                L, H = max(L, shape[0]), max(H, shape[1])
+    return L, H

@@ -10,17 +10,39 @@ neuron when query/key vectors were captured) switch views without a server.
 from __future__ import annotations
 
 from attnscope.maps import AttentionMap
-from attnscope.viz.payload import page_payload
+from attnscope.viz.payload import LONG_INPUT, WINDOW, page_payload
 from attnscope.viz.render import render_page
 
 
 def view_html(amap: AttentionMap, view: str = "head", *, layer: int = 0, heads=None,
               head: int | None = None, pair_filter: str = "all", hide_special: bool = False,
-              title: str | None = None, neuron: dict | None = None, model: str | None = None) -> str:
-    """A page opening on ``view`` ("head", "model", "heatmap" or "neuron")."""
+              title: str | None = None, neuron: dict | None = None, model: str | None = None,
+              offset: int | None = None, window: int = WINDOW, long_input: int = LONG_INPUT) -> str:
+    """A page opening on ``view`` ("head", "model", "heatmap" or "neuron").
+
+    An input longer than :data:`~attnscope.viz.payload.LONG_INPUT` units shows ``window`` query
+    rows from ``offset`` (default: the last ones) plus the first token; see
+    :func:`~attnscope.viz.payload.page_payload`.
+    """
     payload = page_payload(amap, view, layer=layer, heads=heads, head=head, pair_filter=pair_filter,
-                           hide_special=hide_special, title=title, neuron=neuron, model=model)
+                           hide_special=hide_special, title=title, neuron=neuron, model=model,
+                           offset=offset, window=window, long_input=long_input)
     return render_page(payload)
+
+
+def results_view_html(folder, *, title: str | None = None) -> str:
+    """The results views of an analysis output folder (``attnscope analyze attribution`` /
+    ``longctx``): one example's attribution maps side by side, per-head distance and position
+    profiles, the sink-mass heatmap. Raises when the folder has none of them."""
+    from attnscope.errors import AttnscopeError
+    from attnscope.viz.render import render_results_page
+    from attnscope.viz.results import results_payload
+
+    payload = results_payload(folder)
+    if not (payload["attribution"] or payload["profiles"] or payload["sinks"]):
+        why = "; ".join(payload["problems"]) or "no results/attribution.json example or long-context arrays"
+        raise AttnscopeError(f"{folder}: nothing to view ({why})")
+    return render_results_page(payload, title)
 
 
 def head_view_html(amap: AttentionMap, *, layer: int = 0, heads=None, title: str | None = None,

@@ -29,10 +29,14 @@ from attnscope.maps import AttentionMap
 from attnscope.viz.encoding import encode_u8
 
 PAIR_FILTERS = ("all", "A->A", "A->B", "B->A", "B->B")
-VIEWS = ("head", "model", "heatmap", "neuron")
+VIEWS = ("head", "model", "heatmap", "neuron", "profile")
 RENORM_NOTE = ("special tokens hidden: each row is divided by its attention to non-special "
                "tokens, so the weights shown are shares of the attention to real tokens")
 PAYLOAD_VERSION = 1
+#: Inputs longer than this (units) are shown as a window of query rows (see :func:`window_units`).
+LONG_INPUT = 512
+#: Query rows in that window (the last ones by default; ``offset`` moves it).
+WINDOW = 256
 
 
 def _where(amap: AttentionMap) -> str:
@@ -147,8 +151,13 @@ def pool(attn: np.ndarray, size: int) -> np.ndarray:
     n = attn.shape[-1]
     edges = bin_edges(n, size)
     starts, widths = edges[:-1], np.diff(edges)
-    summed = np.add.reduceat(attn.astype(np.float64), starts, axis=-1)  # [.. n t]
-    return np.add.reduceat(summed, starts, axis=-2) / widths[:, None]  # [.. t t]
+    lead = attn.shape[:-2]
+    flat = attn.reshape(-1, n, n)
+    out = np.empty((flat.shape[0], len(starts), len(starts)))
+    for i, m in enumerate(flat):  # one [n n] at a time: a long input's maps never double in memory
+        summed = np.add.reduceat(np.asarray(m, dtype=np.float64), starts, axis=-1)  # [n t]
+        out[i] = np.add.reduceat(summed, starts, axis=0) / widths[:, None]  # [t t]
+    return out.reshape(*lead, len(starts), len(starts))
 
 
 def model_payload(amap: AttentionMap, *, thumb_size: int = 32) -> dict:
@@ -158,6 +167,76 @@ def model_payload(amap: AttentionMap, *, thumb_size: int = 32) -> dict:
     return {"view": "model", "index": amap.index, **_units(amap), "num_layers": num_layers,
             "num_heads": num_heads, "bins": edges.tolist(),
             "thumbnails": pool(amap.attn, thumb_size).tolist()}
+
+
+def window_units(n: int, window: int = WINDOW, offset: int | None = None) -> np.ndarray:
+    """The units a long input's page shows: ``window`` consecutive positions from ``offset``
+    (default: the last ``window``), with position 0 (the first token: [CLS] or BOS, the sink)
+    always in front. Sorted, ``[m]`` with ``m <= window + 1``.
+
+    >>> window_units(1000, 4).tolist()
+    [0, 996, 997, 998, 999]
+    >>> window_units(1000, 4, offset=0).tolist()
+    [0, 1, 2, 3]
+    """
+    if window < 1:
+        raise AttnscopeError(f"--window {window}: must be at least 1")
+    w = min(window, n)
+    last = n - w
+    if offset is None:
+        offset = last
+    if not 0 <= offset <= last:
+        raise AttnscopeError(f"--offset {offset}: out of range for {n} units and a window of {w} "
+                             f"(0 .. {last})")
+    units = np.arange(offset, offset + w)
+    return units if offset == 0 else np.concatenate([[0], units])
+
+
+def window_map(amap: AttentionMap, units: np.ndarray) -> tuple[AttentionMap, np.ndarray]:
+    """The map restricted to ``units`` (rows and columns), and each shown row's mass on keys
+    outside them, ``outside [L H m]`` (``1 - `` the shown row's sum, clipped at 0)."""
+    units = np.asarray(units, dtype=np.int64)
+    rows = np.asarray(amap.attn[:, :, units], dtype=np.float32)  # [L H m n]
+    sub = rows[..., units]  # [L H m m]
+    outside = np.clip(rows.sum(-1, dtype=np.float64) - sub.sum(-1, dtype=np.float64), 0.0, 1.0)
+    part = AttentionMap(amap.index, sub, [amap.tokens[i] for i in units],
+                        np.asarray(amap.special)[units], np.asarray(amap.segment)[units],
+                        np.asarray(amap.word_ids)[units], amap.level, amap.example)
+    return part, outside
+
+
+def distance_profile(attn: np.ndarray, *, causal: bool | None = None) -> dict:
+    """Per-head attention against distance of one map, ``attn [L H n n]``: the mean over query
+    rows ``1 .. n-1`` of the mass at distance ``|i - j|``, summed per log-spaced bucket
+    (0 | 1 | 2 | 3-4 | 5-8 | ..., the buckets of :mod:`attnscope.analyses.longctx`, whose
+    ``dist_mass`` is the same statistic over a corpus). Each head's profile sums to 1.
+
+    Returns ``{"buckets": [labels], "values": [L][H][B]}`` with ``B`` the buckets up to ``n``.
+    ``causal`` is only recorded (a causal map simply has no mass at ``j > i``).
+    """
+    from attnscope.analyses.longctx import bucket_labels, bucket_of
+
+    L, H, n = attn.shape[0], attn.shape[1], attn.shape[-1]
+    if n < 2:
+        return {"buckets": [], "values": [[[] for _ in range(H)] for _ in range(L)]}
+    B = int(bucket_of(np.array([n - 1]))[0]) + 1
+    lo = np.array([0, 1] + [2 ** (k - 2) + 1 for k in range(2, B)])[None, :]  # [1 B] distances
+    hi = np.array([0, 1] + [2 ** (k - 1) for k in range(2, B)])[None, :]
+    i = np.arange(1, n)[:, None]  # [(n-1) 1] query rows
+    # row prefix sums cs[r, j] = sum of the row's keys < j; a band of keys is a difference of two
+    below = (np.clip(i - lo + 1, 0, n), np.clip(i - hi, 0, n))  # keys i-hi .. i-lo (j <= i)
+    above = (np.clip(i + hi + 1, 0, n), np.clip(i + lo, 0, n))  # keys i+lo .. i+hi (j > i)
+    above[1][:, 0] = above[0][:, 0]  # distance 0 is counted once, on the left side
+    out = np.zeros((L, H, B))
+    cs = np.zeros((n - 1, n + 1))
+    for layer in range(L):
+        for head in range(H):
+            np.cumsum(np.asarray(attn[layer, head, 1:, :], dtype=np.float64), axis=1, out=cs[:, 1:])
+            mass = sum(np.take_along_axis(cs, a, 1) - np.take_along_axis(cs, b, 1)
+                       for a, b in (below, above))  # [(n-1) B]
+            out[layer, head] = mass.sum(0) / (n - 1)
+    return {"buckets": bucket_labels()[:B], "values": out.tolist(), "rows": "query positions >= 1",
+            "causal": causal}
 
 
 def example_text(amap: AttentionMap) -> str:
@@ -179,12 +258,21 @@ def example_text(amap: AttentionMap) -> str:
 def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, heads=None,
                  head: int | None = None, pair_filter: str = "all", hide_special: bool = False,
                  title: str | None = None, neuron: dict | None = None, thumb_size: int = 32,
-                 model: str | None = None) -> dict:
+                 model: str | None = None, long_input: int = LONG_INPUT, window: int = WINDOW,
+                 offset: int | None = None) -> dict:
     """Everything a self-contained page needs for one example (JSON-able).
 
     ``attn`` is a ``u8`` blob ``[L H n n]``; ``thumbnails`` a ``u8`` blob ``[L H t t]``;
     ``state`` the view to open first; ``neuron`` the :func:`attnscope.viz.neuron.neuron_payload`
-    of one layer, when given.
+    of one layer, when given; ``profile`` the :func:`distance_profile` of the example.
+
+    Long inputs (more than ``long_input`` units): the page would need ``L H n^2`` weights and the
+    head view ``n^2`` lines, so the payload carries only a window (:func:`window_units`: the first
+    unit plus ``window`` query rows from ``offset``, the last ones by default), as a square map
+    over those units: ``tokens``, ``attn`` etc. are the window's, ``window`` says which positions
+    they are (``units``) and how much of each shown row goes to keys outside (``outside``, ``u8``
+    ``[L H m]``). The thumbnails and the distance profile still cover the whole input. Layer,
+    head and query numbers in ``state`` refer to the window's units.
     """
     if view not in VIEWS:
         raise AttnscopeError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
@@ -194,7 +282,18 @@ def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, head
     head = heads[0] if head is None else check_layer_heads(amap, layer, [head])[0]
     visible_units(amap, pair_filter, hide_special)  # validates the filter early
     num_layers, num_heads = amap.attn.shape[:2]
-    attn = np.asarray(amap.attn, dtype=np.float32)  # [L H n n]
+    full, n_full = amap, amap.num_units
+    win = None
+    if n_full > long_input:
+        units = window_units(n_full, window, offset)
+        amap, outside = window_map(full, units)
+        win = {"units": units.tolist(), "offset": int(units[-1]) + 1 - min(window, n_full),
+               "size": min(window, n_full), "num_units": n_full, "long_input": long_input,
+               "outside": encode_u8(outside)}
+    elif offset is not None:
+        raise AttnscopeError(f"--offset: example {full.index} has {n_full} units, not more than "
+                             f"{long_input}, so the whole input is shown (no window to move)")
+    attn = np.asarray(amap.attn, dtype=np.float32)  # [L H m m]
     return {
         "version": PAYLOAD_VERSION,
         "title": title or f"example {amap.index}",
@@ -208,7 +307,9 @@ def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, head
                   "pair_filter": pair_filter, "hide_special": bool(hide_special)},
         "renorm_note": RENORM_NOTE,
         "attn": encode_u8(attn),
-        "thumb_bins": bin_edges(amap.num_units, thumb_size).tolist(),
-        "thumbnails": encode_u8(pool(attn, thumb_size)),
+        "thumb_bins": bin_edges(n_full, thumb_size).tolist(),
+        "thumbnails": encode_u8(pool(full.attn, thumb_size)),
         "neuron": neuron,
+        "window": win,
+        "profile": distance_profile(full.attn),
     }

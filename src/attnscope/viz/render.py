@@ -48,4 +48,17 @@ def render_page(payload: dict, title: str | None = None) -> str:
     return _env().get_template("page.html.j2").render(
         title=title or payload.get("title") or "attnscope", version=__version__,
         css=Markup(css.replace("</", "<\\/")), js=Markup(js.replace("</", "<\\/")),
-        payload_json=Markup(embed_json(payload)))
+        payload_json=Markup(embed_json(payload)), mount="mount")
+
+
+def render_results_page(payload: dict, title: str | None = None) -> str:
+    """A complete HTML page of the results views (a :func:`attnscope.viz.results.results_payload`):
+    attribution maps, per-head profiles, sink mass. Same rules as :func:`render_page`."""
+    from markupsafe import Markup
+
+    css = static_text("attnscope.css")
+    js = static_text("attnscope.js") + static_text("results.js")
+    return _env().get_template("page.html.j2").render(
+        title=title or f"attnscope: {payload.get('folder', 'results')}", version=__version__,
+        css=Markup(css.replace("</", "<\\/")), js=Markup(js.replace("</", "<\\/")),
+        payload_json=Markup(embed_json(payload)), mount="mountResults")

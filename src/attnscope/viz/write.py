@@ -47,14 +47,27 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
                layer: int = 0, heads=None, head: int | None = None, query: int = 0,
                pair_filter: str = "all", hide_special: bool = False, model: str | None = None,
                png: str | Path | None = None, svg: str | Path | None = None, scale: float = 2.0,
-               chromium: str | None = None) -> dict:
+               chromium: str | None = None, offset: int | None = None, window: int = 256,
+               long_input: int = 512) -> dict:
     """Write ``out`` (HTML) for one stored example; ``png``/``svg`` export the opening view.
 
+    ``store_path`` may also be an analysis output folder (no ``manifest.json``; ``view``
+    "results"): then the page shows its attribution maps and long-context profiles.
     Returns ``{"html", "png", "svg", "png_size", "svg_size", "bytes", "warnings"}``.
     """
     from attnscope.store import open_store
+    from attnscope.store.format import MANIFEST
     from attnscope.viz.pages import view_html
 
+    if view == "results" or (Path(store_path).is_dir() and not (Path(store_path) / MANIFEST).exists()
+                             and (Path(store_path) / "results").is_dir()):
+        from attnscope.viz.pages import results_view_html
+
+        if png is not None or svg is not None:
+            raise AttnscopeError(f"--png/--svg: {store_path} is an analysis output folder; its "
+                                 "figures are already in its figures/ folder as PNG and SVG")
+        html = results_view_html(store_path, title=f"{Path(store_path).name}: results")
+        return {**_finish(html, out, None, None, scale, chromium, []), "view": "results"}
     store = open_store(store_path)
     amap = load_example(store, example)
     warnings: list[str] = []
@@ -69,7 +82,12 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
         model_name = lm.name
     html = view_html(amap, view, layer=layer, heads=heads, head=head, pair_filter=pair_filter,
                      hide_special=hide_special, neuron=neuron, model=model_name,
-                     title=f"{Path(store_path).name}: example {amap.index}")
+                     title=f"{Path(store_path).name}: example {amap.index}", offset=offset,
+                     window=window, long_input=long_input)
+    return _finish(html, out, png, svg, scale, chromium, warnings)
+
+
+def _finish(html: str, out, png, svg, scale, chromium, warnings) -> dict:
     result = {"html": str(out), "png": None, "svg": None, "bytes": len(html.encode("utf-8")),
               "warnings": warnings}
     with tempfile.TemporaryDirectory(prefix="attnscope-export-") as tmp:

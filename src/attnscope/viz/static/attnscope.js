@@ -103,8 +103,9 @@
   }
 
   // ---- the viewer -----------------------------------------------------------------------
-  function Viewer(root, payload, attn, thumbs, options) {
+  function Viewer(root, payload, attn, thumbs, options, outside) {
     this.root = root;
+    this.outside = outside || null;  // u8 [L H m]: a long input's shown rows' mass on keys not shown
     this.p = payload;
     this.attn = attn;       // u8 [L H n n]
     this.thumbs = thumbs;   // u8 [L H t t]
@@ -182,12 +183,41 @@
     el("span", { "class": "as-sub" }, head, " " + (p.model ? p.model + " \u00b7 " : "") +
        this.L + " layers \u00d7 " + this.H + " heads \u00b7 " + this.n + " " +
        (p.level === "word" ? "words" : "tokens") + " (" + p.level + " level)");
+    if (p.window) {
+      var w = p.window, lo = w.offset, hi = w.offset + w.size - 1;
+      head.lastChild.textContent = " " + (p.model ? p.model + " \u00b7 " : "") + this.L + " layers \u00d7 " +
+        this.H + " heads \u00b7 " + w.num_units + " " + (p.level === "word" ? "words" : "tokens") +
+        " (" + p.level + " level)";
+      var wbar = el("div", { "class": "as-window" }, root);
+      el("span", { "class": "as-window-note" }, wbar, "Long input: showing query rows " + lo + "\u2013" + hi +
+         " (0-indexed positions) of " + w.num_units + ", and the first token (" + p.tokens[0] +
+         ", the sink) as row and column; lines and cells are weights on these keys only. " +
+         "The model view and the distance profile cover the whole input. ");
+      if (this.options.windowLoader) {
+        var ol = el("label", null, wbar, "window from ");
+        var oi = el("input", { type: "number", min: 0, max: w.num_units - w.size, step: 1, value: lo,
+                               "class": "as-window-offset" }, ol);
+        var go = el("button", { type: "button", "class": "as-window-go" }, wbar, "show");
+        var move = function () {
+          var o = Math.max(0, Math.min(w.num_units - w.size, Math.round(+oi.value || 0)));
+          return self.options.windowLoader(o, self.state);
+        };
+        go.addEventListener("click", move);
+        [["\u2190 earlier", -1], ["later \u2192", 1]].forEach(function (b) {
+          var bt = el("button", { type: "button", "class": "as-window-step" }, wbar, b[0]);
+          bt.addEventListener("click", function () { oi.value = lo + b[1] * w.size; move(); });
+        });
+      } else {
+        el("span", { "class": "as-muted" }, wbar, "(attnscope view --offset N shows another window.)");
+      }
+    }
     var bar = this.bar = el("div", { "class": "as-toolbar" }, root);
 
     var tabs = el("span", { "class": "as-tabs" }, bar);
     this.tabButtons = {};
-    ["head", "model", "heatmap", "neuron"].forEach(function (v) {
+    ["head", "model", "heatmap", "neuron", "profile"].forEach(function (v) {
       if (v === "neuron" && !p.neuron && !self.options.neuronLoader) return;
+      if (v === "profile" && !(p.profile && p.profile.buckets.length)) return;
       var b = el("button", { type: "button", "data-view": v }, tabs, v);
       b.addEventListener("click", function () { self.setState({ view: v }); });
       self.tabButtons[v] = b;
@@ -278,7 +308,8 @@
       this.filterSelect.parentNode.hidden = s.view === "model" || s.view === "neuron";
     }
     this.specialCheck.checked = s.hide_special;
-    this.specialCheck.parentNode.hidden = s.view === "model" || s.view === "neuron";
+    this.specialCheck.parentNode.hidden = s.view === "model" || s.view === "neuron" || s.view === "profile";
+    if (this.filterSelect && s.view === "profile") this.filterSelect.parentNode.hidden = true;
     var note = "";
     if (s.hide_special && (s.view === "head" || s.view === "heatmap")) note = self.p.renorm_note + ".";
     this.note.textContent = note;
@@ -293,6 +324,7 @@
     if (s.view === "head") done = this.renderHead();
     else if (s.view === "model") done = this.renderModel();
     else if (s.view === "heatmap") done = this.renderHeatmap();
+    else if (s.view === "profile") done = this.renderProfile();
     else done = this.renderNeuron();
     return Promise.resolve(done).then(function () {
       self.root.setAttribute("data-rendered-view", s.view);
@@ -386,11 +418,65 @@
         }
       }
       self.root.setAttribute("data-lines", String(cand.length));
+      if (self.outside) self.root.setAttribute("data-outside", self.outsideMean(s.layer, M.heads).toFixed(4));
       self.status("head", total > MAX_LINES ? "showing the " + MAX_LINES + " strongest of " + total +
                   " lines" : cand.length + " lines");
     };
     drawLines();
   };
+
+  // mean mass that the shown rows of `heads` put on keys outside a long input's window
+  Viewer.prototype.outsideMean = function (layer, heads) {
+    var m = this.n, d = this.outside.data, tot = 0;
+    heads.forEach(function (h) { for (var r = 0; r < m; r++) tot += d[(layer * this.H + h) * m + r] / 255; }, this);
+    return heads.length ? tot / (heads.length * m) : 0;
+  };
+
+  // ---- distance profile -----------------------------------------------------------------
+  // mass per log-spaced distance bucket, one line per head of the layer (payload.distance_profile)
+  Viewer.prototype.renderProfile = function () {
+    var s = this.state, prof = this.p.profile, H = this.H;
+    var root = svg("svg", { xmlns: SVGNS, width: 10, height: 10, "class": "as-svg as-profile-view" }, this.stage);
+    drawProfile(root, prof.buckets, prof.values[s.layer], "Layer " + (s.layer + 1) +
+                ": attention mass against distance |i \u2212 j| (mean over query rows \u2265 1, whole input)",
+                function (h) { return (s.layer + 1) + "-" + (h + 1); });
+    this.status("profile", H + " heads");
+  };
+
+  // a line chart of series[k][b] over bucket labels; draws into an empty <svg> and sizes it
+  function drawProfile(root, buckets, series, title, name, axis) {
+    var B = buckets.length, left = 48, top = 40, pw = Math.max(240, 36 * B), ph = 200;
+    var width = Math.max(left + pw + 110, Math.ceil(textWidth(title)) + 12), height = top + ph + 44;
+    root.setAttribute("width", width); root.setAttribute("height", height);
+    root.setAttribute("viewBox", "0 0 " + width + " " + height);
+    svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
+    svg("text", { x: 4, y: 14, "class": "as-caption" }, root, title);
+    var mx = 0;
+    series.forEach(function (r) { r.forEach(function (v) { if (v !== null && v > mx) mx = v; }); });
+    mx = mx > 0 ? mx : 1;
+    var X = function (b) { return left + (B > 1 ? b / (B - 1) : 0.5) * pw; };
+    var Y = function (v) { return top + ph - (v / mx) * ph; };
+    svg("rect", { x: left, y: top, width: pw, height: ph, fill: "none", stroke: "#bbb" }, root);
+    [0, 0.5, 1].forEach(function (f) {
+      svg("text", { x: left - 4, y: Y(f * mx) + 4, "text-anchor": "end", "class": "as-axis" }, root, (f * mx).toFixed(2));
+    });
+    buckets.forEach(function (lab, b) {
+      var x = X(b), y = top + ph + 14;
+      svg("text", { x: x, y: y, "text-anchor": "end", transform: "rotate(-35 " + x + " " + y + ")", "class": "as-axis" }, root, lab);
+    });
+    svg("text", { x: left + pw / 2, y: height - 2, "text-anchor": "middle", "class": "as-axis as-x-axis" }, root,
+        axis || "distance bucket (log-spaced)");
+    series.forEach(function (r, k) {
+      var pts = [];
+      r.forEach(function (v, b) { if (v !== null) pts.push(X(b).toFixed(1) + "," + Y(v).toFixed(1)); });
+      var g = svg("g", { "class": "as-profile-line", "data-series": k }, root);
+      svg("polyline", { points: pts.join(" "), fill: "none", stroke: headColour(k), "stroke-width": 2 }, g);
+      svg("title", null, g, name(k));
+      svg("line", { x1: left + pw + 12, y1: top + 8 + k * 14, x2: left + pw + 30, y2: top + 8 + k * 14,
+                    stroke: headColour(k), "stroke-width": 3 }, root);
+      svg("text", { x: left + pw + 34, y: top + 12 + k * 14, "class": "as-axis" }, root, name(k));
+    });
+  }
 
   Viewer.prototype.status = function (view, text) {
     this.root.setAttribute("data-status", text);
@@ -626,8 +712,10 @@
   // ---- public API -----------------------------------------------------------------------
   function mount(root, payload, options) {
     root.setAttribute("data-ready", "false");
-    return Promise.all([decodeBlob(payload.attn), decodeBlob(payload.thumbnails)]).then(function (b) {
-      var v = new Viewer(root, payload, b[0], b[1], options);
+    var blobs = [decodeBlob(payload.attn), decodeBlob(payload.thumbnails)];
+    if (payload.window) blobs.push(decodeBlob(payload.window.outside));
+    return Promise.all(blobs).then(function (b) {
+      var v = new Viewer(root, payload, b[0], b[1], options, b[2]);
       return v.render();
     }).then(function (v) {
       root.setAttribute("data-ready", "true");
@@ -640,5 +728,7 @@
     });
   }
 
-  global.AttnScope = { mount: mount, decodeBlob: decodeBlob, headColour: headColour };
+  global.AttnScope = { mount: mount, decodeBlob: decodeBlob, headColour: headColour, el: el, svg: svg,
+                       drawProfile: drawProfile, gridImage: gridImage, blues: blues, pixelImage: pixelImage,
+                       shorten: shorten, textWidth: textWidth, SVGNS: SVGNS };
 })(window);

@@ -66,9 +66,11 @@
             function (err) { showError(err.message); });
   }
 
-  function openExample(pos, state) {
+  // `offset`: first query row of a long input's window (the server's default when undefined)
+  function openExample(pos, state, offset) {
     showError("");
-    return getJSON("/api/example/" + pos).then(function (p) {
+    var url = "/api/example/" + pos + (offset === undefined || offset === null ? "" : "?offset=" + offset);
+    return getJSON(url).then(function (p) {
       if (state) Object.assign(p.state, state);
       current.pos = pos;
       Array.prototype.forEach.call($("vw-list").children, function (li) {
@@ -77,6 +79,10 @@
       return AttnScope.mount($("attnscope-root"), p, {
         neuronLoader: function (layer) {
           return getJSON("/api/example/" + pos + "/neuron?layer=" + layer);
+        },
+        windowLoader: function (o, st) {
+          return openExample(pos, { view: st.view, layer: st.layer, heads: st.heads, head: st.head,
+                                    hide_special: st.hide_special }, o);
         }
       });
     }).then(function (v) { current.viewer = v; return v; },
@@ -168,7 +174,19 @@
     timer = setTimeout(function () { search(q, false); }, 150);
   });
   $("vw-more").addEventListener("click", function () { search(current.query, true); });
-  var ready = Promise.all([search("", false), loadResults()]).then(function () {
+  function loadResultViews() {
+    var box = $("vw-resviews");
+    return getJSON("/api/results-views").then(function (r) {
+      if (!r.attribution && !r.profiles.length && !r.sinks.length) {
+        box.setAttribute("data-ready", "true");
+        return r;
+      }
+      return AttnScope.mountResults(box, r).then(function () { return r; });
+    }, function (err) { box.textContent = "results views unavailable: " + err.message; });
+  }
+
+  if (!info.examples) $("attnscope-root").textContent = "no examples to show (no store, or an empty one)";
+  var ready = Promise.all([search("", false), loadResults(), loadResultViews()]).then(function () {
     return info.examples ? openExample(0) : null;
   });
   window.attnscopeViewer = { openExample: openExample, openHead: openHead, search: search, ready: ready,

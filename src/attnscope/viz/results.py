@@ -1,0 +1,168 @@
+"""Plain dicts of what the results views draw, read from an analysis output folder.
+
+Two views read what the families wrote (``results/<family>.json``), with no store:
+
+- *profiles* (:func:`profiles_from_result`): every ``[L, H, B]`` array of a result whose
+  ``meta["buckets"]`` labels its last axis, e.g. the long-context family's ``dist_mass`` (mean
+  attention mass per log-spaced distance bucket), ``dist_weight`` (mean weight per key at those
+  distances) and ``pos_sink`` / ``pos_entropy`` (by query-position bucket); with the ``[L, H]``
+  sink mass as a heatmap (:func:`sink_heatmap`).
+- *attribution maps* (:func:`attribution_payload`): ``results/attribution.json["example"]``,
+  the maps of one example by every method that ran (raw attention averaged over heads, the norm
+  of the layer's summed ``alpha f(x)``, value zeroing: ``[L n n]``; rollout and flow: ``[n n]``).
+
+Maps travel as ``f32`` blobs (:mod:`attnscope.viz.encoding`); tokens as strings that the page
+puts in with ``textContent``. Anything malformed is named in ``problems`` and left out.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from attnscope.viz.encoding import encode_f32
+
+#: Titles of the arrays the long-context family writes; other bucketed arrays keep their name.
+PROFILE_TITLES = {
+    "dist_mass": "attention mass per distance bucket (mean over query rows)",
+    "dist_weight": "mean weight per key at each distance",
+    "pos_sink": "mass on the first token (sink) by query position",
+    "pos_entropy": "entropy (nats) by query position",
+    "pos_norm_entropy": "normalised entropy by query position",
+}
+#: The attribution methods of an example, in the order they are drawn: (key, title, per layer).
+ATTRIBUTION_METHODS = (
+    ("weights", "raw attention (mean over heads)", True),
+    ("rollout", "attention rollout (all layers)", False),
+    ("flow", "attention flow (all layers)", False),
+    ("norms", "norm ||\u03a3_h \u03b1 f(x)|| (Kobayashi et al.)", True),
+    ("value_zeroing", "value zeroing (Mohebbi et al.)", True),
+)
+
+
+def _finite_or_none(v) -> float | None:
+    return float(v) if v is not None and math.isfinite(v) else None
+
+
+def _array(spec) -> np.ndarray | None:
+    """An array of a result JSON (``{"shape", "data"}``; ``null`` -> NaN), or None if malformed."""
+    try:
+        a = np.asarray(spec["data"], dtype=float)
+        return a.reshape([int(x) for x in spec["shape"]])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def profiles_from_result(d: dict, source: str, problems: list[str]) -> list[dict]:
+    """``[{"name", "title", "axis", "source", "buckets" [B'], "values" [L][H][B']}]`` for each bucketed
+    ``[L H B]`` array of result ``d``; trailing buckets with no data anywhere are dropped (a
+    64-token input has nothing at distance 65 or more)."""
+    labels = (d.get("meta") or {}).get("buckets")
+    arrays = d.get("arrays") or {}
+    if not isinstance(labels, list) or not isinstance(arrays, dict):
+        return []
+    out = []
+    for name, spec in arrays.items():
+        if not (isinstance(spec, dict) and isinstance(spec.get("shape"), list)
+                and len(spec["shape"]) == 3 and spec["shape"][2] == len(labels)):
+            continue
+        a = _array(spec)
+        if a is None:
+            problems.append(f"{source}: array {name!r} is malformed")
+            continue
+        has = np.isfinite(a) & (a != 0)
+        used = np.nonzero(has.any(axis=(0, 1)))[0]
+        if not len(used):
+            continue
+        keep = int(used[-1]) + 1
+        values = [[[_finite_or_none(v) for v in row[:keep]] for row in layer] for layer in a.tolist()]
+        axis = ("distance bucket" if name.startswith("dist_") else
+                "query-position bucket" if name.startswith("pos_") else "bucket")
+        out.append({"name": f"{d.get('analysis', '?')}: {name}", "title": PROFILE_TITLES.get(name, name),
+                    "axis": f"{axis} (log-spaced)",
+                    "source": source, "buckets": [str(x) for x in labels[:keep]], "values": values})
+    return out
+
+
+def sink_heatmap(d: dict, source: str) -> dict | None:
+    """The ``[L H]`` array ``sink`` of a result (mean mass on the first token) as
+    ``{"name", "source", "values" [L][H]}``, or None."""
+    spec = (d.get("arrays") or {}).get("sink")
+    a = _array(spec) if isinstance(spec, dict) else None
+    if a is None or a.ndim != 2:
+        return None
+    threshold = (d.get("params") or {}).get("sink_threshold")
+    return {"name": f"{d.get('analysis', '?')}: sink", "source": source, "threshold": threshold,
+            "values": [[_finite_or_none(v) for v in row] for row in a.tolist()]}
+
+
+def attribution_payload(d: dict, source: str, problems: list[str]) -> dict | None:
+    """The maps of ``d["example"]`` (an ``attribution.json``), or None when it has none.
+
+    ``{"index", "tokens" [n], "num_layers", "source", "model", "notes",
+    "methods": [{"key", "title", "per_layer", "shape", "map": f32 blob}]}``.
+    """
+    ex = d.get("example")
+    if not isinstance(ex, dict):
+        return None
+    tokens = ex.get("tokens")
+    if not isinstance(tokens, list) or not tokens:
+        problems.append(f"{source}: the attribution example has no tokens")
+        return None
+    tokens = [str(t) for t in tokens]
+    n = len(tokens)
+    methods, layers = [], None
+    for key, title, per_layer in ATTRIBUTION_METHODS:
+        raw = ex.get(key)
+        if raw is None:
+            continue
+        try:
+            a = np.asarray(raw, dtype=np.float32)
+        except (TypeError, ValueError):
+            a = None
+        want = 3 if per_layer else 2
+        if a is None or a.ndim != want or a.shape[-2:] != (n, n) or (layers is not None and per_layer
+                                                                     and a.shape[0] != layers):
+            problems.append(f"{source}: example map {key!r} has shape "
+                            f"{list(a.shape) if a is not None else '?'}, expected "
+                            f"{'[layers, ' if per_layer else '['}{n}, {n}] for {n} tokens")
+            continue
+        if per_layer:
+            layers = a.shape[0]
+        methods.append({"key": key, "title": title, "per_layer": per_layer, "shape": list(a.shape),
+                        "map": encode_f32(np.nan_to_num(a, nan=0.0))})
+    if not methods:
+        problems.append(f"{source}: the attribution example has no maps")
+        return None
+    model = d.get("model")
+    return {"index": ex.get("index"), "tokens": tokens, "num_layers": layers or 1, "source": source,
+            "model": model.get("name") if isinstance(model, dict) else model,
+            "notes": [str(x) for x in d.get("notes") or []], "methods": methods}
+
+
+def results_payload(folder: str | Path) -> dict:
+    """What the results views show from an analysis output folder:
+    ``{"folder", "profiles", "sinks", "attribution", "problems"}`` (empty lists / None when the
+    folder holds no such results)."""
+    from attnscope.report.results import read_json
+
+    folder = Path(folder)
+    out: dict = {"folder": folder.name, "profiles": [], "sinks": [], "attribution": None,
+                 "problems": []}
+    if not folder.is_dir():
+        out["problems"].append(f"{folder.name}: no such results folder")
+        return out
+    for path in sorted((folder / "results").glob("*.json")) + sorted(folder.glob("*.json")):
+        d = read_json(path)
+        if not isinstance(d, dict) or "attnscope_results" in d or not isinstance(d.get("analysis"), str):
+            continue
+        source = f"{path.parent.name}/{path.name}"
+        out["profiles"] += profiles_from_result(d, source, out["problems"])
+        sink = sink_heatmap(d, source)
+        if sink is not None:
+            out["sinks"].append(sink)
+        if out["attribution"] is None:
+            out["attribution"] = attribution_payload(d, source, out["problems"])
+    return out
