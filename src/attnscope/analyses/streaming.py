@@ -93,8 +93,12 @@ def _key_masks(lm, ids: Seq[int], device, cache: dict[int, bool]) -> tuple[Any, 
 
 
 def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
-                   targets: Seq[dict[str, Seq[int]] | None] | None = None, device=None) -> list[Sequence]:
-    """The per-sequence records the tile code needs (key masks, targets, sampled rows)."""
+                   targets: Seq[dict[str, Seq[int]] | None] | None = None, device=None,
+                   extras: Seq[dict[str, Any] | None] | None = None) -> list[Sequence]:
+    """The per-sequence records the tile code needs (key masks, targets, sampled rows).
+
+    ``extras``: per sequence, optional ``{"classes": {name: [n] 0/1}, "from": {name: [n] 0/1},
+    "max_below": float}`` (see :class:`~attnscope.analyses.longctx.Sequence`)."""
     import torch
 
     cache: dict[int, bool] = {}
@@ -104,7 +108,18 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
         tg = {}
         if targets is not None and targets[b]:
             tg = {k: torch.as_tensor(list(v), dtype=torch.long, device=device) for k, v in targets[b].items()}
-        out.append(Sequence(len(ids), special, punct, tg, sample_rows(list(ids), stats.js_rows, stats.seed)))
+        seq = Sequence(len(ids), special, punct, tg, sample_rows(list(ids), stats.js_rows, stats.seed))
+        extra = extras[b] if extras is not None else None
+        if extra:
+            names = tuple(extra.get("classes", {}))
+            if names:
+                seq.classes = torch.stack([torch.as_tensor(np.asarray(extra["classes"][k], dtype=np.float32))
+                                           for k in names], 1).to(device)  # [n C]
+                seq.class_names = names
+            seq.from_masks = {k: torch.as_tensor(np.asarray(v, dtype=np.float32), device=device)
+                              for k, v in extra.get("from", {}).items()}
+            seq.max_below = extra.get("max_below")
+        out.append(seq)
     return out
 
 
@@ -117,7 +132,8 @@ def auto_chunk(num_heads: int, n: int, tile_bytes: int = TILE_BYTES) -> int:
 def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk: int = 0,
                  batch_size: int = 1, targets: Seq[dict[str, Seq[int]] | None] | None = None,
                  progress: Callable[[int], None] | None = None,
-                 reference: LongContextStats | None = None) -> None:
+                 reference: LongContextStats | None = None,
+                 extras: Seq[dict[str, Any] | None] | None = None) -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
     ``chunk``: query rows per tile (0: :func:`auto_chunk` per sequence). ``targets``: per sequence, name -> key index per row (-1:
@@ -137,7 +153,8 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
     for start in range(0, len(sequences), batch_size):
         batch = [list(s) for s in sequences[start:start + batch_size]]
         tg = None if targets is None else targets[start:start + batch_size]
-        seqs = make_sequences(lm, batch, stats, tg, device)
+        ex = None if extras is None else extras[start:start + batch_size]
+        seqs = make_sequences(lm, batch, stats, tg, device, ex)
         for seq in seqs:
             stats.begin(lm.num_layers, lm.num_heads, seq)
         inputs = pad_batch(lm, batch)
@@ -175,7 +192,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
 
         hooks = {"k": hook}
         if reference is not None:
-            ref_seqs = make_sequences(lm, batch, reference, tg, device)
+            ref_seqs = make_sequences(lm, batch, reference, tg, device, ex)
             for seq in ref_seqs:
                 reference.begin(lm.num_layers, lm.num_heads, seq)
 
@@ -195,7 +212,8 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
 
 
 def maps_update(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, batch_size: int = 1,
-                targets: Seq[dict[str, Seq[int]] | None] | None = None, keep_all: bool = True) -> None:
+                targets: Seq[dict[str, Seq[int]] | None] | None = None, keep_all: bool = True,
+                extras: Seq[dict[str, Any] | None] | None = None) -> None:
     """The same statistics from eager attention maps; the reference the streaming engine is
     tested against. ``keep_all``: request ``output_attentions`` (every layer's ``[B H T T]``
     held at once, as other tools do); otherwise each layer's map is folded by an ``"attn"``
@@ -203,7 +221,8 @@ def maps_update(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, batch_
     for start in range(0, len(sequences), batch_size):
         batch = [list(s) for s in sequences[start:start + batch_size]]
         tg = None if targets is None else targets[start:start + batch_size]
-        seqs = make_sequences(lm, batch, stats, tg, lm.model.device)
+        ex = None if extras is None else extras[start:start + batch_size]
+        seqs = make_sequences(lm, batch, stats, tg, lm.model.device, ex)
         for seq in seqs:
             stats.begin(lm.num_layers, lm.num_heads, seq)
         inputs = pad_batch(lm, batch)
