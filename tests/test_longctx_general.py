@@ -125,4 +125,4 @@ def test_cli_analyze_general_streaming_and_run_help(tmp_path, capsys):
     assert data["run"]["engine"] == "streaming"
     assert main(["run", "--help"]) == 0  # no option name collides across families
     help_text = capsys.readouterr().out
-    assert "--general-engine" in help_text and "--engine" in help_text
+    assert "--general-engine" in help_text and "--engine" in help_text and "--generate" in help_text

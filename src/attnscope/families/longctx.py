@@ -41,6 +41,9 @@ class Options:
     induction_length: int = option(256, "Random tokens per copy in those sequences.")
     sink_threshold: float = option(0.3, "A sink head's mean attention on the first token is above "
                                         "this (Gu et al. 2024 use 0.3).")
+    generate: int = option(0, "Continue each document greedily by N tokens with the model (decoders "
+                              "only; documents are cut to --max-seq-len minus N first) and analyse "
+                              "prompt + continuation; 0: off.", minimum=0)
 
 
 @register_family
@@ -65,10 +68,17 @@ class LongContext(Family):
             if getattr(options, name) < (1 if name == "induction_length" else 0):
                 raise InputError(None, f"--{name.replace('_', '-')} must be at least "
                                        f"{1 if name == 'induction_length' else 0}")
+        if options.generate and not lm.family.causal:
+            raise InputError(None, f"--generate {options.generate}: {lm.name} is an encoder; only a "
+                                   "decoder (causal) model can continue a prompt")
+        if options.generate and options.generate > ctx.max_seq_len - 2:
+            raise InputError(None, f"--generate {options.generate} leaves fewer than 2 prompt tokens "
+                                   f"within --max-seq-len {ctx.max_seq_len}")
         if not lm.family.decoder_llm and ctx.max_seq_len > lm.max_positions:
             raise InputError(None, f"--max-seq-len {ctx.max_seq_len} is longer than {lm.name} allows "
                                    f"({lm.max_positions} positions)")
-        docs = prepare_documents(path, lm.tokenizer, max_seq_len=ctx.max_seq_len, join=options.join,
+        docs = prepare_documents(path, lm.tokenizer, max_seq_len=ctx.max_seq_len - options.generate,
+                                 join=options.join,
                                  num_docs=options.num_docs or None)
         return Prepared({"documents": docs}, weight=sum(len(d.ids) for d in docs) // 128 + 1,
                         counts={"documents": len(docs), "tokens": sum(len(d.ids) for d in docs),
@@ -94,6 +104,10 @@ class LongContext(Family):
         seqs = [d.ids for d in docs]
         targets: list = [None] * len(seqs)
         notes: list[str] = []
+        generated: list[dict[str, Any]] = []
+        if options.generate:
+            seqs, generated, line = self._continue(lm, seqs, options.generate, ctx)
+            notes.append(line)
         if options.induction:
             # a copy draws distinct ordinary tokens and both copies must fit the model's positions
             tok = lm.tokenizer
@@ -131,7 +145,10 @@ class LongContext(Family):
         maps_gb = maps_bytes(lm, longest, batch_size) / 2 ** 30
         res.meta.update({"engine": engine, "dtype": options.dtype, "longest": longest,
                          "documents": len(docs), "induction_sequences": options.induction,
-                         "model": lm.describe()})
+                         "model": lm.describe(), "generate": options.generate,
+                         # per document: its tokens from generated_from on are the model's own
+                         # greedy continuation (statistics cover prompt + continuation)
+                         "generated": generated})
         why = (f"the maps of a batch of {batch_size} inputs of up to {longest} tokens would take "
                f"{maps_gb:.1f} GB"
                + (" (more than --maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
@@ -144,3 +161,25 @@ class LongContext(Family):
         out = ctx.out_dir
         res.save(out / "results" / f"{self.key}.json")  # strict JSON (report.results)
         return write_section(res, out, title=self.title, key=self.key, extra_findings=extra)
+
+    @staticmethod
+    def _continue(lm, seqs: list[list[int]], new_tokens: int, ctx: Context):
+        """Each prompt plus its greedy continuation, a record per document, and one line."""
+        from attnscope.models.gguf import causal_lm_for, greedy_continue
+
+        model = causal_lm_for(lm, seed=ctx.seed)
+        out, records = [], []
+        for i, ids in enumerate(seqs):
+            cont = greedy_continue(model, ids, new_tokens)
+            out.append(list(ids) + cont)
+            records.append({"document": i, "generated_from": len(ids), "length": len(ids) + len(cont),
+                            "continuation_ids": cont,
+                            "continuation": lm.tokenizer.decode(cont, skip_special_tokens=False)})
+            ctx.step("longctx: generate", i + 1, len(seqs))
+        shortest = min(len(r["continuation_ids"]) for r in records)
+        first = records[0]["continuation"].replace("\n", " ")
+        line = (f"Each document was continued greedily by the model ({new_tokens} tokens asked"
+                + (f"; at least {shortest} made, a continuation stops at an end-of-sequence token"
+                   if shortest < new_tokens else "") + "); statistics cover prompt and continuation; "
+                f"document 1 goes on: {first[:120]!r}.")
+        return out, records, line
