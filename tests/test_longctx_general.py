@@ -126,3 +126,23 @@ def test_cli_analyze_general_streaming_and_run_help(tmp_path, capsys):
     assert main(["run", "--help"]) == 0  # no option name collides across families
     help_text = capsys.readouterr().out
     assert "--general-engine" in help_text and "--engine" in help_text and "--generate" in help_text
+
+
+def test_attnscope_run_picks_streaming_for_general_and_longctx(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on the mat.\nthe dog ran.\n\na bird flew.\nit sang.\n")
+    out = tmp_path / "run"
+    code = main(["run", "--out", str(out), "--model", "debug:llama", "--text", str(text),
+                 "--documents", str(text), "--num-text-examples", "2", "--general-maps-budget-gb", "0",
+                 "--maps-budget-gb", "0", "--induction", "0"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    assert "Engine: streaming (chosen" in cap.err  # the general family says so on the console
+    general = json.loads((out / "results" / "general.json").read_text())
+    longctx = json.loads((out / "results" / "longctx.json").read_text())
+    assert general["run"]["engine"] == "streaming" and longctx["meta"]["engine"] == "streaming"
+    e = np.asarray(general["analyses"]["entropy"]["arrays"]["entropy"]["data"], dtype=float)
+    assert e.shape == (2, 4) and (e > 0).all()
+    summary = json.loads((out / "results.json").read_text())
+    findings = summary["families"]["general"]["section"]["findings"]
+    assert any(f.startswith("Engine: streaming (chosen") for f in findings)
