@@ -336,3 +336,31 @@ def test_auto_chunk():
     assert auto_chunk(9, 16384, tile_bytes=64 << 20) == (64 << 20) // (4 * 9 * 16384) == 113
     assert auto_chunk(9, 2048) == (4 << 20) // (4 * 9 * 2048) == 56
     assert auto_chunk(9, 10) == 256 and auto_chunk(9, 10 ** 7) == 16
+
+
+def test_encoder_rows_see_every_key_in_norm_entropy_and_distances():
+    # bidirectional: row i sees all n keys, so the normalised entropy divides by ln n and the
+    # sampled rows for the head distances are whole rows (checked against the eager maps)
+    lm = load_model("debug:bert")
+    ids = lm.tokenizer(TEXTS[1])["input_ids"]
+    n = len(ids)
+    st = LongContextStats(js_rows=3, causal=False, smoothing=0.0)
+    stream_stats(lm, [ids], st, chunk=4)
+    out = forward(lm, pad_batch(lm, [ids]), attentions=True)
+    A = np.stack([a[0].double().numpy() for a in out.attentions])  # [L H n n]
+    L, H = A.shape[:2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ent = -np.where(A > 0, A * np.log(A), 0.0).sum(-1)  # [L H n]
+    np.testing.assert_allclose(st.means()["norm_entropy"], ent[:, :, 1:].mean(-1) / math.log(n), atol=1e-5)
+    def kl(x, m):  # sum x ln(x / m), 0 ln 0 = 0
+        return float(np.where(x > 0, x * np.log(np.where(x > 0, x, 1) / np.where(m > 0, m, 1)), 0).sum())
+
+    js = np.zeros((L * H, L * H))
+    rows = sample_rows(ids, 3, 0)
+    for r in rows:
+        P = A[:, :, r, :].reshape(L * H, n)
+        for a in range(L * H):
+            for b in range(L * H):
+                m = (P[a] + P[b]) / 2
+                js[a, b] += 0.5 * kl(P[a], m) + 0.5 * kl(P[b], m)
+    np.testing.assert_allclose(st.means()["js"], js / len(rows), atol=1e-5)

@@ -11,7 +11,8 @@ sums and counts. It is fed one tile of attention rows at a time, ``p`` ``[H c K]
 Both paths run the same tile code, so they agree to float32 rounding.
 
 Which rows count: query rows at positions ``i >= 1`` (row 0 can only attend to itself). For a
-row ``i`` with causal length ``m = i + 1`` (the keys it may see) and weights ``p_ij``:
+row ``i`` that sees ``m`` keys (``m = i + 1`` in a causal model, ``n`` in a bidirectional one) and
+weights ``p_ij``:
 
 - sink mass ``p_i0`` (the first token); special mass ``sum_{j special} p_ij``; punctuation mass;
 - previous ``p_i,i-1``, current ``p_ii``; maximum ``max_j p_ij``;
@@ -243,7 +244,9 @@ class LongContextStats(Analysis):
         idx = pos.clamp(max=K - 1)[None, :, None].expand(H, c, 1)
         add("current", p.gather(2, idx)[..., 0].sum(1))
         add("previous", p.gather(2, (idx - 1).clamp(min=0))[..., 0].sum(1))
-        norm = ent / torch.log((pos + 1).to(ent.dtype))[None, :]
+        # a causal row sees m = i + 1 keys; a bidirectional row all n
+        seen = (pos + 1) if self.causal else torch.full_like(pos, seq.n)
+        norm = ent / torch.log(seen.to(ent.dtype))[None, :]
         add("entropy", ent.sum(1))
         add("norm_entropy", norm.sum(1))
         add("max", p.amax(-1).sum(1))
@@ -280,7 +283,8 @@ class LongContextStats(Analysis):
             add("rows_max_below", (p.amax(-1) <= seq.max_below).sum(1))
         for r in seq.js_rows:
             if q0 <= r < q0 + c:
-                seq.js_store.setdefault(r, []).append(p[:, r - q0, :r + 1].detach().to("cpu", copy=True))
+                width = r + 1 if self.causal else K  # the keys the row can see
+                seq.js_store.setdefault(r, []).append(p[:, r - q0, :width].detach().to("cpu", copy=True))
 
     def end(self, seq: Sequence) -> None:
         """After every layer of a sequence: fold its sampled rows into the head distances."""
