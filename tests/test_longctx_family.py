@@ -159,3 +159,23 @@ def test_generate_refused_for_an_encoder(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and "--generate 3" in err and "encoder" in err
     assert len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_word_level_documents(tmp_path, llama):
+    p1, s1, c1 = _run(tmp_path / "a", llama, word_level=True, engine="maps")
+    _, _, c2 = _run(tmp_path / "b", llama, word_level=True, engine="streaming", chunk=2)
+    a = json.loads((c1.out_dir / "results" / "longctx.json").read_text())
+    b = json.loads((c2.out_dir / "results" / "longctx.json").read_text())
+    assert a["meta"]["level"] == b["meta"]["level"] == "word" and a["meta"]["induction_sequences"] == 0
+    words = sum(len(set(d.word_ids)) for d in p1.data["documents"])  # -1 (<s>) counts as one unit
+    assert a["meta"]["rows"] == words - len(p1.data["documents"])  # every unit but the first
+    for k in ("sink", "entropy", "previous", "dist_mass", "js"):
+        np.testing.assert_allclose(np.asarray(b["arrays"][k]["data"], dtype=float),
+                                   np.asarray(a["arrays"][k]["data"], dtype=float), atol=1e-5)
+    assert any(f.startswith("Word level:") and "not run" in f for f in s1.findings)
+
+
+def test_word_level_with_generate_is_refused(tmp_path, llama):
+    with pytest.raises(InputError, match="--word-level with --generate"):
+        _run(tmp_path, llama, word_level=True, generate=3)
+    assert not (tmp_path / "out").exists()

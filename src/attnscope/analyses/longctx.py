@@ -140,6 +140,12 @@ class Sequence:
     class_names: tuple[str, ...] = ()
     from_masks: dict[str, Any] = field(default_factory=dict)
     max_below: float | None = None
+    #: word level: the unit (word, or a special token alone) of each of the ``token_n`` tokens,
+    #: long ``[token_n]`` non-decreasing; ``n`` then counts units (see :func:`unit_sequence`)
+    units: Any = None
+    token_n: int = 0
+    unit_start: list[int] = field(default_factory=list)  # first token of each unit
+    unit_counts: Any = None  # float [n]: tokens per unit
     _table: Any = None  # bucket of every distance 0 .. n
     _classes: Any = None  # [n 2] float: special, punctuation
 

@@ -41,6 +41,9 @@ class Options:
     induction_length: int = option(256, "Random tokens per copy in those sequences.")
     sink_threshold: float = option(0.3, "A sink head's mean attention on the first token is above "
                                         "this (Gu et al. 2024 use 0.3).")
+    word_level: bool = option(False, "Statistics per word, not per token (paper section 4.1: attention "
+                                     "TO a word is the sum over its pieces, FROM a word the mean of its "
+                                     "pieces' rows; special tokens stay units of their own).")
     generate: int = option(0, "Continue each document greedily by N tokens with the model (decoders "
                               "only; documents are cut to --max-seq-len minus N first) and analyse "
                               "prompt + continuation; 0: off.", minimum=0)
@@ -74,12 +77,18 @@ class LongContext(Family):
         if options.generate and options.generate > ctx.max_seq_len - 2:
             raise InputError(None, f"--generate {options.generate} leaves fewer than 2 prompt tokens "
                                    f"within --max-seq-len {ctx.max_seq_len}")
+        if options.generate and options.word_level:
+            raise InputError(None, "--word-level with --generate: generated tokens have no words from "
+                                   "the text; use one or the other")
         if not lm.family.decoder_llm and ctx.max_seq_len > lm.max_positions:
             raise InputError(None, f"--max-seq-len {ctx.max_seq_len} is longer than {lm.name} allows "
                                    f"({lm.max_positions} positions)")
         docs = prepare_documents(path, lm.tokenizer, max_seq_len=ctx.max_seq_len - options.generate,
                                  join=options.join,
                                  num_docs=options.num_docs or None)
+        if options.word_level and any(d.word_ids is None for d in docs):
+            raise InputError(path, f"--word-level needs a fast tokenizer (word alignment); {lm.name}'s "
+                                   "has none")
         return Prepared({"documents": docs}, weight=sum(len(d.ids) for d in docs) // 128 + 1,
                         counts={"documents": len(docs), "tokens": sum(len(d.ids) for d in docs),
                                 "cut": sum(d.cut for d in docs)})
@@ -108,7 +117,20 @@ class LongContext(Family):
         if options.generate:
             seqs, generated, line = self._continue(lm, seqs, options.generate, ctx)
             notes.append(line)
-        if options.induction:
+        units = None
+        if options.word_level:
+            import numpy as np
+
+            from attnscope.extract.encode import word_units
+
+            units = [word_units(np.asarray(d.word_ids), np.asarray(d.word_ids) < 0) for d in docs]
+            notes.append("Word level: attention TO a word is the sum over its pieces, FROM a word the mean "
+                         "of its pieces' rows (paper section 4.1); positions, distances and row lengths "
+                         f"count words ({sum(int(u[-1]) + 1 for u in units)} words in "
+                         f"{sum(len(d.ids) for d in docs)} tokens)"
+                         + ("; the induction sequences (random tokens, not words) were not run."
+                            if options.induction else "."))
+        if options.induction and not options.word_level:
             # a copy draws distinct ordinary tokens and both copies must fit the model's positions
             tok = lm.tokenizer
             ordinary = len(tok) - len(set(getattr(tok, "all_special_ids", []) or []))
@@ -138,14 +160,17 @@ class LongContext(Family):
         with autocast:
             if engine == "streaming":
                 stream_stats(lm, seqs, stats, chunk=options.chunk, batch_size=batch_size,
-                             targets=targets, progress=progress)
+                             targets=None if units else targets, progress=progress, units=units)
             else:
-                maps_update(lm, seqs, stats, batch_size=batch_size, targets=targets, keep_all=False)
+                maps_update(lm, seqs, stats, batch_size=batch_size, targets=None if units else targets,
+                            keep_all=False, units=units)
         res = stats.finalize()
         maps_gb = maps_bytes(lm, longest, batch_size) / 2 ** 30
         res.meta.update({"engine": engine, "dtype": options.dtype, "longest": longest,
-                         "documents": len(docs), "induction_sequences": options.induction,
+                         "documents": len(docs),
+                         "induction_sequences": 0 if options.word_level else options.induction,
                          "model": lm.describe(), "generate": options.generate,
+                         "level": "word" if options.word_level else "token",
                          # per document: its tokens from generated_from on are the model's own
                          # greedy continuation (statistics cover prompt + continuation)
                          "generated": generated})
