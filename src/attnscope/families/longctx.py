@@ -141,7 +141,7 @@ class LongContext(Family):
             iseq, itg = induction_sequences(lm, options.induction, half, seed=ctx.seed)
             seqs, targets = seqs + iseq, targets + itg
         longest = max(len(s) for s in seqs)
-        batch_size = max(1, min(ctx.batch_size, BATCH_TOKENS // longest))
+        batch_size = max(1, min(ctx.batch_size, BATCH_TOKENS // longest, len(seqs)))  # no larger than the inputs
         engine = choose_engine(lm, longest, batch_size, int(options.maps_budget_gb * 2 ** 30),
                                options.engine)
         if engine == "maps" and options.dtype == "bfloat16":
