@@ -146,3 +146,13 @@ def test_attnscope_run_picks_streaming_for_general_and_longctx(tmp_path, capsys)
     summary = json.loads((out / "results.json").read_text())
     findings = summary["families"]["general"]["section"]["findings"]
     assert any(f.startswith("Engine: streaming (chosen") for f in findings)
+
+
+@pytest.mark.parametrize("engine", ["auto", "streaming"])
+def test_too_long_examples_are_counted_once(tmp_path, llama, engine):
+    long_text = " ".join(["the cat sat on the mat ."] * 20)  # well over 64 tokens
+    examples = [Example(text=t) for t in TEXTS] + [Example(text=long_text)]
+    run_general(examples, llama, tmp_path, max_seq_len=64, batch_size=2, engine=engine)
+    data = json.loads((tmp_path / "results" / "general.json").read_text())
+    assert data["run"]["skipped"] == 1 and data["run"]["examples"] == len(TEXTS)
+    assert data["run"]["engine"] == ("maps" if engine == "auto" else "streaming")

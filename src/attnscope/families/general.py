@@ -285,14 +285,15 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
             raise AttnscopeError("run_general: examples need a model (or pass a store)")
         source = list(examples)
         if engine != "maps":
+            pick_stats = ExtractStats()  # its own counts: the maps path encodes the examples again
             chosen, line, encoded = _pick_engine(source, model, engine, max_seq_len, batch_size,
-                                                 maps_budget_gb, stats, save_maps is not None)
+                                                 maps_budget_gb, pick_stats, save_maps is not None)
             if progress is not None:  # one line on the console (a rich display shows it above its bars)
                 print(line, file=sys.stderr)
             if chosen == "streaming":
                 return _run_streaming(encoded, model, out_dir, line=line, max_seq_len=max_seq_len,
                                       batch_size=batch_size, seed=seed, gradients=gradients,
-                                      progress=progress, stats=stats, source=source)
+                                      progress=progress, stats=pick_stats, source=source)
             notes.append(line)
         if save_maps is not None:
             from attnscope.store import extract_to_store, open_store
