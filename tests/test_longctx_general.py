@@ -156,3 +156,14 @@ def test_too_long_examples_are_counted_once(tmp_path, llama, engine):
     data = json.loads((tmp_path / "results" / "general.json").read_text())
     assert data["run"]["skipped"] == 1 and data["run"]["examples"] == len(TEXTS)
     assert data["run"]["engine"] == ("maps" if engine == "auto" else "streaming")
+
+
+def test_save_maps_needs_the_maps_engine(tmp_path, llama):
+    from attnscope.errors import AttnscopeError
+
+    examples = [Example(text=t) for t in TEXTS]
+    with pytest.raises(AttnscopeError, match="--save-maps needs the maps engine, not --general-engine"):
+        run_general(examples, llama, tmp_path / "o", max_seq_len=64, engine="streaming", save_maps=tmp_path / "m")
+    with pytest.raises(AttnscopeError, match="raise --general-maps-budget-gb"):
+        run_general(examples, llama, tmp_path / "o", max_seq_len=64, maps_budget_gb=0, save_maps=tmp_path / "m")
+    assert not (tmp_path / "m").exists() and not (tmp_path / "o").exists()

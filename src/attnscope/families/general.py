@@ -368,6 +368,8 @@ def _pick_engine(source, model, engine: str, max_seq_len: int, batch_size: int, 
                                  "engine of the general family handles decoders only")
         return "maps", f"Engine: maps (an encoder: the streaming engine handles decoders only; {why}).", encoded
     if chosen == "streaming" and saving:
+        if engine == "streaming":
+            raise AttnscopeError("--save-maps needs the maps engine, not --general-engine streaming")
         raise AttnscopeError(f"--save-maps needs the maps engine, but {why}; raise "
                              "--general-maps-budget-gb or drop --save-maps")
     how = "forced" if engine == "streaming" else "chosen"
