@@ -336,3 +336,83 @@ def test_auto_chunk():
     assert auto_chunk(9, 16384, tile_bytes=64 << 20) == (64 << 20) // (4 * 9 * 16384) == 113
     assert auto_chunk(9, 2048) == (4 << 20) // (4 * 9 * 2048) == 56
     assert auto_chunk(9, 10) == 256 and auto_chunk(9, 10 ** 7) == 16
+
+
+def test_encoder_rows_see_every_key_in_norm_entropy_and_distances():
+    # bidirectional: row i sees all n keys, so the normalised entropy divides by ln n and the
+    # sampled rows for the head distances are whole rows (checked against the eager maps)
+    lm = load_model("debug:bert")
+    ids = lm.tokenizer(TEXTS[1])["input_ids"]
+    n = len(ids)
+    st = LongContextStats(js_rows=3, causal=False, smoothing=0.0)
+    stream_stats(lm, [ids], st, chunk=4)
+    out = forward(lm, pad_batch(lm, [ids]), attentions=True)
+    A = np.stack([a[0].double().numpy() for a in out.attentions])  # [L H n n]
+    L, H = A.shape[:2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ent = -np.where(A > 0, A * np.log(A), 0.0).sum(-1)  # [L H n]
+    np.testing.assert_allclose(st.means()["norm_entropy"], ent[:, :, 1:].mean(-1) / math.log(n), atol=1e-5)
+    def kl(x, m):  # sum x ln(x / m), 0 ln 0 = 0
+        return float(np.where(x > 0, x * np.log(np.where(x > 0, x, 1) / np.where(m > 0, m, 1)), 0).sum())
+
+    js = np.zeros((L * H, L * H))
+    rows = sample_rows(ids, 3, 0)
+    for r in rows:
+        P = A[:, :, r, :].reshape(L * H, n)
+        for a in range(L * H):
+            for b in range(L * H):
+                m = (P[a] + P[b]) / 2
+                js[a, b] += 0.5 * kl(P[a], m) + 0.5 * kl(P[b], m)
+    np.testing.assert_allclose(st.means()["js"], js / len(rows), atol=1e-5)
+
+
+# -- word level -------------------------------------------------------------------------------
+def _units(lm, text):
+    from attnscope.extract.encode import word_units
+
+    enc = lm.tokenizer(text)
+    words = np.array([-1 if w is None else w for w in enc.word_ids()])
+    return enc["input_ids"], word_units(words, words < 0)
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_word_level_streaming_equals_word_level_maps(name):
+    from attnscope.extract.wordlevel import to_word_level
+
+    lm = load_model(f"debug:{name}")
+    causal = lm.family.causal
+    pairs = [_units(lm, t) for t in TEXTS + ["the cats sat on the mats , dogs ran ."]]
+    ids, units = [p[0] for p in pairs], [p[1] for p in pairs]
+    assert any(len(u) > u[-1] + 1 for u in units)  # some words are split into pieces
+    ref = LongContextStats(js_rows=3, causal=causal)
+    maps_update(lm, ids, ref, units=units, batch_size=2)
+    for chunk, bs in ((1, 1), (3, 2), (1000, 3)):
+        got = LongContextStats(js_rows=3, causal=causal)
+        stream_stats(lm, ids, got, chunk=chunk, batch_size=bs, units=units)
+        assert got.rows == sum(int(u[-1]) for u in units)  # unit rows 1 .. U-1
+        assert_close(got.means(), ref.means())
+    # independently: the word-level sink mass straight from eager maps converted by to_word_level
+    sink, rows = np.zeros((lm.num_layers, lm.num_heads)), 0
+    for i, u in zip(ids, units):
+        out = forward(lm, pad_batch(lm, [i]), attentions=True)
+        A = np.stack([a[0].double().numpy() for a in out.attentions])
+        W = to_word_level(A, u)  # [L H U U]
+        sink += W[:, :, 1:, 0].sum(-1)
+        rows += W.shape[2] - 1
+    np.testing.assert_allclose(got.means()["sink"], sink / rows, atol=1e-5)
+    np.testing.assert_allclose(got.means()["dist_mass"].sum(-1), 1.0, atol=1e-5)
+
+
+def test_unit_sequence_marks_special_and_punctuation_units():
+    from attnscope.analyses.streaming import unit_sequence
+
+    lm = load_model("debug:llama")
+    ids, units = _units(lm, "the cat , sat .")
+    seq = unit_sequence(lm, ids, units, LongContextStats(js_rows=2), None, {})
+    assert seq.n == int(units[-1]) + 1 and seq.token_n == len(ids)
+    assert seq.special.tolist()[0] == 1.0 and sum(seq.special.tolist()) == 1.0  # <s> alone
+    words = ["<s>", "the", "cat", ",", "sat", "."]
+    assert seq.n == len(words)
+    assert seq.punct.tolist() == [float(w in ",.") for w in words]
+    with pytest.raises(ValueError, match="units"):
+        unit_sequence(lm, ids, np.arange(len(ids))[::-1], LongContextStats(), None, {})

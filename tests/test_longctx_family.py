@@ -115,3 +115,67 @@ def test_encoder_section_works(tmp_path):
     assert data["params"]["causal"] is False
     assert np.allclose(np.asarray(data["arrays"]["dist_mass"]["data"]).sum(-1), 1.0, atol=1e-6)
     assert sec.figures
+
+
+def test_greedy_continuation_equals_generate(llama):
+    torch = pytest.importorskip("torch")
+    from attnscope.models.gguf import causal_lm_for, greedy_continue
+
+    model = causal_lm_for(llama, seed=5)
+    assert model.model is llama.model  # the loaded decoder's own weights, not a copy
+    ids = llama.tokenizer("when the old man saw the red house")["input_ids"]
+    ours = greedy_continue(model, ids, 12)
+    ref = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+    assert ours == ref and 1 <= len(ours) <= 12
+    # the same seed gives the same head (a debug model has none: it is drawn from the seed)
+    again = greedy_continue(causal_lm_for(llama, seed=5), ids, 12)
+    assert again == ours
+
+
+def test_generate_records_prompt_and_continuation(tmp_path, llama):
+    prepared, sec, ctx = _run(tmp_path, llama, generate=5, induction=0, max_seq_len=20)
+    docs = prepared.data["documents"]
+    assert all(len(d.ids) <= 15 for d in docs) and docs[0].cut  # cut to --max-seq-len - 5
+    data = json.loads((ctx.out_dir / "results" / "longctx.json").read_text())
+    gen = data["meta"]["generated"]
+    assert [g["document"] for g in gen] == [0, 1, 2]
+    for g, d in zip(gen, docs):
+        assert g["generated_from"] == len(d.ids)
+        assert g["length"] == len(d.ids) + len(g["continuation_ids"]) and 1 <= len(g["continuation_ids"]) <= 5
+    # the statistics were computed over prompt + continuation
+    assert data["meta"]["tokens"] == sum(g["length"] for g in gen)
+    assert data["meta"]["generate"] == 5
+    assert any("continued greedily" in f for f in sec.findings)
+
+
+def test_generate_refused_for_an_encoder(tmp_path, capsys):
+    from attnscope.cli.main import main
+
+    docs = tmp_path / "d.txt"
+    docs.write_text(DOCS)
+    code = main(["analyze", "longctx", str(docs), "--model", "debug:bert", "--out", str(tmp_path / "o"),
+                 "--generate", "3", "-q"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "--generate 3" in err and "encoder" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_word_level_documents(tmp_path, llama):
+    p1, s1, c1 = _run(tmp_path / "a", llama, word_level=True, engine="maps")
+    _, _, c2 = _run(tmp_path / "b", llama, word_level=True, engine="streaming", chunk=2)
+    a = json.loads((c1.out_dir / "results" / "longctx.json").read_text())
+    b = json.loads((c2.out_dir / "results" / "longctx.json").read_text())
+    assert a["meta"]["level"] == b["meta"]["level"] == "word" and a["meta"]["induction_sequences"] == 0
+    words = sum(len(set(d.word_ids)) for d in p1.data["documents"])  # -1 (<s>) counts as one unit
+    assert a["meta"]["rows"] == words - len(p1.data["documents"])  # every unit but the first
+    for k in ("sink", "entropy", "previous", "dist_mass", "js"):
+        np.testing.assert_allclose(np.asarray(b["arrays"][k]["data"], dtype=float),
+                                   np.asarray(a["arrays"][k]["data"], dtype=float), atol=1e-5)
+    assert any(f.startswith("Word level:") and "not run" in f for f in s1.findings)
+
+
+def test_word_level_with_generate_is_refused(tmp_path, llama):
+    with pytest.raises(InputError, match="--word-level with --generate"):
+        _run(tmp_path, llama, word_level=True, generate=3)
+    assert not (tmp_path / "out").exists()

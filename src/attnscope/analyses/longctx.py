@@ -11,7 +11,8 @@ sums and counts. It is fed one tile of attention rows at a time, ``p`` ``[H c K]
 Both paths run the same tile code, so they agree to float32 rounding.
 
 Which rows count: query rows at positions ``i >= 1`` (row 0 can only attend to itself). For a
-row ``i`` with causal length ``m = i + 1`` (the keys it may see) and weights ``p_ij``:
+row ``i`` that sees ``m`` keys (``m = i + 1`` in a causal model, ``n`` in a bidirectional one) and
+weights ``p_ij``:
 
 - sink mass ``p_i0`` (the first token); special mass ``sum_{j special} p_ij``; punctuation mass;
 - previous ``p_i,i-1``, current ``p_ii``; maximum ``max_j p_ij``;
@@ -131,6 +132,20 @@ class Sequence:
     targets: dict[str, Any] = field(default_factory=dict)
     js_rows: list[int] = field(default_factory=list)
     js_store: dict[int, list] = field(default_factory=dict)  # row -> per-layer [H m] rows
+    #: optional extra key classes ``[n C]`` (float 0/1) named ``class_names``: their mass is
+    #: summed as ``to_<name>``; ``from_masks`` (name -> float ``[n]`` row mask) also sums the
+    #: mass of those rows alone as ``from_<row>_to_<name>``; ``max_below`` counts the rows whose
+    #: largest weight is at most that value (``rows_max_below``). Used by the general family.
+    classes: Any = None
+    class_names: tuple[str, ...] = ()
+    from_masks: dict[str, Any] = field(default_factory=dict)
+    max_below: float | None = None
+    #: word level: the unit (word, or a special token alone) of each of the ``token_n`` tokens,
+    #: long ``[token_n]`` non-decreasing; ``n`` then counts units (see :func:`unit_sequence`)
+    units: Any = None
+    token_n: int = 0
+    unit_start: list[int] = field(default_factory=list)  # first token of each unit
+    unit_counts: Any = None  # float [n]: tokens per unit
     _table: Any = None  # bucket of every distance 0 .. n
     _classes: Any = None  # [n 2] float: special, punctuation
 
@@ -163,12 +178,15 @@ class LongContextStats(Analysis):
     requires = frozenset()
 
     def __init__(self, js_rows: int = 8, smoothing: float = 0.001, seed: int = 0,
-                 sink_threshold: float = SINK_THRESHOLD, causal: bool = True):
+                 sink_threshold: float = SINK_THRESHOLD, causal: bool = True, js_width: str = "row"):
         self.js_rows = int(js_rows)
         self.smoothing = float(smoothing)
         self.seed = int(seed)
         self.sink_threshold = float(sink_threshold)
         self.causal = bool(causal)
+        if js_width not in ("row", "sequence"):
+            raise ValueError(f"js_width must be 'row' or 'sequence', not {js_width!r}")
+        self.js_width = js_width  # smoothing of the sampled rows over the row's keys or all n
         self.shape: tuple[int, int] | None = None
         self.rows = 0  # query rows counted (position >= 1), over all documents
         self.documents = 0
@@ -180,7 +198,7 @@ class LongContextStats(Analysis):
 
     def params(self) -> dict[str, Any]:
         return {"js_rows": self.js_rows, "smoothing": self.smoothing, "seed": self.seed,
-                "sink_threshold": self.sink_threshold, "causal": self.causal}
+                "sink_threshold": self.sink_threshold, "causal": self.causal, "js_width": self.js_width}
 
     # -- accumulation ---------------------------------------------------------------------
     def _ensure(self, L: int, H: int) -> None:
@@ -221,6 +239,8 @@ class LongContextStats(Analysis):
         s = self.sums
 
         def add(name, value):  # value [H] (torch) -> float64 sums
+            if name not in s:  # an optional sum (extra classes): created on first use
+                s[name] = np.zeros(self.shape)
             s[name][layer] += value.double().cpu().numpy()
 
         add("sink", p[:, :, 0].sum(1))
@@ -230,7 +250,9 @@ class LongContextStats(Analysis):
         idx = pos.clamp(max=K - 1)[None, :, None].expand(H, c, 1)
         add("current", p.gather(2, idx)[..., 0].sum(1))
         add("previous", p.gather(2, (idx - 1).clamp(min=0))[..., 0].sum(1))
-        norm = ent / torch.log((pos + 1).to(ent.dtype))[None, :]
+        # a causal row sees m = i + 1 keys; a bidirectional row all n
+        seen = (pos + 1) if self.causal else torch.full_like(pos, seq.n)
+        norm = ent / torch.log(seen.to(ent.dtype))[None, :]
         add("entropy", ent.sum(1))
         add("norm_entropy", norm.sum(1))
         add("max", p.amax(-1).sum(1))
@@ -253,9 +275,22 @@ class LongContextStats(Analysis):
                 rows = torch.nonzero(ok)[:, 0]
                 got = p[:, rows, tt[rows]]  # [H r]
                 self.targets[name][0][layer] += got.sum(1).double().cpu().numpy()
+        if seq.classes is not None:
+            per_row = p @ seq.classes[:K].to(device=dev, dtype=p.dtype)  # [H c C]
+            total = per_row.sum(1)
+            for ci, name in enumerate(seq.class_names):
+                add(f"to_{name}", total[:, ci])
+            for row_name, mask in seq.from_masks.items():
+                w = mask[q0:q0 + c].to(device=dev, dtype=p.dtype)
+                part = (per_row * w[None, :, None]).sum(1)
+                for ci, name in enumerate(seq.class_names):
+                    add(f"from_{row_name}_to_{name}", part[:, ci])
+        if seq.max_below is not None:
+            add("rows_max_below", (p.amax(-1) <= seq.max_below).sum(1))
         for r in seq.js_rows:
             if q0 <= r < q0 + c:
-                seq.js_store.setdefault(r, []).append(p[:, r - q0, :r + 1].detach().to("cpu", copy=True))
+                width = r + 1 if self.causal else K  # the keys the row can see
+                seq.js_store.setdefault(r, []).append(p[:, r - q0, :width].detach().to("cpu", copy=True))
 
     def end(self, seq: Sequence) -> None:
         """After every layer of a sequence: fold its sampled rows into the head distances."""
@@ -263,7 +298,7 @@ class LongContextStats(Analysis):
 
         for r in sorted(seq.js_store):
             rows = torch.cat(seq.js_store[r], 0)  # [L*H m], layer-major
-            d = js_rows_matrix(rows, self.smoothing)
+            d = js_rows_matrix(rows, self.smoothing, width=seq.n if self.js_width == "sequence" else None)
             self.js_sums = d if self.js_sums is None else self.js_sums + d
             self.js_count += 1
         seq.js_store.clear()
@@ -309,7 +344,7 @@ class LongContextStats(Analysis):
         elif self.shape != other.shape:
             raise ValueError("cannot merge statistics of models with different heads")
         for k, v in other.sums.items():
-            self.sums[k] = self.sums[k] + v
+            self.sums[k] = self.sums.get(k, 0.0) + v
         for name, (v, c) in other.targets.items():
             entry = self.targets.setdefault(name, [np.zeros(self.shape), 0])
             entry[0] = entry[0] + v
@@ -406,19 +441,22 @@ def diagonal_sums(p, q0: int):
     return d, sums
 
 
-def js_rows_matrix(rows, smoothing: float):
+def js_rows_matrix(rows, smoothing: float, width: int | None = None):
     """``[P P]`` float64 Jensen-Shannon divergences (nats) between ``P`` rows ``[P m]``.
 
-    Each row is first smoothed as the paper's script does, ``s / m + (1 - s) p``. Uses the same
+    Each row is first smoothed as the paper's script does, ``s / w + (1 - s) p`` with ``w`` the
+    row's width ``m`` (default) or ``width``: a causal row of ``m`` keys in a sequence of
+    ``n = width`` keys, smoothed over all ``n`` as the general family's maps are (the ``n - m``
+    keys it cannot see hold ``s / n`` in every head, so they add nothing to JS). Uses the same
     identity as :func:`attnscope.analyses.distances.js_matrix`:
     ``JS(p, q) = 1/2 sum p ln p + 1/2 sum q ln q - sum m ln m`` with ``m = (p + q) / 2``.
     """
     import torch
 
-    P, width = rows.shape
+    P, m = rows.shape
     x = rows.double()
     if smoothing:
-        x = x * (1.0 - smoothing) + smoothing / width
+        x = x * (1.0 - smoothing) + smoothing / (width or m)
     xlx = torch.where(x > 0, x * torch.log(x.clamp(min=1e-300)), torch.zeros_like(x))
     f = xlx.sum(1)  # [P]
     out = torch.zeros(P, P, dtype=torch.float64)

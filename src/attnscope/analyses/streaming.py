@@ -32,7 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.longctx import LongContextStats, Sequence, is_punct, sample_rows
+from attnscope.analyses.longctx import (
+    LongContextStats,
+    Sequence,
+    _sample_by_digest,
+    is_punct,
+    sample_rows,
+)
 from attnscope.models.forward import forward, pad_batch
 
 ENGINES = ("auto", "streaming", "maps")
@@ -92,19 +98,97 @@ def _key_masks(lm, ids: Seq[int], device, cache: dict[int, bool]) -> tuple[Any, 
     return special, punct
 
 
+def unit_sequence(lm, ids: Seq[int], units, stats: LongContextStats, device, cache: dict[int, bool]) -> Sequence:
+    """A word-level :class:`Sequence`: ``units[t]`` is the unit (word; a special token is a unit of
+    its own) of token ``t``, non-decreasing from 0. Its ``n`` counts units; a unit is special when
+    its token is, punctuation when the text of its pieces is; rows sampled from the units."""
+    import hashlib
+
+    import torch
+
+    u = np.asarray(units, dtype=np.int64)
+    if len(u) != len(ids) or (len(u) and (u[0] != 0 or (np.diff(u) < 0).any() or (np.diff(u) > 1).any())):
+        raise ValueError("units must number the tokens' words 0, 1, 2, ... in order")
+    U = int(u[-1]) + 1 if len(u) else 0
+    specials = set(getattr(lm.tokenizer, "all_special_ids", []) or [])
+    texts = [""] * U
+    special = np.zeros(U, dtype=np.float32)
+    for t, piece in zip(u, lm.tokenizer.convert_ids_to_tokens(list(ids))):
+        texts[t] += piece or ""
+    for t, i in zip(u, ids):
+        special[t] = max(special[t], float(int(i) in specials))
+    punct = np.array([float(not special[j] and is_punct(texts[j])) for j in range(U)], dtype=np.float32)
+    starts = np.searchsorted(u, np.arange(U)).tolist()
+    digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).digest()
+    return Sequence(U, torch.as_tensor(special, device=device), torch.as_tensor(punct, device=device),
+                    js_rows=_sample_by_digest(U, digest, stats.js_rows, stats.seed),
+                    units=torch.as_tensor(u, device=device), token_n=len(ids), unit_start=starts,
+                    unit_counts=torch.as_tensor(np.bincount(u, minlength=U).astype(np.float32), device=device))
+
+
+def _unit_tile(p, seq: Sequence, t0: int, u0: int, u1: int, ku: int):
+    """Token rows ``t0 ..`` of ``p`` ``[H c K]`` as unit rows ``u0 .. u1-1`` over keys ``0 .. ku-1``:
+    the mass TO a unit is the sum over its pieces, the row FROM a unit the mean of its pieces'
+    rows (paper section 4.1, as :func:`attnscope.extract.wordlevel.to_word_level`); and each
+    unit row's entropy. Every piece of units ``u0 .. u1-1`` is in the tile."""
+    import torch
+
+    H, c, K = p.shape
+    cols = p.new_zeros(H, c, ku).index_add_(2, seq.units[:K], p)  # [H c ku]
+    pw = p.new_zeros(H, u1 - u0, ku).index_add_(1, seq.units[t0:t0 + c] - u0, cols)
+    pw.div_(seq.unit_counts[u0:u1].to(p.dtype)[None, :, None])
+    return pw, -torch.special.xlogy(pw, pw).sum(-1)
+
+
+def _fold_maps(stats: LongContextStats, layer: int, seq: Sequence, probs) -> None:
+    """One layer's token-level probabilities ``[H n n]`` of one sequence (word level: converted
+    with :func:`attnscope.extract.wordlevel.to_word_level` first)."""
+    import torch
+
+    if seq.units is None:
+        stats._layer_from_probs(layer, seq, probs)
+        return
+    from attnscope.extract.wordlevel import to_word_level
+
+    a = probs[None].float().cpu().numpy()  # [1 H n n]
+    w = to_word_level(a, seq.units.cpu().numpy())[0]
+    stats._layer_from_probs(layer, seq, torch.as_tensor(w, device=probs.device))
+
+
 def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
-                   targets: Seq[dict[str, Seq[int]] | None] | None = None, device=None) -> list[Sequence]:
-    """The per-sequence records the tile code needs (key masks, targets, sampled rows)."""
+                   targets: Seq[dict[str, Seq[int]] | None] | None = None, device=None,
+                   extras: Seq[dict[str, Any] | None] | None = None,
+                   units: Seq[Any] | None = None) -> list[Sequence]:
+    """The per-sequence records the tile code needs (key masks, targets, sampled rows).
+
+    ``extras``: per sequence, optional ``{"classes": {name: [n] 0/1}, "from": {name: [n] 0/1},
+    "max_below": float}`` (see :class:`~attnscope.analyses.longctx.Sequence`)."""
     import torch
 
     cache: dict[int, bool] = {}
     out = []
     for b, ids in enumerate(sequences):
+        if units is not None and units[b] is not None:
+            if (targets is not None and targets[b]) or (extras is not None and extras[b]):
+                raise ValueError("word-level sequences take no targets or extra classes")
+            out.append(unit_sequence(lm, ids, units[b], stats, device, cache))
+            continue
         special, punct = _key_masks(lm, ids, device, cache)
         tg = {}
         if targets is not None and targets[b]:
             tg = {k: torch.as_tensor(list(v), dtype=torch.long, device=device) for k, v in targets[b].items()}
-        out.append(Sequence(len(ids), special, punct, tg, sample_rows(list(ids), stats.js_rows, stats.seed)))
+        seq = Sequence(len(ids), special, punct, tg, sample_rows(list(ids), stats.js_rows, stats.seed))
+        extra = extras[b] if extras is not None else None
+        if extra:
+            names = tuple(extra.get("classes", {}))
+            if names:
+                seq.classes = torch.stack([torch.as_tensor(np.asarray(extra["classes"][k], dtype=np.float32))
+                                           for k in names], 1).to(device)  # [n C]
+                seq.class_names = names
+            seq.from_masks = {k: torch.as_tensor(np.asarray(v, dtype=np.float32), device=device)
+                              for k, v in extra.get("from", {}).items()}
+            seq.max_below = extra.get("max_below")
+        out.append(seq)
     return out
 
 
@@ -117,12 +201,17 @@ def auto_chunk(num_heads: int, n: int, tile_bytes: int = TILE_BYTES) -> int:
 def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk: int = 0,
                  batch_size: int = 1, targets: Seq[dict[str, Seq[int]] | None] | None = None,
                  progress: Callable[[int], None] | None = None,
-                 reference: LongContextStats | None = None) -> None:
+                 reference: LongContextStats | None = None,
+                 extras: Seq[dict[str, Any] | None] | None = None,
+                 units: Seq[Any] | None = None) -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
     ``chunk``: query rows per tile (0: :func:`auto_chunk` per sequence). ``targets``: per sequence, name -> key index per row (-1:
     none), e.g. from :func:`induction_sequences`. The statistics do not depend on ``chunk`` or
     ``batch_size`` (up to float32 rounding).
+
+    ``units``: per sequence, None (token level) or the unit of each token (word level, see
+    :func:`unit_sequence`): tiles then hold whole words and are folded per word.
 
     ``reference`` (for testing on deep models): also fold the family's eager probabilities of
     the same pass into it, so both see the very same queries and keys (the layers' output then
@@ -137,7 +226,9 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
     for start in range(0, len(sequences), batch_size):
         batch = [list(s) for s in sequences[start:start + batch_size]]
         tg = None if targets is None else targets[start:start + batch_size]
-        seqs = make_sequences(lm, batch, stats, tg, device)
+        ex = None if extras is None else extras[start:start + batch_size]
+        un = None if units is None else units[start:start + batch_size]
+        seqs = make_sequences(lm, batch, stats, tg, device, ex, un)
         for seq in seqs:
             stats.begin(lm.num_layers, lm.num_heads, seq)
         inputs = pad_batch(lm, batch)
@@ -158,6 +249,9 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
             cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
             plain = site.mask is None and stats.causal  # no padding: the causal triangle only
             for b, seq in enumerate(seqs):
+                if seq.units is not None:
+                    _unit_tiles(site, q[b], k[b], b, seq, cap)
+                    continue
                 rows = chunk or auto_chunk(q.shape[1], seq.n)
                 for q0 in range(1, seq.n, rows):
                     q1 = min(seq.n, q0 + rows)
@@ -173,15 +267,41 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
                     del s
                     stats.tile(site.layer, seq, q0, p, ent)
 
+        def _unit_tiles(site, q, k, b, seq, cap):
+            # word level: tiles of whole units, about `rows` tokens each, from unit 1 on
+            n, U, starts = seq.token_n, seq.n, seq.unit_start
+            rows = chunk or auto_chunk(q.shape[0], n)
+            u0 = 1
+            while u0 < U:
+                t0 = starts[u0]
+                u1 = u0 + 1
+                while u1 < U and starts[u1] - t0 < rows:
+                    u1 += 1
+                t1 = starts[u1] if u1 < U else n
+                k1 = t1 if stats.causal else n
+                s = torch.matmul(q[:, t0:t1], k[:, :k1].transpose(-1, -2))  # [H c k1]
+                if cap:
+                    s = torch.tanh(s / cap) * cap
+                if site.mask is None and stats.causal:
+                    s[:, :, t0:t1].masked_fill_(_upper(t1 - t0, s.device), LOW)
+                else:
+                    s.masked_fill_(~site.allowed(t0, t1, k1)[b], LOW)
+                p, _ = _softmax_entropy(s)
+                del s
+                pw, ent = _unit_tile(p, seq, t0, u0, u1, u1 if stats.causal else U)
+                stats.tile(site.layer, seq, u0, pw, ent)
+                u0 = u1
+
         hooks = {"k": hook}
         if reference is not None:
-            ref_seqs = make_sequences(lm, batch, reference, tg, device)
+            ref_seqs = make_sequences(lm, batch, reference, tg, device, ex, un)
             for seq in ref_seqs:
                 reference.begin(lm.num_layers, lm.num_heads, seq)
 
             def fold(site, probs, ref_seqs=ref_seqs):
                 for b, seq in enumerate(ref_seqs):
-                    reference._layer_from_probs(site.layer, seq, probs[b, :, :seq.n, :seq.n])
+                    n = seq.token_n if seq.units is not None else seq.n
+                    _fold_maps(reference, site.layer, seq, probs[b, :, :n, :n])
 
             hooks["attn"] = fold
         forward(lm, inputs, hooks=hooks, lean_mask=True)
@@ -195,7 +315,8 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
 
 
 def maps_update(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, batch_size: int = 1,
-                targets: Seq[dict[str, Seq[int]] | None] | None = None, keep_all: bool = True) -> None:
+                targets: Seq[dict[str, Seq[int]] | None] | None = None, keep_all: bool = True,
+                extras: Seq[dict[str, Any] | None] | None = None, units: Seq[Any] | None = None) -> None:
     """The same statistics from eager attention maps; the reference the streaming engine is
     tested against. ``keep_all``: request ``output_attentions`` (every layer's ``[B H T T]``
     held at once, as other tools do); otherwise each layer's map is folded by an ``"attn"``
@@ -203,14 +324,17 @@ def maps_update(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, batch_
     for start in range(0, len(sequences), batch_size):
         batch = [list(s) for s in sequences[start:start + batch_size]]
         tg = None if targets is None else targets[start:start + batch_size]
-        seqs = make_sequences(lm, batch, stats, tg, lm.model.device)
+        ex = None if extras is None else extras[start:start + batch_size]
+        un = None if units is None else units[start:start + batch_size]
+        seqs = make_sequences(lm, batch, stats, tg, lm.model.device, ex, un)
         for seq in seqs:
             stats.begin(lm.num_layers, lm.num_heads, seq)
         inputs = pad_batch(lm, batch)
 
         def fold(layer, probs, seqs=seqs):
             for b, seq in enumerate(seqs):
-                stats._layer_from_probs(layer, seq, probs[b, :, :seq.n, :seq.n])
+                n = seq.token_n if seq.units is not None else seq.n
+                _fold_maps(stats, layer, seq, probs[b, :, :n, :n])
 
         if keep_all:
             out = forward(lm, inputs, attentions=True)

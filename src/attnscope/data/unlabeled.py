@@ -277,12 +277,14 @@ def _cut(sentence: str, tokenizer, budget: int) -> str:
 class LongDocument:
     """One long input: its token ids (with the tokenizer's special tokens), where it came from
     (``file:first_line-last_line`` or ``file#example``), how many source documents it joins,
-    and whether it was cut at the length limit."""
+    and whether it was cut at the length limit. ``word_ids``: the fast tokenizer's word of each
+    token (-1 for special tokens), for word-level statistics; None with a slow tokenizer."""
 
     ids: list[int]
     source: str
     documents: int = 1
     cut: bool = False
+    word_ids: list[int] | None = None
 
 
 def prepare_documents(path: str | Path, tokenizer, *, max_seq_len: int, join: bool = False,
@@ -316,10 +318,16 @@ def prepare_documents(path: str | Path, tokenizer, *, max_seq_len: int, join: bo
     out: list[LongDocument] = []
 
     def emit(group: list[tuple[str, str]]) -> None:
-        ids = tokenizer("\n\n".join(t for _, t in group))["input_ids"]
+        enc = tokenizer("\n\n".join(t for _, t in group))
+        ids = enc["input_ids"]
+        try:
+            words = [-1 if w is None else int(w) for w in enc.word_ids()][:max_seq_len]
+        except (ValueError, AttributeError):  # a slow tokenizer has no word alignment
+            words = None
         first, last = group[0][0], group[-1][0]
         source = first if len(group) == 1 else f"{first} .. {last}"
-        out.append(LongDocument(list(ids[:max_seq_len]), source, len(group), len(ids) > max_seq_len))
+        out.append(LongDocument(list(ids[:max_seq_len]), source, len(group), len(ids) > max_seq_len,
+                                words))
 
     group: list[tuple[str, str]] = []
     size = 0

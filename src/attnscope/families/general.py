@@ -9,6 +9,7 @@ places the heads and writes the tables, figures (Figures 1, 2, 3, 4 and 6 of the
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from attnscope.analyses.entropy import Entropy
 from attnscope.analyses.gradients import FitOptions, GradientImportance, MlmScorer, fit_mlm_head
 from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
+from attnscope.analyses.streaming import ENGINES
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import Example
 from attnscope.data.unlabeled import DEFAULT_UNK_MARKER, PACKINGS, UnlabeledStats
@@ -152,16 +154,115 @@ def _token_inputs(source, model, max_seq_len: int, limit: int):
     return build
 
 
+# -- the streaming engine (no maps) ------------------------------------------------------------
+#: Query rows sampled per example (seeded) for the head distances when no maps are made.
+STREAM_JS_ROWS = 16
+
+#: Outputs of the maps path that need whole maps; the streaming engine lists them as skipped.
+NEEDS_MAPS = (
+    "Figure 1 (token-to-token lines of example heads: needs one whole map)",
+    "saving the maps (--save-maps)",
+)
+
+
+def _encode_for_streaming(source, model, max_seq_len: int, stats) -> list:
+    """The examples' token ids (``Encoded``), skipping (and counting) those over ``max_seq_len``."""
+    from attnscope.extract.encode import Encoder
+
+    enc = Encoder(model, warn=stats.warnings.append)
+    out = []
+    for index, ex in enumerate(source):
+        stats.examples_in += 1
+        e = enc.encode(ex, index)
+        if len(e) > max_seq_len:
+            stats.skipped.append({"index": index, "reason": "too long", "tokens": len(e)})
+            continue
+        out.append(e)
+    return out
+
+
+def streamed_general(encoded: list, model, classer: TokenClasser, *, seed: int = 0,
+                     js_rows: int = STREAM_JS_ROWS, progress: Progress = None) -> dict:
+    """The general analyses' results from the streaming engine, without ``[n n]`` maps.
+
+    Causal models only. Each example's per-head sums come from
+    :func:`~attnscope.analyses.streaming.stream_stats` (rows 1 .. n-1; row 0 of a causal model
+    attends to itself with weight 1, which is added exactly); they are turned into the
+    per-example means the maps path computes (relative position, special tokens and
+    punctuation, entropy, maximum weight) and averaged over examples by the same analyses'
+    accumulators, so the returned ``{name: Result}`` has the maps path's shape. Head distances:
+    Jensen-Shannon over ``js_rows`` seeded rows per example, each smoothed over the example's
+    ``n`` keys as the maps path does; scaled by ``(n - 1) / rows`` per example (exact when
+    every row is sampled, as for examples of at most ``js_rows + 1`` tokens).
+    """
+    from attnscope.analyses.longctx import LongContextStats
+    from attnscope.analyses.streaming import stream_stats
+
+    if not model.family.causal:
+        raise AttnscopeError(f"{model.name} is not causal: the streaming engine of the general family "
+                             "handles decoders only (use the maps engine)")
+    rel, spec, ent = RelativePosition(), SpecialTokens(classer), Entropy(causal=True)
+    dist = HeadDistances()
+    L, H = model.num_layers, model.num_heads
+    names = ("first", "separator", "period", "comma", "punct")
+    for done, e in enumerate(encoded, 1):
+        n = len(e)
+        special = np.asarray(e.special, dtype=bool)
+        k = classer.classify(list(e.tokens), special)
+        cls = {name: k.mask(name).astype(np.float32) for name in names}
+        sep = k.separator
+        doc = LongContextStats(js_rows=js_rows, seed=seed, causal=True, js_width="sequence")
+        stream_stats(model, [e.input_ids], doc, extras=[{"classes": cls, "from": {"separator": sep},
+                                                          "max_below": ent.max_weight_threshold}])
+        sums = doc.sums
+
+        def get(key, sums=sums):
+            return sums.get(key, np.zeros((L, H)))
+
+        # row 0 sees only key 0, with weight 1: it adds 1 to current, max and key 0's classes
+        cur, prev = (get("current") + 1.0) / n, get("previous") / max(n - 1, 1)
+        rel.acc.add(np.stack([cur, prev, np.zeros((L, H))]), np.array([n > 0, n > 1, n > 1]))
+        rel.examples += 1
+        to = {name: get(f"to_{name}") + float(cls[name][0]) for name in names}
+        n_sep = int(sep.sum())
+        sep_sep = get("from_separator_to_separator") + float(sep[0])
+        values = np.stack([to[name] / n for name in names]
+                          + [sep_sep / max(n_sep, 1), (to["separator"] - sep_sep) / max(n - n_sep, 1)])
+        spec.acc.add(values, np.array([True] * 5 + [n_sep > 0, n_sep > 0 and n - n_sep > 0]))
+        spec.examples += 1
+        for name in ("first", "separator", "period", "comma"):
+            spec.class_counts[name] += int(k.mask(name).sum())
+        spec.class_counts["units"] += n
+        uniform = np.full((L, H), np.log(np.arange(1, n + 1)).mean())
+        ent.acc.add(np.stack([get("entropy") / n, np.zeros((L, H)), (get("max") + 1.0) / n,
+                              get("rows_max_below") / n, uniform]), np.ones(5, dtype=bool))
+        ent.examples += 1
+        ent.units += n
+        if dist.sums is None:
+            dist.sums, dist.shape = np.zeros((L * H, L * H)), (L, H)
+        if doc.js_sums is not None and doc.js_count:
+            dist.sums += doc.js_sums * ((n - 1) / doc.js_count)
+        dist.tokens += n
+        dist.examples += 1
+        if progress is not None:
+            progress("general", done, len(encoded))
+    return {a.name: a.finalize() for a in (rel, spec, ent, dist)}
+
+
 def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_seq_len: int = 128,
                 batch_size: int = 16, seed: int = 0, gradients: str = "auto", progress: Progress = None,
-                save_maps: Path | None = None) -> Section:
+                save_maps: Path | None = None, engine: str = "auto",
+                maps_budget_gb: float = 2.0) -> Section:
     """Run every general analysis over ``examples`` (or a store) and write their outputs.
 
     ``examples``: a list of :class:`Example` (the model is run, maps are never all held) or
     an opened :class:`~attnscope.store.Store` (``model`` may then be None). ``gradients``:
     "auto" (only if the model has a masked-LM head), "off", "on", "fit-head" (train an output
     layer on the frozen encoder when there is no head). ``save_maps``: also write the maps to
-    this store folder (the analyses then read them back from it). Writes
+    this store folder (the analyses then read them back from it). ``engine``: where the
+    statistics come from: "maps" (the attention maps, as the paper), "streaming" (computed
+    inside attention without ``[n n]`` maps, :func:`streamed_general`; decoders only) or "auto"
+    (streaming when one batch's maps would take more than ``maps_budget_gb``). Writes
     ``out_dir/tables``, ``out_dir/figures`` and ``out_dir/results/general.json``.
     """
     from attnscope.extract.runner import ExtractOptions, ExtractStats
@@ -174,10 +275,26 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
     stats = ExtractStats()
     source = examples
     is_store = hasattr(source, "batches")
+    if engine not in ENGINES:
+        raise AttnscopeError(f"--general-engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if is_store and engine == "streaming":
+        raise AttnscopeError("--general-engine streaming needs --model and text: a store already "
+                             "holds the maps")
     if not is_store:
         if model is None:
             raise AttnscopeError("run_general: examples need a model (or pass a store)")
         source = list(examples)
+        if engine != "maps":
+            pick_stats = ExtractStats()  # its own counts: the maps path encodes the examples again
+            chosen, line, encoded = _pick_engine(source, model, engine, max_seq_len, batch_size,
+                                                 maps_budget_gb, pick_stats, save_maps is not None)
+            if progress is not None:  # one line on the console (a rich display shows it above its bars)
+                print(line, file=sys.stderr)
+            if chosen == "streaming":
+                return _run_streaming(encoded, model, out_dir, line=line, max_seq_len=max_seq_len,
+                                      batch_size=batch_size, seed=seed, gradients=gradients,
+                                      progress=progress, stats=pick_stats, source=source)
+            notes.append(line)
         if save_maps is not None:
             from attnscope.store import extract_to_store, open_store
 
@@ -227,7 +344,70 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
                          run={"examples": done, "seconds": elapsed, "analysis_seconds": timings,
                               "skipped": len(stats.skipped) if not is_store else 0,
                               "max_seq_len": max_seq_len, "batch_size": batch_size,
-                              "gradients": gradients})
+                              "gradients": gradients, "engine": "maps"})
+
+
+def _pick_engine(source, model, engine: str, max_seq_len: int, batch_size: int, budget_gb: float,
+                 stats, saving: bool) -> tuple[str, str, list]:
+    """``(engine, one line saying which and why, encoded examples)`` for ``engine`` auto or streaming."""
+    from attnscope.analyses.streaming import choose_engine, maps_bytes
+
+    if not model.family.decoder_llm and max_seq_len > model.max_positions:
+        raise AttnscopeError(f"--max-seq-len {max_seq_len} is above the position limit of "
+                             f"{model.name} ({model.max_positions})")
+    encoded = _encode_for_streaming(source, model, max_seq_len, stats)
+    longest = max((len(e) for e in encoded), default=0)
+    bs = max(1, min(batch_size, len(encoded)))
+    gb = maps_bytes(model, longest, bs) / 2 ** 30
+    why = (f"the attention maps of a batch of {bs} examples of up to {longest} tokens would take "
+           f"{gb:.2f} GB (--general-maps-budget-gb {budget_gb:g})")
+    chosen = choose_engine(model, longest, bs, int(budget_gb * 2 ** 30), engine)
+    if chosen == "streaming" and not model.family.causal:
+        if engine == "streaming":
+            raise AttnscopeError(f"--general-engine streaming: {model.name} is not causal; the streaming "
+                                 "engine of the general family handles decoders only")
+        return "maps", f"Engine: maps (an encoder: the streaming engine handles decoders only; {why}).", encoded
+    if chosen == "streaming" and saving:
+        if engine == "streaming":
+            raise AttnscopeError("--save-maps needs the maps engine, not --general-engine streaming")
+        raise AttnscopeError(f"--save-maps needs the maps engine, but {why}; raise "
+                             "--general-maps-budget-gb or drop --save-maps")
+    how = "forced" if engine == "streaming" else "chosen"
+    what = ("statistics computed inside attention, no n x n maps" if chosen == "streaming"
+            else "attention maps")
+    return chosen, f"Engine: {chosen} ({how}: {why}; {what}).", encoded
+
+
+def _run_streaming(encoded: list, model, out_dir: Path, *, line: str, max_seq_len: int, batch_size: int,
+                   seed: int, gradients: str, progress: Progress, stats, source) -> Section:
+    if not encoded:
+        raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
+                             f"{max_seq_len})")
+    notes = [line]
+    classer, note = TokenClasser.for_model(model)
+    notes += [note] if note else []
+    _scorer_for(model, gradients, source, lambda: [], seed, notes, progress, max_seq_len)
+    t0 = time.perf_counter()
+    results = streamed_general(encoded, model, classer, seed=seed, progress=progress)
+    elapsed = time.perf_counter() - t0
+    skipped = list(NEEDS_MAPS) + [
+        f"head distances over every row (here: {STREAM_JS_ROWS} seeded rows per example, scaled to "
+        "the example's rows)"]
+    notes.append("Streaming engine: not computed, because they need whole attention maps: "
+                 + "; ".join(skipped) + ".")
+    limit = getattr(model.model.config, "max_position_embeddings", None)
+    longest = max(len(e) for e in encoded)
+    if limit and longest > limit:
+        notes.append(f"Inputs run to {longest} tokens, past the {limit} positions the model was "
+                     "configured for; statistics beyond that length describe extrapolation.")
+    if stats.skipped:
+        notes.append(f"{len(stats.skipped)} examples longer than {max_seq_len} tokens were skipped")
+    return write_general(results, Path(out_dir), model_desc=model.describe(), example_map=None,
+                         notes=notes, seed=seed,
+                         run={"examples": len(encoded), "seconds": elapsed, "analysis_seconds": {},
+                              "skipped": len(stats.skipped), "max_seq_len": max_seq_len,
+                              "batch_size": batch_size, "gradients": gradients, "engine": "streaming",
+                              "js_rows": STREAM_JS_ROWS, "skipped_outputs": skipped})
 
 
 # -- the family ------------------------------------------------------------------------------
@@ -244,6 +424,12 @@ class GeneralOptions:
                           choices=PACKINGS)
     keep_unk: bool = option(False, "Keep WikiText's literal '<unk>' instead of the tokenizer's own "
                             "unknown token.")
+    general_engine: str = option("auto", "Where the statistics come from: the attention maps, the "
+                                 "streaming engine (inside attention, no n x n maps; decoders only; "
+                                 "skips what needs whole maps), or auto (streaming when one batch's "
+                                 "maps would not fit in --general-maps-budget-gb).", choices=ENGINES)
+    general_maps_budget_gb: float = option(2.0, "Largest size of one batch's attention maps for "
+                                           "--general-engine auto to use them.", minimum=0.0)
 
     @property
     def gradient_mode(self) -> str:
@@ -296,7 +482,8 @@ class General(Family):
         section = run_general(prepared.data["source"], ctx.model, ctx.out_dir,
                               max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size, seed=ctx.seed,
                               gradients=options.gradient_mode, progress=ctx.progress,
-                              save_maps=ctx.save_maps)
+                              save_maps=ctx.save_maps, engine=options.general_engine,
+                              maps_budget_gb=options.general_maps_budget_gb)
         text = prepared.data.get("text")
         if text is not None:  # how the pairs were built: lengths, one-segment share, <unk> mapping
             section.findings.append(f"Pairs from the text: {text.summary()}.")

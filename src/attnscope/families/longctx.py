@@ -41,6 +41,12 @@ class Options:
     induction_length: int = option(256, "Random tokens per copy in those sequences.")
     sink_threshold: float = option(0.3, "A sink head's mean attention on the first token is above "
                                         "this (Gu et al. 2024 use 0.3).")
+    word_level: bool = option(False, "Statistics per word, not per token (paper section 4.1: attention "
+                                     "TO a word is the sum over its pieces, FROM a word the mean of its "
+                                     "pieces' rows; special tokens stay units of their own).")
+    generate: int = option(0, "Continue each document greedily by N tokens with the model (decoders "
+                              "only; documents are cut to --max-seq-len minus N first) and analyse "
+                              "prompt + continuation; 0: off.", minimum=0)
 
 
 @register_family
@@ -65,11 +71,24 @@ class LongContext(Family):
             if getattr(options, name) < (1 if name == "induction_length" else 0):
                 raise InputError(None, f"--{name.replace('_', '-')} must be at least "
                                        f"{1 if name == 'induction_length' else 0}")
+        if options.generate and not lm.family.causal:
+            raise InputError(None, f"--generate {options.generate}: {lm.name} is an encoder; only a "
+                                   "decoder (causal) model can continue a prompt")
+        if options.generate and options.generate > ctx.max_seq_len - 2:
+            raise InputError(None, f"--generate {options.generate} leaves fewer than 2 prompt tokens "
+                                   f"within --max-seq-len {ctx.max_seq_len}")
+        if options.generate and options.word_level:
+            raise InputError(None, "--word-level with --generate: generated tokens have no words from "
+                                   "the text; use one or the other")
         if not lm.family.decoder_llm and ctx.max_seq_len > lm.max_positions:
             raise InputError(None, f"--max-seq-len {ctx.max_seq_len} is longer than {lm.name} allows "
                                    f"({lm.max_positions} positions)")
-        docs = prepare_documents(path, lm.tokenizer, max_seq_len=ctx.max_seq_len, join=options.join,
+        docs = prepare_documents(path, lm.tokenizer, max_seq_len=ctx.max_seq_len - options.generate,
+                                 join=options.join,
                                  num_docs=options.num_docs or None)
+        if options.word_level and any(d.word_ids is None for d in docs):
+            raise InputError(path, f"--word-level needs a fast tokenizer (word alignment); {lm.name}'s "
+                                   "has none")
         return Prepared({"documents": docs}, weight=sum(len(d.ids) for d in docs) // 128 + 1,
                         counts={"documents": len(docs), "tokens": sum(len(d.ids) for d in docs),
                                 "cut": sum(d.cut for d in docs)})
@@ -94,7 +113,24 @@ class LongContext(Family):
         seqs = [d.ids for d in docs]
         targets: list = [None] * len(seqs)
         notes: list[str] = []
-        if options.induction:
+        generated: list[dict[str, Any]] = []
+        if options.generate:
+            seqs, generated, line = self._continue(lm, seqs, options.generate, ctx)
+            notes.append(line)
+        units = None
+        if options.word_level:
+            import numpy as np
+
+            from attnscope.extract.encode import word_units
+
+            units = [word_units(np.asarray(d.word_ids), np.asarray(d.word_ids) < 0) for d in docs]
+            notes.append("Word level: attention TO a word is the sum over its pieces, FROM a word the mean "
+                         "of its pieces' rows (paper section 4.1); positions, distances and row lengths "
+                         f"count words ({sum(int(u[-1]) + 1 for u in units)} words in "
+                         f"{sum(len(d.ids) for d in docs)} tokens)"
+                         + ("; the induction sequences (random tokens, not words) were not run."
+                            if options.induction else "."))
+        if options.induction and not options.word_level:
             # a copy draws distinct ordinary tokens and both copies must fit the model's positions
             tok = lm.tokenizer
             ordinary = len(tok) - len(set(getattr(tok, "all_special_ids", []) or []))
@@ -105,7 +141,7 @@ class LongContext(Family):
             iseq, itg = induction_sequences(lm, options.induction, half, seed=ctx.seed)
             seqs, targets = seqs + iseq, targets + itg
         longest = max(len(s) for s in seqs)
-        batch_size = max(1, min(ctx.batch_size, BATCH_TOKENS // longest))
+        batch_size = max(1, min(ctx.batch_size, BATCH_TOKENS // longest, len(seqs)))  # no larger than the inputs
         engine = choose_engine(lm, longest, batch_size, int(options.maps_budget_gb * 2 ** 30),
                                options.engine)
         if engine == "maps" and options.dtype == "bfloat16":
@@ -124,14 +160,20 @@ class LongContext(Family):
         with autocast:
             if engine == "streaming":
                 stream_stats(lm, seqs, stats, chunk=options.chunk, batch_size=batch_size,
-                             targets=targets, progress=progress)
+                             targets=None if units else targets, progress=progress, units=units)
             else:
-                maps_update(lm, seqs, stats, batch_size=batch_size, targets=targets, keep_all=False)
+                maps_update(lm, seqs, stats, batch_size=batch_size, targets=None if units else targets,
+                            keep_all=False, units=units)
         res = stats.finalize()
         maps_gb = maps_bytes(lm, longest, batch_size) / 2 ** 30
         res.meta.update({"engine": engine, "dtype": options.dtype, "longest": longest,
-                         "documents": len(docs), "induction_sequences": options.induction,
-                         "model": lm.describe()})
+                         "documents": len(docs),
+                         "induction_sequences": 0 if options.word_level else options.induction,
+                         "model": lm.describe(), "generate": options.generate,
+                         "level": "word" if options.word_level else "token",
+                         # per document: its tokens from generated_from on are the model's own
+                         # greedy continuation (statistics cover prompt + continuation)
+                         "generated": generated})
         why = (f"the maps of a batch of {batch_size} inputs of up to {longest} tokens would take "
                f"{maps_gb:.1f} GB"
                + (" (more than --maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
@@ -144,3 +186,25 @@ class LongContext(Family):
         out = ctx.out_dir
         res.save(out / "results" / f"{self.key}.json")  # strict JSON (report.results)
         return write_section(res, out, title=self.title, key=self.key, extra_findings=extra)
+
+    @staticmethod
+    def _continue(lm, seqs: list[list[int]], new_tokens: int, ctx: Context):
+        """Each prompt plus its greedy continuation, a record per document, and one line."""
+        from attnscope.models.gguf import causal_lm_for, greedy_continue
+
+        model = causal_lm_for(lm, seed=ctx.seed)
+        out, records = [], []
+        for i, ids in enumerate(seqs):
+            cont = greedy_continue(model, ids, new_tokens)
+            out.append(list(ids) + cont)
+            records.append({"document": i, "generated_from": len(ids), "length": len(ids) + len(cont),
+                            "continuation_ids": cont,
+                            "continuation": lm.tokenizer.decode(cont, skip_special_tokens=False)})
+            ctx.step("longctx: generate", i + 1, len(seqs))
+        shortest = min(len(r["continuation_ids"]) for r in records)
+        first = records[0]["continuation"].replace("\n", " ")
+        line = (f"Each document was continued greedily by the model ({new_tokens} tokens asked"
+                + (f"; at least {shortest} made, a continuation stops at an end-of-sequence token"
+                   if shortest < new_tokens else "") + "); statistics cover prompt and continuation; "
+                f"document 1 goes on: {first[:120]!r}.")
+        return out, records, line
