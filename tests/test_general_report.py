@@ -142,3 +142,28 @@ def test_figure1_titles_name_head_and_behaviour(map_factory):
     texts = {t.get_text() for t in fig.axes[0].texts}
     assert r"\$x\$" in texts  # a "$" in a token is escaped, not read as math
     assert len(fig.axes[0].collections[0].get_segments()) == 3  # only the diagonal is drawn
+
+
+def test_text_input_lengths_reach_results_json(tmp_path):
+    """How the pairs were built is in results/general.json (not only the report): the numbers
+    equal those of the examples themselves, tokenised again here."""
+    from attnscope.data.unlabeled import prepare_unlabeled
+    from attnscope.models import load_model
+    from attnscope.pipeline import run_family
+
+    text = tmp_path / "wiki.txt"
+    doc = ["The cat sat on the mat .", "It was a <unk> day in the town .", "Dogs ran to the park .",
+           "Nobody saw the bird .", "Then it rained for a long while ."]
+    text.write_text("\n".join(doc * 3) + "\n\n" + "\n".join(doc[:2]) + "\n")
+    lm = load_model("debug:bert")
+    run_family("general", {"text": text}, tmp_path / "o", model=lm, max_seq_len=24, gradients="off")
+    got = json.loads((tmp_path / "o" / "results" / "general.json").read_text())
+    info = got["run"]["text"]
+    examples = prepare_unlabeled(text, lm.tokenizer, max_seq_len=24, seed=0)
+    lengths = [len(lm.tokenizer(e.text, e.text_pair)["input_ids"]) for e in examples]
+    assert info["examples"] == len(examples) and info["documents"] == 2
+    assert info["unk_replaced"] == 4  # the <unk> sentence: three times in one document, once in the other
+    assert info["mean_length"] == pytest.approx(np.mean(lengths))
+    assert info["share_at_max"] == pytest.approx(np.mean([n >= 24 for n in lengths]))
+    assert info["share_single_segment"] == pytest.approx(np.mean([e.text_pair is None for e in examples]))
+    assert f"Pairs from the text: {info['summary']}." in got["findings"]

@@ -252,7 +252,7 @@ def streamed_general(encoded: list, model, classer: TokenClasser, *, seed: int =
 def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_seq_len: int = 128,
                 batch_size: int = 16, seed: int = 0, gradients: str = "auto", progress: Progress = None,
                 save_maps: Path | None = None, engine: str = "auto",
-                maps_budget_gb: float = 2.0) -> Section:
+                maps_budget_gb: float = 2.0, text: "UnlabeledStats | None" = None) -> Section:
     """Run every general analysis over ``examples`` (or a store) and write their outputs.
 
     ``examples``: a list of :class:`Example` (the model is run, maps are never all held) or
@@ -262,7 +262,8 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
     this store folder (the analyses then read them back from it). ``engine``: where the
     statistics come from: "maps" (the attention maps, as the paper), "streaming" (computed
     inside attention without ``[n n]`` maps, :func:`streamed_general`; decoders only) or "auto"
-    (streaming when one batch's maps would take more than ``maps_budget_gb``). Writes
+    (streaming when one batch's maps would take more than ``maps_budget_gb``). ``text``: how
+    sentence-per-line text became the examples (recorded in the results and the findings). Writes
     ``out_dir/tables``, ``out_dir/figures`` and ``out_dir/results/general.json``.
     """
     from attnscope.extract.runner import ExtractOptions, ExtractStats
@@ -293,7 +294,8 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
             if chosen == "streaming":
                 return _run_streaming(encoded, model, out_dir, line=line, max_seq_len=max_seq_len,
                                       batch_size=batch_size, seed=seed, gradients=gradients,
-                                      progress=progress, stats=pick_stats, source=source)
+                                      progress=progress, stats=pick_stats, source=source,
+                                      text=text)
             notes.append(line)
         if save_maps is not None:
             from attnscope.store import extract_to_store, open_store
@@ -344,7 +346,7 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
                          run={"examples": done, "seconds": elapsed, "analysis_seconds": timings,
                               "skipped": len(stats.skipped) if not is_store else 0,
                               "max_seq_len": max_seq_len, "batch_size": batch_size,
-                              "gradients": gradients, "engine": "maps"})
+                              "gradients": gradients, "engine": "maps", **_text_run(text)})
 
 
 def _pick_engine(source, model, engine: str, max_seq_len: int, batch_size: int, budget_gb: float,
@@ -379,7 +381,7 @@ def _pick_engine(source, model, engine: str, max_seq_len: int, batch_size: int, 
 
 
 def _run_streaming(encoded: list, model, out_dir: Path, *, line: str, max_seq_len: int, batch_size: int,
-                   seed: int, gradients: str, progress: Progress, stats, source) -> Section:
+                   seed: int, gradients: str, progress: Progress, stats, source, text=None) -> Section:
     if not encoded:
         raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
                              f"{max_seq_len})")
@@ -407,7 +409,16 @@ def _run_streaming(encoded: list, model, out_dir: Path, *, line: str, max_seq_le
                          run={"examples": len(encoded), "seconds": elapsed, "analysis_seconds": {},
                               "skipped": len(stats.skipped), "max_seq_len": max_seq_len,
                               "batch_size": batch_size, "gradients": gradients, "engine": "streaming",
-                              "js_rows": STREAM_JS_ROWS, "skipped_outputs": skipped})
+                              "js_rows": STREAM_JS_ROWS, "skipped_outputs": skipped, **_text_run(text)})
+
+
+def _text_run(text) -> dict:
+    """How the pairs were built from text (lengths, one-segment share, ``<unk>``), for ``run``."""
+    if text is None:
+        return {}
+    return {"text": {"summary": text.summary(), "examples": text.examples, "documents": text.documents,
+                     "sentences": text.sentences, "packing": text.packing, "shorter": text.short,
+                     "unk_replaced": text.unk_replaced, **text.distribution()}}
 
 
 # -- the family ------------------------------------------------------------------------------
@@ -483,8 +494,6 @@ class General(Family):
                               max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size, seed=ctx.seed,
                               gradients=options.gradient_mode, progress=ctx.progress,
                               save_maps=ctx.save_maps, engine=options.general_engine,
-                              maps_budget_gb=options.general_maps_budget_gb)
-        text = prepared.data.get("text")
-        if text is not None:  # how the pairs were built: lengths, one-segment share, <unk> mapping
-            section.findings.append(f"Pairs from the text: {text.summary()}.")
+                              maps_budget_gb=options.general_maps_budget_gb,
+                              text=prepared.data.get("text"))
         return section

@@ -380,6 +380,8 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
 
     model_name = model_display_name(model_desc)
     sec.findings = findings(stats, uniform, labels, model_name, run["examples"], grad) + notes
+    if "text" in run:  # how the pairs were built from sentence-per-line text
+        sec.findings.append(f"Pairs from the text: {run['text']['summary']}.")
     sec.methods = list(METHODS)
     prev_heads, next_heads = mostly_heads(stats, "previous"), mostly_heads(stats, "next")
     sep_mostly = separator_layers(stats)[1]
