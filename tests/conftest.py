@@ -47,6 +47,13 @@ def debug_roberta():
 
 
 @pytest.fixture(scope="session")
+def debug_llama():
+    from attnscope.models import load_model
+
+    return load_model("debug:llama")
+
+
+@pytest.fixture(scope="session")
 def debug_gpt2():
     from attnscope.models import load_model
 

@@ -100,8 +100,8 @@ def test_greedy_packing_is_the_old_behaviour(text_file, debug_bert):
         prepare_unlabeled(text_file, debug_bert.tokenizer, packing="nope")
 
 
-def test_unk_mapping_can_be_turned_off_and_is_skipped_without_an_own_unknown_token(text_file, debug_bert,
-                                                                                   debug_gpt2):
+def test_unk_mapping_can_be_turned_off_and_is_skipped_without_an_own_unknown_token(
+        text_file, debug_bert, debug_gpt2, debug_roberta, debug_llama):
     stats = UnlabeledStats()
     exs = prepare_unlabeled(text_file, debug_bert.tokenizer, max_seq_len=40, unk_marker=None, stats=stats)
     assert "<unk>" in exs[0].text_pair and stats.unk_replaced == 0
@@ -115,6 +115,12 @@ def test_unk_mapping_can_be_turned_off_and_is_skipped_without_an_own_unknown_tok
     exs = prepare_unlabeled(text_file, debug_gpt2.tokenizer, max_seq_len=200, stats=stats)
     assert "<unk>" in exs[0].text + (exs[0].text_pair or "") and stats.unk_replaced == 0
     assert "no unknown token of its own" in stats.unk_note
+    # byte-level tokenizers never produce their unknown token, even one distinct from the others
+    for lm in (debug_roberta, debug_llama):
+        assert lm.tokenizer.unk_token not in {lm.tokenizer.eos_token, lm.tokenizer.bos_token}
+        stats = UnlabeledStats()
+        exs = prepare_unlabeled(text_file, lm.tokenizer, max_seq_len=200, stats=stats)
+        assert "<unk>" in exs[0].text + (exs[0].text_pair or "") and stats.unk_replaced == 0
     # only whole words: "x<unk>" is not a marker
     p = text_file.parent / "w.txt"
     p.write_text("a<unk> <unk> b <unk>.\n")

@@ -23,8 +23,10 @@ blank line. Two ways to pack a document's sentences into examples (``packing``):
 ``unk_marker``: a corpus word that stands for an unknown word (WikiText writes ``<unk>``) is
 replaced by the tokenizer's own unknown token, so it becomes one ``[UNK]`` instead of junk
 pieces like ``<``, ``un``, ``##k``, ``>``. Only whole words are replaced, and only when the
-tokenizer has an unknown token of its own (GPT-2's is its end-of-text token, so there the
-marker is left as text; :attr:`UnlabeledStats.unk_note` says which).
+tokenizer produces an unknown token of its own (WordPiece, SentencePiece without byte
+fallback); byte-level tokenizers never do (GPT-2's is its end-of-text token, SmolLM2's its
+document separator), so there the marker is left as text; :attr:`UnlabeledStats.unk_note`
+says which (:func:`unk_replacement`).
 """
 
 from __future__ import annotations
@@ -98,14 +100,23 @@ def read_documents(path: str | Path) -> Iterator[list[tuple[int, str]]]:
 
 
 def unk_replacement(tokenizer) -> str | None:
-    """The tokenizer's own unknown token, or None when it has none distinct from its other
-    special tokens (GPT-2 uses its end-of-text token for everything)."""
+    """The tokenizer's own unknown token, or None when it has none that it produces itself:
+    none at all, one shared with its other special tokens (GPT-2 uses its end-of-text token for
+    everything), or a byte-level tokenizer's (GPT-2, RoBERTa, Llama 3, SmolLM2), which encodes
+    every text without it, so the model never saw it for an unknown word in pre-training
+    (SmolLM2-Instruct names its document separator ``<|endoftext|>`` as unknown token)."""
     unk = getattr(tokenizer, "unk_token", None)
-    if not unk:
+    if not unk or _byte_level(tokenizer):
         return None
     others = {getattr(tokenizer, k, None) for k in ("bos_token", "eos_token", "cls_token", "sep_token",
                                                     "pad_token", "mask_token")}
     return None if unk in others else str(unk)
+
+
+def _byte_level(tokenizer) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    parts = (getattr(backend, "pre_tokenizer", None), getattr(backend, "decoder", None))
+    return any(type(p).__name__ == "ByteLevel" for p in parts)
 
 
 def prepare_unlabeled(path: str | Path, tokenizer, *, max_seq_len: int = 128, seed: int = 0,
@@ -132,7 +143,8 @@ def prepare_unlabeled(path: str | Path, tokenizer, *, max_seq_len: int = 128, se
     if not unk_marker:
         stats.unk_note = "unknown-word markers left as text (--keep-unk)"
     elif unk is None:
-        stats.unk_note = f"{unk_marker!r} left as text (the tokenizer has no unknown token of its own)"
+        stats.unk_note = (f"{unk_marker!r} left as text (the tokenizer has no unknown token of its own "
+                          "that it produces itself)")
     examples: list[Example] = []
     for d, doc in enumerate(read_documents(path)):
         if num_docs is not None and d >= num_docs:
