@@ -104,3 +104,17 @@ def test_help_shows_no_bool_or_python_type_placeholders(capsys, cmd):
     out = capsys.readouterr().out
     assert code == 0 and "Usage" in out
     assert "<bool>" not in out and "list[" not in out
+
+
+def test_run_refuses_two_families_declaring_the_same_option():
+    """All families' options share `attnscope run`'s namespace: a clash is refused when the
+    command is built, naming both families and the option."""
+    from attnscope.cli.run import _run_command
+    from attnscope.families import FAMILIES, load_families
+
+    families = load_families()
+    longctx = FAMILIES["longctx"]
+    clone = type("Clone", (longctx,), {"key": "clone", "inputs": ()})
+    with pytest.raises(ValueError, match="families longctx and clone both declare 'chunk'"):
+        _run_command([*families, clone])
+    _run_command(families)  # the registry itself has no clash
