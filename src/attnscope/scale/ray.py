@@ -41,6 +41,7 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError
 from attnscope.scale import RAY_EXTRA
+from attnscope.store.writer import WriteError
 
 #: Object store of a local cluster started by attnscope (Ray's default is 30% of memory; on a
 #: shared machine that is too greedy). Larger objects spill to disk.
@@ -194,6 +195,8 @@ class UnitWorker:
         self.stream = stream or {}
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from ray import cloudpickle  # analyses defined in a notebook or script travel by value
+
         from attnscope.extract.runner import small_matrix_threads
 
         out = []
@@ -205,7 +208,7 @@ class UnitWorker:
                     result = self.run(unit)
                 except AttnscopeError as exc:
                     result = {"error": str(exc), "kind": type(exc).__name__}
-                out.append(pickle.dumps(result))
+                out.append(cloudpickle.dumps(result))
         return {"uid": np.asarray(batch["uid"]), "result": np.array(out, dtype=object)}
 
     def run(self, unit) -> dict:
@@ -268,9 +271,8 @@ def map_units(ray, units: Sequence[Any], uids: Sequence[int], worker: dict, work
     ``(uid, result)`` as results arrive (in ``uids`` order when ``ordered``). A worker's
     :class:`AttnscopeError` is raised here with the same message."""
     import ray.data
+    from ray import cloudpickle
     from ray.data import ActorPoolStrategy
-
-    from attnscope.store.writer import WriteError
 
     if not units:
         return
@@ -279,7 +281,7 @@ def map_units(ray, units: Sequence[Any], uids: Sequence[int], worker: dict, work
     ctx.enable_progress_bars = False  # the driver shows one bar of its own
     ctx.execution_options.preserve_order = ordered
     try:
-        items = [{"uid": uid, "payload": pickle.dumps(u)} for uid, u in zip(uids, units)]
+        items = [{"uid": uid, "payload": cloudpickle.dumps(u)} for uid, u in zip(uids, units)]
         ds = ray.data.from_items(items, override_num_blocks=min(len(items), 10_000))
         ds = ds.map_batches(UnitWorker, fn_constructor_kwargs=worker, batch_size=1,
                             compute=ActorPoolStrategy(size=workers), num_cpus=1,
@@ -294,6 +296,11 @@ def map_units(ray, units: Sequence[Any], uids: Sequence[int], worker: dict, work
         ctx.enable_progress_bars, ctx.execution_options.preserve_order = saved
 
 
+class RayJobError(WriteError):
+    """Ray itself failed (a worker lost for good, the cluster gone): like a refused write, the
+    whole shards are kept for ``--resume``."""
+
+
 def _ray_failure(exc: Exception, where: str) -> AttnscopeError:
     """One line for a failure of Ray itself or of code on a worker: the innermost error."""
     import re
@@ -301,7 +308,7 @@ def _ray_failure(exc: Exception, where: str) -> AttnscopeError:
     lines = [ln.strip() for ln in str(exc).splitlines()]
     cause = next((ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*: ", ln)
                   and not ln.startswith("ray.")), None) or type(exc).__name__
-    return AttnscopeError(f"{where}: the Ray job failed ({cause[:300]}); finished shards are kept: "
+    return RayJobError(f"{where}: the Ray job failed ({cause[:300]}); finished shards are kept: "
                           "run the same command with --resume")
 
 
