@@ -74,6 +74,9 @@ def worker_runtime_env() -> dict[str, Any]:
 
 
 def _quiet_logs() -> None:
+    """Ray's own chatter (cluster start, each dataset's plan and stats) stays in Ray's log
+    files; its warnings and errors still reach the terminal."""
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     for name in ("ray", "ray.data"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -277,9 +280,14 @@ def map_units(ray, units: Sequence[Any], uids: Sequence[int], worker: dict, work
     if not units:
         return
     ctx = ray.data.DataContext.get_current()
-    saved = (ctx.enable_progress_bars, ctx.execution_options.preserve_order)
-    ctx.enable_progress_bars = False  # the driver shows one bar of its own
+    names = ("enable_progress_bars", "print_on_execution_start", "enable_auto_log_stats")
+    saved = [getattr(ctx, n) for n in names] + [ctx.execution_options.preserve_order]
+    for n in names:  # the driver shows one bar of its own
+        setattr(ctx, n, False)
     ctx.execution_options.preserve_order = ordered
+    data_log = logging.getLogger("ray.data")
+    level = data_log.level
+    data_log.setLevel(logging.ERROR)
     try:
         items = [{"uid": uid, "payload": cloudpickle.dumps(u)} for uid, u in zip(uids, units)]
         ds = ray.data.from_items(items, override_num_blocks=min(len(items), 10_000))
@@ -293,7 +301,10 @@ def map_units(ray, units: Sequence[Any], uids: Sequence[int], worker: dict, work
                 raise cls(result["error"])
             yield int(row["uid"]), result
     finally:
-        ctx.enable_progress_bars, ctx.execution_options.preserve_order = saved
+        for n, v in zip(names, saved):
+            setattr(ctx, n, v)
+        ctx.execution_options.preserve_order = saved[-1]
+        data_log.setLevel(level)
 
 
 class RayJobError(WriteError):
