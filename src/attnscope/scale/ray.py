@@ -292,7 +292,7 @@ def map_units(ray, units: Sequence[Any], uids: Sequence[int], worker: dict, work
         items = [{"uid": uid, "payload": cloudpickle.dumps(u)} for uid, u in zip(uids, units)]
         ds = ray.data.from_items(items, override_num_blocks=min(len(items), 10_000))
         ds = ds.map_batches(UnitWorker, fn_constructor_kwargs=worker, batch_size=1,
-                            compute=ActorPoolStrategy(size=workers), num_cpus=1,
+                            compute=ActorPoolStrategy(size=min(workers, len(units))), num_cpus=1,
                             num_gpus=_num_gpus(), batch_format="numpy")
         for row in ds.iter_rows():
             result = pickle.loads(row["result"])  # bytes a worker of this job pickled
