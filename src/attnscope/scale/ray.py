@@ -173,6 +173,36 @@ def _shard_maps(root: Path, sid: int) -> dict[int, Any]:
                 for r in records}
 
 
+@dataclass
+class ModelParcel:
+    """A loaded model as it travels to the workers: its class, config, weights and tokenizer,
+    never the live module (hooks, patched methods or closures that other code attached to it
+    in the driver would not pickle, and have no business on a worker)."""
+
+    model_class: type
+    config: Any
+    state: dict
+    dtype: Any
+    fields: dict
+
+    @classmethod
+    def pack(cls, lm) -> "ModelParcel":
+        fields = {f.name: getattr(lm, f.name) for f in dataclasses.fields(lm) if f.name != "model"}
+        return cls(type(lm.model), lm.model.config, lm.model.state_dict(),
+                   next(lm.model.parameters()).dtype, fields)
+
+    def unpack(self):
+        from attnscope.models import forward as fw
+        from attnscope.models.loading import LoadedModel
+
+        if getattr(self.config, "_attn_implementation", None) == fw.ATTN_IMPLEMENTATION:
+            fw._register()  # the attention function is registered per process
+        model = self.model_class(self.config).to(self.dtype)
+        model.load_state_dict(self.state)
+        model.eval()
+        return LoadedModel(model=model, **self.fields)
+
+
 class UnitWorker:
     """The callable class Ray Data runs on each actor: the model is loaded (unpickled) once per
     actor, then each call runs the units of one Ray Data batch.
@@ -186,9 +216,9 @@ class UnitWorker:
                  shard_size: int = 128, dtype: str = "float16", done: Sequence[int] = (),
                  analyses: list | None = None, stream: dict | None = None):
         from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
-        from attnscope.models.forward import install
 
-        install(model.model)  # attnscope's attention function is registered per process
+        if isinstance(model, ModelParcel):
+            model = model.unpack()
         self.lm = model
         self.extractor = Extractor(model, ExtractOptions(**options), ExtractStats())
         self.mode = mode
@@ -393,7 +423,7 @@ def extract_on_ray(examples: Iterable, out: str | Path | None = None, model: Any
         tok_done = sum(u.tokens for u in units if u.uid not in run_ids)
         if progress is not None:
             progress(ex_done, tok_done)
-        worker = {"model": extractor.lm, "options": options.as_dict(), "mode": "extract",
+        worker = {"model": ModelParcel.pack(extractor.lm), "options": options.as_dict(), "mode": "extract",
                   "root": str(job.root) if job else None, "shard_size": shard_size, "dtype": dtype,
                   "done": sorted(done), "analyses": analyses}
         partials: dict[int, list] = {}
@@ -442,7 +472,7 @@ def stream_stats_on_ray(lm, sequences: Sequence[Sequence[int]], stats, *, worker
              for i in range(0, len(seqs), per_unit)]
     from attnscope.extract.runner import ExtractOptions
 
-    worker = {"model": lm, "options": ExtractOptions(max_seq_len=min(lm.max_positions, 128)).as_dict(),
+    worker = {"model": ModelParcel.pack(lm), "options": ExtractOptions(max_seq_len=min(lm.max_positions, 128)).as_dict(),
               "mode": "stream", "analyses": [stats], "stream": {"chunk": chunk, "batch_size": batch_size}}
     partials = {}
     with ray_session(workers) as ray:
@@ -496,7 +526,7 @@ class _RemotePlan:
                 return None
             self.next = k
             units = [Unit(i, [(list(range(len(b))), b)]) for i, b in enumerate(self.planned[k:], k)]
-            worker = {"model": self.extractor.lm, "options": self.extractor.options.as_dict(),
+            worker = {"model": ModelParcel.pack(self.extractor.lm), "options": self.extractor.options.as_dict(),
                       "mode": "maps"}
             self.results = map_units(self.runner.ray, units, [u.uid for u in units], worker,
                                      self.runner.workers, ordered=True)
