@@ -386,9 +386,10 @@ def extract_on_ray(examples: Iterable, out: str | Path | None = None, model: Any
     maps as the store holds them (``dtype``), as a run over the written store would.
     ``progress(examples_done, tokens_done)`` after each unit.
 
-    >>> from attnscope.analyses.entropy import Entropy       # doctest: +SKIP
-    >>> out = extract_on_ray(examples, "store/", "debug:bert", analyses=[Entropy()], workers=2)
-    >>> out.analyses[0].finalize()
+    >>> from attnscope.analyses.entropy import Entropy
+    >>> out = extract_on_ray(examples, "store/", "debug:bert", analyses=[Entropy()],
+    ...                      workers=2)  # doctest: +SKIP
+    >>> out.analyses[0].finalize()  # doctest: +SKIP
     """
     from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
     from attnscope.models.loading import load_model
