@@ -36,6 +36,7 @@ from attnscope.errors import AttnscopeError, InputError
 from attnscope.families import Context, Family, Prepared, check_options, load_families
 from attnscope.report.results import read_json, write_json
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
+from attnscope.scale import check_ray
 
 #: Name of the folder (inside the output folder) holding the run's state and checkpoints.
 STATE_DIR = "run"
@@ -309,15 +310,30 @@ def _take_out_dir(out_dir: Path, old: dict | None, run_fp: str, *, overwrite: bo
     return old
 
 
+@contextmanager
+def engine(ray: bool = False, workers: int = 1):
+    """With ``ray``, every family's forward passes run on ``workers`` Ray workers for the
+    duration of the block (:func:`attnscope.scale.ray.ray_batches`); the results are the same."""
+    if not ray:
+        yield
+        return
+    from attnscope.scale.ray import ray_batches
+
+    with ray_batches(workers):
+        yield
+
+
 def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False,
                  overwrite: bool = False, progress: Progress | None = None,
-                 command: str | None = None, model=None) -> RunOutcome:
+                 command: str | None = None, model=None, ray: bool = False,
+                 workers: int = 1) -> RunOutcome:
     """Run every family the inputs allow and write the report; see the module docstring.
 
     ``progress(step, done, total)`` is called as work advances: ``step`` is ``"overall"``
     (in examples, for one ETA over the whole run), ``"load model"``, ``"prepare inputs"``,
     ``"report"`` or ``"<family>: <step>"``. ``model`` may be an already loaded
-    :class:`~attnscope.models.LoadedModel` (then ``config.model`` only names it).
+    :class:`~attnscope.models.LoadedModel` (then ``config.model`` only names it). ``ray``: run
+    the forward passes on ``workers`` Ray workers (``docs/scale.md``).
     """
     from attnscope.models import load_model
     from attnscope.report.html import write_head_views, write_report
@@ -328,6 +344,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     out_dir = Path(out_dir)
     cfg = config
     check_config(cfg)
+    check_ray(ray, workers)
     old_run = _check_out_dir(out_dir, resume=resume, overwrite=overwrite)
     files = data_files(cfg)
 
@@ -365,7 +382,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                            "data": [(d["role"], d["sha256"]) for d in files],
                            "weights": model_info["weights_sha256"], "model": model_info})
     old_state = _take_out_dir(out_dir, old_run, run_fp, overwrite=overwrite)
-    with refused_writes(out_dir):
+    with refused_writes(out_dir), engine(ray, workers):
         (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
         state = {"fingerprint": run_fp, "status": "running", "started": started,
                  "arguments": arguments}
@@ -438,13 +455,13 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
 def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: Any = None,
                seed: int = 0, max_seq_len: int = 128, batch_size: int = 16,
                save_maps: str | Path | None = None, progress: Progress | None = None,
-               **options: Any) -> Section:
+               ray: bool = False, workers: int = 1, **options: Any) -> Section:
     """One family on its own (``attnscope analyze <key>``): read and check its ``inputs`` (by
     input name), load the model when one is needed, run it and return its Section.
 
     ``model``: a name to load, an already loaded model, or None (then the family's
     ``default_model`` is loaded for files, and no model for stores). ``options`` are the
-    fields of the family's ``Options``.
+    fields of the family's ``Options``. ``ray``: run the forward passes on ``workers`` Ray workers.
 
     >>> run_family("coref", {"coref": ["doc.conllu"]}, "out/", window="sliding")  # doctest: +SKIP
     """
@@ -461,6 +478,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
         raise AttnscopeError(f"{key}: not available in this installation ({reason})")
     opts = fam.Options(**options)
     check_options(opts)
+    check_ray(ray, workers)
     inputs = {inp.name: inputs.get(inp.name) for inp in fam.inputs}
     files = [p for inp in fam.inputs for p in inp.paths(inputs[inp.name])]
     for p in files:
@@ -477,7 +495,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                   batch_size=batch_size, progress=progress,
                   save_maps=Path(save_maps) if save_maps is not None else None)
     prepared = fam.prepare(inputs, opts, ctx)
-    with refused_writes(Path(out_dir)):
+    with refused_writes(Path(out_dir)), engine(ray, workers):
         return fam.run(prepared, opts, ctx)
 
 

@@ -8,8 +8,15 @@ from pathlib import Path
 import typer
 
 from attnscope.cli.common import command_line, console, progress_bar, read_inputs
-from attnscope.cli.options import batch_size_option, quiet_option, seed_option
+from attnscope.cli.options import (
+    batch_size_option,
+    quiet_option,
+    ray_option,
+    seed_option,
+    workers_option,
+)
 from attnscope.cli.output import results
+from attnscope.scale import check_ray
 
 
 class Dtype(str, Enum):
@@ -42,6 +49,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         seed: int = seed_option(0),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted store."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
+        ray: bool = ray_option(),
+        workers: int = workers_option(),
         quiet: bool = quiet_option(),
     ) -> None:
         """Run a model over examples and write every head's attention to a store."""
@@ -52,6 +61,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         from attnscope.store import extract_to_store
         from attnscope.store.writer import check_output_folder
 
+        check_ray(ray, workers)  # before anything is read or written
         examples = read_inputs(input)
         check_output_folder(out, resume=resume, overwrite=overwrite)  # before the model loads
         lm = load_model("debug" if debug else model, seed=seed)
@@ -62,9 +72,17 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         source = {"path": str(input), "file_sha256": file_fingerprint(input)}
         try:
             with progress_bar("extract", len(examples), quiet) as advance:
-                stats = extract_to_store(examples, out, lm, options=options, dtype=dtype.value,
-                                         shard_size=shard_size, resume=resume, overwrite=overwrite,
-                                         source=source, command=command_line(), progress=advance)
+                if ray:
+                    from attnscope.scale.ray import extract_on_ray
+
+                    stats = extract_on_ray(examples, out, lm, options=options, dtype=dtype.value,
+                                           shard_size=shard_size, resume=resume, overwrite=overwrite,
+                                           source=source, command=command_line(), progress=advance,
+                                           workers=workers).stats
+                else:
+                    stats = extract_to_store(examples, out, lm, options=options, dtype=dtype.value,
+                                             shard_size=shard_size, resume=resume, overwrite=overwrite,
+                                             source=source, command=command_line(), progress=advance)
         except InputError as exc:
             if exc.where is None:
                 raise InputError(input, str(exc)) from None

@@ -19,7 +19,13 @@ from typing import Any
 import typer
 
 from attnscope.cli.common import console, step_progress
-from attnscope.cli.options import batch_size_option, quiet_option, seed_option
+from attnscope.cli.options import (
+    batch_size_option,
+    quiet_option,
+    ray_option,
+    seed_option,
+    workers_option,
+)
 
 _P = inspect.Parameter
 
@@ -94,6 +100,11 @@ def shared_params(*, model_default: str | None, model_help: str) -> list[inspect
 QUIET = _param("quiet", bool, quiet_option())
 
 
+def engine_params() -> list[inspect.Parameter]:
+    """``--ray`` and ``--workers``, shared by ``analyze <family>`` and ``run``."""
+    return [_param("ray", bool, ray_option()), _param("workers", int, workers_option())]
+
+
 def print_section(section, out: Path) -> None:
     """A family's findings and its first table on stdout; where the files went on stderr."""
     for line in section.findings:
@@ -111,7 +122,8 @@ def _analyze_command(fam):
 
         quiet = values.pop("quiet")
         out = values.pop("out")
-        shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed")}
+        shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed", "ray",
+                                             "workers")}
         save_maps = values.pop("save_maps", None)
         inputs = {}
         for i, inp in enumerate(fam.inputs):
@@ -128,7 +140,7 @@ def _analyze_command(fam):
                   "Model: 'default' (the packaged MiniLM), a local folder, a Hub id or "
                   "debug:<family>; " + (f"default: {fam.default_model}; " if fam.default_model else "")
                   + "not needed when every input is a store.")),
-              *option_params(fam), QUIET]
+              *option_params(fam), *engine_params(), QUIET]
     if fam.saves_maps:
         params.append(_param("save_maps", Path | None, typer.Option(
             None, "--save-maps", help="Also keep the extracted maps as stores in this folder.",

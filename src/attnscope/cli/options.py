@@ -26,6 +26,9 @@ SHARED_HELP: dict[str, str] = {
     "--format": "Output layout.",
     "--overwrite": "Replace an existing output.",
     "--port": "TCP port to listen on (0 picks a free one).",
+    "--ray": "Run the forward passes on Ray: the cluster at RAY_ADDRESS or one running here, else a "
+             "local one (pip install 'attnscope[ray]'; docs/scale.md).",
+    "--workers": "Ray workers with --ray, each holding one copy of the model.",
 }
 
 
@@ -39,6 +42,14 @@ def batch_size_option(default: int = 16) -> int:
 
 def seed_option(default: int = 0) -> int:
     return typer.Option(default, "--seed", help=SHARED_HELP["--seed"])
+
+
+def ray_option() -> bool:
+    return typer.Option(False, "--ray", show_default=False, help=SHARED_HELP["--ray"])
+
+
+def workers_option() -> int:
+    return typer.Option(1, "--workers", help=SHARED_HELP["--workers"])
 
 
 def _type_name(param) -> str:

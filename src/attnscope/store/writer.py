@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -160,6 +161,64 @@ def extract_to_store(examples: Iterable[Example], out: str | Path, model: Loaded
     ``progress(examples_done, tokens_done)`` is called after each batch. A store that exists
     is refused unless ``resume`` (same inputs and options: continue) or ``overwrite``.
     """
+    job = open_store_job(examples, out, model, options=options, dtype=dtype, shard_size=shard_size,
+                         resume=resume, overwrite=overwrite, source=source, command=command)
+    start = time.perf_counter()
+    writer = ShardWriter(job.root, shard_size, dtype, job.done)
+    with job.cleanup_on_error():
+        with small_matrix_threads():
+            _run_plan(job.extractor, job.examples, writer, job.stats, progress)
+    writer.finish()
+    job.finish()
+    job.stats.elapsed_s = time.perf_counter() - start  # type: ignore[attr-defined]
+    return job.stats
+
+
+@dataclasses.dataclass
+class StoreJob:
+    """A store folder opened for writing by :func:`open_store_job`: the checked folder, the
+    model's extractor, the manifest written so far and the shards already on disk (``done``).
+
+    Whoever runs the plan (this process, or the workers of :mod:`attnscope.scale.ray`) writes
+    the shards; :meth:`finish` then writes the index and the completed manifest, last."""
+
+    root: Path
+    examples: list[Example]
+    extractor: Extractor
+    stats: ExtractStats
+    manifest: dict
+    done: set[int]
+    fresh: bool
+    shard_size: int
+    dtype: str
+
+    @contextlib.contextmanager
+    def cleanup_on_error(self):
+        """Bad input leaves nothing behind; a refused write keeps the whole shards for --resume."""
+        try:
+            yield
+        except AttnscopeError as exc:
+            if self.fresh and not isinstance(exc, WriteError):
+                shutil.rmtree(self.root, ignore_errors=True)
+            raise
+
+    def finish(self) -> None:
+        _write_index(self.root, self.shard_size)
+        stats = self.stats
+        self.manifest["status"] = "complete"
+        self.manifest["summary"] = {"examples_in": stats.examples_in, "examples_out": stats.examples_out,
+                                    "tokens": stats.tokens, "skipped": stats.skipped,
+                                    "truncated": stats.truncated, "warnings": stats.warnings}
+        _write_file(self.root, self.root / MANIFEST,
+                    json.dumps(self.manifest, indent=1, ensure_ascii=False).encode())
+
+
+def open_store_job(examples: Iterable[Example], out: str | Path, model: LoadedModel | str = "default",
+                   *, options: ExtractOptions | None = None, dtype: str = "float16",
+                   shard_size: int = 128, resume: bool = False, overwrite: bool = False,
+                   source: dict | None = None, command: str | None = None) -> StoreJob:
+    """Check ``out``, load the model, write the first (incomplete) manifest of a fresh store, or
+    find the valid shards of a store to resume; see :func:`extract_to_store`."""
     if dtype not in DTYPES:
         raise StoreError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if shard_size < 1:
@@ -210,26 +269,8 @@ def extract_to_store(examples: Iterable[Example], out: str | Path, model: Loaded
     if fresh:  # the manifest first: a folder with shards/ always says what it is
         _write_file(root, root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False).encode())
     (root / SHARDS).mkdir(parents=True, exist_ok=True)
-
-    start = time.perf_counter()
-    writer = ShardWriter(root, shard_size, dtype, done)
-    try:
-        with small_matrix_threads():
-            _run_plan(extractor, examples, writer, stats, progress)
-    except AttnscopeError as exc:
-        # bad input: leave nothing behind; a refused write keeps the whole shards for --resume
-        if fresh and not isinstance(exc, WriteError):
-            shutil.rmtree(root, ignore_errors=True)
-        raise
-    writer.finish()
-    _write_index(root, shard_size)
-    manifest["status"] = "complete"
-    manifest["summary"] = {"examples_in": stats.examples_in, "examples_out": stats.examples_out,
-                           "tokens": stats.tokens, "skipped": stats.skipped,
-                           "truncated": stats.truncated, "warnings": stats.warnings}
-    _write_file(root, root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False).encode())
-    stats.elapsed_s = time.perf_counter() - start  # type: ignore[attr-defined]
-    return stats
+    return StoreJob(root=root, examples=examples, extractor=extractor, stats=stats, manifest=manifest,
+                    done=done, fresh=fresh, shard_size=shard_size, dtype=dtype)
 
 
 def _run_plan(extractor: Extractor, examples: list[Example], writer: ShardWriter, stats: ExtractStats,

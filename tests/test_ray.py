@@ -1,0 +1,354 @@
+"""Extraction and analyses on Ray (attnscope.scale.ray) against the single-process run.
+
+One local cluster (``ray.init(num_cpus=2)``) for the whole module; tiny random models. Skipped
+when Ray is not installed (``pip install -e ".[ray]"``), except the checks that need no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnscope.analyses.base import ANALYSES
+from attnscope.analyses.entropy import Entropy
+from attnscope.analyses.runner import run_analyses
+from attnscope.data.io import example_from_dict
+from attnscope.errors import AttnscopeError
+from attnscope.extract import ExtractOptions, ExtractStats, extract
+from attnscope.store import extract_to_store, open_store
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+WORDS = ("the a cat dog sat mat ran saw man woman house big small red old new said who what "
+         "unbelievable housing").split()
+
+
+def _import_all_analyses() -> None:
+    import importlib
+    import pkgutil
+
+    import attnscope.analyses as pkg
+
+    for info in pkgutil.walk_packages(pkg.__path__, prefix="attnscope.analyses."):
+        importlib.import_module(info.name)
+
+
+_import_all_analyses()
+
+
+def corpus(n: int, seed: int = 0, longest: int = 24) -> list:
+    rng = random.Random(seed)
+    return [example_from_dict({"words": [rng.choice(WORDS) for _ in range(rng.randint(1, longest))]}, i)
+            for i in range(n)]
+
+
+def map_analyses(lm, word_level: bool) -> list:
+    """Every registered analysis that folds maps and needs nothing beyond them (and, at word
+    level with dependency trees, the syntax ones), with the parameters the contract test uses."""
+    have = {"word_level", "dependencies"} if word_level else set()
+    token_only = {"vig-patterns"} if word_level else set()  # refuses word-level maps by design
+    return [cls.for_model(lm, seed=0) for name, cls in sorted(ANALYSES.items())
+            if cls.consumes == "maps" and set(cls.requires) <= have and name not in token_only]
+
+
+def assert_same_result(a, b, where: str = "") -> None:
+    """Results equal: integers and strings exactly, floats to 1e-9 relative."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), where
+        for k in a:
+            assert_same_result(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_result(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray):
+        assert a.shape == b.shape and a.dtype == b.dtype, where
+        if a.dtype.kind == "f":
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=0, equal_nan=True, err_msg=where)
+        else:
+            assert np.array_equal(a, b), where
+    elif isinstance(a, float):
+        assert (np.isnan(a) and np.isnan(b)) or a == pytest.approx(b, rel=1e-9, abs=0), where
+    else:
+        assert a == b, where
+
+
+def assert_same_results(expected: dict, analyses: list) -> None:
+    assert [a.name for a in analyses] == list(expected)
+    for a in analyses:
+        r, e = a.finalize(), expected[a.name]
+        assert_same_result(e.arrays, r.arrays, a.name)
+        assert_same_result(json.loads(json.dumps(e.tables, default=float)),
+                           json.loads(json.dumps(r.tables, default=float)), a.name)
+
+
+def assert_same_store(local: Path, ray_store: Path) -> None:
+    """Same index (example -> shard, position, length; every shard's sha256) and manifest."""
+    assert json.loads((local / "index.json").read_text()) == json.loads((ray_store / "index.json").read_text())
+    m1, m2 = (json.loads((p / "manifest.json").read_text()) for p in (local, ray_store))
+    m1.pop("command"), m2.pop("command")
+    assert m1 == m2
+    assert sorted(os.listdir(local / "shards")) == sorted(os.listdir(ray_store / "shards"))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    from attnscope.scale.ray import worker_runtime_env
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 << 20,
+             runtime_env=worker_runtime_env())
+    yield ray
+    ray.shutdown()
+
+
+# -- no Ray needed ---------------------------------------------------------------------------
+
+def test_the_cli_and_the_library_never_import_ray():
+    code = ("import sys, attnscope, attnscope.cli.main, attnscope.pipeline, attnscope.scale\n"
+            "assert 'ray' not in sys.modules, 'ray was imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=str(SRC)))
+
+
+def test_ray_flag_without_ray_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys):
+    from attnscope.cli.main import main
+
+    inp = tmp_path / "in.json"
+    inp.write_text(json.dumps([{"text": "the cat sat"}]))
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    for argv in (["extract", str(inp), "-o", str(tmp_path / "s"), "--debug", "--ray"],
+                 ["analyze", "general", str(inp), "-o", str(tmp_path / "a"), "-m", "debug", "--ray"],
+                 ["run", "--text", str(inp), "-o", str(tmp_path / "r"), "-m", "debug", "--ray"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["error: --ray needs Ray, which is not installed: pip install 'attnscope[ray]'"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]  # nothing written
+    assert main(["extract", str(inp), "-o", str(tmp_path / "s"), "--debug", "--workers", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --workers needs --ray"
+
+
+# -- on a local cluster ----------------------------------------------------------------------
+
+def test_units_end_on_shard_boundaries_and_cover_the_plan(debug_bert):
+    from attnscope.extract import Extractor
+    from attnscope.scale.ray import plan_units
+
+    exs = corpus(50)
+    ex = Extractor(debug_bert, ExtractOptions(batch_size=3, window=20))
+    units = plan_units(ex, exs, shard_size=8, unit_examples=8)
+    positions = [p for u in units for ps, _ in u.batches for p in ps]
+    assert positions == list(range(50))  # every plan position once, in order
+    for u in units[:-1]:
+        last = u.batches[-1][0][-1]
+        assert (last + 1) % 8 == 0 and u.examples >= 8  # a unit ends where a shard ends
+    shards = [u.shards(8) for u in units]
+    assert all(not (a & b) for i, a in enumerate(shards) for b in shards[i + 1:])  # no shard shared
+
+
+def test_store_and_analyses_equal_the_single_process_run(cluster, debug_bert, tmp_path):
+    from attnscope.scale.ray import extract_on_ray
+
+    exs = corpus(70)
+    opts = ExtractOptions(batch_size=4)
+    extract_to_store(exs, tmp_path / "local", debug_bert, options=opts, shard_size=16)
+    expected = run_analyses(map_analyses(debug_bert, False), open_store(tmp_path / "local").batches())
+    seen = []
+    out = extract_on_ray(exs, tmp_path / "ray", debug_bert, options=opts, shard_size=16, workers=2,
+                         analyses=map_analyses(debug_bert, False), progress=lambda d, t: seen.append((d, t)))
+    assert_same_store(tmp_path / "local", tmp_path / "ray")
+    assert_same_results(expected, out.analyses)
+    assert out.units == 5 and out.units_run == 5  # 70 examples, 16 per shard
+    assert seen[-1] == (70, out.stats.tokens) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert open_store(tmp_path / "ray").complete
+
+
+@pytest.mark.slow
+def test_word_level_decoder_with_dependencies_without_a_store(cluster, debug_gpt2):
+    """No store: analyses see float32 maps, as ``run_analyses(extract(...))`` does."""
+    from attnscope.data.depparse import iter_depparse
+    from attnscope.pipeline import demo_inputs
+    from attnscope.scale.ray import extract_on_ray
+
+    exs = list(iter_depparse(demo_inputs()["deps"]))
+    opts = ExtractOptions(batch_size=3, word_level=True)
+    stats = ExtractStats()
+    expected = run_analyses(map_analyses(debug_gpt2, True), extract(exs, debug_gpt2, options=opts,
+                                                                    stats=stats))
+    assert "dependency-heads" in expected
+    out = extract_on_ray(exs, None, debug_gpt2, options=opts, workers=2, unit_examples=4,
+                         analyses=map_analyses(debug_gpt2, True))
+    assert_same_results(expected, out.analyses)
+    assert out.units == 2  # 12 sentences in batches of 3, at least 4 per unit: 6 + 6
+    assert (out.stats.examples_out, out.stats.tokens) == (stats.examples_out, stats.tokens)
+    assert stats.examples_out == 12
+
+
+def test_a_bad_example_on_a_worker_is_one_line_and_leaves_no_store(cluster, debug_bert, tmp_path):
+    from attnscope.scale.ray import extract_on_ray
+
+    with pytest.raises(AttnscopeError) as info:
+        extract_on_ray(corpus(40), tmp_path / "s", debug_bert, shard_size=8, workers=2,
+                       analyses=[RefuseExample(23)])
+    assert str(info.value) == "example 23: refused by the test analysis"
+    assert not (tmp_path / "s").exists()  # the job started the store, so it is removed
+
+
+def test_cli_extract_on_ray_equals_local_and_bad_input_is_the_same_line(cluster, tmp_path, capsys):
+    from attnscope.cli.main import main
+
+    inp = tmp_path / "in.json"
+    inp.write_text(json.dumps([e.to_dict() for e in corpus(30)]))
+    common = ["--debug", "--shard-size", "8", "--batch-size", "4", "-q"]
+    assert main(["extract", str(inp), "-o", str(tmp_path / "local"), *common]) == 0
+    assert main(["extract", str(inp), "-o", str(tmp_path / "ray"), *common, "--ray", "--workers", "2"]) == 0
+    assert_same_store(tmp_path / "local", tmp_path / "ray")
+    capsys.readouterr()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"words": "not a list"}\n')
+    lines = []
+    for extra in ([], ["--ray", "--workers", "2"]):
+        assert main(["extract", str(bad), "-o", str(tmp_path / "b"), "--debug", *extra]) == 2
+        lines.append(capsys.readouterr().err.strip().splitlines())
+        assert not (tmp_path / "b").exists()
+    assert lines[0] == lines[1] and len(lines[0]) == 1 and str(bad) in lines[0][0]
+
+
+def test_analyze_family_on_ray_gives_the_same_results(cluster, debug_bert, tmp_path):
+    """The --ray engine behind analyze/run: the family is unchanged, its results too."""
+    from attnscope.pipeline import run_family
+
+    inp = tmp_path / "in.json"
+    inp.write_text(json.dumps([e.to_dict() for e in corpus(24)]))
+    run_family("general", {"text": inp}, tmp_path / "local", model=debug_bert, gradients="off")
+    run_family("general", {"text": inp}, tmp_path / "ray", model=debug_bert, gradients="off",
+               ray=True, workers=2)
+    a, b = (json.loads((tmp_path / d / "results" / "general.json").read_text()) for d in ("local", "ray"))
+    assert_same_result(_without_times(a), _without_times(b))
+
+
+def _without_times(d):
+    if isinstance(d, dict):
+        return {k: _without_times(v) for k, v in d.items()
+                if not any(w in k for w in ("seconds", "elapsed", "time"))}
+    if isinstance(d, list):
+        return [_without_times(v) for v in d]
+    return d
+
+
+@pytest.mark.slow
+def test_streaming_long_context_statistics_merge_exactly(cluster):
+    from attnscope.analyses.longctx import LongContextStats
+    from attnscope.analyses.streaming import stream_stats
+    from attnscope.models import load_model
+    from attnscope.scale.ray import stream_stats_on_ray
+
+    lm = load_model("debug:llama")
+    rng = random.Random(3)
+    seqs = [[rng.randrange(5, 200) for _ in range(rng.randint(20, 60))] for _ in range(9)]
+    local, remote = LongContextStats(), LongContextStats()
+    stream_stats(lm, seqs, local, chunk=16)
+    stream_stats_on_ray(lm, seqs, remote, workers=2, chunk=16, per_unit=2)
+    assert remote.documents == local.documents == 9 and remote.tokens == local.tokens
+    assert_same_result(local.finalize().arrays, remote.finalize().arrays)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_still_ends_in_the_same_store_and_results(cluster, debug_bert, tmp_path):
+    """kill -9 of the actor's process in the middle of a unit: Ray Data starts a new actor and
+    runs the unit again (Ray 2.60 retries without limit); the store and results are identical."""
+    from attnscope.scale.ray import extract_on_ray
+
+    exs = corpus(60, seed=5)
+    opts = ExtractOptions(batch_size=4)
+    extract_to_store(exs, tmp_path / "local", debug_bert, options=opts, shard_size=8)
+    expected = run_analyses(map_analyses(debug_bert, False), open_store(tmp_path / "local").batches())
+    killer = KillOnce(31, str(tmp_path / "killed"))
+    out = extract_on_ray(exs, tmp_path / "ray", debug_bert, options=opts, shard_size=8, workers=2,
+                         analyses=[*map_analyses(debug_bert, False), killer])
+    assert (tmp_path / "killed").exists()  # the worker really was killed
+    assert_same_store(tmp_path / "local", tmp_path / "ray")
+    assert_same_results(expected, out.analyses[:-1])
+
+
+@pytest.mark.slow
+def test_a_killed_driver_leaves_a_store_that_resume_completes_identically(cluster, debug_bert, tmp_path):
+    from attnscope.families.base import open_input_store
+    from attnscope.scale.ray import extract_on_ray
+
+    exs = corpus(600, seed=7, longest=60)
+    inp = tmp_path / "in.json"
+    inp.write_text(json.dumps([e.to_dict() for e in exs]))
+    args = ["--debug", "--shard-size", "8", "--batch-size", "4", "-q"]
+    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1",
+               RAY_ADDRESS=cluster.get_runtime_context().gcs_address)
+    proc = subprocess.Popen([sys.executable, "-m", "attnscope", "extract", str(inp), "-o",
+                             str(tmp_path / "ray"), *args, "--ray", "--workers", "2"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shards = tmp_path / "ray" / "shards"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        if shards.is_dir() and len(list(shards.glob("*.safetensors"))) >= 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the extraction ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with pytest.raises(AttnscopeError, match="unfinished store"):
+        open_input_store(tmp_path / "ray")
+    extract_to_store(exs, tmp_path / "local", debug_bert, options=ExtractOptions(batch_size=4), shard_size=8)
+    out = extract_on_ray(exs, tmp_path / "ray", debug_bert, options=ExtractOptions(batch_size=4),
+                         shard_size=8, workers=2, resume=True)
+    assert out.units_run < out.units  # the shards written before the kill were kept
+    assert_same_store(tmp_path / "local", tmp_path / "ray")
+
+
+# -- analyses that misbehave on purpose (shipped to the workers by value) -------------------
+
+class RefuseExample(Entropy):
+    """Entropy that refuses one example, as a reader refuses a bad input line."""
+
+    name = "test-refuse"
+
+    def __init__(self, index: int):
+        super().__init__()
+        self.index = index
+
+    def update(self, batch):
+        for m in batch:
+            if m.index == self.index:
+                raise AttnscopeError(f"example {m.index}: refused by the test analysis")
+        super().update(batch)
+
+
+class KillOnce(Entropy):
+    """Kills its own worker process (SIGKILL) the first time it sees example ``index``."""
+
+    name = "test-kill"
+
+    def __init__(self, index: int, marker: str):
+        super().__init__()
+        self.index, self.marker = index, marker
+
+    def update(self, batch):
+        for m in batch:
+            if m.index == self.index and not os.path.exists(self.marker):
+                Path(self.marker).touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+        super().update(batch)
+
+
+try:  # the workers cannot import this test module: send these classes by value
+    import ray.cloudpickle as _cp
+
+    _cp.register_pickle_by_value(sys.modules[__name__])
+except ImportError:
+    pass
