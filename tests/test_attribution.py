@@ -256,6 +256,23 @@ def test_norm_identity(fixture, request):
         torch.testing.assert_close(ln.norms(), ln.attn * ln.f.norm(dim=-1)[:, :, None, :])
 
 
+def test_norm_shares_first_is_position_zero_on_a_causal_model_without_bos(debug_gpt2):
+    """GPT-2 adds no BOS: "first" is the sink at position 0, its weight share the mean over
+    heads and rows of the eager maps' column 0 (worked out here from the maps)."""
+    enc, _ = encode_examples(debug_gpt2, TEXTS)
+    assert not any(e.special[0] for e in enc)
+    ns = NormShares(debug_gpt2)
+    ns.update(enc)
+    got = ns.finalize().arrays["weight_share"][:, 0]
+    num, rows = np.zeros(debug_gpt2.num_layers), 0
+    for e in enc:
+        out = forward(debug_gpt2, pad_batch(debug_gpt2, [e.input_ids], [e.token_type_ids]), attentions=True)
+        num += np.array([a[0, :, :, 0].double().sum().item() for a in out.attentions])
+        rows += debug_gpt2.num_heads * len(e.input_ids)
+    np.testing.assert_allclose(got, num / rows, rtol=1e-6)
+    assert (got > 0).all()
+
+
 def test_norm_shares_are_shares(debug_bert):
     enc, _ = encode_examples(debug_bert, TEXTS)
     ns = NormShares(debug_bert)

@@ -171,7 +171,9 @@ class NormShares(Analysis):
     For every head and every real query row, the weight share of a class is the sum of the
     row's weights on keys of the class, and the norm share the sum of ``||alpha_ij f(x_j)||``
     over those keys divided by the sum over all keys; both are averaged over heads and rows.
-    ``update`` takes encoded examples (it needs the model).
+    Class "first" is the first special token (``[CLS]``, ``<s>``, BOS); on a causal model whose
+    input does not start with one (GPT-2, SmolLM2 add no BOS) it is position 0, the attention
+    sink. ``update`` takes encoded examples (it needs the model).
     """
 
     name = "norm-shares"
@@ -195,6 +197,7 @@ class NormShares(Analysis):
 
     def params(self) -> dict[str, Any]:
         return {"model": self.lm.name, "token_classes": self.classer.params(),
+                "first": "the first special token; position 0 on a causal model without one",
                 "average": "over heads and real query rows"}
 
     def update(self, encoded) -> None:
@@ -210,7 +213,11 @@ class NormShares(Analysis):
             for b, e in enumerate(chunk):
                 n = len(e.input_ids)
                 k = self.classer.classify(e.tokens, np.asarray(e.special, dtype=bool))
-                cols = np.stack([k.first, k.separator, k.punct, k.other]).astype(np.float64).T  # [n C]
+                first = k.first.copy()
+                if self.lm.family.causal and n and not first[0]:  # no BOS: the sink is position 0
+                    first[0] = True
+                cols = np.stack([first, k.separator & ~first, k.punct & ~first,
+                                 k.other & ~first]).astype(np.float64).T  # [n C]
                 for layer, ln in enumerate(layers):
                     a = ln.attn[b, :, :n, :n].double().numpy()  # [H n n]
                     nm = a * ln.fnorm[b, :, None, :n].double().numpy()
