@@ -19,7 +19,7 @@ from typing import Any
 import typer
 
 from attnscope.cli.common import console, step_progress
-from attnscope.cli.options import batch_size_option, quiet_option, seed_option
+from attnscope.cli.options import batch_size_option, device_option, quiet_option, seed_option
 
 _P = inspect.Parameter
 
@@ -88,6 +88,7 @@ def shared_params(*, model_default: str | None, model_help: str) -> list[inspect
                                                 "special tokens included; longer ones are skipped.")),
         _param("batch_size", int, batch_size_option(16)),
         _param("seed", int, seed_option(0)),
+        _param("device", str, device_option()),
     ]
 
 
@@ -111,7 +112,7 @@ def _analyze_command(fam):
 
         quiet = values.pop("quiet")
         out = values.pop("out")
-        shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed")}
+        shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed", "device")}
         save_maps = values.pop("save_maps", None)
         inputs = {}
         for i, inp in enumerate(fam.inputs):

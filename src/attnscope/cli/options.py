@@ -26,6 +26,8 @@ SHARED_HELP: dict[str, str] = {
     "--format": "Output layout.",
     "--overwrite": "Replace an existing output.",
     "--port": "TCP port to listen on (0 picks a free one).",
+    "--device": "Where the model runs: cpu, auto (CUDA when torch sees a GPU, else cpu), cuda, "
+                "cuda:N or mps. The GPU path has not been run on a GPU in this project yet.",
 }
 
 
@@ -35,6 +37,10 @@ def quiet_option() -> bool:
 
 def batch_size_option(default: int = 16) -> int:
     return typer.Option(default, "--batch-size", min=1, help=SHARED_HELP["--batch-size"])
+
+
+def device_option(default: str = "cpu") -> str:
+    return typer.Option(default, "--device", help=SHARED_HELP["--device"], metavar="DEVICE")
 
 
 def seed_option(default: int = 0) -> int:
