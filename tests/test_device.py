@@ -35,6 +35,14 @@ def _store_arrays(folder: Path) -> list[np.ndarray]:
     return [np.asarray(m.attn) for m in open_store(folder)]
 
 
+def _examples(tmp_path: Path) -> Path:
+    """The demo text's first sentences as an ``extract`` input (a JSON list of ``text``)."""
+    lines = [ln for ln in DEMO.read_text(encoding="utf-8").splitlines() if ln.strip()][:12]
+    path = tmp_path / "examples.json"
+    path.write_text(json.dumps([{"text": ln} for ln in lines]), encoding="utf-8")
+    return path
+
+
 def _json(path: Path):
     return json.loads(path.read_text())
 
@@ -131,14 +139,14 @@ def test_forward_keeps_the_gate_gradient_on_the_callers_tensor():
 # -- the command line ---------------------------------------------------------------------------
 def test_extract_cpu_and_auto_equal_the_default_bit_for_bit(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # "auto" must mean cpu here
-    stores = {}
+    stores, examples = {}, _examples(tmp_path)
     for label, extra in (("default", []), ("cpu", ["--device", "cpu"]), ("auto", ["--device", "auto"])):
         out = tmp_path / label
-        assert main(["extract", str(DEMO), "--model", "debug:bert", "--out", str(out), "-q",
+        assert main(["extract", str(examples), "--model", "debug:bert", "--out", str(out), "-q",
                      "--dtype", "float32", *extra]) == 0
         stores[label] = _store_arrays(out)
         assert _json(out / "manifest.json")["model"]["device"] == "cpu"
-    assert len(stores["default"]) > 3
+    assert len(stores["default"]) == 12
     for label in ("cpu", "auto"):
         assert len(stores[label]) == len(stores["default"])
         for a, b in zip(stores[label], stores["default"]):
@@ -156,9 +164,18 @@ def test_analyze_auto_equals_the_default_bit_for_bit(tmp_path, monkeypatch):
     assert a["arrays"] and a == b
 
 
+def test_run_records_the_device_asked_for_and_the_one_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "run"
+    assert main(["run", "--text", str(DEMO), "--model", "debug:bert", "--out", str(out), "-q",
+                 "--device", "auto"]) == 0
+    prov = _json(out / "results.json")["provenance"]
+    assert (prov["arguments"]["device"], prov["model"]["device"]) == ("auto", "cpu")
+
+
 @pytest.mark.parametrize("device", ["cuda", "bogus"])
 @pytest.mark.parametrize("command", [
-    ["extract", str(DEMO), "--model", "debug:bert"],
+    ["extract", str(ROOT / "tests" / "no-such-input.json"), "--model", "debug:bert"],
     ["analyze", "longctx", str(DEMO), "--model", "debug:llama"],
     ["run", "--text", str(DEMO), "--model", "debug:bert"],
 ], ids=["extract", "analyze", "run"])
@@ -257,8 +274,9 @@ def test_cuda_matches_cpu(tmp_path):
     from attnscope.pipeline import run_family
 
     cpu, gpu = tmp_path / "cpu", tmp_path / "gpu"
+    examples = _examples(tmp_path)
     for dev, out in (("cpu", cpu), ("cuda", gpu)):
-        assert main(["extract", str(DEMO), "--model", "debug:bert", "--out", str(out / "store"), "-q",
+        assert main(["extract", str(examples), "--model", "debug:bert", "--out", str(out / "store"), "-q",
                      "--dtype", "float32", "--device", dev]) == 0
         run_family("longctx", {"documents": DEMO}, out / "longctx", model="debug:llama", device=dev)
         run_family("attribution", {"attribution": DEMO}, out / "attr", model="debug:gpt2", device=dev,
