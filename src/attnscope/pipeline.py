@@ -45,7 +45,8 @@ STATE_FILE = "state.json"
 Progress = Callable[[str, int, "int | None"], None]
 
 #: Settings every family shares (they reach a family through its Context).
-SHARED = {"model": "default", "max_seq_len": 128, "batch_size": 16, "seed": 0, "save_maps": False}
+SHARED = {"model": "default", "max_seq_len": 128, "batch_size": 16, "seed": 0, "save_maps": False,
+          "device": "cpu"}
 
 
 class RunConfig:
@@ -62,8 +63,9 @@ class RunConfig:
 
     def __init__(self, model: str = "default", *, max_seq_len: int = 128, batch_size: int = 16,
                  seed: int = 0, save_maps: bool = False, families: Sequence[type[Family]] | None = None,
-                 **named: Any):
+                 device: str = "cpu", **named: Any):
         self.model, self.max_seq_len, self.batch_size = model, max_seq_len, batch_size
+        self.device = device  # where the model runs ("auto": CUDA when present); see load_model
         self.seed, self.save_maps = seed, save_maps
         self.families = list(families) if families is not None else load_families()
         self.inputs: dict[str, Any] = {}
@@ -103,7 +105,8 @@ class RunConfig:
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"model": self.model, "max_seq_len": self.max_seq_len,
-                             "batch_size": self.batch_size, "seed": self.seed, "save_maps": self.save_maps}
+                             "batch_size": self.batch_size, "seed": self.seed, "save_maps": self.save_maps,
+                             "device": self.device}
         for name, value in self.inputs.items():
             d[name] = [str(p) for p in value] if isinstance(value, list) else (
                 None if value is None else str(value))
@@ -336,6 +339,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     the forward passes on ``workers`` Ray workers (``docs/scale.md``).
     """
     from attnscope.models import load_model
+    from attnscope.models.loading import resolve_device
     from attnscope.report.html import write_head_views, write_report
     from attnscope.store.writer import versions
 
@@ -344,6 +348,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     out_dir = Path(out_dir)
     cfg = config
     check_config(cfg)
+    resolve_device(cfg.device)  # a bad --device is refused before anything is written
     check_ray(ray, workers)
     old_run = _check_out_dir(out_dir, resume=resume, overwrite=overwrite)
     files = data_files(cfg)
@@ -364,7 +369,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                           "message": f"not available in this installation ({reason}), so it was not run"})
     say("load model", 0, 1)
     mlm = any(fam.wants_mlm_head(cfg.options[fam.key]) for fam in families)
-    lm = model if model is not None else load_model(cfg.model, seed=cfg.seed,
+    lm = model if model is not None else load_model(cfg.model, seed=cfg.seed, device=cfg.device,
                                                    mlm_head="if-present" if mlm else False)
     say("load model", 1, 1)
     say("prepare inputs", 0, 1)
@@ -378,9 +383,12 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     model_info = lm.describe()
     arguments = cfg.as_dict()
     path_args = {role.replace("-", "_") for role, _ in cfg.paths()} | set(cfg.inputs)
-    run_fp = _fingerprint({"arguments": {k: v for k, v in arguments.items() if k not in path_args},
+    # the device is recorded but not fingerprinted: a run may be resumed on another device
+    run_fp = _fingerprint({"arguments": {k: v for k, v in arguments.items()
+                                         if k not in path_args and k != "device"},
                            "data": [(d["role"], d["sha256"]) for d in files],
-                           "weights": model_info["weights_sha256"], "model": model_info})
+                           "weights": model_info["weights_sha256"],
+                           "model": {k: v for k, v in model_info.items() if k != "device"}})
     old_state = _take_out_dir(out_dir, old_run, run_fp, overwrite=overwrite)
     with refused_writes(out_dir), engine(ray, workers):
         (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
@@ -455,18 +463,21 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
 def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: Any = None,
                seed: int = 0, max_seq_len: int = 128, batch_size: int = 16,
                save_maps: str | Path | None = None, progress: Progress | None = None,
-               ray: bool = False, workers: int = 1, **options: Any) -> Section:
+               device: str = "cpu", ray: bool = False, workers: int = 1, **options: Any) -> Section:
     """One family on its own (``attnscope analyze <key>``): read and check its ``inputs`` (by
     input name), load the model when one is needed, run it and return its Section.
 
     ``model``: a name to load, an already loaded model, or None (then the family's
     ``default_model`` is loaded for files, and no model for stores). ``options`` are the
-    fields of the family's ``Options``. ``ray``: run the forward passes on ``workers`` Ray workers.
+    fields of the family's ``Options``. ``device``: where a loaded model runs (see
+    :func:`attnscope.models.loading.resolve_device`). ``ray``: run the forward passes on
+    ``workers`` Ray workers.
 
     >>> run_family("coref", {"coref": ["doc.conllu"]}, "out/", window="sliding")  # doctest: +SKIP
     """
     from attnscope.families import FAMILIES
     from attnscope.models import LoadedModel, load_model
+    from attnscope.models.loading import resolve_device
 
     load_families()
     try:
@@ -476,6 +487,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     reason = fam.unavailable()
     if reason is not None:
         raise AttnscopeError(f"{key}: not available in this installation ({reason})")
+    resolve_device(device)  # a bad --device is refused before anything is read or written
     opts = fam.Options(**options)
     check_options(opts)
     check_ray(ray, workers)
@@ -487,7 +499,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     if isinstance(model, LoadedModel):
         lm = model
     elif model is not None or (fam.default_model and not all(p.is_dir() for p in files)):
-        lm = load_model(model or fam.default_model, seed=seed,
+        lm = load_model(model or fam.default_model, seed=seed, device=device,
                         mlm_head="if-present" if fam.wants_mlm_head(opts) else False)
     else:
         lm = None

@@ -67,11 +67,11 @@ class HeadMeans(Analysis):
 
         for chunk in _chunks(list(encoded), self.batch_size):
             batch = pad_batch(self.lm, [e.input_ids for e in chunk], [e.token_type_ids for e in chunk])
-            real = batch.attention_mask.bool()  # [B T]
+            real = batch.attention_mask.bool().to(self.lm.device)  # [B T], indexes head outputs
             layers: list[np.ndarray] = []
 
             def grab(site, out, real=real, layers=layers):  # out [B T H d]
-                layers.append(out[real].double().sum(0).numpy())  # [H d]
+                layers.append(out[real].double().sum(0).cpu().numpy())  # [H d]
 
             forward(self.lm, batch, hooks={"head_out": grab})
             sums = np.stack(layers)
@@ -104,7 +104,7 @@ def mean_ablation_hook(means: np.ndarray, layer: int, head: int):
         if site.layer != layer:
             return None
         new = out.clone()
-        new[:, :, head, :] = value.to(out.dtype)
+        new[:, :, head, :] = value.to(out.device, out.dtype)
         return new
 
     return hook
@@ -150,17 +150,17 @@ class AblationEffect(Analysis):
         L, H = lm.num_layers, lm.num_heads
         dtype = next(lm.model.parameters()).dtype
         for chunk in _chunks(inputs, self.batch_size):
-            base = self.objective.run(chunk).loss.double().numpy()
+            base = self.objective.run(chunk).loss.double().cpu().numpy()
             for layer in range(L):
                 for head in range(H):
                     if self.mode == "zero":
-                        gates = torch.ones(L, H, dtype=dtype)
+                        gates = torch.ones(L, H, dtype=dtype, device=lm.device)
                         gates[layer, head] = 0
                         out = self.objective.run(chunk, gates=gates)
                     else:
                         out = self.objective.run(chunk, hooks={"head_out": mean_ablation_hook(
                             self.means, layer, head)})
-                    self.delta[layer, head] += float((out.loss.double().numpy() - base).sum())
+                    self.delta[layer, head] += float((out.loss.double().cpu().numpy() - base).sum())
             self.base += float(base.sum())
             self.examples += len(chunk)
 
@@ -251,7 +251,7 @@ class PruningCurve(Analysis):
         for chunk in _chunks(inputs, self.batch_size):
             for o, order in enumerate(self.orders.values()):
                 for f, frac in enumerate(self.fractions):
-                    gates = torch.ones(lm.num_layers, lm.num_heads, dtype=dtype)
+                    gates = torch.ones(lm.num_layers, lm.num_heads, dtype=dtype, device=lm.device)
                     for layer, head in order[:self.removed(frac)]:
                         gates[layer, head] = 0
                     out = self.objective.run(chunk, gates=gates)

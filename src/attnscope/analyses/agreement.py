@@ -48,10 +48,10 @@ def saliency_and_attention(objective: Objective, x: LossInput, rows: np.ndarray)
             for i in rows:
                 loss = -logp[int(i), int(x.targets[where[int(i)]])]
                 (g,) = torch.autograd.grad(loss, captured["e"], retain_graph=True)
-                sal.append(g[0].norm(dim=-1).double().numpy())
+                sal.append(g[0].norm(dim=-1).double().cpu().numpy())
     finally:
         handle.remove()
-    attn = np.stack([a[0].detach().double().numpy() for a in res.attentions])
+    attn = np.stack([a[0].detach().double().cpu().numpy() for a in res.attentions])
     return attn, np.stack(sal) if sal else np.zeros((0, len(x.input_ids)))
 
 

@@ -176,14 +176,14 @@ def attention_gradients(scorer: MlmScorer, inputs: list[MaskedInput]) -> list[np
         loss = logits.new_zeros((), dtype=torch.float32)
         for b, x in enumerate(inputs):
             if x.masked.size:
-                pos = torch.as_tensor(x.masked)
-                tgt = torch.as_tensor(x.targets)
+                pos = torch.as_tensor(x.masked, device=logp.device)
+                tgt = torch.as_tensor(x.targets, device=logp.device)
                 loss = loss - logp[b, pos, tgt].mean()
         grads = torch.autograd.grad(loss, list(attentions), allow_unused=True)
     out = []
     stacked = torch.stack([g if g is not None else torch.zeros_like(a)
                            for g, a in zip(grads, attentions)], dim=1)  # [B L H T T]
-    arr = stacked.detach().float().numpy()
+    arr = stacked.detach().float().cpu().numpy()
     for b, x in enumerate(inputs):
         n = len(x.input_ids)
         out.append(np.ascontiguousarray(arr[b, :, :, :n, :n]))
@@ -342,7 +342,8 @@ def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]
         hidden = forward(lm, _pad(lm, chunk)).output.last_hidden_state  # [B T d]
         for b, x in enumerate(chunk):
             if x.masked.size:
-                feats.append(hidden[b, torch.as_tensor(x.masked)].clone())
+                # the head is fitted on the CPU (the same numbers whatever the model's device)
+                feats.append(hidden[b, torch.as_tensor(x.masked, device=hidden.device)].cpu().clone())
                 targets.append(torch.as_tensor(x.targets))
         if progress is not None:
             progress("fit-mlm-head: encode", min(start + 16, len(inputs)), len(inputs))
@@ -357,7 +358,7 @@ def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]
     if train.numel() == 0:
         train = held
     torch.manual_seed(opts.seed)
-    emb = lm.model.get_input_embeddings().weight.detach().float()
+    emb = lm.model.get_input_embeddings().weight.detach().float().cpu()
     eps = getattr(lm.model.config, "layer_norm_eps", 1e-12)
     module = _fitted_head_class()(emb, eps)
     optim = torch.optim.Adam(module.parameters(), lr=opts.lr)
@@ -384,4 +385,4 @@ def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]
               "heldout_tokens": int(n_held), "heldout_accuracy": acc_held, "train_accuracy": acc_train,
               "final_loss": float(np.mean(losses[-20:])) if losses else float("nan"),
               "architecture": "dense+GELU+LayerNorm, decoder tied to the frozen input embeddings, bias"}
-    return FittedHead(module, report)
+    return FittedHead(module.to(lm.device), report)  # then it runs where the hidden states are

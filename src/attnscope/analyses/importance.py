@@ -29,11 +29,12 @@ def gate_gradients(objective: Objective, inputs: list[LossInput]) -> np.ndarray:
 
     lm = objective.lm
     dtype = next(lm.model.parameters()).dtype
-    gates = torch.ones(len(inputs), lm.num_layers, lm.num_heads, dtype=dtype, requires_grad=True)
+    gates = torch.ones(len(inputs), lm.num_layers, lm.num_heads, dtype=dtype, requires_grad=True,
+                       device=lm.device)
     with torch.enable_grad():
         out = objective.run(inputs, gates=gates, grad=True)
         (grad,) = torch.autograd.grad(out.loss.sum(), gates)
-    return grad.detach().double().numpy()
+    return grad.detach().double().cpu().numpy()
 
 
 def normalise_per_layer(scores: np.ndarray) -> np.ndarray:

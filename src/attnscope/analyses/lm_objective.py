@@ -138,10 +138,11 @@ class Objective:
             scored = np.zeros(len(inputs), dtype=np.int64)
             for b, x in enumerate(inputs):
                 if x.positions.size == 0:
-                    losses.append(logits.new_zeros(()))
+                    losses.append((hidden if gathered else logits).new_zeros(()))
                     continue
-                pos = torch.as_tensor(x.positions)
-                tgt = torch.as_tensor(x.targets)
+                source = hidden if gathered else logits
+                pos = torch.as_tensor(x.positions, device=source.device)
+                tgt = torch.as_tensor(x.targets, device=source.device)
                 row = self.logits(None, rows=hidden[b, pos]) if gathered else logits[b, pos]  # [k V]
                 row_f = row if row.dtype == torch.float64 else row.float()
                 losses.append(torch.nn.functional.cross_entropy(row_f, tgt))

@@ -459,10 +459,10 @@ def js_rows_matrix(rows, smoothing: float, width: int | None = None):
         x = x * (1.0 - smoothing) + smoothing / (width or m)
     xlx = torch.where(x > 0, x * torch.log(x.clamp(min=1e-300)), torch.zeros_like(x))
     f = xlx.sum(1)  # [P]
-    out = torch.zeros(P, P, dtype=torch.float64)
+    out = torch.zeros(P, P, dtype=torch.float64, device=x.device)
     for i in range(P - 1):
         mid = (x[i + 1:] + x[i]) * 0.5
         mlm = torch.where(mid > 0, mid * torch.log(mid.clamp(min=1e-300)), torch.zeros_like(mid)).sum(1)
         out[i, i + 1:] = 0.5 * (f[i] + f[i + 1:]) - mlm
     out = out.clamp(min=0.0)
-    return (out + out.T).numpy()
+    return (out + out.T).cpu().numpy()

@@ -75,8 +75,8 @@ def affine_parts(module, in_features: int, like) -> tuple[Any, Any]:
     import torch
 
     with torch.inference_mode():
-        eye = torch.eye(in_features, dtype=like.dtype)
-        zero = torch.zeros(1, in_features, dtype=like.dtype)
+        eye = torch.eye(in_features, dtype=like.dtype, device=like.device)
+        zero = torch.zeros(1, in_features, dtype=like.dtype, device=like.device)
         b = module(zero)[0]
         m = module(eye) - b
     return m.clone(), b.clone()
@@ -157,10 +157,10 @@ def example_norm_maps(decomposer: NormDecomposer, encoded) -> dict[str, np.ndarr
     batch = pad_batch(decomposer.lm, [encoded.input_ids], [encoded.token_type_ids])
     w, nm, ln = [], [], []
     for layer in decomposer.run(batch, keep_vectors=True):
-        w.append(layer.attn[0].double().numpy())
-        nm.append(layer.norms()[0].double().numpy())
+        w.append(layer.attn[0].double().cpu().numpy())
+        nm.append(layer.norms()[0].double().cpu().numpy())
         comb = torch.einsum("hij,hjd->ijd", layer.attn[0].double(), layer.f[0].double())
-        ln.append(comb.norm(dim=-1).numpy())
+        ln.append(comb.norm(dim=-1).cpu().numpy())
     return {"weights": np.stack(w), "norms": np.stack(nm), "layer_norms": np.stack(ln)}
 
 
@@ -219,8 +219,8 @@ class NormShares(Analysis):
                 cols = np.stack([first, k.separator & ~first, k.punct & ~first,
                                  k.other & ~first]).astype(np.float64).T  # [n C]
                 for layer, ln in enumerate(layers):
-                    a = ln.attn[b, :, :n, :n].double().numpy()  # [H n n]
-                    nm = a * ln.fnorm[b, :, None, :n].double().numpy()
+                    a = ln.attn[b, :, :n, :n].double().cpu().numpy()  # [H n n]
+                    nm = a * ln.fnorm[b, :, None, :n].double().cpu().numpy()
                     tot = nm.sum(-1, keepdims=True)
                     share = np.divide(nm, tot, out=np.zeros_like(nm), where=tot > 0)
                     self.weight[layer] += (a @ cols).sum((0, 1))

@@ -222,7 +222,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
 
     if chunk < 0:
         raise ValueError("chunk must be at least 1 (or 0: automatic)")
-    device = lm.model.device
+    device = lm.model.device  # where the statistics' tensors live: the model's device
     for start in range(0, len(sequences), batch_size):
         batch = [list(s) for s in sequences[start:start + batch_size]]
         tg = None if targets is None else targets[start:start + batch_size]
@@ -231,10 +231,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
         seqs = make_sequences(lm, batch, stats, tg, device, ex, un)
         for seq in seqs:
             stats.begin(lm.num_layers, lm.num_heads, seq)
-        inputs = pad_batch(lm, batch)
-        inputs.input_ids = inputs.input_ids.to(device)
-        inputs.attention_mask = inputs.attention_mask.to(device)
-        inputs.token_type_ids = inputs.token_type_ids.to(device)
+        inputs = pad_batch(lm, batch)  # forward() moves it to the model's device
 
         def hook(site, key, seqs=seqs):
             # float32 whatever the forward pass runs in (autocast would turn matmul to bfloat16)

@@ -39,7 +39,7 @@ def value_zeroing(lm, encoded, *, layers: list[int] | None = None,
                              f"copies per layer); this input has {n}")
     layers = list(range(lm.num_layers)) if layers is None else list(layers)
     batch = pad_batch(lm, [encoded.input_ids] * (n + 1), [encoded.token_type_ids] * (n + 1))
-    zeroed = torch.arange(n)  # copy b zeroes token b; copy n is the reference
+    zeroed = torch.arange(n, device=lm.device)  # copy b zeroes token b; copy n is the reference
     out = np.zeros((len(layers), n, n), dtype=np.float64)
     for li, target in enumerate(layers):
         probs = {}
@@ -53,7 +53,7 @@ def value_zeroing(lm, encoded, *, layers: list[int] | None = None,
                 return None
             v = site.value.repeat_interleave(site.kv_groups, dim=1)  # [B Hq T d]
             p = probs["p"]  # [B Hq T T]
-            b = torch.arange(n)
+            b = torch.arange(n, device=p.device)
             vj = v[b, :, zeroed]  # [n Hq d]: value of the zeroed token in copy b
             pj = p[b, :, :, zeroed]  # [n Hq T]: every query's weight on it
             new = head_out.clone()
@@ -65,6 +65,6 @@ def value_zeroing(lm, encoded, *, layers: list[int] | None = None,
         ref = h[n]  # [T D]
         cos = torch.nn.functional.cosine_similarity(h[:n], ref[None], dim=-1)  # [n(j) T(i)]
         dist = (1 - cos).clamp_min(0).T  # [i j]
-        out[li] = dist.numpy()
+        out[li] = dist.cpu().numpy()
     tot = out.sum(-1, keepdims=True)
     return np.divide(out, tot, out=np.zeros_like(out), where=tot > 0)

@@ -10,6 +10,7 @@ import typer
 from attnscope.cli.common import command_line, console, progress_bar, read_inputs
 from attnscope.cli.options import (
     batch_size_option,
+    device_option,
     quiet_option,
     ray_option,
     seed_option,
@@ -47,6 +48,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         dtype: Dtype = typer.Option(Dtype.float16, "--dtype", help="Number type of the stored maps."),
         shard_size: int = typer.Option(128, "--shard-size", help="Examples per shard file."),
         seed: int = seed_option(0),
+        device: str = device_option(),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted store."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
         ray: bool = ray_option(),
@@ -58,13 +60,15 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         from attnscope.errors import InputError
         from attnscope.extract.runner import ExtractOptions
         from attnscope.models import load_model
+        from attnscope.models.loading import resolve_device
         from attnscope.store import extract_to_store
         from attnscope.store.writer import check_output_folder
 
         check_ray(ray, workers)  # before anything is read or written
+        resolve_device(device)  # a bad --device is refused before anything is read or written
         examples = read_inputs(input)
         check_output_folder(out, resume=resume, overwrite=overwrite)  # before the model loads
-        lm = load_model("debug" if debug else model, seed=seed)
+        lm = load_model("debug" if debug else model, seed=seed, device=device)
         options = ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, word_level=word_level,
                                  from_word=from_word.value, truncate=truncate,
                                  casing=None if cased is None else ("cased" if cased else "uncased"),

@@ -21,6 +21,7 @@ import typer
 from attnscope.cli.common import console, step_progress
 from attnscope.cli.options import (
     batch_size_option,
+    device_option,
     quiet_option,
     ray_option,
     seed_option,
@@ -94,6 +95,7 @@ def shared_params(*, model_default: str | None, model_help: str) -> list[inspect
                                                 "special tokens included; longer ones are skipped.")),
         _param("batch_size", int, batch_size_option(16)),
         _param("seed", int, seed_option(0)),
+        _param("device", str, device_option()),
     ]
 
 
@@ -122,8 +124,8 @@ def _analyze_command(fam):
 
         quiet = values.pop("quiet")
         out = values.pop("out")
-        shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed", "ray",
-                                             "workers")}
+        shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed", "device",
+                                             "ray", "workers")}
         save_maps = values.pop("save_maps", None)
         inputs = {}
         for i, inp in enumerate(fam.inputs):

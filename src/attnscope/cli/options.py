@@ -29,6 +29,8 @@ SHARED_HELP: dict[str, str] = {
     "--ray": "Run the forward passes on Ray: the cluster at RAY_ADDRESS or one running here, else a "
              "local one (pip install 'attnscope[ray]'; docs/scale.md).",
     "--workers": "Ray workers with --ray, each holding one copy of the model.",
+    "--device": "Where the model runs: cpu, auto (CUDA when torch sees a GPU, else cpu), cuda, "
+                "cuda:N or mps. The GPU path has not been run on a GPU in this project yet.",
 }
 
 
@@ -38,6 +40,10 @@ def quiet_option() -> bool:
 
 def batch_size_option(default: int = 16) -> int:
     return typer.Option(default, "--batch-size", min=1, help=SHARED_HELP["--batch-size"])
+
+
+def device_option(default: str = "cpu") -> str:
+    return typer.Option(default, "--device", help=SHARED_HELP["--device"], metavar="DEVICE")
 
 
 def seed_option(default: int = 0) -> int:

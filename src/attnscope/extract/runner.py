@@ -147,7 +147,7 @@ class Extractor:
         out = forward(self.lm, inputs, attentions=True, hooks=hooks)
         # per layer [B H T T], views of torch's memory; one copy per example below, instead of
         # stacking the whole padded batch first (that copy was the largest allocation of a run)
-        layers = [a.float().numpy() for a in out.attentions]
+        layers = [a.float().cpu().numpy() for a in out.attentions]
         del out
         items = []
         for b, e in enumerate(batch):

@@ -178,7 +178,7 @@ def _model_batches(model, examples, ctx: Context, keys: KeyConcentration, classe
             classes[b, :len(e)] = KeyConcentration.class_ids(classer, e.tokens, e.special)
 
         def hook(site, k, classes=classes):
-            keys.update(site.layer, k.float().numpy(), classes)
+            keys.update(site.layer, k.float().cpu().numpy(), classes)
 
         yield extractor.run_batch(planned, hooks={"k": hook})
 

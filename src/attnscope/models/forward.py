@@ -21,6 +21,10 @@ attention module, all of q/k/v, the additive mask and the scaling, so a hook can
 anything the layer computes (the streaming statistics do exactly that). Returning a tensor
 replaces the value at that point (only for ``"head_out"``: ablation, gating).
 
+Inputs and gates may live on the CPU: :func:`forward` moves them to the model's device
+(``load_model(..., device=)``); outputs and hook tensors stay on that device, so a consumer
+calls ``.cpu()`` before ``.numpy()``.
+
 ``gates`` (``[L H]``, optionally requiring grad) multiply ``head_out``: gate 1 changes
 nothing, gate 0 removes the head's contribution (zero ablation). Gates of shape ``[B L H]``
 give each sequence of the batch its own gates, so one backward pass yields every example's
@@ -161,6 +165,15 @@ def pad_batch(lm, sequences: Sequence[Sequence[int]],
     return ModelInputs(ids, mask, types, lengths)
 
 
+def model_device(model) -> Any:
+    """The ``torch.device`` of ``model``'s weights (its first parameter; CPU without any)."""
+    import torch
+
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
 def supports_hooks(lm) -> bool:
     """Whether the model's attention runs through attnscope's attention function."""
     return getattr(lm.model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
@@ -194,9 +207,15 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
     """
     import torch
 
+    device = model_device(lm.model)
     kwargs = {"input_ids": inputs.input_ids, "attention_mask": inputs.attention_mask, **model_kwargs}
     if lm.family.token_types and inputs.token_type_ids is not None:
         kwargs["token_type_ids"] = inputs.token_type_ids
+    # The one place a batch goes to the model's device (a no-op when it is already there);
+    # gates keep their autograd link to the caller's leaf tensor through .to().
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    if gates is not None:
+        gates = gates.to(device)
     hooks = {k: ([v] if callable(v) else list(v)) for k, v in (hooks or {}).items()}
     unknown = set(hooks) - set(HOOK_POINTS)
     if unknown:
@@ -258,9 +277,9 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
                                             dropout=dropout, **kwargs)
     if state.gates is not None:
         if state.gates.dim() == 3:  # [B L H]: per-sequence gates
-            out = out * state.gates[:, state.layer].to(out.dtype)[:, None, :, None]
+            out = out * state.gates[:, state.layer].to(out.device, out.dtype)[:, None, :, None]
         else:
-            out = out * state.gates[state.layer].to(out.dtype)[None, None, :, None]
+            out = out * state.gates[state.layer].to(out.device, out.dtype)[None, None, :, None]
     for hook in state.hooks.get("head_out", ()):
         replaced = hook(site, out)
         if replaced is not None:

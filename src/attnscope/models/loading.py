@@ -2,7 +2,9 @@
 tiny random debug model.
 
 Every model is loaded with eager attention (so attention probabilities can be returned) and
-put in eval mode; torch is seeded.
+put in eval mode; torch is seeded. ``device`` ("cpu", "auto", "cuda", "cuda:N", "mps") says
+where the model's weights live; :func:`attnscope.models.forward.forward` moves each batch
+there, and every consumer brings tensors back with ``.cpu()`` before numpy.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from urllib.parse import urlparse
 
 from attnscope.errors import ModelError
 from attnscope.models.families import Family, family_for
-from attnscope.models.forward import install
+from attnscope.models.forward import install, model_device
 
 DEFAULT_MODEL = "default"
 DEFAULT_SEED = 0
@@ -84,6 +86,11 @@ class LoadedModel:
             return False
         return normalized.lower() == normalized and normalized != "AbC"
 
+    @property
+    def device(self) -> Any:
+        """The ``torch.device`` the weights are on (the first parameter's)."""
+        return model_device(self.model)
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -98,6 +105,7 @@ class LoadedModel:
             "num_kv_heads": self.num_kv_heads,
             "causal": self.family.causal,
             "lowercase": self.do_lower_case,
+            "device": str(self.device),
         }
 
 
@@ -149,28 +157,76 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+#: What ``--device`` accepts (``cuda`` and ``mps`` may carry an index: ``cuda:1``).
+DEVICE_CHOICES = ("cpu", "auto", "cuda", "cuda:N", "mps")
+
+
+def resolve_device(device: str | None) -> str:
+    """The torch device string for ``--device``: ``"auto"`` is ``"cuda"`` when torch sees a GPU,
+    else ``"cpu"``; a malformed or unavailable device is a one-line :class:`ModelError`.
+
+    >>> resolve_device("cpu"), resolve_device(None)
+    ('cpu', 'cpu')
+    >>> resolve_device("gpu")
+    Traceback (most recent call last):
+    attnscope.errors.ModelError: --device gpu: not a device; use cpu, auto, cuda, cuda:N or mps
+    """
+    import torch
+
+    text = "cpu" if device is None else str(device).strip().lower()
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    kind, _, index = text.partition(":")
+    if kind not in ("cpu", "cuda", "mps") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise ModelError(f"--device {device}: not a device; use {', '.join(DEVICE_CHOICES[:-2])}, "
+                         f"cuda:N or mps")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelError(f"--device {device}: torch sees no CUDA GPU on this machine "
+                             f"(torch {torch.__version__}); use --device cpu or auto")
+        count = torch.cuda.device_count()
+        if index and int(index) >= count:
+            raise ModelError(f"--device {device}: this machine has {count} CUDA device(s) "
+                             f"(cuda:0 to cuda:{count - 1})")
+    if kind == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available() or index not in ("", "0"):
+            raise ModelError(f"--device {device}: torch sees no Apple MPS device on this machine; "
+                             "use --device cpu or auto")
+    return text
+
+
 def load_model(name: str = DEFAULT_MODEL, *, mlm_head: bool | str = False, seed: int = DEFAULT_SEED,
-               revision: str | None = None) -> LoadedModel:
-    """Load ``name``: ``"default"``, ``"debug"``/``"debug:<family>"``, a local folder or a Hub id.
+               revision: str | None = None, device: str | None = "cpu") -> LoadedModel:
+    """Load ``name``: ``"default"``, ``"debug"``/``"debug:<family>"``, a local folder or a Hub id,
+    and put it on ``device`` (see :func:`resolve_device`; checked before anything loads).
 
     ``mlm_head=True`` loads the model with its masked-language-model head (for the gradient
     analysis); a model whose weights lack that head is refused rather than given a random one.
     ``mlm_head="if-present"`` loads the head when the weights have one and the plain model
     otherwise (``LoadedModel.has_mlm_head`` says which).
     """
+    target = resolve_device(device)
+    lm = _load(name, mlm_head=mlm_head, seed=seed, revision=revision)
+    if target != "cpu":  # every branch loads on the CPU; this is the one place a model moves
+        lm.model.to(target)
+    return lm
+
+
+def _load(name: str, *, mlm_head: bool | str, seed: int, revision: str | None) -> LoadedModel:
     if mlm_head == "if-present":
         import transformers
 
         level = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # the probe's load report is not for the user
         try:
-            return load_model(name, mlm_head=True, seed=seed, revision=revision)
+            return _load(name, mlm_head=True, seed=seed, revision=revision)
         except ModelError as exc:
             if "masked-LM head" not in str(exc):
                 raise  # not found, unreadable: the same error as without a head
         finally:
             transformers.logging.set_verbosity(level)
-        return load_model(name, mlm_head=False, seed=seed, revision=revision)
+        return _load(name, mlm_head=False, seed=seed, revision=revision)
     if mlm_head not in (True, False):
         raise ValueError(f"mlm_head must be True, False or 'if-present', not {mlm_head!r}")
     seed_everything(seed)

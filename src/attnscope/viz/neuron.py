@@ -127,9 +127,9 @@ def _capture_with_hooks(lm: LoadedModel, enc, layer: int):
 
     run = forward(lm, pad_batch(lm, [enc.input_ids], [enc.token_type_ids]), attentions=True,
                   hooks={"q": keep})
-    q = got["q"][0].float().numpy()  # [Hq n d]
-    k = np.repeat(got["k"][0].float().numpy(), q.shape[0] // got["k"].shape[1], axis=0)  # GQA -> [Hq n d]
-    return q, k, run.attentions[layer][0].float().numpy(), got["scaling"]
+    q = got["q"][0].float().cpu().numpy()  # [Hq n d]
+    k = np.repeat(got["k"][0].float().cpu().numpy(), q.shape[0] // got["k"].shape[1], axis=0)  # GQA -> [Hq n d]
+    return q, k, run.attentions[layer][0].float().cpu().numpy(), got["scaling"]
 
 
 def _capture_with_module_hooks(lm: LoadedModel, enc, layer: int):
@@ -167,7 +167,7 @@ def _capture_with_module_hooks(lm: LoadedModel, enc, layer: int):
     d = q_out.shape[-1] // num_heads
     query = q_out.reshape(n, num_heads, d).transpose(1, 0, 2)  # [H n d]
     key = k_out.reshape(n, num_heads, d).transpose(1, 0, 2)  # [H n d]
-    return query, key, out.attentions[layer][0].float().numpy()
+    return query, key, out.attentions[layer][0].float().cpu().numpy()
 
 
 def neuron_payload(qk: QueryKey, *, head: int = 0, query: int = 0) -> dict:
