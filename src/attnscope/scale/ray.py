@@ -184,12 +184,14 @@ class ModelParcel:
     state: dict
     dtype: Any
     fields: dict
+    device: str = "cpu"  # the driver's device type; a worker uses the GPU Ray gave it (cuda:0)
 
     @classmethod
     def pack(cls, lm) -> "ModelParcel":
         fields = {f.name: getattr(lm, f.name) for f in dataclasses.fields(lm) if f.name != "model"}
-        return cls(type(lm.model), lm.model.config, lm.model.state_dict(),
-                   next(lm.model.parameters()).dtype, fields)
+        state = {k: v.detach().cpu() for k, v in lm.model.state_dict().items()}
+        return cls(type(lm.model), lm.model.config, state, next(lm.model.parameters()).dtype, fields,
+                   lm.model.device.type)
 
     def unpack(self):
         from attnscope.models import forward as fw
@@ -199,6 +201,7 @@ class ModelParcel:
             fw._register()  # the attention function is registered per process
         model = self.model_class(self.config).to(self.dtype)
         model.load_state_dict(self.state)
+        model.to(self.device)
         model.eval()
         return LoadedModel(model=model, **self.fields)
 
