@@ -15,6 +15,7 @@ from attnscope.analyses.syntax import (
     HeadCounts,
     binary_bootstrap_ci,
     relation_label,
+    score_map,
     table1_rows,
 )
 from attnscope.data.records import Example
@@ -285,3 +286,186 @@ def test_rejects_token_level_maps():
     m.level = "token"
     with pytest.raises(ValueError, match="word-level"):
         DependencyHeads().update(AttentionBatch([m]))
+
+
+# -- table1_rows by hand (cases found by mutation testing) ----------------------------------
+def _counts(rels: dict[str, tuple], offsets=(1, -1)) -> HeadCounts:
+    """HeadCounts with L=1, H=2 from ``{relation: (total, [h0 d->h, h0 h->d, h1 d->h, h1 h->d],
+    [offset counts])}`` in the given order."""
+    names = list(rels)
+    total = np.array([rels[r][0] for r in names])
+    correct = np.array([rels[r][1] for r in names]).reshape(len(names), 1, 2, 2)
+    offc = np.array([rels[r][2] for r in names])
+    return HeadCounts(names, correct, offc, total, offsets)
+
+
+def _ci(k, n, seed):
+    return tuple(100.0 * x for x in binary_bootstrap_ci(k, n, n_boot=1000, level=0.95, seed=seed))
+
+
+def _row(rel, n, head, layer, h, d, k, r, off, ko):
+    lo, hi = _ci(k, n, 2 * r)
+    olo, ohi = _ci(ko, n, 2 * r + 1)
+    return {"relation": rel, "count": n, "head": head, "layer": layer, "head_index": h,
+            "direction": d, "accuracy": 100.0 * k / n, "ci_low": lo, "ci_high": hi,
+            "offset": off, "offset_accuracy": 100.0 * ko / n, "offset_ci_low": olo,
+            "offset_ci_high": ohi}
+
+
+def test_table1_rows_by_hand_with_defaults():
+    # offsets (+1, -1); best head: most correct, ties to the lowest (layer, head, direction);
+    # best offset: most correct, ties to the lowest offset (det: 3000 each -> -1).
+    c = _counts({
+        "amod": (5003, [2000, 300, 3001, 17], [1200, 1500]),  # 1-2 dep->head; -1
+        "case": (99, [50, 0, 0, 0], [5, 0]),  # below the default min_count of 100: left out
+        "det": (7919, [6000, 1, 12, 6500], [3000, 3000]),  # 1-2 head->dep; tie -> -1
+        "nsubj": (100, [40, 41, 0, 0], [60, 10]),  # exactly 100: kept; 1-1 head->dep; +1
+        ALL: (13121, [8090, 342, 3013, 6517], [4265, 4510]),  # 1-1 dep->head; -1
+    })
+    rows = table1_rows(c)  # defaults: min_count 100, 1000 resamples, seed 0 (+2r, +2r+1)
+    # frequent relations first, "all" last; seeds follow each relation's index in c.relations
+    assert rows == [
+        _row("det", 7919, "1-2", 0, 1, "head->dep", 6500, 2, "-1", 3000),
+        _row("amod", 5003, "1-2", 0, 1, "dep->head", 3001, 0, "-1", 1500),
+        _row("nsubj", 100, "1-1", 0, 0, "head->dep", 41, 3, "+1", 60),
+        _row(ALL, 13121, "1-1", 0, 0, "dep->head", 8090, 4, "-1", 4510),
+    ]
+    # a bootstrap interval depends on its seed and resample count (the test above would not
+    # notice a changed seed otherwise)
+    assert _ci(3001, 5003, 0) != _ci(3001, 5003, 1) and _ci(3001, 5003, 0) != tuple(
+        100.0 * x for x in binary_bootstrap_ci(3001, 5003, n_boot=1001, seed=0))
+
+
+def test_table1_rows_cross_fitted_pools_counts_and_names_each_fold():
+    # fold A and fold B; select on B score on A, then select on A score on B.
+    a = _counts({
+        "amod": (300, [10, 0, 20, 0], [100, 5]),  # A selects 1-2 d->h, +1
+        "det": (200, [150, 0, 0, 1], [3, 120]),  # A selects 1-1 d->h, -1
+        "obj": (50, [0, 0, 7, 9], [0, 0]),  # A selects 1-2 h->d, +1 (tie)
+        ALL: (550, [160, 0, 27, 10], [103, 125]),
+    })
+    b = _counts({
+        "amod": (400, [30, 0, 40, 0], [4, 200]),  # B selects 1-2 d->h, -1
+        "det": (100, [1, 0, 0, 90], [60, 2]),  # B selects 1-2 h->d, +1
+        "iobj": (10, [5, 0, 0, 0], [0, 3]),  # only in B
+        ALL: (510, [36, 0, 40, 90], [64, 205]),
+    })
+    rows = {r["relation"]: r for r in table1_rows(a, [(b, a), (a, b)], min_count=1, n_boot=10)}
+    # det: B's choice (1-2 h->d, +1) scored on A: 1 head, 3 offset; A's choice (1-1 d->h, -1)
+    # scored on B: 1 head, 2 offset -> 2 of 300 and 5 of 300; heads and offsets differ
+    assert rows["det"]["count"] == 300 and rows["det"]["head"] == "1-2/1-1"
+    assert rows["det"]["offset"] == "+1/-1" and rows["det"]["direction"] == "head->dep"
+    assert (rows["det"]["layer"], rows["det"]["head_index"]) == (0, 1)
+    assert rows["det"]["accuracy"] == pytest.approx(100 * 2 / 300)
+    assert rows["det"]["offset_accuracy"] == pytest.approx(100 * 5 / 300)
+    # amod: the same head (1-2 d->h) but different offsets: both are listed per fold
+    # head: 20 (on A) + 40 (on B) = 60 of 700; offsets: B's -1 on A: 5, A's +1 on B: 4
+    assert rows["amod"]["head"] == "1-2/1-2" and rows["amod"]["offset"] == "-1/+1"
+    assert rows["amod"]["accuracy"] == pytest.approx(100 * 60 / 700)
+    assert rows["amod"]["offset_accuracy"] == pytest.approx(100 * 9 / 700)
+    # obj is in A only: B cannot select for it -> no row; iobj in B only: A cannot -> no row
+    assert "obj" not in rows and "iobj" not in rows
+    # the same head and offset in every fold: one name
+    rows = {r["relation"]: r for r in table1_rows(a, [(a, a), (a, a)], min_count=1, n_boot=10)}
+    assert rows["amod"]["head"] == "1-2" and rows["amod"]["offset"] == "+1"
+    assert rows["amod"]["count"] == 600 and rows["amod"]["accuracy"] == pytest.approx(100 * 40 / 600)
+    # a fold pair whose scored part lacks the relation is skipped, the others pooled
+    rows = {r["relation"]: r for r in table1_rows(b, [(b, a), (b, b)], min_count=1, n_boot=10)}
+    assert rows["iobj"]["count"] == 10 and rows["iobj"]["head"] == "1-1"
+    # a pair whose selecting part lacks the relation drops the row, even when others have it
+    assert "obj" not in {r["relation"] for r in table1_rows(a, [(a, a), (b, a)], min_count=1,
+                                                              n_boot=10)}
+
+
+def test_table1_rows_selecting_part_with_zero_dependents_gives_no_row():
+    sel = _counts({"det": (0, [0, 0, 0, 0], [0, 0]), ALL: (0, [0, 0, 0, 0], [0, 0])})
+    sc = _counts({"det": (200, [5, 0, 0, 0], [1, 2]), ALL: (200, [5, 0, 0, 0], [1, 2])})
+    assert table1_rows(sc, sel, min_count=1, n_boot=10) == []
+    # and a scored relation with zero dependents is never a row, not even "all"
+    assert table1_rows(sel, None, min_count=0, n_boot=10) == []
+
+
+# -- score_map edge cases (found by mutation testing) ---------------------------------------
+def test_one_word_sentence_is_an_example_with_nothing_to_score():
+    # [CLS] Hi [SEP]: the only word is the root and has no other word to predict
+    ex = Example(words=["Hi"], heads=[0], relns=["root"])
+    m = make_map(np.full((3, 3), 1 / 3), ["[CLS]", "Hi", "[SEP]"], example=ex)
+    s = score_map(m, ties="lowest")
+    assert s is not None and s.dependents.tolist() == [] and s.predictions.tolist() == [[[[-1], [-1]]]]
+    d = DependencyHeads()
+    d.update(AttentionBatch([m]))
+    assert (d.examples, d.skipped_examples) == (1, 0)
+    r = d.finalize()
+    assert r.summary[0] == "0 relations over 0 dependents in 1 sentences"
+    # no tree: skipped and counted
+    d.update(AttentionBatch([make_map(np.full((3, 3), 1 / 3), ["[CLS]", "Hi", "[SEP]"],
+                                      example=Example(words=["Hi"], heads=[0]))]))
+    assert (d.examples, d.skipped_examples) == (2, 1)
+
+
+def test_possessive_at_the_end_of_the_sentence_keeps_its_own_row():
+    # "Mary saw John" with John (the last word) marked poss: nothing follows it, so it is
+    # scored with its own row. John -> saw (its gold head, word 1) 0.5.
+    toks = ["[CLS]", "Mary", "saw", "John", "[SEP]"]
+    ex = Example(words=["Mary", "saw", "John"], heads=[2, 0, 2], relns=["nsubj", "root", "poss"])
+    a = np.full((5, 5), 0.1)
+    a[3, 2] = 0.5
+    a[1, 2] = 0.5  # Mary -> saw
+    s = score_map(make_map(a, toks, example=ex))
+    assert s.relations == ["nsubj", "poss"] and s.correct[0, 0, 0].tolist() == [True, True]
+    # "s'" is a clitic too: "the boys s' toys" (odd, but the rule is literal)
+    toks = ["[CLS]", "boys", "s'", "toys", "[SEP]"]
+    ex = Example(words=["boys", "s'", "toys"], heads=[3, 1, 0], relns=["poss", "case", "root"])
+    a = np.full((5, 5), 0.1)
+    a[2, 3] = 0.5  # s' -> toys, the possessor's head
+    a[1, 2] = 0.5  # boys -> s' (wrong by itself)
+    s = score_map(make_map(a, toks, example=ex))
+    assert s.correct[0, 0, 0, 0] and not score_map(make_map(a, toks, example=ex),
+                                                   possessive_rule=False).correct[0, 0, 0, 0]
+    # a nmod:poss subtype keeps its name unless collapsing is asked for
+    ex = Example(words=["boys", "s'", "toys"], heads=[3, 1, 0], relns=["nmod:poss", "case", "root"])
+    assert score_map(make_map(a, toks, example=ex)).relations == ["nmod:poss", "case"]
+    assert score_map(make_map(a, toks, example=ex), collapse_subtypes=True).relations == ["nmod", "case"]
+
+
+def test_ties_in_the_head_to_dependent_direction():
+    # "a b c": a -> b, c -> b, b root. Column of "a" (unit 1): b and c both give it 0.4, a tie.
+    # Column of "c" (unit 3): b gives 0.4, a 0.2: b, right.
+    toks = ["[CLS]", "a", "b", "c", "[SEP]"]
+    ex = Example(words=["a", "b", "c"], heads=[2, 0, 2], relns=["x", "root", "y"])
+    a = np.full((5, 5), 0.05)
+    a[2, 1] = a[3, 1] = 0.4
+    a[2, 3], a[1, 3] = 0.4, 0.2
+    m = make_map(a, toks, example=ex)
+    none, lowest = score_map(m), score_map(m, ties="lowest")
+    assert none.predictions[0, 0, 1].tolist() == [-1, -1, 1]  # b's column: a .05 = c .05, a tie
+    assert none.correct[0, 0, 1].tolist() == [False, True]
+    # lowest: a's column -> b (the lower of b, c): right; b's column -> a
+    assert lowest.predictions[0, 0, 1].tolist() == [1, 0, 1]
+    assert lowest.correct[0, 0, 1].tolist() == [True, True]
+
+
+def test_heads_at_the_first_and_last_word_and_cut_heads():
+    # "a b c" with every dependent's head at the first word, then at the last word
+    toks = ["[CLS]", "a", "b", "c", "[SEP]"]
+    a = np.full((5, 5), 0.05)
+    a[2, 1] = a[3, 1] = 0.5  # b, c -> a
+    a[1, 3] = 0.5  # a -> c
+    first = score_map(make_map(a, toks, example=Example(words=list("abc"), heads=[0, 1, 1],
+                                                         relns=["root", "x", "x"])))
+    assert first.dependents.tolist() == [1, 2] and first.gold.tolist() == [0, 0]
+    assert first.correct[0, 0, 0].tolist() == [True, True]
+    a[2, 3] = 0.6  # b -> c
+    last = score_map(make_map(a, toks, example=Example(words=list("abc"), heads=[3, 3, 0],
+                                                        relns=["x", "x", "root"])))
+    assert last.dependents.tolist() == [0, 1] and last.gold.tolist() == [2, 2]
+    assert last.correct[0, 0, 0].tolist() == [True, True]
+    # c cut off (the map has units for a and b only): a and b have no scorable head
+    cut = make_map(np.full((4, 4), 0.25), ["[CLS]", "a", "b", "[SEP]"],
+                   example=Example(words=list("abc"), heads=[3, 3, 0], relns=["x", "x", "root"]))
+    s = score_map(cut)
+    assert s.dependents.tolist() == [] and s.predictions.shape[-1] == 3
+    # a head at the first word while the last word is cut: still scored
+    s = score_map(make_map(np.full((4, 4), 0.25), ["[CLS]", "a", "b", "[SEP]"],
+                           example=Example(words=list("abc"), heads=[0, 1, 1], relns=["r", "x", "x"])))
+    assert s.dependents.tolist() == [1]
