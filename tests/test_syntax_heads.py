@@ -469,3 +469,32 @@ def test_heads_at_the_first_and_last_word_and_cut_heads():
     s = score_map(make_map(np.full((4, 4), 0.25), ["[CLS]", "a", "b", "[SEP]"],
                            example=Example(words=list("abc"), heads=[0, 1, 1], relns=["r", "x", "x"])))
     assert s.dependents.tolist() == [1]
+
+
+def test_finalize_result_in_full():
+    d = DependencyHeads()
+    d.update(AttentionBatch([sentence_map(),
+                             make_map(np.full((3, 3), 1 / 3), ["[CLS]", "Hi", "[SEP]"],
+                                      example=Example(words=["Hi"]), index=1)]))  # no tree
+    r = d.finalize()
+    assert r.analysis == "dependency-heads" and r.params == d.params()
+    assert r.summary == ["4 relations over 5 dependents in 1 sentences"]
+    assert r.tables == {"relations": [{"relation": "case", "count": 1}, {"relation": "det", "count": 2},
+                                      {"relation": "nsubj", "count": 1}, {"relation": "obl", "count": 1},
+                                      {"relation": ALL, "count": 5}]}
+    assert r.meta == {
+        "relations": ["case", "det", "nsubj", "obl", ALL], "offsets": [-3, -2, -1, 1, 2, 3],
+        "directions": ["dep->head", "head->dep"], "examples": 2, "skipped_examples": 1,
+        "skipped_words": 0, "empty_words": 0,
+        "heads": "arrays are [relation, layer, head, direction], 0-indexed",
+        "ties": "a row whose top value is 0 or shared predicts nothing (wrong); best head: lowest "
+                "(layer, head, direction); best offset: lowest offset"}
+    assert set(r.arrays) == {"accuracy", "correct", "total", "offset_correct", "offset_accuracy"}
+    # "all" row, from test_hand_worked_sentence: (gold d->h, gold h->d, prev d->h, prev h->d)
+    assert r.arrays["correct"][-1].reshape(-1).tolist() == [5, 2, 0, 3]
+    assert r.arrays["accuracy"][-1].reshape(-1).tolist() == [1.0, 0.4, 0.0, 0.6]
+    assert r.arrays["total"].tolist() == [1, 2, 1, 1, 5]
+    assert r.arrays["offset_correct"][-1].tolist() == [1, 0, 0, 3, 1, 0]
+    assert r.arrays["offset_accuracy"][-1].tolist() == [0.2, 0.0, 0.0, 0.6, 0.2, 0.0]
+    assert DependencyHeads(ties="lowest").finalize().meta["ties"].startswith(
+        "lowest word index (the paper code's argmax); best head")
