@@ -498,3 +498,30 @@ def test_finalize_result_in_full():
     assert r.arrays["offset_accuracy"][-1].tolist() == [0.2, 0.0, 0.0, 0.6, 0.2, 0.0]
     assert DependencyHeads(ties="lowest").finalize().meta["ties"].startswith(
         "lowest word index (the paper code's argmax); best head")
+
+
+def test_possessive_clitic_at_the_end_and_after_an_empty_word():
+    zw = "\u200b"
+    # "Mary <zwsp> John 's": John (poss, head Mary) is followed by the clitic, the last word;
+    # the zwsp word (before John) has no unit. Units: [CLS] Mary John 's [SEP].
+    toks = ["[CLS]", "Mary", "John", "'s", "[SEP]"]
+    ex = Example(words=["Mary", zw, "John", "'s"], heads=[0, 1, 1, 3], relns=["root", "dep", "poss", "case"])
+    a = np.full((5, 5), 0.05)
+    a[2, 4] = 0.8  # John -> [SEP] (no word)
+    a[2, 3] = 0.1  # John -> 's: wrong by itself
+    a[3, 1] = 0.8  # 's -> Mary: John's head
+    m = make_map(a, toks, example=ex, word_ids=np.array([-1, 0, 2, 3, -1]))
+    s = score_map(m)
+    assert s.relations == ["poss", "case"] and s.dependents.tolist() == [2, 3]
+    assert s.correct[0, 0, 0].tolist() == [True, False]  # John scored with the clitic's row
+    assert score_map(m, possessive_rule=False).correct[0, 0, 0].tolist() == [False, False]
+
+
+def test_a_head_at_an_empty_first_word_is_not_scored():
+    # "<zwsp> a b": word 0 has no unit; a -> word 0 and b -> word 0 are not scored, b -> a is.
+    zw = "\u200b"
+    toks = ["[CLS]", "a", "b", "[SEP]"]
+    m = make_map(np.full((4, 4), 0.25), toks, word_ids=np.array([-1, 1, 2, -1]),
+                 example=Example(words=[zw, "a", "b"], heads=[0, 1, 2], relns=["root", "x", "y"]))
+    s = score_map(m)
+    assert s.dependents.tolist() == [2] and s.gold.tolist() == [1]
