@@ -340,6 +340,12 @@ def test_score_split_restricts_table2_but_not_the_heldout_rows():
     np.testing.assert_allclose(r.arrays["accuracy"][0], [1 / 3, 1.0])
     assert r.meta["mentions"] == 3 and r.meta["best_head"] == [0, 1]
     assert [row["name"] for row in r.tables["table2_heldout"]] == ["1-1", "1-1"]  # chosen on train
+    # a split with no mention scores nothing, but the held-out rows are still computed
+    a = CorefAntecedents(n_boot=10, score_split="test")
+    a.update(AttentionBatch([m0, m1]))
+    r = a.finalize()
+    assert r.meta["mentions"] == 0 and r.tables["table2"] == []
+    assert [row["name"] for row in r.tables["table2_heldout"]] == ["1-1", "1-1"]
 
 
 def test_finalize_result_in_full():
@@ -420,6 +426,24 @@ def test_coref_windows_fields_and_counts_by_hand(debug_bert):
     b = examples[3].fields["coref"]
     assert b["doc_index"] == 6 and b["mentions"]["id"] == [0, 2] and b["mentions"]["head"] == [1, 4]
     assert b["mentions"]["score"] == [False, True]
+    # unmapped heads add up over documents; a document without mentions adds none
+    plain = Document(id="p", words=["a", "b"], sentence_starts=[0], mentions=[], heads=[1, -1],
+                     upos=["X", "X"], xpos=["_", "_"], feats=[{}, {}], lemmas=["a", "b"])
+    assert coref_windows([doc_b, plain, doc_b], debug_bert)[1].unmapped_heads == 2
+    # a mention headed by a window's first word is inside it, one headed by the first word
+    # after the window is not: "it saw it ." in windows of 2 words (4 tokens)
+    words = ["it", "saw", "it", "."]
+    its = Document(id="its", words=words, sentence_starts=[0], heads=[1, -1, 1, 1],
+                   mentions=[Mention(0, 1, "x"), Mention(2, 3, "x")], upos=["PRON", "VERB", "PRON", "PUNCT"],
+                   xpos=["PRP", "VBD", "PRP", "."], feats=[{} for _ in words], lemmas=list(words))
+    assign_heads_and_types(its)
+    ex, st = coref_windows([its], debug_bert, max_seq_len=4)
+    assert [e.words for e in ex] == [["it", "saw"]] and ex[0].fields["coref"]["mentions"]["id"] == [0]
+    ex, st = coref_windows([its], debug_bert, mode="sliding", max_seq_len=4)
+    assert [e.fields["coref"]["offset"] for e in ex] == [0, 1, 2]
+    assert ex[2].fields["coref"]["mentions"]["id"] == [1] and st.scored == 0
+    ex, st = coref_windows([its], debug_bert, mode="sliding", max_seq_len=5)  # windows of 3 words
+    assert ex[0].fields["coref"]["mentions"]["id"] == [0, 1] and st.scored == 1
     # the defaults: the paper's truncation to 128 tokens, documents numbered from 0, no split
     examples, stats = coref_windows([doc_b], debug_bert)
     assert (stats.mode, stats.max_seq_len, stats.windows, stats.documents) == ("truncate", 128, 1, 1)

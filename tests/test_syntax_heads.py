@@ -330,6 +330,14 @@ def test_table1_rows_by_hand_with_defaults():
         _row("nsubj", 100, "1-1", 0, 0, "head->dep", 41, 3, "+1", 60),
         _row(ALL, 13121, "1-1", 0, 0, "dep->head", 8090, 4, "-1", 4510),
     ]
+    # the resample count and the level reach both intervals
+    row = table1_rows(c, n_boot=200, level=0.8)[0]
+    lo, hi = binary_bootstrap_ci(6500, 7919, n_boot=200, level=0.8, seed=4)
+    olo, ohi = binary_bootstrap_ci(3000, 7919, n_boot=200, level=0.8, seed=5)
+    assert (row["ci_low"], row["ci_high"]) == (100.0 * lo, 100.0 * hi)
+    assert (row["offset_ci_low"], row["offset_ci_high"]) == (100.0 * olo, 100.0 * ohi)
+    assert (lo, hi) != binary_bootstrap_ci(6500, 7919, n_boot=1000, level=0.8, seed=4)
+    assert (lo, hi) != binary_bootstrap_ci(6500, 7919, n_boot=200, level=0.95, seed=4)
     # a bootstrap interval depends on its seed and resample count (the test above would not
     # notice a changed seed otherwise)
     assert _ci(3001, 5003, 0) != _ci(3001, 5003, 1) and _ci(3001, 5003, 0) != tuple(
@@ -365,6 +373,7 @@ def test_table1_rows_cross_fitted_pools_counts_and_names_each_fold():
     assert rows["amod"]["offset_accuracy"] == pytest.approx(100 * 9 / 700)
     # obj is in A only: B cannot select for it -> no row; iobj in B only: A cannot -> no row
     assert "obj" not in rows and "iobj" not in rows
+    assert list(rows)[-1] == ALL  # a relation without a row does not stop the table
     # the same head and offset in every fold: one name
     rows = {r["relation"]: r for r in table1_rows(a, [(a, a), (a, a)], min_count=1, n_boot=10)}
     assert rows["amod"]["head"] == "1-2" and rows["amod"]["offset"] == "+1"
