@@ -340,3 +340,117 @@ def test_score_split_restricts_table2_but_not_the_heldout_rows():
     np.testing.assert_allclose(r.arrays["accuracy"][0], [1 / 3, 1.0])
     assert r.meta["mentions"] == 3 and r.meta["best_head"] == [0, 1]
     assert [row["name"] for row in r.tables["table2_heldout"]] == ["1-1", "1-1"]  # chosen on train
+    # a split with no mention scores nothing, but the held-out rows are still computed
+    a = CorefAntecedents(n_boot=10, score_split="test")
+    a.update(AttentionBatch([m0, m1]))
+    r = a.finalize()
+    assert r.meta["mentions"] == 0 and r.tables["table2"] == []
+    assert [row["name"] for row in r.tables["table2_heldout"]] == ["1-1", "1-1"]
+
+
+def test_finalize_result_in_full():
+    # every field of the result, on the planted map (accuracies worked out above)
+    a = CorefAntecedents()
+    a.update(AttentionBatch([planted_map()]))
+    r = a.finalize()
+    assert r.analysis == "coref-antecedents" and r.params == a.params()
+    assert {k: v for k, v in r.meta.items()} == {
+        "mentions": 3, "mentions_by_type": {"pronoun": 2, "proper": 1, "nominal": 0},
+        "num_layers": 2, "num_heads": 2,
+        "head_convention": "layer and head 0-indexed; name is the paper's 1-indexed layer-head",
+        "candidates": "mentions", "paper_candidates": "all-words", "empty_words": 0,
+        "ties": "a row whose top candidate weight is 0 or shared predicts nothing (wrong)",
+        "best_head": [0, 0], "best_head_all_words": [0, 0]}
+    assert r.summary == [
+        "best head 1-1 selects the antecedent of 100.0% of 3 mentions (mentions as candidates); "
+        "nearest mention 0.0%, same head word 33.3%, rule-based 100.0%",
+        "with the paper's definition (every other word a candidate) the best head is 1-1 at 100.0%"]
+    heads = {(row["layer"], row["head"]): row for row in r.tables["heads"]}
+    assert heads[(1, 0)] == {"layer": 1, "head": 0, "name": "2-1", "all": pytest.approx(2 / 3),
+                             "pronoun": 0.5, "proper": 1.0, "nominal": None}
+    assert [row["kind"] for row in r.tables["table2"]] == ["baseline"] * 3 + ["head"] * 3
+    assert [row["model"] for row in r.tables["table2"]][3:] == ["Head 1-1", "Head 2-1", "Head 1-2"]
+    assert set(r.tables) == {"heads", "table2", "heads_all_words", "table2_all_words", "table2_heldout"}
+    assert len(r.tables["table2_heldout"]) == 0  # one document: no held-out part with mentions
+    assert CorefAntecedents(ties="lowest").finalize().meta["ties"] == "lowest candidate index"
+
+
+def test_finalize_with_nothing_scored():
+    r = CorefAntecedents().finalize()
+    assert r.summary == ["no mention with an antecedent in its window was scored"]
+    assert r.meta["num_layers"] == 0 and r.meta["num_heads"] == 0 and r.meta["mentions"] == 0
+    assert r.tables == {"heads": [], "table2": [], "heads_all_words": [], "table2_all_words": [],
+                        "table2_heldout": []}
+    assert r.arrays["accuracy"].shape == (0, 0)
+
+
+def test_coref_windows_fields_and_counts_by_hand(debug_bert):
+    # doc A: "the cat saw it ." x 4 (20 one-token words, sentences at 0, 5, 10, 15); mention
+    # ids 0..7: cat@1 it@3 cat@6 it@8 cat@11 it@13 cat@16 it@18, clusters c c c i c c c i.
+    # Sliding windows of 12 tokens = 10 words: [0,10), then the last sentence start in the
+    # first half, [5,15), then [10,20). Each mention is scored in the earliest window holding
+    # its head, if an antecedent is inside that window.
+    doc_a = _toy_document(4)
+    zw = "\u200b"
+    words = ["the", "cat", zw, "saw", "it", "."]
+    doc_b = Document(id="zw", words=words, sentence_starts=[0],
+                     mentions=[Mention(0, 2, "c"), Mention(2, 3, "z"), Mention(4, 5, "c")],
+                     heads=[1, 3, 3, -1, 3, 3], upos=["DET", "NOUN", "X", "VERB", "PRON", "PUNCT"],
+                     xpos=["DT", "NN", "_", "VBD", "PRP", "."], feats=[{} for _ in words],
+                     lemmas=list(words))
+    assign_heads_and_types(doc_b)
+    examples, stats = coref_windows([doc_a, doc_b], debug_bert, mode="sliding", max_seq_len=12,
+                                    split="dev", first_doc_index=5)
+    assert [(e.fields["coref"]["doc"], e.fields["coref"]["offset"], len(e.words)) for e in examples] == [
+        ("toy", 0, 10), ("toy", 5, 10), ("toy", 10, 10), ("zw", 0, 6)]
+    # anaphoric: cluster c of A 5 (all but cat@1), i 1 (it@18), B's it@4 1; scored: it@3 cat@6
+    # (window 0), cat@11 it@13 (window 1), cat@16 (window 2), it@4 of B; it@18's antecedent
+    # it@8 is outside window 2. B's zero-token mention head is unmapped.
+    assert stats.as_dict() == {
+        "mode": "sliding", "max_seq_len": 12, "documents": 2, "windows": 4, "mentions": 11,
+        "anaphoric": 7, "scored": 6, "scored_by_type": {"pronoun": 3, "proper": 0, "nominal": 3},
+        "unmapped_heads": 1}
+    it = mention_attributes_of(doc_b, 2)
+    assert it == ("sg", "neut", "3")
+    cat = mention_attributes_of(doc_a, 0)
+    info = examples[1].fields["coref"]
+    assert info == {
+        "doc": "toy", "doc_index": 5, "window": 1, "offset": 5, "mode": "sliding", "split": "dev",
+        "mentions": {"id": [2, 3, 4, 5], "head": [1, 3, 6, 8], "cluster": ["cat", "it", "cat", "cat"],
+                     "type": ["nominal", "pronoun", "nominal", "pronoun"],
+                     "text": ["the cat", "it", "the cat", "it"], "head_word": ["cat", "it", "cat", "it"],
+                     "number": [cat[0], "sg", cat[0], "sg"], "gender": [cat[1], "neut", cat[1], "neut"],
+                     "person": [cat[2], "3", cat[2], "3"], "score": [False, False, True, True]}}
+    assert examples[0].fields["coref"]["mentions"]["score"] == [False, True, True, False]
+    assert examples[2].fields["coref"]["mentions"]["score"] == [False, False, True, False]
+    b = examples[3].fields["coref"]
+    assert b["doc_index"] == 6 and b["mentions"]["id"] == [0, 2] and b["mentions"]["head"] == [1, 4]
+    assert b["mentions"]["score"] == [False, True]
+    # unmapped heads add up over documents; a document without mentions adds none
+    plain = Document(id="p", words=["a", "b"], sentence_starts=[0], mentions=[], heads=[1, -1],
+                     upos=["X", "X"], xpos=["_", "_"], feats=[{}, {}], lemmas=["a", "b"])
+    assert coref_windows([doc_b, plain, doc_b], debug_bert)[1].unmapped_heads == 2
+    # a mention headed by a window's first word is inside it, one headed by the first word
+    # after the window is not: "it saw it ." in windows of 2 words (4 tokens)
+    words = ["it", "saw", "it", "."]
+    its = Document(id="its", words=words, sentence_starts=[0], heads=[1, -1, 1, 1],
+                   mentions=[Mention(0, 1, "x"), Mention(2, 3, "x")], upos=["PRON", "VERB", "PRON", "PUNCT"],
+                   xpos=["PRP", "VBD", "PRP", "."], feats=[{} for _ in words], lemmas=list(words))
+    assign_heads_and_types(its)
+    ex, st = coref_windows([its], debug_bert, max_seq_len=4)
+    assert [e.words for e in ex] == [["it", "saw"]] and ex[0].fields["coref"]["mentions"]["id"] == [0]
+    ex, st = coref_windows([its], debug_bert, mode="sliding", max_seq_len=4)
+    assert [e.fields["coref"]["offset"] for e in ex] == [0, 1, 2]
+    assert ex[2].fields["coref"]["mentions"]["id"] == [1] and st.scored == 0
+    ex, st = coref_windows([its], debug_bert, mode="sliding", max_seq_len=5)  # windows of 3 words
+    assert ex[0].fields["coref"]["mentions"]["id"] == [0, 1] and st.scored == 1
+    # the defaults: the paper's truncation to 128 tokens, documents numbered from 0, no split
+    examples, stats = coref_windows([doc_b], debug_bert)
+    assert (stats.mode, stats.max_seq_len, stats.windows, stats.documents) == ("truncate", 128, 1, 1)
+    assert examples[0].fields["coref"]["doc_index"] == 0 and "split" not in examples[0].fields["coref"]
+
+
+def mention_attributes_of(doc, i):
+    from attnscope.data.coref import mention_attributes
+
+    return mention_attributes(doc, doc.mentions[i])

@@ -205,3 +205,54 @@ def test_the_attention_only_probe_has_its_own_learning_rate():
     assert _lr(AttentionProbe(2), cfg) == 0.05 and _lr(AttentionGloveProbe(2, vectors), cfg) == 0.01
     assert _lr(DistanceGloveMLP(vectors, 4), cfg) == 0.01
     assert _lr(AttentionProbe(2), TrainConfig(lr=0.02, attn_lr=None)) == 0.02
+
+
+def test_training_bookkeeping_and_early_stopping():
+    # the planted head is learnt to dev UAS 1.0, which cannot improve: training must stop
+    # exactly `patience` epochs after the best one, with the best epoch's weights kept.
+    train = source_of(planted_maps(120, seed=1))
+    dev = source_of(planted_maps(40, seed=2))
+    torch.manual_seed(0)
+    probe = AttentionProbe(4)
+    run = train_probes({"attn": probe}, train, dev, TrainConfig(epochs=15, patience=2, lr=0.1,
+                                                               attn_lr=None, seed=0))["attn"]
+    assert run.name == "attn" and run.parameters == 8  # w and u, one weight per head each
+    assert run.uas == 1.0 and run.epochs_run == run.best_epoch + 2 < 15
+    assert [h["epoch"] for h in run.history] == list(range(1, run.epochs_run + 1))
+    assert [h["dev_uas"] for h in run.history][run.best_epoch - 1] == 1.0
+    assert all(h["dev_uas"] < 1.0 for h in run.history[:run.best_epoch - 1])
+    assert set(run.history[0]) == {"epoch", "loss", "dev_uas", "seconds"}
+    assert all(h["seconds"] > 0 for h in run.history)
+    assert run.seconds_per_epoch == pytest.approx(np.mean([h["seconds"] for h in run.history]))
+    # the loss is a mean per dependent: positive, and lower once the head is learnt
+    assert 0 < run.history[-1]["loss"] < run.history[0]["loss"]
+    assert evaluate(probe, dev) == (run.correct, run.total)
+
+
+def test_one_adam_step_moves_each_weight_by_the_probes_learning_rate():
+    # Adam's first step moves every weight with a non-zero gradient by lr * g / (|g| + eps),
+    # i.e. by lr: one batch holding every training sentence, one epoch.
+    train = source_of(planted_maps(20, seed=1))
+    dev = source_of(planted_maps(10, seed=2))
+    for cfg, want in ((TrainConfig(epochs=1, batch_size=64, lr=0.01, attn_lr=0.05), 0.05),
+                      (TrainConfig(epochs=1, batch_size=64, lr=0.02, attn_lr=None), 0.02)):
+        probe = AttentionProbe(4)  # starts at zero
+        train_probes({"attn": probe}, train, dev, cfg)
+        moved = torch.cat([probe.w.detach(), probe.u.detach()]).abs()
+        np.testing.assert_allclose(moved.numpy(), want, rtol=1e-4)
+
+
+def test_a_dev_set_without_scored_dependents_and_zero_epochs():
+    # every dev word is punctuation: nothing is scored, the dev UAS is NaN and never improves,
+    # so training stops after `patience` epochs
+    dev_maps = planted_maps(5, seed=2)
+    for m in dev_maps:
+        m.example.relns = ["punct"] * len(m.example.relns)
+    train = source_of(planted_maps(20, seed=1))
+    run = train_probes({"attn": AttentionProbe(4)}, train, source_of(dev_maps),
+                       TrainConfig(epochs=5, patience=2))["attn"]
+    assert run.epochs_run == 2 and all(np.isnan(h["dev_uas"]) for h in run.history)
+    # no epoch at all: no history, no seconds per epoch
+    run = train_probes({"attn": AttentionProbe(4)}, train, source_of(dev_maps),
+                       TrainConfig(epochs=0))["attn"]
+    assert run.history == [] and run.epochs_run == 0 and np.isnan(run.seconds_per_epoch)

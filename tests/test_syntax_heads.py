@@ -15,6 +15,7 @@ from attnscope.analyses.syntax import (
     HeadCounts,
     binary_bootstrap_ci,
     relation_label,
+    score_map,
     table1_rows,
 )
 from attnscope.data.records import Example
@@ -285,3 +286,251 @@ def test_rejects_token_level_maps():
     m.level = "token"
     with pytest.raises(ValueError, match="word-level"):
         DependencyHeads().update(AttentionBatch([m]))
+
+
+# -- table1_rows by hand (cases found by mutation testing) ----------------------------------
+def _counts(rels: dict[str, tuple], offsets=(1, -1)) -> HeadCounts:
+    """HeadCounts with L=1, H=2 from ``{relation: (total, [h0 d->h, h0 h->d, h1 d->h, h1 h->d],
+    [offset counts])}`` in the given order."""
+    names = list(rels)
+    total = np.array([rels[r][0] for r in names])
+    correct = np.array([rels[r][1] for r in names]).reshape(len(names), 1, 2, 2)
+    offc = np.array([rels[r][2] for r in names])
+    return HeadCounts(names, correct, offc, total, offsets)
+
+
+def _ci(k, n, seed):
+    return tuple(100.0 * x for x in binary_bootstrap_ci(k, n, n_boot=1000, level=0.95, seed=seed))
+
+
+def _row(rel, n, head, layer, h, d, k, r, off, ko):
+    lo, hi = _ci(k, n, 2 * r)
+    olo, ohi = _ci(ko, n, 2 * r + 1)
+    return {"relation": rel, "count": n, "head": head, "layer": layer, "head_index": h,
+            "direction": d, "accuracy": 100.0 * k / n, "ci_low": lo, "ci_high": hi,
+            "offset": off, "offset_accuracy": 100.0 * ko / n, "offset_ci_low": olo,
+            "offset_ci_high": ohi}
+
+
+def test_table1_rows_by_hand_with_defaults():
+    # offsets (+1, -1); best head: most correct, ties to the lowest (layer, head, direction);
+    # best offset: most correct, ties to the lowest offset (det: 3000 each -> -1).
+    c = _counts({
+        "amod": (5003, [2000, 300, 3001, 17], [1200, 1500]),  # 1-2 dep->head; -1
+        "case": (99, [50, 0, 0, 0], [5, 0]),  # below the default min_count of 100: left out
+        "det": (7919, [6000, 1, 12, 6500], [3000, 3000]),  # 1-2 head->dep; tie -> -1
+        "nsubj": (100, [40, 41, 0, 0], [60, 10]),  # exactly 100: kept; 1-1 head->dep; +1
+        ALL: (13121, [8090, 342, 3013, 6517], [4265, 4510]),  # 1-1 dep->head; -1
+    })
+    rows = table1_rows(c)  # defaults: min_count 100, 1000 resamples, seed 0 (+2r, +2r+1)
+    # frequent relations first, "all" last; seeds follow each relation's index in c.relations
+    assert rows == [
+        _row("det", 7919, "1-2", 0, 1, "head->dep", 6500, 2, "-1", 3000),
+        _row("amod", 5003, "1-2", 0, 1, "dep->head", 3001, 0, "-1", 1500),
+        _row("nsubj", 100, "1-1", 0, 0, "head->dep", 41, 3, "+1", 60),
+        _row(ALL, 13121, "1-1", 0, 0, "dep->head", 8090, 4, "-1", 4510),
+    ]
+    # the resample count and the level reach both intervals
+    row = table1_rows(c, n_boot=200, level=0.8)[0]
+    lo, hi = binary_bootstrap_ci(6500, 7919, n_boot=200, level=0.8, seed=4)
+    olo, ohi = binary_bootstrap_ci(3000, 7919, n_boot=200, level=0.8, seed=5)
+    assert (row["ci_low"], row["ci_high"]) == (100.0 * lo, 100.0 * hi)
+    assert (row["offset_ci_low"], row["offset_ci_high"]) == (100.0 * olo, 100.0 * ohi)
+    assert (lo, hi) != binary_bootstrap_ci(6500, 7919, n_boot=1000, level=0.8, seed=4)
+    assert (lo, hi) != binary_bootstrap_ci(6500, 7919, n_boot=200, level=0.95, seed=4)
+    # a bootstrap interval depends on its seed and resample count (the test above would not
+    # notice a changed seed otherwise)
+    assert _ci(3001, 5003, 0) != _ci(3001, 5003, 1) and _ci(3001, 5003, 0) != tuple(
+        100.0 * x for x in binary_bootstrap_ci(3001, 5003, n_boot=1001, seed=0))
+
+
+def test_table1_rows_cross_fitted_pools_counts_and_names_each_fold():
+    # fold A and fold B; select on B score on A, then select on A score on B.
+    a = _counts({
+        "amod": (300, [10, 0, 20, 0], [100, 5]),  # A selects 1-2 d->h, +1
+        "det": (200, [150, 0, 0, 1], [3, 120]),  # A selects 1-1 d->h, -1
+        "obj": (50, [0, 0, 7, 9], [0, 0]),  # A selects 1-2 h->d, +1 (tie)
+        ALL: (550, [160, 0, 27, 10], [103, 125]),
+    })
+    b = _counts({
+        "amod": (400, [30, 0, 40, 0], [4, 200]),  # B selects 1-2 d->h, -1
+        "det": (100, [1, 0, 0, 90], [60, 2]),  # B selects 1-2 h->d, +1
+        "iobj": (10, [5, 0, 0, 0], [0, 3]),  # only in B
+        ALL: (510, [36, 0, 40, 90], [64, 205]),
+    })
+    rows = {r["relation"]: r for r in table1_rows(a, [(b, a), (a, b)], min_count=1, n_boot=10)}
+    # det: B's choice (1-2 h->d, +1) scored on A: 1 head, 3 offset; A's choice (1-1 d->h, -1)
+    # scored on B: 1 head, 2 offset -> 2 of 300 and 5 of 300; heads and offsets differ
+    assert rows["det"]["count"] == 300 and rows["det"]["head"] == "1-2/1-1"
+    assert rows["det"]["offset"] == "+1/-1" and rows["det"]["direction"] == "head->dep"
+    assert (rows["det"]["layer"], rows["det"]["head_index"]) == (0, 1)
+    assert rows["det"]["accuracy"] == pytest.approx(100 * 2 / 300)
+    assert rows["det"]["offset_accuracy"] == pytest.approx(100 * 5 / 300)
+    # amod: the same head (1-2 d->h) but different offsets: both are listed per fold
+    # head: 20 (on A) + 40 (on B) = 60 of 700; offsets: B's -1 on A: 5, A's +1 on B: 4
+    assert rows["amod"]["head"] == "1-2/1-2" and rows["amod"]["offset"] == "-1/+1"
+    assert rows["amod"]["accuracy"] == pytest.approx(100 * 60 / 700)
+    assert rows["amod"]["offset_accuracy"] == pytest.approx(100 * 9 / 700)
+    # obj is in A only: B cannot select for it -> no row; iobj in B only: A cannot -> no row
+    assert "obj" not in rows and "iobj" not in rows
+    assert list(rows)[-1] == ALL  # a relation without a row does not stop the table
+    # the same head and offset in every fold: one name
+    rows = {r["relation"]: r for r in table1_rows(a, [(a, a), (a, a)], min_count=1, n_boot=10)}
+    assert rows["amod"]["head"] == "1-2" and rows["amod"]["offset"] == "+1"
+    assert rows["amod"]["count"] == 600 and rows["amod"]["accuracy"] == pytest.approx(100 * 40 / 600)
+    # a fold pair whose scored part lacks the relation is skipped, the others pooled
+    rows = {r["relation"]: r for r in table1_rows(b, [(b, a), (b, b)], min_count=1, n_boot=10)}
+    assert rows["iobj"]["count"] == 10 and rows["iobj"]["head"] == "1-1"
+    # a pair whose selecting part lacks the relation drops the row, even when others have it
+    assert "obj" not in {r["relation"] for r in table1_rows(a, [(a, a), (b, a)], min_count=1,
+                                                              n_boot=10)}
+
+
+def test_table1_rows_selecting_part_with_zero_dependents_gives_no_row():
+    sel = _counts({"det": (0, [0, 0, 0, 0], [0, 0]), ALL: (0, [0, 0, 0, 0], [0, 0])})
+    sc = _counts({"det": (200, [5, 0, 0, 0], [1, 2]), ALL: (200, [5, 0, 0, 0], [1, 2])})
+    assert table1_rows(sc, sel, min_count=1, n_boot=10) == []
+    # and a scored relation with zero dependents is never a row, not even "all"
+    assert table1_rows(sel, None, min_count=0, n_boot=10) == []
+
+
+# -- score_map edge cases (found by mutation testing) ---------------------------------------
+def test_one_word_sentence_is_an_example_with_nothing_to_score():
+    # [CLS] Hi [SEP]: the only word is the root and has no other word to predict
+    ex = Example(words=["Hi"], heads=[0], relns=["root"])
+    m = make_map(np.full((3, 3), 1 / 3), ["[CLS]", "Hi", "[SEP]"], example=ex)
+    s = score_map(m, ties="lowest")
+    assert s is not None and s.dependents.tolist() == [] and s.predictions.tolist() == [[[[-1], [-1]]]]
+    d = DependencyHeads()
+    d.update(AttentionBatch([m]))
+    assert (d.examples, d.skipped_examples) == (1, 0)
+    r = d.finalize()
+    assert r.summary[0] == "0 relations over 0 dependents in 1 sentences"
+    # no tree: skipped and counted
+    d.update(AttentionBatch([make_map(np.full((3, 3), 1 / 3), ["[CLS]", "Hi", "[SEP]"],
+                                      example=Example(words=["Hi"], heads=[0]))]))
+    assert (d.examples, d.skipped_examples) == (2, 1)
+
+
+def test_possessive_at_the_end_of_the_sentence_keeps_its_own_row():
+    # "Mary saw John" with John (the last word) marked poss: nothing follows it, so it is
+    # scored with its own row. John -> saw (its gold head, word 1) 0.5.
+    toks = ["[CLS]", "Mary", "saw", "John", "[SEP]"]
+    ex = Example(words=["Mary", "saw", "John"], heads=[2, 0, 2], relns=["nsubj", "root", "poss"])
+    a = np.full((5, 5), 0.1)
+    a[3, 2] = 0.5
+    a[1, 2] = 0.5  # Mary -> saw
+    s = score_map(make_map(a, toks, example=ex))
+    assert s.relations == ["nsubj", "poss"] and s.correct[0, 0, 0].tolist() == [True, True]
+    # "s'" is a clitic too: "the boys s' toys" (odd, but the rule is literal)
+    toks = ["[CLS]", "boys", "s'", "toys", "[SEP]"]
+    ex = Example(words=["boys", "s'", "toys"], heads=[3, 1, 0], relns=["poss", "case", "root"])
+    a = np.full((5, 5), 0.1)
+    a[2, 3] = 0.5  # s' -> toys, the possessor's head
+    a[1, 2] = 0.5  # boys -> s' (wrong by itself)
+    s = score_map(make_map(a, toks, example=ex))
+    assert s.correct[0, 0, 0, 0] and not score_map(make_map(a, toks, example=ex),
+                                                   possessive_rule=False).correct[0, 0, 0, 0]
+    # a nmod:poss subtype keeps its name unless collapsing is asked for
+    ex = Example(words=["boys", "s'", "toys"], heads=[3, 1, 0], relns=["nmod:poss", "case", "root"])
+    assert score_map(make_map(a, toks, example=ex)).relations == ["nmod:poss", "case"]
+    assert score_map(make_map(a, toks, example=ex), collapse_subtypes=True).relations == ["nmod", "case"]
+
+
+def test_ties_in_the_head_to_dependent_direction():
+    # "a b c": a -> b, c -> b, b root. Column of "a" (unit 1): b and c both give it 0.4, a tie.
+    # Column of "c" (unit 3): b gives 0.4, a 0.2: b, right.
+    toks = ["[CLS]", "a", "b", "c", "[SEP]"]
+    ex = Example(words=["a", "b", "c"], heads=[2, 0, 2], relns=["x", "root", "y"])
+    a = np.full((5, 5), 0.05)
+    a[2, 1] = a[3, 1] = 0.4
+    a[2, 3], a[1, 3] = 0.4, 0.2
+    m = make_map(a, toks, example=ex)
+    none, lowest = score_map(m), score_map(m, ties="lowest")
+    assert none.predictions[0, 0, 1].tolist() == [-1, -1, 1]  # b's column: a .05 = c .05, a tie
+    assert none.correct[0, 0, 1].tolist() == [False, True]
+    # lowest: a's column -> b (the lower of b, c): right; b's column -> a
+    assert lowest.predictions[0, 0, 1].tolist() == [1, 0, 1]
+    assert lowest.correct[0, 0, 1].tolist() == [True, True]
+
+
+def test_heads_at_the_first_and_last_word_and_cut_heads():
+    # "a b c" with every dependent's head at the first word, then at the last word
+    toks = ["[CLS]", "a", "b", "c", "[SEP]"]
+    a = np.full((5, 5), 0.05)
+    a[2, 1] = a[3, 1] = 0.5  # b, c -> a
+    a[1, 3] = 0.5  # a -> c
+    first = score_map(make_map(a, toks, example=Example(words=list("abc"), heads=[0, 1, 1],
+                                                         relns=["root", "x", "x"])))
+    assert first.dependents.tolist() == [1, 2] and first.gold.tolist() == [0, 0]
+    assert first.correct[0, 0, 0].tolist() == [True, True]
+    a[2, 3] = 0.6  # b -> c
+    last = score_map(make_map(a, toks, example=Example(words=list("abc"), heads=[3, 3, 0],
+                                                        relns=["x", "x", "root"])))
+    assert last.dependents.tolist() == [0, 1] and last.gold.tolist() == [2, 2]
+    assert last.correct[0, 0, 0].tolist() == [True, True]
+    # c cut off (the map has units for a and b only): a and b have no scorable head
+    cut = make_map(np.full((4, 4), 0.25), ["[CLS]", "a", "b", "[SEP]"],
+                   example=Example(words=list("abc"), heads=[3, 3, 0], relns=["x", "x", "root"]))
+    s = score_map(cut)
+    assert s.dependents.tolist() == [] and s.predictions.shape[-1] == 3
+    # a head at the first word while the last word is cut: still scored
+    s = score_map(make_map(np.full((4, 4), 0.25), ["[CLS]", "a", "b", "[SEP]"],
+                           example=Example(words=list("abc"), heads=[0, 1, 1], relns=["r", "x", "x"])))
+    assert s.dependents.tolist() == [1]
+
+
+def test_finalize_result_in_full():
+    d = DependencyHeads()
+    d.update(AttentionBatch([sentence_map(),
+                             make_map(np.full((3, 3), 1 / 3), ["[CLS]", "Hi", "[SEP]"],
+                                      example=Example(words=["Hi"]), index=1)]))  # no tree
+    r = d.finalize()
+    assert r.analysis == "dependency-heads" and r.params == d.params()
+    assert r.summary == ["4 relations over 5 dependents in 1 sentences"]
+    assert r.tables == {"relations": [{"relation": "case", "count": 1}, {"relation": "det", "count": 2},
+                                      {"relation": "nsubj", "count": 1}, {"relation": "obl", "count": 1},
+                                      {"relation": ALL, "count": 5}]}
+    assert r.meta == {
+        "relations": ["case", "det", "nsubj", "obl", ALL], "offsets": [-3, -2, -1, 1, 2, 3],
+        "directions": ["dep->head", "head->dep"], "examples": 2, "skipped_examples": 1,
+        "skipped_words": 0, "empty_words": 0,
+        "heads": "arrays are [relation, layer, head, direction], 0-indexed",
+        "ties": "a row whose top value is 0 or shared predicts nothing (wrong); best head: lowest "
+                "(layer, head, direction); best offset: lowest offset"}
+    assert set(r.arrays) == {"accuracy", "correct", "total", "offset_correct", "offset_accuracy"}
+    # "all" row, from test_hand_worked_sentence: (gold d->h, gold h->d, prev d->h, prev h->d)
+    assert r.arrays["correct"][-1].reshape(-1).tolist() == [5, 2, 0, 3]
+    assert r.arrays["accuracy"][-1].reshape(-1).tolist() == [1.0, 0.4, 0.0, 0.6]
+    assert r.arrays["total"].tolist() == [1, 2, 1, 1, 5]
+    assert r.arrays["offset_correct"][-1].tolist() == [1, 0, 0, 3, 1, 0]
+    assert r.arrays["offset_accuracy"][-1].tolist() == [0.2, 0.0, 0.0, 0.6, 0.2, 0.0]
+    assert DependencyHeads(ties="lowest").finalize().meta["ties"].startswith(
+        "lowest word index (the paper code's argmax); best head")
+
+
+def test_possessive_clitic_at_the_end_and_after_an_empty_word():
+    zw = "\u200b"
+    # "Mary <zwsp> John 's": John (poss, head Mary) is followed by the clitic, the last word;
+    # the zwsp word (before John) has no unit. Units: [CLS] Mary John 's [SEP].
+    toks = ["[CLS]", "Mary", "John", "'s", "[SEP]"]
+    ex = Example(words=["Mary", zw, "John", "'s"], heads=[0, 1, 1, 3], relns=["root", "dep", "poss", "case"])
+    a = np.full((5, 5), 0.05)
+    a[2, 4] = 0.8  # John -> [SEP] (no word)
+    a[2, 3] = 0.1  # John -> 's: wrong by itself
+    a[3, 1] = 0.8  # 's -> Mary: John's head
+    m = make_map(a, toks, example=ex, word_ids=np.array([-1, 0, 2, 3, -1]))
+    s = score_map(m)
+    assert s.relations == ["poss", "case"] and s.dependents.tolist() == [2, 3]
+    assert s.correct[0, 0, 0].tolist() == [True, False]  # John scored with the clitic's row
+    assert score_map(m, possessive_rule=False).correct[0, 0, 0].tolist() == [False, False]
+
+
+def test_a_head_at_an_empty_first_word_is_not_scored():
+    # "<zwsp> a b": word 0 has no unit; a -> word 0 and b -> word 0 are not scored, b -> a is.
+    zw = "\u200b"
+    toks = ["[CLS]", "a", "b", "[SEP]"]
+    m = make_map(np.full((4, 4), 0.25), toks, word_ids=np.array([-1, 1, 2, -1]),
+                 example=Example(words=[zw, "a", "b"], heads=[0, 1, 2], relns=["root", "x", "y"]))
+    s = score_map(m)
+    assert s.dependents.tolist() == [2] and s.gold.tolist() == [1]

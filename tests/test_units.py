@@ -51,6 +51,10 @@ def test_syntax_skips_only_the_empty_word(zwsp_map):
     d = DependencyHeads()
     d.update(AttentionBatch([zwsp_map]))
     assert d.skipped_words == 1 and d.empty_words == 1
+    r = d.finalize()
+    assert r.meta["empty_words"] == 1 and r.summary[1] == (
+        "1 words became zero tokens (e.g. a zero-width space) and were skipped with the "
+        "dependents that need them")
     c = d.counts()
     # scored: the, cat, on, the, mat (sat is the root; the zwsp word has no unit)
     assert int(c.total[c.get(ALL)]) == 5 and c.get("dep") is None

@@ -24,7 +24,12 @@ precedes the query (an antecedent). Candidate sets (``candidates``):
 
 The query word itself is never a candidate. A row without information on the candidates
 (every candidate weight 0, as float16 stores give for heads that attend only to the special
-tokens, or a tie for the top weight) makes no prediction and counts as wrong.
+tokens, or a tie for the top weight) makes no prediction and counts as wrong; ``ties="lowest"``
+takes the lowest candidate instead, as the paper code's argmax would. A word the tokenizer
+turns into zero tokens has no unit (:func:`attnscope.analyses.units.word_units`): it is never
+a candidate, a query headed by it predicts nothing (:func:`coref_windows` does not score such
+mentions), and ``meta["empty_words"]`` counts such words summed over windows (overlapping
+sliding windows count a word once per window).
 The baselines predict a position from the same candidate set:
 
 - ``nearest``: the nearest preceding mention;
@@ -308,6 +313,7 @@ class CorefAntecedents(Analysis):
         self._paper: list[np.ndarray] = []  # each [m L H] bool, all other words (the paper)
         self._base: list[np.ndarray] = []  # each [m 3] bool, BASELINES order
         self._shape: tuple[int, int] | None = None
+        self.empty_words = 0  # words without a unit inside a window (zero tokens), summed over windows
 
     def params(self) -> dict[str, Any]:
         return {"candidates": self.candidates, "seed": self.seed, "n_boot": self.n_boot,
@@ -328,6 +334,7 @@ class CorefAntecedents(Analysis):
             self._shape = (L, H)
         elif self._shape != (L, H):
             raise ValueError(f"maps with {L}x{H} heads after maps with {self._shape[0]}x{self._shape[1]}")
+        self.empty_words += int(np.sum(word_units(amap, len(amap.example.all_words or []) or None).empty))
         keys, types, correct, base = score_window(amap, info, self.candidates, ties=self.ties)
         if len(keys):
             _, _, paper, _ = score_window(amap, info, PAPER_CANDIDATES, ties=self.ties)
@@ -351,6 +358,7 @@ class CorefAntecedents(Analysis):
         self._heads += other._heads
         self._paper += other._paper
         self._base += other._base
+        self.empty_words += other.empty_words
         return self
 
     # -- results ------------------------------------------------------------------------------
@@ -387,6 +395,7 @@ class CorefAntecedents(Analysis):
                               "num_heads": H, "head_convention": "layer and head 0-indexed; name is "
                               "the paper's 1-indexed layer-head",
                               "candidates": self.candidates, "paper_candidates": PAPER_CANDIDATES,
+                              "empty_words": self.empty_words,
                               "ties": "a row whose top candidate weight is 0 or shared predicts nothing "
                                       "(wrong)" if self.ties == "none" else "lowest candidate index"})
         summaries = []
@@ -412,6 +421,10 @@ class CorefAntecedents(Analysis):
             best = rows[len(BASELINES)]
             result.meta["best_head" + suffix] = [best["layer"], best["head"]]
             summaries.append((best, rows))
+        if self.empty_words:
+            result.summary.append(
+                f"{self.empty_words} words became zero tokens (e.g. a zero-width space) and have no "
+                "unit: never a candidate, and a mention headed by one is not scored")
         if m == 0:
             result.summary.append("no mention with an antecedent in its window was scored")
             result.tables["table2_heldout"] = self._heldout(everything) if len(everything["keys"]) else []
@@ -530,7 +543,8 @@ def score_window(amap: AttentionMap, info: dict, candidates: str = "mentions", *
     is_head[heads] = True
     q_heads = heads[q_idx]  # [m]
     before = np.arange(nw)[None, :] < q_heads[:, None]  # [m nw]
-    cand = _candidate_mask(nw, q_heads, units.present, is_head, candidates)  # [m nw]
+    # [m nw]; a query word without a unit has no row: it predicts nothing
+    cand = _candidate_mask(nw, q_heads, units.present, is_head, candidates) & units.present[q_heads][:, None]
     # gold[i, w]: some mention of i's cluster has head word w (before i's head)
     gold = np.zeros((len(q_idx), nw), bool)
     for r, i in enumerate(q_idx):
@@ -575,7 +589,7 @@ def head_choices(amap: AttentionMap, info: dict, layer: int, head: int,
             continue
         q = int(heads[i])
         weights = amap.attn[layer, head, pos[q], :][np.maximum(pos, 0)] * units.present  # [nw]
-        cand = _candidate_mask(nw, np.array([q]), units.present, is_head, candidates)[0]
+        cand = _candidate_mask(nw, np.array([q]), units.present, is_head, candidates)[0] & units.present[q]
         pred = int(predict(weights[None, :], cand[None, :], ties=ties)[0])
         gold = sorted({int(w) for w in heads[(clusters == clusters[i]) & (heads < q)]})
         out.append({"mention": int(col["id"][i]), "query": q, "pred": pred, "gold": gold,

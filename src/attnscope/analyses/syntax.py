@@ -262,7 +262,9 @@ class DependencyHeads(Analysis):
             arrays={"accuracy": acc, "correct": c.correct, "total": c.total,
                     "offset_correct": c.offset_correct, "offset_accuracy": c.offset_accuracy()},
             summary=[f"{len(self.relations)} relations over {int(c.total[-1])} dependents "
-                     f"in {self.examples - self.skipped_examples} sentences"],
+                     f"in {self.examples - self.skipped_examples} sentences"] + (
+                [f"{self.empty_words} words became zero tokens (e.g. a zero-width space) and were "
+                 "skipped with the dependents that need them"] if self.empty_words else []),
             meta={"relations": c.relations, "offsets": list(self.offsets),
                   "directions": list(DIRECTIONS), "examples": self.examples,
                   "skipped_examples": self.skipped_examples, "skipped_words": self.skipped_words,

@@ -18,6 +18,7 @@ from attnscope.analyses.coref import (
     coref_windows,
     head_choices,
 )
+from attnscope.analyses.units import TIE_RULES
 from attnscope.data.coref import MENTION_TYPES, Document, read_coref
 from attnscope.data.records import HeadId
 from attnscope.errors import InputError
@@ -43,7 +44,7 @@ def run_coref(paths: list[Path], model, out_dir: Path, *, window: str = "truncat
               max_seq_len: int = 128, batch_size: int = 16, seed: int = 0,
               progress: Progress | None = None, candidates: str = "mentions", n_boot: int = 1000,
               top_k: int = 3, n_examples: int = 3,
-              documents: Sequence[Document] | None = None) -> Section:
+              documents: Sequence[Document] | None = None, ties: str = "none") -> Section:
     """Coreference antecedent selection (paper section 4.3, Table 2), end to end.
 
     ``paths``: CorefUD CoNLL-U or CoNLL-2012 files, read as one corpus (``documents`` may be
@@ -64,7 +65,7 @@ def run_coref(paths: list[Path], model, out_dir: Path, *, window: str = "truncat
     if not docs:
         raise AttnscopeError("no coreference documents to analyse")
     examples, wstats = coref_windows(docs, model, mode=window, max_seq_len=max_seq_len)
-    analysis = CorefAntecedents(candidates, seed=seed, n_boot=n_boot, top_k=top_k)
+    analysis = CorefAntecedents(candidates, seed=seed, n_boot=n_boot, top_k=top_k, ties=ties)
     opts = ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, word_level=True, seed=seed)
     xstats = ExtractStats()
     done = 0
@@ -131,7 +132,7 @@ def run_coref(paths: list[Path], model, out_dir: Path, *, window: str = "truncat
     if rows:
         best = rows[len(BASELINES)]
         head = HeadId(best["layer"], best["head"])
-        panels, maps = _examples(examples, model, head, candidates, n_examples, opts)
+        panels, maps = _examples(examples, model, head, candidates, n_examples, opts, ties)
         if panels:
             ex_caption = (f"Head {head} on real text: shading is its attention from the head word of a "
                           f"mention (black box); green underlines are gold antecedent head words; the "
@@ -169,12 +170,13 @@ def run_coref(paths: list[Path], model, out_dir: Path, *, window: str = "truncat
     if xstats.skipped:
         section.findings.append(f"{len(xstats.skipped)} windows were longer than {max_seq_len} tokens "
                                 f"and skipped")
-    section.methods = _methods(candidates)
+    section.methods = _methods(candidates, ties)
     result.save(out_dir / "results" / "coref.json")
     return section
 
 
-def _examples(examples, model, head: HeadId, candidates: str, n: int, opts) -> tuple[list[dict], dict]:
+def _examples(examples, model, head: HeadId, candidates: str, n: int, opts, ties: str = "none",
+              ) -> tuple[list[dict], dict]:
     """Re-extract a few windows (distinct documents) and describe the best head's choices."""
     from attnscope.extract.runner import extract
 
@@ -198,7 +200,7 @@ def _examples(examples, model, head: HeadId, candidates: str, n: int, opts) -> t
             continue
         amap = amaps[i]
         info = examples[i].fields["coref"]
-        choices = head_choices(amap, info, head.layer, head.head, candidates)
+        choices = head_choices(amap, info, head.layer, head.head, candidates, ties)
         # prefer a correct choice at some distance, as the paper's figure shows
         good = [c for c in choices if c["correct"] and 0 <= c["pred"] and c["query"] - c["pred"] <= 50]
         if not good:
@@ -236,6 +238,9 @@ class CorefOptions:
                              "mentions, all preceding words, or every other word (all-words: the paper's definition, "
                              "always reported beside the others).", choices=CANDIDATE_SETS)
     n_boot: int = option(1000, "Bootstrap resamples for the 95% intervals.")
+    coref_ties: str = option("none", "A query row whose top candidate weight is 0 or shared: none "
+                             "(no prediction, counted wrong) or lowest (the paper code's argmax: "
+                             "the lowest candidate).", choices=TIE_RULES)
 
 
 @register_family
@@ -267,4 +272,4 @@ class Coref(Family):
         return run_coref(prepared.data["paths"], ctx.model, ctx.out_dir, window=options.window,
                          max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size, seed=ctx.seed,
                          progress=ctx.progress, candidates=options.candidates, n_boot=options.n_boot,
-                         documents=prepared.data["documents"])
+                         documents=prepared.data["documents"], ties=options.coref_ties)

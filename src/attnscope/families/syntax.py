@@ -20,6 +20,7 @@ from attnscope.analyses.syntax import (
     DependencyHeads,
     table1_rows,
 )
+from attnscope.analyses.units import TIE_RULES
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.families.base import (
@@ -182,7 +183,7 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
                max_seq_len: int = 128, batch_size: int = 16, seed: int = 0,
                progress: Progress = None, save_maps: Path | None = None, min_count: int | None = 100,
                collapse_subtypes: bool = False, n_boot: int = 1000, probe_config=None,
-               root: str = "special", random_baseline: bool = True) -> Section:
+               root: str = "special", random_baseline: bool = True, ties: str = "none") -> Section:
     """Table 1 always; Table 3 (probes) when ``train`` is given.
 
     ``dev`` / ``train``: lists of :class:`Example` with trees, or word-level stores. ``model``
@@ -194,6 +195,10 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
     Table 1 has two selection modes: ``paper`` (heads and offsets chosen on the scored dev
     data itself) and ``held-out`` (chosen on ``train`` when given, else cross-fitted on the
     two halves of dev by example index parity).
+
+    ``ties``: how a row without information is scored (:func:`attnscope.analyses.units.predict`):
+    ``"none"`` (default) predicts nothing, so it is wrong; ``"lowest"`` is the paper code's
+    argmax, which takes the lowest other word.
     """
     from attnscope.analyses.probes.training import TrainConfig
 
@@ -219,7 +224,7 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
                                   progress=progress, step="extract dev")
         else:
             dev_store = None
-        heads_dev = DependencyHeads(collapse_subtypes=collapse_subtypes)
+        heads_dev = DependencyHeads(collapse_subtypes=collapse_subtypes, ties=ties)
         batches: Iterable[AttentionBatch] = (dev_store.batches() if dev_store is not None
                                              else _stream(dev, model, options, progress, "extract dev"))
         done = 0
@@ -240,7 +245,7 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
             train_store = train if _is_store(train) else _to_store(
                 train, model, maps_root / "train", options=options, dtype="float16",
                 progress=progress, step="extract train")
-            heads_train = DependencyHeads(collapse_subtypes=collapse_subtypes)
+            heads_train = DependencyHeads(collapse_subtypes=collapse_subtypes, ties=ties)
             for batch in train_store.batches():
                 heads_train.update(batch)
         # -- Table 1 ------------------------------------------------------------------------
@@ -288,7 +293,7 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
                 maps = [m for b in extract([dev[i] for i in idx], model, options=options) for m in b]
                 return [replace(m, index=idx[m.index]) for m in sorted(maps, key=lambda m: m.index)]
         ex_figs, best_heads, maps = _pick_examples(rows_paper, dev_examples, get_maps, fig_dir,
-                                                   collapse_subtypes)
+                                                   collapse_subtypes, ties=ties)
         figures = ex_figs + figures
         # -- Table 3 --------------------------------------------------------------------------
         tables = [t1, t1h]
@@ -323,6 +328,10 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
             tables.append(t3)
     # -- results and section ----------------------------------------------------------------
     res = heads_dev.finalize()
+    if heads_dev.empty_words:
+        notes.append(f"{heads_dev.empty_words} dev words became zero tokens (e.g. a zero-width space): "
+                     "they have no unit, are never a prediction, and neither they nor the "
+                     "dependents whose head they are were scored.")
     result = Result(
         analysis="syntax",
         params={"min_count": min_count, "collapse_subtypes": collapse_subtypes, "n_boot": n_boot,
@@ -347,6 +356,9 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
     result.summary = list(section.findings)
     result.save(res_dir / "syntax.json")
     section.methods = list(METHODS)
+    if ties != "none":
+        section.methods.append("This run scored ties and rows without information with "
+                               f"--syntax-ties {ties}: the lowest other word (the paper code's argmax).")
     if probe_details.get("glove"):
         section.methods.append(f"Word vectors of the probes: {probe_details['glove']} "
                                f"({probe_details.get('glove_dim')} dimensions).")
@@ -392,6 +404,9 @@ class SyntaxOptions:
     lr: float = option(0.01, "Adam learning rate of the probes that use GloVe.", minimum=0)
     attn_lr: float = option(0.05, "Adam learning rate of the attention-only probe (at 0.01 it is "
                             "still improving after 10 epochs; see docs/analyses-syntax.md).", minimum=0)
+    syntax_ties: str = option("none", "A Table 1 row whose top word weight is 0 or shared: none "
+                              "(no prediction, counted wrong) or lowest (the paper code's argmax: "
+                              "the lowest other word).", choices=TIE_RULES)
 
 
 @register_family
@@ -431,4 +446,4 @@ class Syntax(Family):
                           glove=options.glove, max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size,
                           seed=ctx.seed, progress=ctx.progress, save_maps=ctx.save_maps,
                           min_count=options.min_count, collapse_subtypes=options.collapse_subtypes,
-                          probe_config=config)
+                          probe_config=config, ties=options.syntax_ties)

@@ -167,15 +167,19 @@ def _snippet(words: list[str], choice: dict, max_words: int = 60) -> dict:
 
 
 
-def _methods(candidates: str) -> list[str]:
-    cand = ("C = head words of the mentions whose head word precedes q in the window"
-            if candidates == "mentions" else "C = all words before q in the window")
+def _methods(candidates: str, ties: str = "none") -> list[str]:
+    cand = {"mentions": "C = head words of the mentions whose head word precedes q in the window",
+            "words": "C = all words before q in the window",
+            "all-words": "C = every other word of the window (the paper's definition)"}[candidates]
     return [
         "Antecedent selection (paper section 4.3, Table 2): for a mention with head word q and "
         f"{cand}, head (l, h) predicts argmax_{{c in C}} attn[l, h, q, c] on word-level maps (attention "
         "TO a word = sum over its pieces, FROM a word = mean over its pieces); it is correct when a "
         "mention of q's cluster has its head word at the predicted position. Accuracy = correct / "
-        "scored mentions, per mention type of q's head (pronoun, proper, nominal).",
+        "scored mentions, per mention type of q's head (pronoun, proper, nominal). "
+        + ("A row whose top candidate weight is 0 or shared predicts nothing and counts as wrong."
+           if ties == "none" else "A row whose top candidate weight is 0 or shared predicts the "
+           "lowest candidate (--coref-ties lowest, the paper code's argmax)."),
         "Baselines (paper section 4.3): nearest preceding mention; nearest preceding mention with the "
         "same head word (none = wrong); rule-based: sieves in order - exact string match, head-word "
         "match, agreement in number, gender and person (UD features, then a pronoun lexicon), any "

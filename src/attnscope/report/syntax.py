@@ -128,7 +128,7 @@ def example_figure(m: AttentionMap, layer: int, head: int, direction: int, relat
 
 
 def _pick_examples(rows: list[dict], dev_examples: list[tuple[int, Example]], get_maps,
-                   fig_dir: Path, collapse_subtypes: bool, max_figures: int = 4):
+                   fig_dir: Path, collapse_subtypes: bool, max_figures: int = 4, ties: str = "none"):
     """Figure 5 examples: for the relations whose best head beats its offset baseline most,
     the first dev sentence of 6-25 words where that head gets every such arc right."""
     from attnscope.analyses.syntax import relation_label
@@ -143,7 +143,7 @@ def _pick_examples(rows: list[dict], dev_examples: list[tuple[int, Example]], ge
         cands = [(i, ex) for i, ex in dev_examples
                  if 6 <= len(ex.words) <= 25 and rel in [relation_label(x, collapse_subtypes) for x in ex.relns]][:20]
         for m in get_maps([i for i, _ in cands]):
-            s = score_map(m, collapse_subtypes=collapse_subtypes)
+            s = score_map(m, collapse_subtypes=collapse_subtypes, ties=ties)
             if s is None:
                 continue
             mask = np.array([r == rel for r in s.relations])
@@ -226,7 +226,9 @@ def _paper_rows(rows_paper: list[dict], rows3: list[dict]) -> list[dict]:
 METHODS = [
     "Per-head probing (paper 4.2): for dependent d with gold head g, head (l, h) predicts "
     "argmax_j A[l,h,d,j] (dependent -> head) or argmax_i A[l,h,i,d] (head -> dependent), over "
-    "words only (special tokens and d itself excluded); ties go to the lowest word index. "
+    "words only (special tokens and d itself excluded). A row whose top weight is 0 or shared "
+    "by several words predicts nothing and counts as wrong (--syntax-ties lowest: the lowest "
+    "other word, as the paper's code). "
     "Accuracy = #correct / #dependents per relation; root words (head 0) are left out.",
     "Fixed-offset baseline: predict d + k for k in {-3..3} \\ {0}; the best k per relation.",
     "Word-level maps (paper 4.1): attention to a split word = sum over its pieces, from it = mean.",
