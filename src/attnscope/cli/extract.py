@@ -9,6 +9,7 @@ import typer
 
 from attnscope.cli.common import command_line, console, progress_bar, read_inputs
 from attnscope.cli.options import (
+    MODEL_HELP,
     batch_size_option,
     device_option,
     quiet_option,
@@ -36,7 +37,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         input: Path = typer.Argument(..., help="Examples: JSON list, JSON Lines, or CoNLL-U."),
         out: Path = typer.Option(..., "--out", "-o", help="Store folder to write."),
         model: str = typer.Option("default", "--model", "-m",
-                                  help="Hub id, local folder, 'default' (packaged MiniLM) or debug:<bert|roberta|gpt2>."),
+                                  help=MODEL_HELP),
         debug: bool = typer.Option(False, "--debug", help="Use a tiny random BERT (like the paper code's --debug)."),
         max_seq_len: int = typer.Option(128, "--max-seq-len", help="Longer examples are skipped (or cut with --truncate)."),
         truncate: bool = typer.Option(False, "--truncate", help="Cut over-long examples instead of skipping them."),

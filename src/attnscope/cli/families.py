@@ -20,6 +20,7 @@ import typer
 
 from attnscope.cli.common import console, step_progress
 from attnscope.cli.options import (
+    MODEL_HELP,
     batch_size_option,
     device_option,
     quiet_option,
@@ -139,8 +140,7 @@ def _analyze_command(fam):
 
     params = [*input_params(fam, positional=True),
               *shared_params(model_default=None, model_help=(
-                  "Model: 'default' (the packaged MiniLM), a local folder, a Hub id or "
-                  "debug:<family>; " + (f"default: {fam.default_model}; " if fam.default_model else "")
+                  MODEL_HELP[:-1] + "; " + (f"default: {fam.default_model}; " if fam.default_model else "")
                   + "not needed when every input is a store.")),
               *option_params(fam), *engine_params(), QUIET]
     if fam.saves_maps:

@@ -17,6 +17,11 @@ import typer
 
 #: Help for options that several commands declare, keyed by their long flag. Used by the
 #: factories below and, by :func:`polish_help`, for a declaration that has no help of its own.
+#: What ``--model`` takes, said the same way by every command.
+MODEL_HELP = ("'default' (the packaged MiniLM), 'smollm2' (the packaged SmolLM2-135M decoder), a local "
+              "folder, a .gguf file, a Hub id, or debug:<bert|roberta|gpt2|llama|qwen2|gemma> (tiny "
+              "random models).")
+
 SHARED_HELP: dict[str, str] = {
     "--quiet": "No progress display or summary on stderr; results and errors still print.",
     "--batch-size": "Examples per forward pass (larger is faster and needs more memory).",

@@ -20,6 +20,7 @@ from attnscope.cli.families import (
     shared_params,
     with_signature,
 )
+from attnscope.cli.options import MODEL_HELP
 
 
 def print_outcome(outcome, quiet: bool) -> None:
@@ -48,8 +49,7 @@ def _run_command(families):
                                    command=command_line(), **engine)
         print_outcome(outcome, quiet)
 
-    params = shared_params(model_default="default", model_help=(
-        "Hub id, local folder, 'default' (packaged MiniLM) or debug:<bert|roberta|gpt2>."))
+    params = shared_params(model_default="default", model_help=MODEL_HELP)
     params[0] = _param("out", Path, typer.Option(..., "--out", "-o", metavar="DIR", help=(
         "Folder for the report, tables, figures and results.")))
     seen: dict[str, str] = {}
