@@ -285,13 +285,13 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
         if model is None:
             raise AttnscopeError("run_general: examples need a model (or pass a store)")
         source = list(examples)
-        if engine != "maps":
+        if engine == "streaming" or (engine == "auto" and model.family.causal):  # encoders: maps only
             pick_stats = ExtractStats()  # its own counts: the maps path encodes the examples again
             chosen, line, encoded = _pick_engine(source, model, engine, max_seq_len, batch_size,
                                                  maps_budget_gb, pick_stats, save_maps is not None)
-            if progress is not None:  # one line on the console (a rich display shows it above its bars)
-                print(line, file=sys.stderr)
             if chosen == "streaming":
+                if progress is not None:  # one line on the console (a rich display shows it above its bars)
+                    print(line, file=sys.stderr)
                 return _run_streaming(encoded, model, out_dir, line=line, max_seq_len=max_seq_len,
                                       batch_size=batch_size, seed=seed, gradients=gradients,
                                       progress=progress, stats=pick_stats, source=source,
@@ -365,10 +365,8 @@ def _pick_engine(source, model, engine: str, max_seq_len: int, batch_size: int, 
            f"{gb:.2f} GB (--general-maps-budget-gb {budget_gb:g})")
     chosen = choose_engine(model, longest, bs, int(budget_gb * 2 ** 30), engine)
     if chosen == "streaming" and not model.family.causal:
-        if engine == "streaming":
-            raise AttnscopeError(f"--general-engine streaming: {model.name} is not causal; the streaming "
-                                 "engine of the general family handles decoders only")
-        return "maps", f"Engine: maps (an encoder: the streaming engine handles decoders only; {why}).", encoded
+        raise AttnscopeError(f"--general-engine streaming: {model.name} is not causal; the streaming "
+                             "engine of the general family handles decoders only")
     if chosen == "streaming" and saving:
         if engine == "streaming":
             raise AttnscopeError("--save-maps needs the maps engine, not --general-engine streaming")
