@@ -229,14 +229,24 @@ def test_analyze_general_on_ray_folds_on_the_workers_and_equals_local(cluster, t
     (the driver's extractor never ran a batch nor asked the engine for one)."""
     from attnscope.cli.main import main
     from attnscope.extract.runner import Extractor
+    from attnscope.families import general
     from attnscope.scale import ray as ray_mod
 
     inp = tmp_path / "in.json"
     inp.write_text(json.dumps([e.to_dict() for e in corpus(40, seed=2)]))
     common = [str(inp), "-m", "debug:bert", "--batch-size", "4", "-q"]
+    drawn = []  # Figure 1's example, as each run hands it to the report
+    real_write = general.write_general
+
+    def write_general(results, out_dir, *, example_map, **kw):
+        drawn.append(example_map)
+        return real_write(results, out_dir, example_map=example_map, **kw)
+
+    monkeypatch.setattr(general, "write_general", write_general)
     assert main(["analyze", "general", *common, "-o", str(tmp_path / "local")]) == 0
     calls = {"take": 0, "run_batch": 0, "fold": 0}
     real_take, real_run, real_fold = ray_mod._RemotePlan.take, Extractor.run_batch, ray_mod.RayBatchRunner.fold
+    monkeypatch.setattr(ray_mod, "UNIT_EXAMPLES", 8)  # 5 units of 2 batches: merged in unit order
 
     def count(name, fn):
         def spy(*args, **kwargs):
@@ -244,17 +254,30 @@ def test_analyze_general_on_ray_folds_on_the_workers_and_equals_local(cluster, t
             return fn(*args, **kwargs)
         return spy
 
+    def fold(self, extractor, examples, analyses, *, on_unit, **kw):
+        calls["fold"] += 1
+        calls["on the workers"] = [a.name for a in analyses]
+
+        def each(batches):
+            calls["units"] = calls.get("units", 0) + 1
+            on_unit(batches)
+        return real_fold(self, extractor, examples, analyses, on_unit=each, **kw)
+
     monkeypatch.setattr(ray_mod._RemotePlan, "take", count("take", real_take))
     monkeypatch.setattr(Extractor, "run_batch", count("run_batch", real_run))
-    monkeypatch.setattr(ray_mod.RayBatchRunner, "fold", count("fold", real_fold))
+    monkeypatch.setattr(ray_mod.RayBatchRunner, "fold", fold)
     assert main(["analyze", "general", *common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"]) == 0
-    assert calls == {"take": 0, "run_batch": 0, "fold": 1}
+    assert calls == {"take": 0, "run_batch": 0, "fold": 1, "units": 5,
+                     "on the workers": ["relative-position", "special-tokens", "entropy",
+                                        "head-distances", "figure-1-example"]}
     a, b = (json.loads((tmp_path / d / "results" / "general.json").read_text()) for d in ("local", "ray"))
     assert sorted(a["analyses"]) == ["entropy", "gradient-importance", "head-distances",
                                      "relative-position", "special-tokens"]
     assert a["analyses"]["relative-position"]["meta"]["examples"] == 40
     assert_same_result(a["analyses"], b["analyses"])
-    assert_same_result(_without_times(a), _without_times(b))  # Figure 1's example and counts too
+    assert_same_result(_without_times(a), _without_times(b))
+    assert len(drawn) == 2 and drawn[0].index == drawn[1].index
+    np.testing.assert_array_equal(drawn[0].attn, drawn[1].attn)
 
 
 @pytest.mark.slow  # about 50 s here: two syntax runs with their figures
@@ -264,6 +287,7 @@ def test_analyze_syntax_on_ray_scores_the_heads_on_the_workers(cluster, debug_be
     from attnscope.scale import ray as ray_mod
 
     deps = {"deps": demo_inputs()["deps"]}
+    monkeypatch.setattr(ray_mod, "UNIT_EXAMPLES", 4)  # 12 sentences in 3 units
     run_family("syntax", deps, tmp_path / "local", model=debug_bert)
     folds = []
     real_fold = ray_mod.RayBatchRunner.fold

@@ -118,30 +118,34 @@ def _tokens_only(e) -> AttentionMap:
 def _fold_on_workers(engine, source: list, model, options, stats, analyses: list, keeper: _ExampleKeeper,
                      progress: Progress, timings: dict) -> int:
     """``--ray``: the maps analyses and the Figure 1 keeper fold on the workers and are merged
-    here (``engine.fold``); no map comes back but Figure 1's. What needs this process's model
-    with gradients (gradient importance) then runs here over the same plan, batch by batch as a
-    local run does, from the token lists alone. Returns the number of examples analysed."""
+    here (``engine.fold``); no map comes back but Figure 1's candidates. What needs this
+    process's model with gradients (gradient importance) runs here, unit by unit in plan order
+    as the workers finish them, batch by batch as a local run, from the token lists alone.
+    Returns the number of examples analysed."""
     from attnscope.extract.runner import Extractor
 
     here = [a for a in analyses if "model" in a.requires]
     there = [a for a in analyses if a not in here]
     total = len(source)
-    t = time.perf_counter()
-    plan = engine.fold(Extractor(model, options, stats), source, [*there, keeper],
-                       progress=(lambda d: progress("general", d, total)) if progress else None)
-    for a in there:  # timed together, on the workers
-        timings.pop(a.name, None)
-    timings["on the workers"] = time.perf_counter() - t
     done = 0
-    for planned in plan:
-        batch = AttentionBatch([_tokens_only(e) for e in planned])
-        for a in here:
-            t = time.perf_counter()
-            a.update(batch)
-            timings[a.name] += time.perf_counter() - t
-        done += len(planned)
-        if progress is not None and here:
-            progress("gradient importance", done, total)
+
+    def on_unit(batches: list[list]) -> None:
+        nonlocal done
+        for planned in batches:
+            batch = AttentionBatch([_tokens_only(e) for e in planned])
+            for a in here:
+                t = time.perf_counter()
+                a.update(batch)
+                timings[a.name] += time.perf_counter() - t
+            done += len(planned)
+            if progress is not None:
+                progress("general", done, total)
+
+    t0 = time.perf_counter()
+    engine.fold(Extractor(model, options, stats), source, [*there, keeper], on_unit=on_unit)
+    for a in there:  # timed together below: the wall time of the workers' part
+        timings.pop(a.name, None)
+    timings["maps analyses on the workers (wall)"] = time.perf_counter() - t0 - sum(timings[a.name] for a in here)
     return done
 
 

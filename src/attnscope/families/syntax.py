@@ -231,8 +231,13 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
         if dev_store is not None:
             batches = dev_store.batches()
         elif engine is not None and hasattr(engine, "fold"):  # --ray: the maps stay on the workers
-            engine.fold(Extractor(model, options), dev, [heads_dev],
-                        progress=lambda d: _notify(progress, "extract dev", d, len(dev)))
+            folded = [0]
+
+            def on_unit(planned: list[list]) -> None:
+                folded[0] += sum(map(len, planned))
+                _notify(progress, "extract dev", folded[0], len(dev))
+
+            engine.fold(Extractor(model, options), dev, [heads_dev], on_unit=on_unit)
             batches = ()
         else:
             batches = _stream(dev, model, options, progress, "extract dev")
