@@ -222,17 +222,119 @@ def test_cli_extract_on_ray_equals_local_and_bad_input_is_the_same_line(cluster,
     assert lines[0] == lines[1] and len(lines[0]) == 1 and str(bad) in lines[0][0]
 
 
-def test_analyze_family_on_ray_gives_the_same_results(cluster, debug_bert, tmp_path):
-    """The --ray engine behind analyze/run: the family is unchanged, its results too."""
-    from attnscope.pipeline import run_family
+def test_analyze_general_on_ray_folds_on_the_workers_and_equals_local(cluster, tmp_path, monkeypatch):
+    """`analyze general --ray --workers 2`: the maps analyses and Figure 1's keeper fold on the
+    workers, gradient importance (debug:bert has a masked-LM head) runs in the driver over the
+    token lists; results/general.json equals the single-process one, and no map came back
+    (the driver's extractor never ran a batch nor asked the engine for one)."""
+    from attnscope.cli.main import main
+    from attnscope.extract.runner import Extractor
+    from attnscope.families import general
+    from attnscope.scale import ray as ray_mod
 
     inp = tmp_path / "in.json"
-    inp.write_text(json.dumps([e.to_dict() for e in corpus(24)]))
-    run_family("general", {"text": inp}, tmp_path / "local", model=debug_bert, gradients="off")
-    run_family("general", {"text": inp}, tmp_path / "ray", model=debug_bert, gradients="off",
-               ray=True, workers=2)
+    inp.write_text(json.dumps([e.to_dict() for e in corpus(40, seed=2)]))
+    common = [str(inp), "-m", "debug:bert", "--batch-size", "4", "-q"]
+    drawn = []  # Figure 1's example, as each run hands it to the report
+    real_write = general.write_general
+
+    def write_general(results, out_dir, *, example_map, **kw):
+        drawn.append(example_map)
+        return real_write(results, out_dir, example_map=example_map, **kw)
+
+    monkeypatch.setattr(general, "write_general", write_general)
+    assert main(["analyze", "general", *common, "-o", str(tmp_path / "local")]) == 0
+    calls = {"take": 0, "run_batch": 0, "fold": 0}
+    real_take, real_run, real_fold = ray_mod._RemotePlan.take, Extractor.run_batch, ray_mod.RayBatchRunner.fold
+    monkeypatch.setattr(ray_mod, "UNIT_EXAMPLES", 8)  # 5 units of 2 batches: merged in unit order
+
+    def count(name, fn):
+        def spy(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return spy
+
+    def fold(self, extractor, examples, analyses, *, on_unit, **kw):
+        calls["fold"] += 1
+        calls["on the workers"] = [a.name for a in analyses]
+
+        def each(batches):
+            calls["units"] = calls.get("units", 0) + 1
+            on_unit(batches)
+        return real_fold(self, extractor, examples, analyses, on_unit=each, **kw)
+
+    monkeypatch.setattr(ray_mod._RemotePlan, "take", count("take", real_take))
+    monkeypatch.setattr(Extractor, "run_batch", count("run_batch", real_run))
+    monkeypatch.setattr(ray_mod.RayBatchRunner, "fold", fold)
+    assert main(["analyze", "general", *common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"]) == 0
+    assert calls == {"take": 0, "run_batch": 0, "fold": 1, "units": 5,
+                     "on the workers": ["relative-position", "special-tokens", "entropy",
+                                        "head-distances", "figure-1-example"]}
     a, b = (json.loads((tmp_path / d / "results" / "general.json").read_text()) for d in ("local", "ray"))
+    assert sorted(a["analyses"]) == ["entropy", "gradient-importance", "head-distances",
+                                     "relative-position", "special-tokens"]
+    assert a["analyses"]["relative-position"]["meta"]["examples"] == 40
+    assert_same_result(a["analyses"], b["analyses"])
     assert_same_result(_without_times(a), _without_times(b))
+    assert len(drawn) == 2 and drawn[0].index == drawn[1].index
+    np.testing.assert_array_equal(drawn[0].attn, drawn[1].attn)
+
+
+@pytest.mark.slow  # about 50 s here: two syntax runs with their figures
+def test_analyze_syntax_on_ray_scores_the_heads_on_the_workers(cluster, debug_bert, tmp_path, monkeypatch):
+    """Syntax without --train: DependencyHeads folds on the workers; same results/syntax.json."""
+    from attnscope.pipeline import demo_inputs, run_family
+    from attnscope.scale import ray as ray_mod
+
+    deps = {"deps": demo_inputs()["deps"]}
+    monkeypatch.setattr(ray_mod, "UNIT_EXAMPLES", 4)  # 12 sentences in 3 units
+    run_family("syntax", deps, tmp_path / "local", model=debug_bert)
+    folds = []
+    real_fold = ray_mod.RayBatchRunner.fold
+
+    def spy(self, extractor, examples, analyses, **kw):
+        folds.append([a.name for a in analyses])
+        return real_fold(self, extractor, examples, analyses, **kw)
+
+    monkeypatch.setattr(ray_mod.RayBatchRunner, "fold", spy)
+    run_family("syntax", deps, tmp_path / "ray", model=debug_bert, ray=True, workers=2)
+    assert folds == [["dependency-heads"]]
+    a, b = (json.loads((tmp_path / d / "results" / "syntax.json").read_text()) for d in ("local", "ray"))
+    assert_same_result(_without_times(a), _without_times(b))
+
+
+def test_the_ray_engine_returns_the_maps_of_any_extractor_in_plan_order(cluster, debug_bert):
+    """Families that fold in the driver: the forward passes run on the workers and the maps come
+    back (``RayBatchRunner.take``), the same as a local run's."""
+    from attnscope.scale.ray import ray_batches
+
+    exs, opts = corpus(20, seed=4), ExtractOptions(batch_size=3)
+    local = [m for b in extract(exs, debug_bert, options=opts) for m in b]
+    with ray_batches(2):
+        remote = [m for b in extract(exs, debug_bert, options=opts) for m in b]
+    assert [m.index for m in remote] == [m.index for m in local]
+    for x, y in zip(local, remote):
+        np.testing.assert_array_equal(x.attn, y.attn)
+
+
+def test_the_figure1_keeper_merges_to_the_choice_of_one_pass(debug_bert, monkeypatch):
+    """Merged in any order, per-batch keepers choose what one keeper over every batch chooses:
+    here (no example fits in 0 units) the shortest example, the lowest index among equals."""
+    from attnscope.families import general
+    from attnscope.families.general import _ExampleKeeper
+
+    monkeypatch.setattr(general, "FIGURE1_MAX_UNITS", 0)
+    batches = list(extract(corpus(30, seed=6, longest=4), debug_bert, options=ExtractOptions(batch_size=4)))
+    expected = min((m.num_units, m.index) for b in batches for m in b)
+    assert sum(m.num_units == expected[0] for b in batches for m in b) > 1  # a tie to break
+    for order in (batches, batches[::-1], batches[1::2] + batches[::2]):
+        merged = _ExampleKeeper()
+        for b in order:
+            k = _ExampleKeeper()
+            k.update(b)
+            merged.merge(k)
+        assert (merged.best.num_units, merged.best.index) == expected
+    assert _ExampleKeeper().merge(_ExampleKeeper()).best is None
 
 
 def _without_times(d):

@@ -39,6 +39,14 @@ def batch_engine(engine: Any):
         _ENGINE.reset(token)
 
 
+def active_batch_engine() -> Any:
+    """The engine installed with :func:`batch_engine` around this call, or None (batches run
+    here). An engine with a ``fold(extractor, examples, analyses, progress=...)`` method can also
+    fold maps analyses where the maps are made (``RayBatchRunner.fold``), so the maps never come
+    back; families that can use it check for it."""
+    return _ENGINE.get()
+
+
 @dataclass
 class ExtractOptions:
     """Everything that decides what the maps are; recorded in a store's manifest."""

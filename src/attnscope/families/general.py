@@ -5,6 +5,8 @@ position, special tokens, entropy and head distances (and, when the model has a 
 head, gradient importance); :func:`attnscope.report.general.write_general` then labels and
 places the heads and writes the tables, figures (Figures 1, 2, 3, 4 and 6 of the paper) and
 ``results/general.json``. Only one map (the example drawn in Figure 1) is kept in memory.
+With ``--ray`` the maps analyses and that example's keeper fold on the Ray workers and the
+driver merges them (:func:`_fold_on_workers`); the maps stay on the workers.
 """
 
 from __future__ import annotations
@@ -54,7 +56,13 @@ FIGURE1_MAX_UNITS = 40
 # -- the pass -------------------------------------------------------------------------------
 class _ExampleKeeper:
     """Keeps the one map Figure 1 draws: the lowest-index example of at most
-    ``FIGURE1_MAX_UNITS`` units with two segments, else the shortest; independent of order."""
+    ``FIGURE1_MAX_UNITS`` units with two segments, else the shortest; independent of order.
+
+    Mergeable like an analysis (the smaller key wins), so on Ray each worker keeps its own and
+    only one map per unit of work comes back."""
+
+    name = "figure-1-example"
+    consumes = "maps"
 
     def __init__(self):
         self.best: AttentionMap | None = None
@@ -65,10 +73,17 @@ class _ExampleKeeper:
         fits = m.num_units <= FIGURE1_MAX_UNITS
         return (not (fits and two_segments), not fits, m.num_units if not fits else 0, m.index)
 
+    def _offer(self, m: AttentionMap | None) -> None:
+        if m is not None and (self.best is None or self._key(m) < self._key(self.best)):
+            self.best = m
+
     def update(self, batch: AttentionBatch) -> None:
         for m in batch:
-            if self.best is None or self._key(m) < self._key(self.best):
-                self.best = m
+            self._offer(m)
+
+    def merge(self, other: "_ExampleKeeper") -> "_ExampleKeeper":
+        self._offer(other.best)
+        return self
 
 
 def general_analyses(*, classer: TokenClasser, causal: bool, scorer: MlmScorer | None = None,
@@ -89,6 +104,49 @@ def _batches_from(source, model, options, stats) -> Iterator[AttentionBatch]:
     extractor = Extractor(model, options, stats)
     for planned in extractor.plan(source):
         yield extractor.run_batch(planned)
+
+
+def _tokens_only(e) -> AttentionMap:
+    """An encoded example as a token-level map without its attention (``attn`` of size 0): all
+    that gradient importance reads from a map (it runs the model itself)."""
+    n = len(e)
+    return AttentionMap(e.index, np.zeros((0, 0, n, n), dtype=np.float32), list(e.tokens),
+                        np.asarray(e.special, dtype=bool), np.asarray(e.segment, dtype=np.int64),
+                        np.asarray(e.word_ids, dtype=np.int64), "token", e.example)
+
+
+def _fold_on_workers(engine, source: list, model, options, stats, analyses: list, keeper: _ExampleKeeper,
+                     progress: Progress, timings: dict) -> int:
+    """``--ray``: the maps analyses and the Figure 1 keeper fold on the workers and are merged
+    here (``engine.fold``); no map comes back but Figure 1's candidates. What needs this
+    process's model with gradients (gradient importance) runs here, unit by unit in plan order
+    as the workers finish them, batch by batch as a local run, from the token lists alone.
+    Returns the number of examples analysed."""
+    from attnscope.extract.runner import Extractor
+
+    here = [a for a in analyses if "model" in a.requires]
+    there = [a for a in analyses if a not in here]
+    total = len(source)
+    done = 0
+
+    def on_unit(batches: list[list]) -> None:
+        nonlocal done
+        for planned in batches:
+            batch = AttentionBatch([_tokens_only(e) for e in planned])
+            for a in here:
+                t = time.perf_counter()
+                a.update(batch)
+                timings[a.name] += time.perf_counter() - t
+            done += len(planned)
+            if progress is not None:
+                progress("general", done, total)
+
+    t0 = time.perf_counter()
+    engine.fold(Extractor(model, options, stats), source, [*there, keeper], on_unit=on_unit)
+    for a in there:  # timed together below: the wall time of the workers' part
+        timings.pop(a.name, None)
+    timings["maps analyses on the workers (wall)"] = time.perf_counter() - t0 - sum(timings[a.name] for a in here)
+    return done
 
 
 def _scorer_for(model, gradients: str, source, classer_examples, seed: int, notes: list[str],
@@ -266,7 +324,7 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
     sentence-per-line text became the examples (recorded in the results and the findings). Writes
     ``out_dir/tables``, ``out_dir/figures`` and ``out_dir/results/general.json``.
     """
-    from attnscope.extract.runner import ExtractOptions, ExtractStats
+    from attnscope.extract.runner import ExtractOptions, ExtractStats, active_batch_engine
     from attnscope.models.loading import seed_everything
 
     seed_everything(seed)
@@ -325,15 +383,20 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
     done = 0
     timings = {a.name: 0.0 for a in analyses}
     t0 = time.perf_counter()
-    for batch in _batches_from(source, model, options, stats):
-        for a in analyses:
-            t = time.perf_counter()
-            a.update(batch)
-            timings[a.name] += time.perf_counter() - t
-        keeper.update(batch)
-        done += len(batch)
-        if progress is not None:
-            progress("general", done, total)
+    engine = None if is_store else active_batch_engine()
+    if engine is not None and hasattr(engine, "fold"):  # --ray: the maps stay on the workers
+        done = _fold_on_workers(engine, source, model, options, stats, analyses, keeper, progress,
+                                timings)
+    else:
+        for batch in _batches_from(source, model, options, stats):
+            for a in analyses:
+                t = time.perf_counter()
+                a.update(batch)
+                timings[a.name] += time.perf_counter() - t
+            keeper.update(batch)
+            done += len(batch)
+            if progress is not None:
+                progress("general", done, total)
     elapsed = time.perf_counter() - t0
     if done == 0:
         raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "

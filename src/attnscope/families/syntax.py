@@ -201,6 +201,7 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
     argmax, which takes the lowest other word.
     """
     from attnscope.analyses.probes.training import TrainConfig
+    from attnscope.extract.runner import Extractor, active_batch_engine
 
     out_dir = Path(out_dir)
     options = _extract_options(max_seq_len, batch_size, seed)
@@ -225,8 +226,21 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
         else:
             dev_store = None
         heads_dev = DependencyHeads(collapse_subtypes=collapse_subtypes, ties=ties)
-        batches: Iterable[AttentionBatch] = (dev_store.batches() if dev_store is not None
-                                             else _stream(dev, model, options, progress, "extract dev"))
+        engine = active_batch_engine() if dev_store is None else None
+        batches: Iterable[AttentionBatch]
+        if dev_store is not None:
+            batches = dev_store.batches()
+        elif engine is not None and hasattr(engine, "fold"):  # --ray: the maps stay on the workers
+            folded = [0]
+
+            def on_unit(planned: list[list]) -> None:
+                folded[0] += sum(map(len, planned))
+                _notify(progress, "extract dev", folded[0], len(dev))
+
+            engine.fold(Extractor(model, options), dev, [heads_dev], on_unit=on_unit)
+            batches = ()
+        else:
+            batches = _stream(dev, model, options, progress, "extract dev")
         done = 0
         for batch in batches:
             heads_dev.update(batch)

@@ -502,7 +502,9 @@ class RayBatchRunner:
     serves every family without changing any: a family plans and asks for batches as always,
     the forward passes run on the workers, ahead of the family, and the maps come back in plan
     order, where the family's own analyses fold them. Batches asked for with hooks (e.g. key
-    vectors) run in the family's process as before.
+    vectors) run in the family's process as before. A family that folds mergeable maps
+    analyses can hand them to :meth:`fold` instead (the general family and the syntax family's
+    dev scoring do); then the maps never leave the workers.
     """
 
     def __init__(self, ray, workers: int):
@@ -510,6 +512,51 @@ class RayBatchRunner:
 
     def attach(self, extractor, planned: list[list]) -> "_RemotePlan":
         return _RemotePlan(self, extractor, planned)
+
+    def fold(self, extractor, examples: Iterable, analyses: list, *,
+             on_unit: Callable[[list[list]], None] | None = None,
+             unit_examples: int | None = None) -> None:
+        """Fold the maps of ``examples`` into ``analyses`` on the workers; no map comes back.
+
+        The driver plans (``extractor``'s plan; its ``stats`` count what a local run counts)
+        and cuts the plan into units of whole batches (at least ``unit_examples`` examples,
+        default :data:`UNIT_EXAMPLES`);
+        each worker runs a unit's batches and folds them into fresh copies of ``analyses``
+        (mergeable accumulators of maps: ``update`` / ``merge``). The driver merges the copies
+        into ``analyses`` in unit order (never arrival order, so the result does not depend on
+        the number of workers), and after each merge calls ``on_unit(batches)`` with that unit's
+        planned batches (lists of encoded examples, in plan order): the place for progress and
+        for what has to run in this process, batched as a local run batches it (e.g. gradients
+        through this process's model), while the workers go on with the later units.
+        """
+        from attnscope.extract.runner import batch_engine
+
+        for a in analyses:
+            if getattr(a, "consumes", "maps") != "maps":
+                raise AttnscopeError(f"analysis '{a.name}' runs the model itself; it cannot be "
+                                     "folded on the workers")
+        with batch_engine(None):  # plan here: this engine runs the units below, not the batches
+            units = plan_units(extractor, examples, 1, unit_examples or UNIT_EXAMPLES)
+        stats = extractor.stats
+        stats.examples_out += sum(u.examples for u in units)
+        stats.tokens += sum(u.tokens for u in units)
+        worker = {"model": ModelParcel.pack(extractor.lm), "options": extractor.options.as_dict(),
+                  "mode": "extract", "analyses": analyses}
+        waiting: dict[int, list] = {}  # partial analyses of units that arrived ahead of their turn
+        turn = 0
+        try:
+            for uid, result in map_units(self.ray, units, [u.uid for u in units], worker, self.workers):
+                waiting[uid] = result["analyses"]
+                while turn in waiting:
+                    for a, p in zip(analyses, waiting.pop(turn)):
+                        a.merge(p)
+                    if on_unit is not None:
+                        on_unit([planned for _, planned in units[turn].batches])
+                    turn += 1
+        except AttnscopeError:
+            raise
+        except Exception as exc:
+            raise _ray_failure(exc, "analysis") from None
 
 
 class _RemotePlan:
