@@ -31,8 +31,9 @@ SHARED_HELP: dict[str, str] = {
     "--format": "Output layout.",
     "--overwrite": "Replace an existing output.",
     "--port": "TCP port to listen on (0 picks a free one).",
-    "--ray": "Run the forward passes on Ray: the cluster at RAY_ADDRESS or one running here, else a "
-             "local one (pip install 'attnscope[ray]'; docs/scale.md).",
+    "--ray": "Run on Ray (the forward passes; and the general and syntax analyses): the cluster at "
+             "RAY_ADDRESS or one running here, else a local one (pip install 'attnscope[ray]'; "
+             "docs/scale.md).",
     "--workers": "Ray workers with --ray, each holding one copy of the model.",
     "--device": "Where the model runs: cpu, auto (CUDA when torch sees a GPU, else cpu), cuda, "
                 "cuda:N or mps. The GPU path has not been run on a GPU in this project yet.",

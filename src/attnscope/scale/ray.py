@@ -345,15 +345,17 @@ class RayJobError(WriteError):
     whole shards are kept for ``--resume``."""
 
 
-def _ray_failure(exc: Exception, where: str) -> AttnscopeError:
-    """One line for a failure of Ray itself or of code on a worker: the innermost error."""
+def _ray_failure(exc: Exception, where: str, *, store: bool = False) -> AttnscopeError:
+    """One line for a failure of Ray itself or of code on a worker: the innermost error.
+    ``store``: the job writes a store, whose finished shards ``--resume`` keeps."""
     import re
 
     lines = [ln.strip() for ln in str(exc).splitlines()]
     cause = next((ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*: ", ln)
                   and not ln.startswith("ray.")), None) or type(exc).__name__
-    return RayJobError(f"{where}: the Ray job failed ({cause[:300]}); finished shards are kept: "
-                          "run the same command with --resume")
+    then = ("finished shards are kept: run the same command with --resume" if store
+            else "run the same command again")
+    return RayJobError(f"{where}: the Ray job failed ({cause[:300]}); {then}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,7 +447,8 @@ def extract_on_ray(examples: Iterable, out: str | Path | None = None, model: Any
             except AttnscopeError:
                 raise
             except Exception as exc:  # a Ray failure (worker lost for good, cluster gone)
-                raise _ray_failure(exc, str(out) if out is not None else "extraction") from None
+                raise _ray_failure(exc, str(out) if out is not None else "extraction",
+                                   store=out is not None) from None
     for uid in sorted(partials):  # unit order: the result does not depend on who ran what
         for a, p in zip(analyses, partials[uid]):
             a.merge(p)
