@@ -364,6 +364,27 @@ def test_streaming_long_context_statistics_merge_exactly(cluster):
 
 
 @pytest.mark.slow
+def test_analyze_longctx_on_ray_streams_on_the_workers_and_equals_local(cluster, tmp_path):
+    """`analyze longctx --ray --workers 2 --engine streaming`: the statistics are folded on the
+    workers (meta.ray_workers) and results/longctx.json's arrays equal the local run's."""
+    from attnscope.cli.main import main
+
+    doc = tmp_path / "docs.txt"
+    words = [w for w in "the cat sat on a mat while it rained and a dog ran to the park".split()]
+    doc.write_text("\n\n".join(" ".join(words[i:] + words[:i]) * 3 for i in range(6)) + "\n")
+    common = [str(doc), "-m", "debug:llama", "--engine", "streaming", "--induction", "2",
+              "--induction-length", "16", "-q"]
+    assert main(["analyze", "longctx", *common, "-o", str(tmp_path / "local")]) == 0
+    assert main(["analyze", "longctx", *common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"]) == 0
+    local, on_ray = (json.loads((tmp_path / d / "results" / "longctx.json").read_text())
+                     for d in ("local", "ray"))
+    assert local["meta"]["ray_workers"] == 0 and on_ray["meta"]["ray_workers"] == 2
+    assert set(local["arrays"]) == set(on_ray["arrays"]) and local["arrays"]
+    for name, arr in local["arrays"].items():
+        want, got = np.array(arr["data"], dtype=float), np.array(on_ray["arrays"][name]["data"], dtype=float)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=name)
+
+
 def test_a_killed_worker_still_ends_in_the_same_store_and_results(cluster, debug_bert, tmp_path):
     """kill -9 of the actor's process in the middle of a unit: Ray Data starts a new actor and
     runs the unit again (Ray 2.60 retries without limit); the store and results are identical."""

@@ -106,6 +106,7 @@ class LongContext(Family):
             maps_update,
             stream_stats,
         )
+        from attnscope.extract.runner import active_batch_engine
         from attnscope.report.longctx import write_section
 
         lm = ctx.model
@@ -157,8 +158,14 @@ class LongContext(Family):
             done += k
             ctx.step("longctx", done, len(seqs))
 
+        remote = active_batch_engine()  # --ray: the workers fold the statistics (float32, tokens)
+        on_ray = (engine == "streaming" and hasattr(remote, "stream") and not units
+                  and options.dtype == "float32")
         with autocast:
-            if engine == "streaming":
+            if on_ray:
+                remote.stream(lm, seqs, stats, chunk=options.chunk, batch_size=batch_size, targets=targets)
+                progress(len(seqs))
+            elif engine == "streaming":
                 stream_stats(lm, seqs, stats, chunk=options.chunk, batch_size=batch_size,
                              targets=None if units else targets, progress=progress, units=units)
             else:
@@ -166,7 +173,8 @@ class LongContext(Family):
                             keep_all=False, units=units)
         res = stats.finalize()
         maps_gb = maps_bytes(lm, longest, batch_size) / 2 ** 30
-        res.meta.update({"engine": engine, "dtype": options.dtype, "longest": longest,
+        res.meta.update({"engine": engine, "ray_workers": remote.workers if on_ray else 0,
+                         "dtype": options.dtype, "longest": longest,
                          "documents": len(docs),
                          "induction_sequences": 0 if options.word_level else options.induction,
                          "model": lm.describe(), "generate": options.generate,

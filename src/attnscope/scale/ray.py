@@ -513,6 +513,13 @@ class RayBatchRunner:
     def __init__(self, ray, workers: int):
         self.ray, self.workers = ray, workers
 
+    def stream(self, lm, sequences, stats, *, chunk: int = 0, batch_size: int = 1,
+               targets=None) -> None:
+        """The streaming long-context statistics of ``sequences`` on the workers, merged into
+        ``stats`` in order (:func:`stream_stats_on_ray`)."""
+        stream_stats_on_ray(lm, sequences, stats, workers=self.workers, chunk=chunk,
+                            batch_size=batch_size, targets=targets)
+
     def attach(self, extractor, planned: list[list]) -> "_RemotePlan":
         return _RemotePlan(self, extractor, planned)
 
