@@ -112,3 +112,29 @@ def browser():
         b = pw.chromium.launch(executable_path=DEFAULT_CHROMIUM, args=LAUNCH_ARGS, headless=True)
         yield b
         b.close()
+
+
+@pytest.fixture
+def open_viewer(browser):
+    """``open_viewer(url) -> (context, page, left, errors)``: the served viewer at ``url`` in a
+    fresh context where every request off ``url`` is refused and listed in ``left``, page errors
+    collected in ``errors``; returns once the viewer says it is ready."""
+    def open_(url: str):
+        context = browser.new_context()
+        left, errors = [], []
+
+        def route(r):
+            if r.request.url.startswith(url) or r.request.url.startswith(("data:", "blob:")):
+                r.continue_()
+            else:
+                left.append(r.request.url)
+                r.abort()
+
+        context.route("**/*", route)
+        page = context.new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(url)
+        page.wait_for_function("() => window.attnscopeViewer !== undefined")
+        page.evaluate("() => window.attnscopeViewer.ready.then(() => null)")
+        return context, page, left, errors
+    return open_

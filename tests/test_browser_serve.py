@@ -37,24 +37,9 @@ def viewer(tmp_path_factory, debug_bert):
 
 
 @pytest.fixture
-def page(browser, viewer):
+def page(open_viewer, viewer):
     url, _ = viewer
-    context = browser.new_context()
-    left, errors = [], []
-
-    def route(r):
-        if r.request.url.startswith(url) or r.request.url.startswith(("data:", "blob:")):
-            r.continue_()
-        else:
-            left.append(r.request.url)
-            r.abort()
-
-    context.route("**/*", route)
-    p = context.new_page()
-    p.on("pageerror", lambda e: errors.append(str(e)))
-    p.goto(url)
-    p.wait_for_function("() => window.attnscopeViewer !== undefined")
-    p.evaluate("() => window.attnscopeViewer.ready.then(() => null)")
+    context, p, left, errors = open_viewer(url)
     p.wait_for_selector("#attnscope-root[data-ready=true]")
     yield p
     assert left == [], f"requests left the machine: {left}"

@@ -188,28 +188,8 @@ def _serve(app):
     return server, f"http://127.0.0.1:{server.effective_port}/"
 
 
-def _open(browser, url):
-    context = browser.new_context()
-    left, errors = [], []
-
-    def route(r):
-        if r.request.url.startswith(url) or r.request.url.startswith(("data:", "blob:")):
-            r.continue_()
-        else:
-            left.append(r.request.url)
-            r.abort()
-
-    context.route("**/*", route)
-    page = context.new_page()
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url)
-    page.wait_for_function("() => window.attnscopeViewer !== undefined")
-    page.evaluate("() => window.attnscopeViewer.ready.then(() => null)")
-    return context, page, left, errors
-
-
 @pytest.mark.browser
-def test_browser_attribution_maps_side_by_side(browser, attr_out, tmp_path):
+def test_browser_attribution_maps_side_by_side(open_viewer, attr_out, tmp_path):
     from attnscope.serve.app import create_app
 
     folder = tmp_path / "out"
@@ -220,7 +200,7 @@ def test_browser_attribution_maps_side_by_side(browser, attr_out, tmp_path):
     path.write_text(json.dumps(d), encoding="utf-8")
     server, url = _serve(create_app(None, folder))
     try:
-        context, page, left, errors = _open(browser, url)
+        context, page, left, errors = open_viewer(url)
         page.wait_for_selector("#vw-resviews[data-ready=true]")
         box = page.locator("#vw-resviews .rs-attribution")
         assert box.get_attribute("data-maps") == "5"
@@ -241,13 +221,13 @@ def test_browser_attribution_maps_side_by_side(browser, attr_out, tmp_path):
 
 
 @pytest.mark.browser
-def test_browser_long_example_window_and_profiles(browser, longctx):
+def test_browser_long_example_window_and_profiles(open_viewer, longctx):
     from attnscope.serve.app import create_app
 
     store, out = longctx
     server, url = _serve(create_app(store, out, long_input=LONG_INPUT, window=WINDOW))
     try:
-        context, page, left, errors = _open(browser, url)
+        context, page, left, errors = open_viewer(url)
         page.wait_for_selector("#attnscope-root[data-ready=true]")
         assert page.evaluate("() => window.attnscope.p.window.offset") == 512 - WINDOW
         assert page.locator(".as-head-view .as-q .as-token").count() == WINDOW + 1
