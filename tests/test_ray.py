@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from attnscope.analyses.base import ANALYSES
 from attnscope.analyses.entropy import Entropy
@@ -105,10 +106,15 @@ def cluster():
     from attnscope.scale.ray import worker_runtime_env
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Ray runs each 1-CPU actor with one torch thread; float32 sums depend on the thread count,
+    # so the single-process references here use one thread too (docs/scale.md, "guaranteed")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 << 20,
              runtime_env=worker_runtime_env())
     yield ray
     ray.shutdown()
+    torch.set_num_threads(threads)
 
 
 # -- no Ray needed ---------------------------------------------------------------------------
