@@ -18,13 +18,13 @@ the package's own Python code (a plug-in for the ``llm`` tool) is never imported
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from attnscope.data.io import file_fingerprint
 from attnscope.errors import ModelError
 
 SMOLLM2 = "smollm2"
@@ -52,14 +52,6 @@ def smollm2_path() -> Path:
     return path
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def dequantized_folder(gguf_path: str | Path, *, cache: Path | None = None) -> tuple[Path, str, bool]:
     """The model folder holding ``gguf_path`` dequantized to float32 safetensors.
 
@@ -69,7 +61,7 @@ def dequantized_folder(gguf_path: str | Path, *, cache: Path | None = None) -> t
     gguf_path = Path(gguf_path).expanduser()
     if not gguf_path.is_file():
         raise ModelError(f"{gguf_path}: no such GGUF file")
-    digest = sha256_file(gguf_path)
+    digest = file_fingerprint(gguf_path)
     root = (cache or cache_root()) / "gguf"
     final = root / digest
     if (final / _DONE).is_file():

@@ -16,6 +16,7 @@ import numpy as np
 
 from attnscope import __version__
 from attnscope.data.io import atomic_write_bytes
+from attnscope.data.io import file_fingerprint as file_sha256  # the index's shard hashes
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, StoreError
 from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats, small_matrix_threads
@@ -71,14 +72,6 @@ def versions() -> dict[str, str]:
     return {"attnscope": __version__, "python": platform.python_version(), "numpy": np.__version__,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "tokenizers": tokenizers.__version__}
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class ShardWriter:
