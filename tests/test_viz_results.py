@@ -89,6 +89,21 @@ def test_a_malformed_example_map_is_named_and_left_out(attr_out, tmp_path):
                              f"[{n - 1}, {n}], expected [{n}, {n}] for {n} tokens"]
 
 
+def test_an_unreadable_results_file_is_named(attr_out, tmp_path, capsys):
+    """A results file cut short (a killed copy) is named, not passed over as absent."""
+    from attnscope.cli.main import main
+
+    bad = tmp_path / "out"
+    shutil.copytree(attr_out, bad)
+    path = bad / "results" / "attribution.json"
+    path.write_text(path.read_text(encoding="utf-8")[:200], encoding="utf-8")
+    assert "results/attribution.json: not readable as JSON" in results_payload(bad)["problems"]
+    assert main(["view", str(bad), "-o", str(tmp_path / "x.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "results/attribution.json: not readable as JSON" in err
+    assert not (tmp_path / "x.html").exists()
+
+
 def test_longctx_profiles_and_sink(longctx):
     _, out = longctx
     d = json.loads((out / "results" / "longctx.json").read_text(encoding="utf-8"))

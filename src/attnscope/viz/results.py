@@ -156,9 +156,12 @@ def results_payload(folder: str | Path) -> dict:
         return out
     for path in sorted((folder / "results").glob("*.json")) + sorted(folder.glob("*.json")):
         d = read_json(path)
+        source = f"{path.parent.name}/{path.name}"
+        if d is None:  # a results file that cannot be read is named, not passed over
+            out["problems"].append(f"{source}: not readable as JSON")
+            continue
         if not isinstance(d, dict) or "attnscope_results" in d or not isinstance(d.get("analysis"), str):
             continue
-        source = f"{path.parent.name}/{path.name}"
         out["profiles"] += profiles_from_result(d, source, out["problems"])
         sink = sink_heatmap(d, source)
         if sink is not None:
