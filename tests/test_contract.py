@@ -23,20 +23,39 @@ from attnscope.families import load_families
 from attnscope.report.results import dumps
 
 
-def _import_all_analyses() -> list[str]:
-    """Import every module of ``attnscope.analyses`` so every registered analysis is listed."""
+ANALYSIS_NAMES = sorted(ANALYSES)  # complete on import: attnscope.analyses imports every module
+
+
+def test_the_registry_is_complete_on_import_and_holds_every_analysis_class():
+    """Nothing else registers an analysis (a fresh interpreter sees every name without loading
+    the families), and every concrete analysis class anywhere in attnscope is registered."""
     import importlib
     import pkgutil
+    import subprocess
+    import sys
 
-    import attnscope.analyses as pkg
+    import attnscope
+    from attnscope.analyses.base import Analysis
 
-    for info in pkgutil.walk_packages(pkg.__path__, prefix="attnscope.analyses."):
-        importlib.import_module(info.name)
+    fresh = subprocess.run([sys.executable, "-c", "from attnscope.analyses import ANALYSES; "
+                            "print(' '.join(sorted(ANALYSES)))"], capture_output=True, text=True, check=True)
+    assert fresh.stdout.split() == ANALYSIS_NAMES
+    for info in pkgutil.walk_packages(attnscope.__path__, prefix="attnscope."):
+        if not info.name.startswith(("attnscope.cli", "attnscope.serve", "attnscope.__main__")):
+            importlib.import_module(info.name)
     load_families()
-    return sorted(ANALYSES)
+    assert sorted(ANALYSES) == ANALYSIS_NAMES
 
+    def concrete(cls):
+        for sub in cls.__subclasses__():
+            if not inspect.isabstract(sub):
+                yield sub
+            yield from concrete(sub)
 
-ANALYSIS_NAMES = _import_all_analyses()
+    unregistered = {c.__qualname__ for c in concrete(Analysis) if c.__module__.startswith("attnscope.")
+                    and ANALYSES.get(getattr(c, "name", None)) is not c}
+    assert not unregistered
+    assert {"figure-1-example", "key-concentration"} <= set(ANALYSIS_NAMES)
 
 
 @pytest.fixture(scope="module")

@@ -184,7 +184,7 @@ def test_key_concentration_by_hand():
     keys = np.stack([spike, ones, alt, pad])[None, None]  # [B=1 H=1 T=4 d]
     classes = np.array([[0, 3, 3, -1]])
     k = KeyConcentration()
-    k.update(0, keys, classes)
+    k.add_keys(0, keys, classes)
     r = k.finalize()
     assert r.meta["top_dims"] == 1
     assert r.arrays["top_share"][0, 0] == pytest.approx(1.0)
@@ -202,11 +202,11 @@ def test_key_concentration_merge_equals_one_pass():
     classes = rng.integers(-1, 4, size=(3, 5))
     whole = KeyConcentration()
     for layer in range(2):
-        whole.update(layer, keys, classes)
+        whole.add_keys(layer, keys, classes)
     parts = [KeyConcentration(), KeyConcentration()]
     for layer in range(2):
-        parts[0].update(layer, keys[:1], classes[:1])
-        parts[1].update(layer, keys[1:], classes[1:])
+        parts[0].add_keys(layer, keys[:1], classes[:1])
+        parts[1].add_keys(layer, keys[1:], classes[1:])
     got = parts[0].merge(parts[1]).finalize()
     want = whole.finalize()
     for key in want.arrays:
@@ -434,7 +434,7 @@ def test_packaged_model_on_wikitext(default_model, shared_data, tmp_path):
 def test_key_concentration_gaussian_reference():
     k = KeyConcentration()
     assert k.gaussian_reference() is None  # no keys seen: no dimension known
-    k.update(0, np.ones((1, 1, 1, 200)), np.zeros((1, 1), dtype=np.int64))
+    k.add_keys(0, np.ones((1, 1, 1, 200)), np.zeros((1, 1), dtype=np.int64))
     ref = k.gaussian_reference()
     assert ref == k.gaussian_reference()  # seeded
     assert abs(ref["kurtosis"]) < 0.1  # normal components: excess kurtosis about 0

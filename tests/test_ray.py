@@ -323,24 +323,21 @@ def test_the_ray_engine_returns_the_maps_of_any_extractor_in_plan_order(cluster,
         np.testing.assert_array_equal(x.attn, y.attn)
 
 
-def test_the_figure1_keeper_merges_to_the_choice_of_one_pass(debug_bert, monkeypatch):
+def test_the_figure1_keeper_merges_to_the_choice_of_one_pass(debug_bert):
     """Merged in any order, per-batch keepers choose what one keeper over every batch chooses:
     here (no example fits in 0 units) the shortest example, the lowest index among equals."""
-    from attnscope.families import general
-    from attnscope.families.general import _ExampleKeeper
-
-    monkeypatch.setattr(general, "FIGURE1_MAX_UNITS", 0)
+    from attnscope.analyses.figure_example import Figure1Example
     batches = list(extract(corpus(30, seed=6, longest=4), debug_bert, options=ExtractOptions(batch_size=4)))
     expected = min((m.num_units, m.index) for b in batches for m in b)
     assert sum(m.num_units == expected[0] for b in batches for m in b) > 1  # a tie to break
     for order in (batches, batches[::-1], batches[1::2] + batches[::2]):
-        merged = _ExampleKeeper()
+        merged = Figure1Example(max_units=0)
         for b in order:
-            k = _ExampleKeeper()
+            k = Figure1Example(max_units=0)
             k.update(b)
             merged.merge(k)
         assert (merged.best.num_units, merged.best.index) == expected
-    assert _ExampleKeeper().merge(_ExampleKeeper()).best is None
+    assert Figure1Example().merge(Figure1Example()).best is None
 
 
 def _without_times(d):

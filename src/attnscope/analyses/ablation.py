@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.lm_objective import LossInput, Objective, loss_inputs
 
 #: Fractions of all heads removed along a pruning curve.
@@ -42,12 +42,11 @@ def _chunks(items: list, size: int):
 
 
 @register
-class HeadMeans(Analysis):
+class HeadMeans(EncodedAnalysis):
     """Mean of each head's output over all real token positions: ``[L H d]``."""
 
     name = "head-means"
     requires = frozenset({"model"})
-    consumes = "encoded"
 
     @classmethod
     def for_model(cls, model, *, seed: int = 0) -> "HeadMeans":
@@ -111,12 +110,11 @@ def mean_ablation_hook(means: np.ndarray, layer: int, head: int):
 
 
 @register
-class AblationEffect(Analysis):
+class AblationEffect(EncodedAnalysis):
     """Mean over examples of ``loss(head ablated) - loss(full model)`` for every head."""
 
     name = "ablation"
     requires = frozenset({"model"})
-    consumes = "encoded"
 
     @classmethod
     def for_model(cls, model, *, seed: int = 0) -> "AblationEffect":
@@ -207,12 +205,11 @@ def random_order(num_layers: int, num_heads: int, seed: int) -> list[tuple[int, 
 
 
 @register
-class PruningCurve(Analysis):
+class PruningCurve(EncodedAnalysis):
     """Loss and accuracy as heads are removed cumulatively along each named order."""
 
     name = "pruning-curve"
     requires = frozenset({"model"})
-    consumes = "encoded"
 
     @classmethod
     def for_model(cls, model, *, seed: int = 0) -> "PruningCurve":

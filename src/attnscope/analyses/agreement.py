@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.lm_objective import LossInput, Objective, loss_inputs
 from attnscope.analyses.rollout import MAX_FLOW_TOKENS, attention_flow, attention_rollout
 
@@ -66,12 +66,11 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @register
-class AttributionAgreement(Analysis):
+class AttributionAgreement(EncodedAnalysis):
     """Mean Spearman correlation of rollout / flow with raw attention and saliency (``PAIRS``)."""
 
     name = "attribution-agreement"
     requires = frozenset({"model"})
-    consumes = "encoded"
 
     @classmethod
     def for_model(cls, model, *, seed: int = 0) -> "AttributionAgreement":

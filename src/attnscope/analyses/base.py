@@ -69,17 +69,20 @@ class Result:
 
 
 class Analysis(ABC):
-    """Base class: subclasses set ``name`` and ``requires`` and implement the three methods."""
+    """What every analysis shares: ``name``, ``requires``, ``merge`` and ``finalize``.
+
+    Subclass one of the two bases, which say what ``update`` is fed:
+    :class:`MapsAnalysis` (an :class:`AttentionBatch` of maps) or :class:`EncodedAnalysis`
+    (the encoded inputs, for analyses that run the model themselves).
+    """
 
     name: ClassVar[str]
     requires: ClassVar[frozenset[str]] = frozenset()
-    #: What ``update`` takes: ``"maps"`` (an :class:`AttentionBatch`) or ``"encoded"`` (a list of
-    #: :class:`~attnscope.extract.encode.Encoded` examples, for analyses that run the model
-    #: themselves, e.g. with gradients or ablated heads).
-    consumes: ClassVar[str] = "maps"
+    #: What ``update`` is fed, ``"maps"`` or ``"encoded"``; set by the two bases.
+    consumes: ClassVar[str]
 
     @abstractmethod
-    def update(self, batch: AttentionBatch) -> None:
+    def update(self, batch: Any) -> None:
         """Accumulate one batch (never modify it)."""
 
     @abstractmethod
@@ -107,11 +110,35 @@ class Analysis(ABC):
                              f"{type(self).__name__}{self.params()}")
 
 
+class MapsAnalysis(Analysis):
+    """An analysis fed attention maps: ``update(batch)`` takes an :class:`AttentionBatch` (from
+    the model, or read back from a store)."""
+
+    consumes = "maps"
+
+    @abstractmethod
+    def update(self, batch: AttentionBatch) -> None:
+        """Accumulate one batch of maps (never modify it)."""
+
+
+class EncodedAnalysis(Analysis):
+    """An analysis that runs the model itself (gradients, ablated heads, hooked keys):
+    ``update(batch)`` takes a list of :class:`~attnscope.extract.encode.Encoded` examples."""
+
+    consumes = "encoded"
+
+    @abstractmethod
+    def update(self, batch: list) -> None:
+        """Accumulate one batch of encoded examples."""
+
+
 ANALYSES: dict[str, type[Analysis]] = {}
 
 
 def register(cls: type[Analysis]) -> type[Analysis]:
     """Class decorator: make an analysis available by its stable ``name``."""
+    if not (issubclass(cls, MapsAnalysis) or issubclass(cls, EncodedAnalysis)):
+        raise TypeError(f"{cls.__name__}: an analysis subclasses MapsAnalysis or EncodedAnalysis")
     if cls.name in ANALYSES and ANALYSES[cls.name] is not cls:
         raise ValueError(f"analysis name {cls.name!r} registered twice")
     ANALYSES[cls.name] = cls

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import Analysis, MapsAnalysis, Result, register
 from attnscope.analyses.stats import bootstrap_ci
 from attnscope.analyses.units import TIE_RULES, predict, word_units
 from attnscope.data.coref import MENTION_TYPES, Document, mention_attributes
@@ -263,7 +263,7 @@ def baseline_predictions(info: dict, q: int) -> dict[str, int]:
 
 
 @register
-class CorefAntecedents(Analysis):
+class CorefAntecedents(MapsAnalysis):
     """Antecedent-selection accuracy of every head and of the three baselines (Table 2).
 
     Every scored mention is scored twice: with the configured candidate set (``candidates``,

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.data.records import HeadId
 from attnscope.maps import AttentionBatch
 
@@ -86,7 +86,7 @@ def _xlogx(x: np.ndarray, n: int, out_log: np.ndarray, zeros: bool) -> np.ndarra
 
 
 @register
-class HeadDistances(Analysis):
+class HeadDistances(MapsAnalysis):
     """Jensen-Shannon distance between every pair of heads, per token (paper section 6).
 
     Works for any number of layers and heads: heads are flattened layer-major, ``P = L * H``,
@@ -114,13 +114,20 @@ class HeadDistances(Analysis):
 
     def _add(self, attn: np.ndarray) -> None:
         L, H, n, _ = attn.shape
+        self.add_sums(js_matrix(attn.reshape(L * H, n, n), self.smoothing), (L, H), n)
+
+    def add_sums(self, sums: np.ndarray, shape: tuple[int, int], tokens: int) -> None:
+        """One example's head-to-head divergences summed over its rows ``[L*H L*H]`` (heads
+        layer-major), for ``shape`` ``(L, H)`` heads and ``tokens`` rows: what :meth:`update`
+        computes from a map, and what the streaming engine hands over from sampled rows."""
+        L, H = shape
         if self.sums is None:
             self.sums = np.zeros((L * H, L * H), dtype=np.float64)
             self.shape = (L, H)
         elif self.shape != (L, H):
             raise ValueError(f"maps with {L}x{H} heads after maps with {self.shape[0]}x{self.shape[1]}")
-        self.sums += js_matrix(attn.reshape(L * H, n, n), self.smoothing)
-        self.tokens += n
+        self.sums += sums
+        self.tokens += int(tokens)
         self.examples += 1
 
     def update(self, batch: AttentionBatch) -> None:

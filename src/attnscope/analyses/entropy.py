@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.analyses.relative_position import PerExampleMeans, per_head_rows
 from attnscope.maps import AttentionBatch
 
@@ -38,7 +38,7 @@ def row_entropy(attn: np.ndarray) -> np.ndarray:
 
 
 @register
-class Entropy(Analysis):
+class Entropy(MapsAnalysis):
     """Per head: mean row entropy, entropy from the first unit, and maximum weight per row."""
 
     name = "entropy"
@@ -69,9 +69,15 @@ class Entropy(Analysis):
             (mx <= self.max_weight_threshold).mean(-1, dtype=np.float64),
             np.full(attn.shape[:2], np.log(keys).mean()),
         ])  # [S L H]
+        self.add_means(values, n)
+
+    def add_means(self, values: np.ndarray, units: int) -> None:
+        """One example's per-head means ``[5 L H]`` (:data:`STATS` order) over its ``units``
+        rows: what :meth:`update` computes from a map, and what the streaming engine hands over
+        from its sums (no map)."""
         self.acc.add(values, np.ones(len(STATS), dtype=bool))
         self.examples += 1
-        self.units += n
+        self.units += int(units)
 
     def update(self, batch: AttentionBatch) -> None:
         for m in batch:

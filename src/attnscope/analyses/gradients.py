@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.errors import ModelError
 from attnscope.maps import AttentionBatch
@@ -191,7 +191,7 @@ def attention_gradients(scorer: MlmScorer, inputs: list[MaskedInput]) -> list[np
 
 
 @register
-class GradientImportance(Analysis):
+class GradientImportance(MapsAnalysis):
     """Per layer (and head): mean |dL/d attention| to separators, punctuation, first, other."""
 
     name = "gradient-importance"

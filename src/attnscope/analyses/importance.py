@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.lm_objective import LossInput, Objective, loss_inputs
 
 
@@ -48,12 +48,11 @@ def normalise_per_layer(scores: np.ndarray) -> np.ndarray:
 
 
 @register
-class HeadImportance(Analysis):
+class HeadImportance(EncodedAnalysis):
     """Expected |dL/d gate| per head; ``update`` takes encoded examples (it needs the model)."""
 
     name = "head-importance"
     requires = frozenset({"model"})
-    consumes = "encoded"
 
     @classmethod
     def for_model(cls, model, *, seed: int = 0) -> "HeadImportance":

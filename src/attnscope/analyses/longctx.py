@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.analyses.token_classes import WORD_MARKERS
 from attnscope.data.records import HeadId
 from attnscope.maps import AttentionBatch
@@ -171,7 +171,7 @@ def sample_rows(ids: list[int] | np.ndarray, count: int, seed: int) -> list[int]
 
 
 @register
-class LongContextStats(Analysis):
+class LongContextStats(MapsAnalysis):
     """Per-head sink, previous/current, entropy, distance and position statistics (see module)."""
 
     name = "longctx-stats"

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.errors import AttnscopeError
 
@@ -165,7 +165,7 @@ def example_norm_maps(decomposer: NormDecomposer, encoded) -> dict[str, np.ndarr
 
 
 @register
-class NormShares(Analysis):
+class NormShares(EncodedAnalysis):
     """Per layer and key class: the share of attention weight vs the share of ``||alpha f||``.
 
     For every head and every real query row, the weight share of a class is the sum of the
@@ -178,7 +178,6 @@ class NormShares(Analysis):
 
     name = "norm-shares"
     requires = frozenset({"model"})
-    consumes = "encoded"
 
     @classmethod
     def for_model(cls, model, *, seed: int = 0) -> "NormShares":

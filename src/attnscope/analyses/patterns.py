@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import EncodedAnalysis, MapsAnalysis, Result, register
 from attnscope.analyses.relative_position import per_head_rows
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.maps import AttentionBatch
@@ -97,7 +97,7 @@ def _visible(n: int, causal: bool) -> np.ndarray:
 
 
 @register
-class VigPatterns(Analysis):
+class VigPatterns(MapsAnalysis):
     """Per head: patterns 3, 4, 5 and the bag-of-words split, each with its chance level."""
 
     name = "vig-patterns"
@@ -318,11 +318,14 @@ def thresholds_dict(t: PatternThresholds) -> dict[str, float]:
     return asdict(t)
 
 
-class KeyConcentration:
+@register
+class KeyConcentration(EncodedAnalysis):
     """How concentrated key vectors are, per layer and token class (Vig's [SEP]-key signature).
 
-    Fed from a forward pass's ``"k"`` hook (``[B Hkv T d]`` per layer). For each real token
-    ``t`` and key/value head ``h`` the key vector ``x`` (``d`` components) gives
+    Reads the keys at the forward helper's ``"k"`` hook (``[B Hkv T d]`` per layer): ``update``
+    runs the model on a batch of encoded examples itself, and :meth:`hooks` lets the same keys
+    be read during a pass that is made anyway (the maps pass of the patterns family). For each
+    real token ``t`` and key/value head ``h`` the key vector ``x`` (``d`` components) gives
 
     - ``top_share``: the share of ``|x|^2`` in its ``ceil(top_fraction * d)`` largest squared
       components (``top_fraction * d / d`` ~ 0.05 for a vector with equal components; 1 when
@@ -338,11 +341,17 @@ class KeyConcentration:
     """
 
     name = "key-concentration"
+    requires = frozenset({"model"})
 
-    def __init__(self, top_fraction: float = 0.05):
+    @classmethod
+    def for_model(cls, model, *, seed: int = 0) -> "KeyConcentration":
+        return cls(lm=model, classer=TokenClasser.for_model(model)[0])
+
+    def __init__(self, top_fraction: float = 0.05, *, lm=None, classer: TokenClasser | None = None):
         if not 0 < top_fraction <= 1:
             raise ValueError(f"top_fraction must be in (0, 1], not {top_fraction}")
         self.top_fraction = float(top_fraction)
+        self.lm, self.classer = lm, classer or TokenClasser.positional()
         self.layers: dict[int, np.ndarray] = {}  # layer -> [4 C]: share sum, share count, kurt sum, kurt count
         self.dim: int | None = None
 
@@ -360,7 +369,30 @@ class KeyConcentration:
         out[k.first] = 0
         return out
 
-    def update(self, layer: int, keys: np.ndarray, classes: np.ndarray) -> None:
+    def hooks(self, batch: list) -> dict:
+        """The forward helper's hooks that read ``batch``'s keys (encoded examples, padded on
+        the right) during a forward pass over it."""
+        width = max(len(e) for e in batch)
+        classes = np.full((len(batch), width), -1, dtype=np.int64)  # -1: padding, ignored
+        for b, e in enumerate(batch):
+            classes[b, :len(e)] = self.class_ids(self.classer, e.tokens, e.special)
+
+        def read(site, k):
+            self.add_keys(site.layer, k.float().cpu().numpy(), classes)
+
+        return {"k": read}
+
+    def update(self, batch: list) -> None:
+        """Run the model on a batch of encoded examples and read their keys."""
+        from attnscope.models.forward import forward, pad_batch
+
+        if self.lm is None:
+            raise ValueError("key concentration runs the model: build it with lm=")
+        if batch:
+            inputs = pad_batch(self.lm, [e.input_ids for e in batch], [e.token_type_ids for e in batch])
+            forward(self.lm, inputs, hooks=self.hooks(batch))
+
+    def add_keys(self, layer: int, keys: np.ndarray, classes: np.ndarray) -> None:
         """One layer's keys ``[B H T d]`` and ``[B T]`` class ids (-1 = padding, ignored)."""
         x = np.asarray(keys, dtype=np.float64)
         d = x.shape[-1]
@@ -402,7 +434,7 @@ class KeyConcentration:
             return None
         ref = KeyConcentration(self.top_fraction)
         x = np.random.default_rng(seed).standard_normal((1, 1, samples, self.dim))
-        ref.update(0, x, np.zeros((1, samples), dtype=np.int64))
+        ref.add_keys(0, x, np.zeros((1, samples), dtype=np.int64))
         acc = ref.layers[0]
         return {"top_share": float(acc[0, 0] / acc[1, 0]), "kurtosis": float(acc[2, 0] / acc[3, 0]),
                 "samples": samples, "seed": seed}

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.data.records import HeadId
 from attnscope.maps import AttentionBatch
 
@@ -89,7 +89,7 @@ class PerExampleMeans:
 
 
 @register
-class RelativePosition(Analysis):
+class RelativePosition(MapsAnalysis):
     """Per head: mean attention to the current, previous and next unit (paper section 3.1)."""
 
     name = "relative-position"
@@ -112,8 +112,13 @@ class RelativePosition(Analysis):
         nxt = np.diagonal(attn, offset=1, axis1=2, axis2=3).sum(-1)  # a[i, i+1]
         side = n if self.denominator == "paper-code" else n - 1
         values = np.stack([cur / n, prev / max(side, 1), nxt / max(side, 1)])  # [3 L H]
-        defined = np.array([n > 0, n > 1, n > 1])
-        self.acc.add(values, defined)
+        self.add_means(values, np.array([n > 0, n > 1, n > 1]))
+
+    def add_means(self, values: np.ndarray, defined: np.ndarray) -> None:
+        """One example's per-head means ``[3 L H]`` (current, previous, next; :data:`STATS`
+        order) and which of them the example defines ``[3]``: what :meth:`update` computes from
+        a map, and what the streaming engine hands over from its sums (no map)."""
+        self.acc.add(values, np.asarray(defined, dtype=bool))
         self.examples += 1
 
     def update(self, batch: AttentionBatch) -> None:

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.analyses.relative_position import DENOMINATORS, PerExampleMeans, per_head_rows
-from attnscope.analyses.token_classes import TokenClasser
+from attnscope.analyses.token_classes import TokenClasser, UnitClasses
 from attnscope.maps import AttentionBatch
 
 TO_CLASSES = ("first", "separator", "period", "comma", "punct")
@@ -30,7 +30,7 @@ STATS = TO_CLASSES + ("sep_to_sep", "other_to_sep")
 
 
 @register
-class SpecialTokens(Analysis):
+class SpecialTokens(MapsAnalysis):
     """Per head: mean attention to each token class, and separator-to-separator attention."""
 
     name = "special-tokens"
@@ -70,11 +70,17 @@ class SpecialTokens(Analysis):
         values[5] = to_sep[:, :, sep].sum(-1) / max(d_ss, 1)
         values[6] = to_sep[:, :, ~sep].sum(-1) / max(d_os, 1)
         defined = np.array([True] * 5 + [n_sep > 0, n_sep > 0 and n - n_sep > 0])
-        self.acc.add(values, defined)
+        self.add_means(values, defined, k)
+
+    def add_means(self, values: np.ndarray, defined: np.ndarray, classes: UnitClasses) -> None:
+        """One example's per-head means ``[7 L H]`` (:data:`STATS` order), which of them it
+        defines ``[7]``, and its units' classes: what :meth:`update` computes from a map, and
+        what the streaming engine hands over from its sums (no map)."""
+        self.acc.add(values, np.asarray(defined, dtype=bool))
         self.examples += 1
         for name in ("first", "separator", "period", "comma"):
-            self.class_counts[name] += int(k.mask(name).sum())
-        self.class_counts["units"] += n
+            self.class_counts[name] += int(classes.mask(name).sum())
+        self.class_counts["units"] += len(classes.first)
 
     def update(self, batch: AttentionBatch) -> None:
         for m in batch:

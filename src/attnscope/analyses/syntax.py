@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Analysis, Result, register
+from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.analyses.units import TIE_RULES, predict, word_units
 from attnscope.maps import AttentionBatch, AttentionMap
 
@@ -123,7 +123,7 @@ def score_map(m: AttentionMap, *, offsets=DEFAULT_OFFSETS, collapse_subtypes: bo
 
 
 @register
-class DependencyHeads(Analysis):
+class DependencyHeads(MapsAnalysis):
     """Accuracy of every head, both directions, for every relation, plus offset baselines.
 
     State (all integer counts, ``F`` = 2 folds by example index parity, ``R`` relations in

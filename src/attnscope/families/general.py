@@ -22,6 +22,7 @@ import numpy as np
 
 from attnscope.analyses.distances import HeadDistances
 from attnscope.analyses.entropy import Entropy
+from attnscope.analyses.figure_example import Figure1Example
 from attnscope.analyses.gradients import FitOptions, GradientImportance, MlmScorer, fit_mlm_head
 from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
@@ -47,43 +48,6 @@ from attnscope.report.general import (
 from attnscope.report.section import Section
 
 GRADIENT_MODES = ("auto", "off", "on", "fit-head")
-
-
-#: Longest example (in units) preferred for the Figure 1 drawing.
-FIGURE1_MAX_UNITS = 40
-
-
-# -- the pass -------------------------------------------------------------------------------
-class _ExampleKeeper:
-    """Keeps the one map Figure 1 draws: the lowest-index example of at most
-    ``FIGURE1_MAX_UNITS`` units with two segments, else the shortest; independent of order.
-
-    Mergeable like an analysis (the smaller key wins), so on Ray each worker keeps its own and
-    only one map per unit of work comes back."""
-
-    name = "figure-1-example"
-    consumes = "maps"
-
-    def __init__(self):
-        self.best: AttentionMap | None = None
-
-    @staticmethod
-    def _key(m: AttentionMap) -> tuple:
-        two_segments = bool((np.asarray(m.segment) == 1).any())
-        fits = m.num_units <= FIGURE1_MAX_UNITS
-        return (not (fits and two_segments), not fits, m.num_units if not fits else 0, m.index)
-
-    def _offer(self, m: AttentionMap | None) -> None:
-        if m is not None and (self.best is None or self._key(m) < self._key(self.best)):
-            self.best = m
-
-    def update(self, batch: AttentionBatch) -> None:
-        for m in batch:
-            self._offer(m)
-
-    def merge(self, other: "_ExampleKeeper") -> "_ExampleKeeper":
-        self._offer(other.best)
-        return self
 
 
 def general_analyses(*, classer: TokenClasser, causal: bool, scorer: MlmScorer | None = None,
@@ -115,7 +79,7 @@ def _tokens_only(e) -> AttentionMap:
                         np.asarray(e.word_ids, dtype=np.int64), "token", e.example)
 
 
-def _fold_on_workers(engine, source: list, model, options, stats, analyses: list, keeper: _ExampleKeeper,
+def _fold_on_workers(engine, source: list, model, options, stats, analyses: list, keeper: Figure1Example,
                      progress: Progress, timings: dict) -> int:
     """``--ray``: the maps analyses and the Figure 1 keeper fold on the workers and are merged
     here (``engine.fold``); no map comes back but Figure 1's candidates. What needs this
@@ -279,29 +243,19 @@ def streamed_general(encoded: list, model, classer: TokenClasser, *, seed: int =
 
         # row 0 sees only key 0, with weight 1: it adds 1 to current, max and key 0's classes
         cur, prev = (get("current") + 1.0) / n, get("previous") / max(n - 1, 1)
-        rel.acc.add(np.stack([cur, prev, np.zeros((L, H))]), np.array([n > 0, n > 1, n > 1]))
-        rel.examples += 1
+        rel.add_means(np.stack([cur, prev, np.zeros((L, H))]), np.array([n > 0, n > 1, n > 1]))
         to = {name: get(f"to_{name}") + float(cls[name][0]) for name in names}
         n_sep = int(sep.sum())
         sep_sep = get("from_separator_to_separator") + float(sep[0])
         values = np.stack([to[name] / n for name in names]
                           + [sep_sep / max(n_sep, 1), (to["separator"] - sep_sep) / max(n - n_sep, 1)])
-        spec.acc.add(values, np.array([True] * 5 + [n_sep > 0, n_sep > 0 and n - n_sep > 0]))
-        spec.examples += 1
-        for name in ("first", "separator", "period", "comma"):
-            spec.class_counts[name] += int(k.mask(name).sum())
-        spec.class_counts["units"] += n
+        spec.add_means(values, np.array([True] * 5 + [n_sep > 0, n_sep > 0 and n - n_sep > 0]), k)
         uniform = np.full((L, H), np.log(np.arange(1, n + 1)).mean())
-        ent.acc.add(np.stack([get("entropy") / n, np.zeros((L, H)), (get("max") + 1.0) / n,
-                              get("rows_max_below") / n, uniform]), np.ones(5, dtype=bool))
-        ent.examples += 1
-        ent.units += n
-        if dist.sums is None:
-            dist.sums, dist.shape = np.zeros((L * H, L * H)), (L, H)
-        if doc.js_sums is not None and doc.js_count:
-            dist.sums += doc.js_sums * ((n - 1) / doc.js_count)
-        dist.tokens += n
-        dist.examples += 1
+        ent.add_means(np.stack([get("entropy") / n, np.zeros((L, H)), (get("max") + 1.0) / n,
+                                get("rows_max_below") / n, uniform]), n)
+        js = (doc.js_sums * ((n - 1) / doc.js_count) if doc.js_sums is not None and doc.js_count
+              else np.zeros((L * H, L * H)))
+        dist.add_sums(js, (L, H), n)
         if progress is not None:
             progress("general", done, len(encoded))
     return {a.name: a.finalize() for a in (rel, spec, ent, dist)}
@@ -379,7 +333,7 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
     scorer = _scorer_for(model, gradients, source, _token_inputs(source, model, max_seq_len, 512),
                          seed, notes, progress, max_seq_len)
     analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=seed)
-    keeper = _ExampleKeeper()
+    keeper = Figure1Example()
     done = 0
     timings = {a.name: 0.0 for a in analyses}
     t0 = time.perf_counter()

@@ -126,7 +126,7 @@ class PatternsFamily(Family):
         notes += [note] if note else []
         analyses = [VigPatterns(classer, causal=causal), SpecialTokens(classer), RelativePosition(),
                     Entropy(causal=causal)]
-        keys = KeyConcentration() if kind != "store" else None
+        keys = KeyConcentration(lm=model, classer=classer) if kind != "store" else None
         if keys is None:
             notes.append("key concentration needs the model's forward pass; a store holds only the maps")
         total = prepared.weight
@@ -135,7 +135,7 @@ class PatternsFamily(Family):
         from attnscope.extract.runner import ExtractStats
 
         stats = ExtractStats()
-        batches = source.batches() if kind == "store" else _model_batches(model, source, ctx, keys, classer, stats)
+        batches = source.batches() if kind == "store" else _model_batches(model, source, ctx, keys, stats)
         for batch in batches:
             for a in analyses:
                 a.update(batch)
@@ -163,24 +163,14 @@ def _options(ctx: Context):
     return ExtractOptions(max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size, seed=ctx.seed)
 
 
-def _model_batches(model, examples, ctx: Context, keys: KeyConcentration, classer, stats):
+def _model_batches(model, examples, ctx: Context, keys: KeyConcentration, stats):
     """One :class:`AttentionBatch` per planned batch; the same forward pass feeds ``keys``
     through the forward helper's ``"k"`` hook."""
-    import numpy as np
-
     from attnscope.extract.runner import Extractor
 
     extractor = Extractor(model, _options(ctx), stats)
     for planned in extractor.plan(examples):
-        width = max(len(e) for e in planned)
-        classes = np.full((len(planned), width), -1, dtype=np.int64)
-        for b, e in enumerate(planned):
-            classes[b, :len(e)] = KeyConcentration.class_ids(classer, e.tokens, e.special)
-
-        def hook(site, k, classes=classes):
-            keys.update(site.layer, k.float().cpu().numpy(), classes)
-
-        yield extractor.run_batch(planned, hooks={"k": hook})
+        yield extractor.run_batch(planned, hooks=keys.hooks(planned))
 
 
 def _map_getter(source, kind: str, model, ctx: Context, wanted: list[int]):
