@@ -52,7 +52,7 @@ def tiny_llama(debug_gpt2):
     """A 2-layer Llama with grouped-query attention (4 query heads, 2 key/value heads) and biases."""
     import transformers
 
-    from attnscope.models.families import Family
+    from attnscope.models.families import ModelFamily
     from attnscope.models.forward import install
     from attnscope.models.loading import LoadedModel
 
@@ -69,7 +69,7 @@ def tiny_llama(debug_gpt2):
             if name.endswith("bias"):
                 p.normal_(0, 0.1)
     assert install(model)
-    return LoadedModel(model=model, tokenizer=tok, family=Family("llama", True, None, False),
+    return LoadedModel(model=model, tokenizer=tok, family=ModelFamily("llama", True, None, False),
                        name="tiny-llama", source="test", weights_hash="-")
 
 

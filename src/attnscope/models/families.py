@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Family:
+class ModelFamily:
     """Facts about one architecture family.
 
     ``query``/``key`` are module paths (``{layer}`` is filled in) of the projections that the
@@ -31,42 +31,42 @@ class Family:
     kv_heads: str | None = None
 
 
-FAMILIES: dict[str, Family] = {
+MODEL_FAMILIES: dict[str, ModelFamily] = {
     f.name: f
     for f in [
-        Family("bert", False, "BertForMaskedLM", True,
+        ModelFamily("bert", False, "BertForMaskedLM", True,
                "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key"),
-        Family("roberta", False, "RobertaForMaskedLM", False,
+        ModelFamily("roberta", False, "RobertaForMaskedLM", False,
                "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key"),
-        Family("xlm-roberta", False, "XLMRobertaForMaskedLM", False,
+        ModelFamily("xlm-roberta", False, "XLMRobertaForMaskedLM", False,
                "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key"),
-        Family("camembert", False, "CamembertForMaskedLM", False,
+        ModelFamily("camembert", False, "CamembertForMaskedLM", False,
                "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key"),
-        Family("electra", False, "ElectraForMaskedLM", True,
+        ModelFamily("electra", False, "ElectraForMaskedLM", True,
                "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key"),
-        Family("distilbert", False, "DistilBertForMaskedLM", False,
+        ModelFamily("distilbert", False, "DistilBertForMaskedLM", False,
                "transformer.layer.{layer}.attention.q_lin", "transformer.layer.{layer}.attention.k_lin"),
-        Family("mpnet", False, "MPNetForMaskedLM", False,
+        ModelFamily("mpnet", False, "MPNetForMaskedLM", False,
                "encoder.layer.{layer}.attention.attn.q", "encoder.layer.{layer}.attention.attn.k"),
-        Family("albert", False, "AlbertForMaskedLM", True,
+        ModelFamily("albert", False, "AlbertForMaskedLM", True,
                "encoder.albert_layer_groups.0.albert_layers.0.attention.query",
                "encoder.albert_layer_groups.0.albert_layers.0.attention.key"),
-        Family("gpt2", True, None, False, "h.{layer}.attn.c_attn", "h.{layer}.attn.c_attn",
+        ModelFamily("gpt2", True, None, False, "h.{layer}.attn.c_attn", "h.{layer}.attn.c_attn",
                fused_qkv=True),
-        *[Family(name, True, None, False, "layers.{layer}.self_attn.q_proj",
+        *[ModelFamily(name, True, None, False, "layers.{layer}.self_attn.q_proj",
                  "layers.{layer}.self_attn.k_proj", decoder_llm=True, kv_heads="num_key_value_heads")
           for name in ("llama", "qwen2", "mistral", "gemma", "phi")],
     ]
 }
 
 
-def family_for(model_type: str) -> Family:
+def family_for(model_type: str) -> ModelFamily:
     """The family of a ``config.model_type``; unknown types get a generic encoder entry.
 
     A generic entry still works for extraction (special tokens come from the tokenizer); only
     the neuron view and the masked-LM gradient analysis need the table's module names.
     """
-    fam = FAMILIES.get(model_type)
+    fam = MODEL_FAMILIES.get(model_type)
     if fam is not None:
         return fam
-    return Family(model_type, causal=False, mlm_class=None, token_types=False)
+    return ModelFamily(model_type, causal=False, mlm_class=None, token_types=False)

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from attnscope.errors import ModelError
-from attnscope.models.families import Family, family_for
+from attnscope.models.families import ModelFamily, family_for
 from attnscope.models.forward import install, model_device
 
 DEFAULT_MODEL = "default"
@@ -35,7 +35,7 @@ class LoadedModel:
 
     model: Any  # transformers.PreTrainedModel
     tokenizer: Any  # transformers.PreTrainedTokenizerFast
-    family: Family
+    family: ModelFamily
     name: str
     source: str
     weights_hash: str
