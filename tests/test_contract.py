@@ -22,7 +22,6 @@ from attnscope.analyses import ANALYSES
 from attnscope.families import load_families
 from attnscope.report.results import dumps
 
-
 ANALYSIS_NAMES = sorted(ANALYSES)  # complete on import: attnscope.analyses imports every module
 
 

@@ -16,7 +16,6 @@ from attnscope.analyses.gradients import (
     prepare_masked,
 )
 from attnscope.errors import ModelError
-from attnscope.maps import AttentionBatch
 
 
 @pytest.fixture(scope="module")
@@ -131,13 +130,16 @@ def test_streamed_equals_one_shot_and_classes(mlm):
 
     texts = [{"text": "the cat sat.", "text_pair": "a dog, ran"}, {"text": "he saw the big red house."},
              {"text": "she said it was old, then new.", "text_pair": "the man ran"}]
+    from attnscope.extract.encode import Encoder
+
     maps = [m for b in extract(texts, mlm, batch_size=1) for m in b]
+    encoded = [Encoder(mlm).encode(m.example, m.index) for m in maps]
     scorer = MlmScorer(mlm)
     whole = GradientImportance(scorer, seed=0)
-    whole.update(AttentionBatch(maps))
+    whole.update(encoded)
     parts = [GradientImportance(scorer, seed=0, batch_size=1) for _ in maps]
-    for p, m in zip(parts, maps):
-        p.update(AttentionBatch([m]))
+    for p, e in zip(parts, encoded):
+        p.update([e])
     merged = parts[0].merge(parts[1]).merge(parts[2])
     a, b = whole.finalize(), merged.finalize()
     for key in a.arrays:
@@ -172,7 +174,9 @@ def test_fit_head_is_seeded_and_reports_accuracy(debug_bert):
     assert 0.0 <= h1.report["heldout_accuracy"] <= 1.0 and h1.report["masked_tokens"] > 0
     scorer = MlmScorer(debug_bert, h1)
     g = GradientImportance(scorer, seed=0)
-    g.update(AttentionBatch(maps[:2]))
+    from attnscope.extract.encode import Encoder
+
+    g.update([Encoder(debug_bert).encode(m.example, m.index) for m in maps[:2]])
     r = g.finalize()
     assert r.params["scorer"]["head"] == "fitted" and any("fitted" in s for s in r.summary)
     assert np.isfinite(r.arrays["layer_other"]).all()

@@ -232,7 +232,7 @@ def test_analyze_general_on_ray_folds_on_the_workers_and_equals_local(cluster, t
     """`analyze general --ray --workers 2`: the maps analyses and Figure 1's keeper fold on the
     workers, gradient importance (debug:bert has a masked-LM head) runs in the driver over the
     token lists; results/general.json equals the single-process one, and no map came back
-    (the driver's extractor never ran a batch nor asked the engine for one)."""
+    (the driver's extractor never ran a batch nor asked the workers for maps)."""
     from attnscope.cli.main import main
     from attnscope.extract.runner import Extractor
     from attnscope.families import general
@@ -250,8 +250,8 @@ def test_analyze_general_on_ray_folds_on_the_workers_and_equals_local(cluster, t
 
     monkeypatch.setattr(general, "write_general", write_general)
     assert main(["analyze", "general", *common, "-o", str(tmp_path / "local")]) == 0
-    calls = {"take": 0, "run_batch": 0, "fold": 0}
-    real_take, real_run, real_fold = ray_mod._RemotePlan.take, Extractor.run_batch, ray_mod.RayBatchRunner.fold
+    calls = {"maps": 0, "run_batch": 0, "fold": 0}
+    real_maps, real_run, real_fold = ray_mod.RayBatchRunner.maps, Extractor.run_batch, ray_mod.RayBatchRunner.fold
     monkeypatch.setattr(ray_mod, "UNIT_EXAMPLES", 8)  # 5 units of 2 batches: merged in unit order
 
     def count(name, fn):
@@ -269,11 +269,11 @@ def test_analyze_general_on_ray_folds_on_the_workers_and_equals_local(cluster, t
             on_unit(batches)
         return real_fold(self, extractor, examples, analyses, on_unit=each, **kw)
 
-    monkeypatch.setattr(ray_mod._RemotePlan, "take", count("take", real_take))
+    monkeypatch.setattr(ray_mod.RayBatchRunner, "maps", count("maps", real_maps))
     monkeypatch.setattr(Extractor, "run_batch", count("run_batch", real_run))
     monkeypatch.setattr(ray_mod.RayBatchRunner, "fold", fold)
     assert main(["analyze", "general", *common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"]) == 0
-    assert calls == {"take": 0, "run_batch": 0, "fold": 1, "units": 5,
+    assert calls == {"maps": 0, "run_batch": 0, "fold": 1, "units": 5,
                      "on the workers": ["relative-position", "special-tokens", "entropy",
                                         "head-distances", "figure-1-example"]}
     a, b = (json.loads((tmp_path / d / "results" / "general.json").read_text()) for d in ("local", "ray"))
@@ -309,15 +309,17 @@ def test_analyze_syntax_on_ray_scores_the_heads_on_the_workers(cluster, debug_be
     assert_same_result(_without_times(a), _without_times(b))
 
 
-def test_the_ray_engine_returns_the_maps_of_any_extractor_in_plan_order(cluster, debug_bert):
-    """Families that fold in the driver: the forward passes run on the workers and the maps come
-    back (``RayBatchRunner.take``), the same as a local run's."""
-    from attnscope.scale.ray import ray_batches
+def test_the_ray_executor_returns_the_maps_of_any_extractor_in_plan_order(cluster, debug_bert):
+    """Maps that come back (a store written under --ray): the forward passes run on the workers
+    and the maps come back in plan order (``RayExecutor.batches``), the same as a local run's."""
+    from attnscope.executor import executor
+    from attnscope.extract.runner import Extractor
 
     exs, opts = corpus(20, seed=4), ExtractOptions(batch_size=3)
     local = [m for b in extract(exs, debug_bert, options=opts) for m in b]
-    with ray_batches(2):
-        remote = [m for b in extract(exs, debug_bert, options=opts) for m in b]
+    with executor(ray=True, workers=2) as ex:
+        assert ex.name == "ray"
+        remote = [m for _, b in ex.batches(Extractor(debug_bert, opts), exs) for m in b]
     assert [m.index for m in remote] == [m.index for m in local]
     for x, y in zip(local, remote):
         np.testing.assert_array_equal(x.attn, y.attn)
@@ -407,7 +409,7 @@ def test_a_killed_worker_still_ends_in_the_same_store_and_results(cluster, debug
 
 @pytest.mark.slow
 def test_a_killed_driver_leaves_a_store_that_resume_completes_identically(cluster, debug_bert, tmp_path):
-    from attnscope.families.base import open_input_store
+    from attnscope.data.sources import open_input_store
     from attnscope.scale.ray import extract_on_ray
 
     exs = corpus(600, seed=7, longest=60)

@@ -100,7 +100,7 @@ def _stand_in(base, fn):
     class StandIn(base):
         def run(self, prepared, options, ctx):
             data = prepared.data
-            examples = data["source"] if "source" in data else data["dev"]
+            examples = data["source"].data if "source" in data else data["dev"]
             return fn(examples, ctx.model, ctx.out_dir, progress=ctx.progress, seed=ctx.seed,
                       max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size, save_maps=ctx.save_maps)
 
@@ -172,6 +172,16 @@ def test_every_promised_file_and_provenance(tmp_path, fake, inputs, debug_bert):
         assert f'id="{anchor}"' in html
     assert html.count('class="head-view"') == 2
     assert debug_bert.weights_hash in html
+    # every family's input has its own rows (data), so none shows among the arguments, given or
+    # not (the report once listed only the paper's four and printed patterns=default, ...)
+    from attnscope.families import load_families
+    from attnscope.report.html import _provenance_rows
+
+    shown = next(r["value"] for r in _provenance_rows(prov) if r["name"] == "arguments")
+    names = [inp.name for fam in load_families() for inp in fam.inputs]
+    assert {"patterns", "attribution", "documents"} <= set(names)
+    keys = {part.split("=", 1)[0] for part in shown.split(", ") if "=" in part}
+    assert "seed" in keys and not keys & set(names), shown
     assert json.loads((out / "run" / "state.json").read_text())["status"] == "complete"
 
 

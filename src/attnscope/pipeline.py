@@ -33,8 +33,9 @@ from typing import Any
 
 from attnscope.data.io import file_fingerprint, to_plain
 from attnscope.errors import AttnscopeError, InputError
+from attnscope.executor import executor
 from attnscope.families import Context, Family, Prepared, check_options, load_families
-from attnscope.report.results import read_json, write_json
+from attnscope.report.results import ResultsFolder, read_json, write_json
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.scale import check_ray
 
@@ -313,19 +314,6 @@ def _take_out_dir(out_dir: Path, old: dict | None, run_fp: str, *, overwrite: bo
     return old
 
 
-@contextmanager
-def engine(ray: bool = False, workers: int = 1):
-    """With ``ray``, every family's forward passes run on ``workers`` Ray workers for the
-    duration of the block (:func:`attnscope.scale.ray.ray_batches`); the results are the same."""
-    if not ray:
-        yield
-        return
-    from attnscope.scale.ray import ray_batches
-
-    with ray_batches(workers):
-        yield
-
-
 def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False,
                  overwrite: bool = False, progress: Progress | None = None,
                  command: str | None = None, model=None, ray: bool = False,
@@ -390,7 +378,8 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                            "weights": model_info["weights_sha256"],
                            "model": {k: v for k, v in model_info.items() if k != "device"}})
     old_state = _take_out_dir(out_dir, old_run, run_fp, overwrite=overwrite)
-    with refused_writes(out_dir), engine(ray, workers):
+    with refused_writes(out_dir), executor(ray, workers) as ex:
+        base = dataclasses.replace(base, executor=ex)
         (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
         state = {"fingerprint": run_fp, "status": "running", "started": started,
                  "arguments": arguments}
@@ -433,7 +422,8 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
             "model": model_info, "data": files, "counts": counts,
             "seeds": {"run": cfg.seed, "model loading (torch)": cfg.seed, "sentence pairs (A/B split)": cfg.seed,
                       "analyses (bootstrap, probes, MDS)": cfg.seed},
-            "arguments": arguments, "versions": versions(), "command": command,
+            "arguments": arguments, "inputs": sorted(cfg.inputs), "versions": versions(),
+            "command": command,
             "started": started, "elapsed_s": round(elapsed, 3),
             "family_times_s": {k: round(v, 3) for k, v in times.items()},
             # With --resume, elapsed_s is this invocation only; the families' own times come
@@ -507,41 +497,32 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                   batch_size=batch_size, progress=progress,
                   save_maps=Path(save_maps) if save_maps is not None else None)
     prepared = fam.prepare(inputs, opts, ctx)
-    with refused_writes(Path(out_dir)), engine(ray, workers):
-        return fam.run(prepared, opts, ctx)
+    with refused_writes(Path(out_dir)), executor(ray, workers) as ex:
+        return fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
 
 
 def _collect_results(out_dir: Path) -> dict[str, Any]:
-    """Every ``results/*.json`` the families wrote, by file stem."""
-    out = {}
-    folder = out_dir / "results"
-    if folder.is_dir():
-        for p in sorted(folder.glob("*.json")):
-            d = read_json(p)
-            if d is not None:
-                out[p.stem] = d
-    return out
+    """Every family's results in ``out_dir``, by key (:class:`~attnscope.report.results.ResultsFolder`)."""
+    return {key: d for key, _, d in ResultsFolder(out_dir).items()}
 
 
 # ---------------------------------------------------------------------------------------------
 # The demo: the packaged model on the small sample that ships inside the package
 
-DEMO_FILES = {"text": "text.txt", "deps": "deps-dev.conllu", "deps_train": "deps-train.conllu",
-              "coref": "coref.conllu"}
-
-
 def demo_inputs() -> dict[str, Path]:
-    """Paths of the demo sample (written for attnscope, see ``demo_data/README.md``)."""
+    """The packaged sample of every input of the demo's families (those with ``Family.demo``),
+    by input name (written for attnscope, see ``demo_data/README.md``)."""
     from importlib.resources import files
 
     root = Path(str(files("attnscope") / "demo_data"))
-    return {k: root / v for k, v in DEMO_FILES.items()}
+    return {inp.name: root / inp.sample for fam in load_families() if fam.demo
+            for inp in fam.inputs if inp.sample}
 
 
 def demo_config(model: str = "default", seed: int = 0) -> RunConfig:
-    paths = demo_inputs()
-    return RunConfig(model=model, text=paths["text"], deps=paths["deps"], deps_train=paths["deps_train"],
-                     coref=[paths["coref"]], seed=seed)
+    multiple = {inp.name for fam in load_families() for inp in fam.inputs if inp.multiple}
+    return RunConfig(model=model, seed=seed, **{name: [p] if name in multiple else p
+                                               for name, p in demo_inputs().items()})
 
 
 def run_demo(out_dir: str | Path, *, model: str = "default", resume: bool = False,

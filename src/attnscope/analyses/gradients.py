@@ -25,10 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import MapsAnalysis, Result, register
+from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.errors import ModelError
-from attnscope.maps import AttentionBatch
 
 #: Key classes of Figure 3 (the first special token is kept apart, not hidden in "other").
 GRAD_CLASSES = ("separator", "punct", "first", "other")
@@ -191,7 +190,7 @@ def attention_gradients(scorer: MlmScorer, inputs: list[MaskedInput]) -> list[np
 
 
 @register
-class GradientImportance(MapsAnalysis):
+class GradientImportance(EncodedAnalysis):
     """Per layer (and head): mean |dL/d attention| to separators, punctuation, first, other."""
 
     name = "gradient-importance"
@@ -220,23 +219,16 @@ class GradientImportance(MapsAnalysis):
                 "token_classes": self.classer.params(), "loss": "mean masked-token cross-entropy per example",
                 "average": "pooled over heads' (row, key) entries of each class"}
 
-    def _inputs(self, batch: AttentionBatch) -> list[MaskedInput]:
-        from attnscope.extract.encode import Encoder
-
+    def _inputs(self, batch: list) -> list[MaskedInput]:
+        """Masked inputs of a batch of encoded examples (the model's own tokens, also for
+        word-level maps); examples longer than the model's positions are counted, not run."""
         out = []
-        encoder = None
-        for m in batch:
-            if m.level == "token":
-                tokens, special, segment = m.tokens, m.special, m.segment
-            else:  # a word-level map: encode its example again to get the model's tokens
-                encoder = encoder or Encoder(self.scorer.lm)
-                enc = encoder.encode(m.example, m.index)
-                if len(enc) > self.scorer.lm.max_positions:
-                    self.skipped_word_level += 1
-                    continue
-                tokens, special, segment = enc.tokens, np.asarray(enc.special), np.asarray(enc.segment)
-            out.append(prepare_masked(self.scorer.lm, tokens, special, segment, m.index,
-                                      self.seed, self.mask_prob))
+        for e in batch:
+            if len(e) > self.scorer.lm.max_positions:
+                self.skipped_word_level += 1
+                continue
+            out.append(prepare_masked(self.scorer.lm, e.tokens, np.asarray(e.special, dtype=bool),
+                                      np.asarray(e.segment), e.index, self.seed, self.mask_prob))
         return out
 
     def add_gradients(self, x: MaskedInput, grad: np.ndarray) -> None:
@@ -253,7 +245,7 @@ class GradientImportance(MapsAnalysis):
         self.examples += 1
         self.masked_tokens += int(x.masked.size)
 
-    def update(self, batch: AttentionBatch) -> None:
+    def update(self, batch: list) -> None:
         inputs = self._inputs(batch)
         for i in range(0, len(inputs), self.batch_size):
             chunk = inputs[i:i + self.batch_size]

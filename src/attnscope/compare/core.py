@@ -29,14 +29,6 @@ from attnscope.errors import AttnscopeError
 
 Progress = Callable[[str, int, "int | None"], None]
 
-#: Tables of a run folder that are set side by side: file stem -> (key column, value columns)
-RUN_TABLES = {
-    "table1_syntax": ("relation", ("head", "accuracy", "offset_accuracy")),
-    "table2_coref": ("model", ("all", "pronoun", "proper", "nominal")),
-    "table3_probes": ("model", ("uas",)),
-}
-
-
 @dataclass
 class Comparison:
     """Everything compared. Heads are 0-indexed; flat head indices are layer-major."""
@@ -52,6 +44,7 @@ class Comparison:
     params: dict[str, Any]
     rows: int = 0  # rows (units) over which distances were averaged
     run_tables: dict[str, list[dict]] = field(default_factory=dict)
+    run_captions: dict[str, str] = field(default_factory=dict)  # caption of each run table
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -146,21 +139,32 @@ def compute(a: Side, b: Side, pairing: Pairing, *, n_boot: int = 1000, seed: int
               "maps": {"A": str(a.store.path), "B": str(b.store.path)}}
     return Comparison(a=a, b=b, pairing=pairing, stats=stats, distances=distances,
                       matching=match_heads(distances), shape_a=shape_a, shape_b=shape_b,
-                      params=params, rows=cross.rows, run_tables=_run_tables(a, b), notes=notes)
+                      params=params, rows=cross.rows, run_tables=_run_tables(a, b), notes=notes,
+                      run_captions={t.name: t.caption for t in _compare_tables()})
+
+
+def _compare_tables() -> list:
+    """Every registered family's :class:`~attnscope.families.base.CompareTable`, with its key."""
+    from attnscope.families import load_families
+
+    return [t for fam in load_families() for t in fam.compare_tables]
 
 
 def _run_tables(a: Side, b: Side) -> dict[str, list[dict]]:
-    """Tables 1, 2 and 3 of two run folders in one table each, with the change (B - A)."""
-    from attnscope.report.results import read_json
+    """The tables the families declare for comparison (Tables 1, 2 and 3), of two run folders, in
+    one table each with the change (B - A); read through each run's results folder."""
+    from attnscope.families import load_families
+    from attnscope.report.results import ResultsFolder
 
     out: dict[str, list[dict]] = {}
     if a.run_dir is None or b.run_dir is None:
         return out
-    for stem, (key, values) in RUN_TABLES.items():
-        ra = read_json(a.run_dir / "tables" / f"{stem}.json")
-        rb = read_json(b.run_dir / "tables" / f"{stem}.json")
-        if isinstance(ra, list) and isinstance(rb, list):
-            out[stem] = combine_rows(ra, rb, key, values, selection="paper")
+    ra, rb = ResultsFolder(a.run_dir), ResultsFolder(b.run_dir)
+    for fam in load_families():
+        ta, tb = ((r.get(fam.key) or {}).get("tables") or {} for r in (ra, rb))
+        for t in fam.compare_tables:
+            if isinstance(ta.get(t.table), list) and isinstance(tb.get(t.table), list):
+                out[t.name] = combine_rows(ta[t.table], tb[t.table], t.key, t.values, selection=t.selection)
     return out
 
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -21,30 +19,6 @@ from attnscope.extract.encode import Encoded, Encoder, word_units
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.maps import AttentionBatch, AttentionMap
 from attnscope.models.loading import LoadedModel, load_model
-
-#: Where planned batches run when not in this process: set only inside ``with batch_engine(...)``
-#: (``attnscope.scale.ray.ray_batches``, behind ``--ray``); None: here.
-_ENGINE: ContextVar[Any] = ContextVar("attnscope_batch_engine", default=None)
-
-
-@contextmanager
-def batch_engine(engine: Any):
-    """Within the block, every :class:`Extractor` hands its planned batches to ``engine``
-    (``engine.attach(extractor, planned)`` returns an object whose ``take(batch)`` gives the
-    batch's :class:`AttentionBatch`, or None to run it here). Callers need no change."""
-    token = _ENGINE.set(engine)
-    try:
-        yield engine
-    finally:
-        _ENGINE.reset(token)
-
-
-def active_batch_engine() -> Any:
-    """The engine installed with :func:`batch_engine` around this call, or None (batches run
-    here). An engine with a ``fold(extractor, examples, analyses, progress=...)`` method can also
-    fold maps analyses where the maps are made (``RayBatchRunner.fold``), so the maps never come
-    back; families that can use it check for it."""
-    return _ENGINE.get()
 
 
 @dataclass
@@ -94,7 +68,6 @@ class Extractor:
         if self.options.from_word not in ("mean", "first"):
             raise AttnscopeError(f"--from-word must be 'mean' or 'first', not {self.options.from_word!r}")
         self.encoder = Encoder(self.lm, self.options.casing, warn=self.stats.warnings.append)
-        self._remote: Any = None  # the engine's handle on the current plan (batch_engine)
 
     # -- planning -------------------------------------------------------------------------
     def encode_all(self, examples: Iterable[Example]) -> Iterator[Encoded]:
@@ -112,16 +85,8 @@ class Extractor:
             yield enc
 
     def plan(self, examples: Iterable[Example]) -> Iterator[list[Encoded]]:
-        """Batches of encoded examples, similar lengths together, in a deterministic order."""
-        engine = _ENGINE.get()
-        if engine is None:
-            yield from self._plan(examples)
-            return
-        planned = list(self._plan(examples))  # the engine runs ahead of the caller
-        self._remote = engine.attach(self, planned)
-        yield from planned
-
-    def _plan(self, examples: Iterable[Example]) -> Iterator[list[Encoded]]:
+        """Batches of encoded examples, similar lengths together, in a deterministic order
+        (the same on every executor: plan position ``p`` is the same example everywhere)."""
         window: list[Encoded] = []
         for enc in self.encode_all(examples):
             window.append(enc)
@@ -143,12 +108,6 @@ class Extractor:
 
         ``hooks``: more of the forward helper's hook points to call during the same pass
         (:func:`attnscope.models.forward.forward`), e.g. ``{"k": ...}`` for key vectors."""
-        if hooks is None and self._remote is not None:
-            remote = self._remote.take(batch)
-            if remote is not None:
-                self.stats.tokens += sum(len(e) for e in batch)
-                self.stats.examples_out += len(batch)
-                return remote
         from attnscope.models.forward import forward, pad_batch
 
         inputs = pad_batch(self.lm, [e.input_ids for e in batch], [e.token_type_ids for e in batch])
@@ -165,6 +124,12 @@ class Extractor:
             self.stats.tokens += n
             self.stats.examples_out += 1
         return AttentionBatch(items)
+
+    def count(self, batch: list[Encoded]) -> None:
+        """Count a planned batch whose maps were made elsewhere (another executor's workers, or
+        shards already on disk) as :meth:`run_batch` counts it."""
+        self.stats.tokens += sum(len(e) for e in batch)
+        self.stats.examples_out += len(batch)
 
     def _to_map(self, e: Encoded, attn: np.ndarray) -> AttentionMap:
         special = np.asarray(e.special, dtype=bool)

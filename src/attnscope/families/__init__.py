@@ -11,6 +11,7 @@ import pkgutil
 
 from attnscope.families.base import (
     FAMILIES,
+    CompareTable,
     Context,
     Family,
     Input,
@@ -21,7 +22,7 @@ from attnscope.families.base import (
     register_family,
 )
 
-__all__ = ["FAMILIES", "Context", "Family", "Input", "NoOptions", "Prepared", "check_options",
+__all__ = ["FAMILIES", "CompareTable", "Context", "Family", "Input", "NoOptions", "Prepared", "check_options",
            "load_families", "option", "register_family"]
 
 

@@ -191,9 +191,16 @@ class Attribution(Family):
     Options = AttributionOptions
     default_model = "default"
     order = 60
+    demo = False  # beyond the paper; the demo reproduces the paper's analyses
 
     def wants_mlm_head(self, options: AttributionOptions) -> bool:
         return True
+
+    def view(self, results: dict, source: str, problems: list[str]) -> dict:
+        """One example's maps by every method that ran, side by side."""
+        from attnscope.viz.results import attribution_payload
+
+        return {"attribution": attribution_payload(results, source, problems)}
 
     def prepare(self, inputs, options: AttributionOptions, ctx: Context) -> Prepared:
         from attnscope.data.io import read_examples

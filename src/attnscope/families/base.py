@@ -45,10 +45,17 @@ class Input:
     name: str
     help: str
     multiple: bool = False  # several files (e.g. --coref a.conllu --coref b.conllu)
-    store: bool = False  # may also be a store folder written by ``attnscope extract``
+    #: what :func:`attnscope.data.sources.read_source` accepts for it (``store``,
+    #: ``examples``, ``trees``, ``text``); empty: the family reads it with a reader of its own
+    kinds: tuple[str, ...] = ()
     argument: str | None = None  # name of the positional argument in ``attnscope analyze``
     sample: str | None = None  # a small valid input in attnscope/demo_data (the contract test runs it)
     analyze_flag: str | None = None  # flag in ``attnscope analyze`` when it differs from ``flag``
+
+    @property
+    def store(self) -> bool:
+        """Whether a store folder written by ``attnscope extract`` is accepted."""
+        return "store" in self.kinds
 
     @property
     def flag(self) -> str:
@@ -59,6 +66,20 @@ class Input:
         if value is None:
             return []
         return [Path(p) for p in value] if self.multiple else [Path(value)]
+
+
+@dataclass(frozen=True)
+class CompareTable:
+    """A table of a family's results that ``attnscope compare`` sets side by side for two runs:
+    ``table`` of ``results/<key>.json``, one row per ``key`` value, with each of ``values`` from
+    both runs and the change (B - A), shown as ``name`` with ``caption``."""
+
+    name: str
+    table: str
+    key: str
+    values: tuple[str, ...]
+    caption: str
+    selection: str | None = "paper"  # rows with a ``selection`` column keep only this one
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, flag: str | None = None,
@@ -93,7 +114,9 @@ def check_options(options: Any) -> None:
 class Context:
     """What every family gets from the job: the loaded model (None when a family runs on a store
     alone), the output folder (``tables/``, ``figures/``, ``results/`` go under it), the shared
-    settings, and a ``progress(step, done, total)`` callback."""
+    settings, a ``progress(step, done, total)`` callback, and the executor that runs its passes
+    (:mod:`attnscope.executor`: here, or on Ray workers). A family runs its analyses through
+    :meth:`run_pass` and :meth:`stream`, never in a loop of its own."""
 
     model: Any
     out_dir: Path
@@ -102,10 +125,44 @@ class Context:
     batch_size: int = 16
     progress: Progress | None = None
     save_maps: Path | None = None  # keep the family's maps in a store under this folder
+    executor: Any = None  # attnscope.executor.LocalExecutor (None: local) or RayExecutor
 
     def step(self, name: str, done: int, total: int | None) -> None:
         if self.progress is not None:
             self.progress(name, done, total)
+
+    def extract_options(self, **overrides: Any):
+        """The job's :class:`~attnscope.extract.runner.ExtractOptions` (maximum length, batch
+        size, seed), with ``overrides`` (e.g. ``word_level=True``)."""
+        from attnscope.extract.runner import ExtractOptions
+
+        return ExtractOptions(max_seq_len=self.max_seq_len, batch_size=self.batch_size, seed=self.seed,
+                              **overrides)
+
+    def run_pass(self, source: Any, analyses: list, *, step: str, **overrides: Any):
+        """Feed ``analyses`` once from ``source`` (examples, run through the model with the job's
+        options and ``overrides``, or a store) on the job's executor; returns a
+        :class:`~attnscope.executor.PassOutcome` (:func:`attnscope.executor.run_pass`)."""
+        from attnscope.executor import run_pass
+
+        return run_pass(source, analyses, model=self.model, options=self.extract_options(**overrides),
+                        executor=self.executor, step=step, progress=self.progress)
+
+    def stream(self, sequences, stats, *, step: str, here: bool = False, **kwargs: Any) -> int:
+        """Fold the streaming statistics of token id ``sequences`` into ``stats`` (no ``[n n]``
+        maps) on the job's executor, with progress under ``step``; ``here``: in this process
+        whatever the executor (e.g. under autocast). Returns how many workers ran it (0: here)."""
+        from attnscope.executor import LocalExecutor
+
+        done = 0
+
+        def progress(k: int) -> None:
+            nonlocal done
+            done += k
+            self.step(step, done, len(sequences))
+
+        ex = LocalExecutor() if here or self.executor is None else self.executor
+        return ex.stream(self.model, sequences, stats, progress=progress, **kwargs)
 
 
 @dataclass
@@ -129,6 +186,8 @@ class Family(ABC):
     default_model: ClassVar[str | None] = None  # ``analyze`` without --model on files: load this
     saves_maps: ClassVar[bool] = False  # honours Context.save_maps (``--save-maps``)
     order: ClassVar[int] = 100  # position in the report and in ``attnscope run``
+    demo: ClassVar[bool] = True  # ``attnscope demo`` runs it on its inputs' packaged samples
+    compare_tables: ClassVar[tuple[CompareTable, ...]] = ()  # set side by side by ``compare``
 
     @abstractmethod
     def prepare(self, inputs: dict[str, Any], options: Any, ctx: Context) -> Prepared:
@@ -141,6 +200,15 @@ class Family(ABC):
         """Run the analyses and write tables, figures and ``results/<key>.json`` under
         ``ctx.out_dir``; return the report's :class:`~attnscope.report.section.Section`."""
 
+    def view(self, results: dict, source: str, problems: list[str]) -> dict:
+        """The panels of the results viewer that this family's ``results`` (its results file,
+        named ``source``) fill: any of ``profiles`` (a list of
+        :func:`~attnscope.viz.results.profiles_from_result` items), ``sinks`` (a list of
+        :func:`~attnscope.viz.results.sink_heatmap` items) and ``attribution`` (an
+        :func:`~attnscope.viz.results.attribution_payload`); malformed parts are named in
+        ``problems``. None by default."""
+        return {}
+
     def unavailable(self) -> str | None:
         """Why this family cannot run in this installation (a missing optional extra), or None."""
         return None
@@ -152,22 +220,6 @@ class Family(ABC):
     def fingerprint(self, options: Any) -> dict[str, Any]:
         """What decides this family's numbers besides the data and the model (for --resume)."""
         return dataclasses.asdict(options)
-
-
-def open_input_store(path: Path):
-    """A store folder given as a family's input: refused, naming the folder, when it is not a
-    store or its extraction did not finish (analyses of part of a corpus would look whole)."""
-    from attnscope.errors import InputError
-    from attnscope.store import open_store
-    from attnscope.store.format import MANIFEST
-
-    if not (Path(path) / MANIFEST).is_file():
-        raise InputError(path, "is a folder but not an attnscope store (no manifest.json)")
-    store = open_store(path)
-    if not store.complete:
-        raise InputError(path, "is an unfinished store (its extraction was interrupted); finish it "
-                               "with 'attnscope extract ... --resume' first")
-    return store
 
 
 FAMILIES: dict[str, type[Family]] = {}

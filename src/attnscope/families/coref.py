@@ -22,7 +22,15 @@ from attnscope.analyses.units import TIE_RULES
 from attnscope.data.coref import MENTION_TYPES, Document, read_coref
 from attnscope.data.records import HeadId
 from attnscope.errors import InputError
-from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
+from attnscope.families.base import (
+    CompareTable,
+    Context,
+    Family,
+    Input,
+    Prepared,
+    option,
+    register_family,
+)
 from attnscope.report.coref import (
     PAPER_BEST_HEAD,
     PAPER_TABLE2,
@@ -35,6 +43,7 @@ from attnscope.report.coref import (
     table2_display,
     write_table2,
 )
+from attnscope.report.results import write_results
 from attnscope.report.section import FigureArtifact, Section, TableArtifact, small_sample_caution
 
 WINDOW_MODES = ("truncate", "sliding")
@@ -44,16 +53,19 @@ def run_coref(paths: list[Path], model, out_dir: Path, *, window: str = "truncat
               max_seq_len: int = 128, batch_size: int = 16, seed: int = 0,
               progress: Progress | None = None, candidates: str = "mentions", n_boot: int = 1000,
               top_k: int = 3, n_examples: int = 3,
-              documents: Sequence[Document] | None = None, ties: str = "none") -> Section:
+              documents: Sequence[Document] | None = None, ties: str = "none",
+              executor=None) -> Section:
     """Coreference antecedent selection (paper section 4.3, Table 2), end to end.
 
     ``paths``: CorefUD CoNLL-U or CoNLL-2012 files, read as one corpus (``documents`` may be
     given instead, already read). ``model``: a loaded model. ``window``: ``"truncate"`` (the
     paper: each document's first ``max_seq_len`` tokens) or ``"sliding"``. Writes Table 2,
     the per-head table, the heatmap, the examples figure and ``results/coref.json``.
+    ``executor``: where the forward passes run (:mod:`attnscope.executor`; default here).
     """
     from attnscope.errors import AttnscopeError
-    from attnscope.extract.runner import ExtractOptions, ExtractStats, extract
+    from attnscope.executor import run_pass
+    from attnscope.extract.runner import ExtractOptions
 
     out_dir = Path(out_dir)
     docs: list[Document] = list(documents) if documents is not None else []
@@ -67,14 +79,10 @@ def run_coref(paths: list[Path], model, out_dir: Path, *, window: str = "truncat
     examples, wstats = coref_windows(docs, model, mode=window, max_seq_len=max_seq_len)
     analysis = CorefAntecedents(candidates, seed=seed, n_boot=n_boot, top_k=top_k, ties=ties)
     opts = ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, word_level=True, seed=seed)
-    xstats = ExtractStats()
-    done = 0
-    for batch in extract(examples, model, options=opts, stats=xstats):
-        analysis.update(batch)
-        done += len(batch)
-        if progress:
-            progress("extract", done, len(examples))
-    result = analysis.finalize()
+    out = run_pass(examples, [analysis], model=model, options=opts, executor=executor, step="extract",
+                   progress=progress)
+    xstats = out.stats
+    result = out.results[analysis.name]
     note = _window_note(wstats, candidates)
     result.meta.update({"windows": wstats.as_dict(), "model": model.describe(),
                         "sources": [str(p) for p in paths], "window_note": note,
@@ -171,7 +179,7 @@ def run_coref(paths: list[Path], model, out_dir: Path, *, window: str = "truncat
         section.findings.append(f"{len(xstats.skipped)} windows were longer than {max_seq_len} tokens "
                                 f"and skipped")
     section.methods = _methods(candidates, ties)
-    result.save(out_dir / "results" / "coref.json")
+    write_results(out_dir, "coref", result)
     return section
 
 
@@ -254,6 +262,9 @@ class Coref(Family):
     Options = CorefOptions
     default_model = "default"
     order = 30
+    compare_tables = (CompareTable("table2_coref", "table2", "model", ("all", "pronoun", "proper", "nominal"),
+                                   "Table 2 of both models: antecedent selection accuracy, with the "
+                                   "change."),)
 
     def prepare(self, inputs, options: CorefOptions, ctx: Context) -> Prepared:
         paths = [Path(p) for p in inputs["coref"]]
@@ -272,4 +283,5 @@ class Coref(Family):
         return run_coref(prepared.data["paths"], ctx.model, ctx.out_dir, window=options.window,
                          max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size, seed=ctx.seed,
                          progress=ctx.progress, candidates=options.candidates, n_boot=options.n_boot,
-                         documents=prepared.data["documents"], ties=options.coref_ties)
+                         documents=prepared.data["documents"], ties=options.coref_ties,
+                         executor=ctx.executor)

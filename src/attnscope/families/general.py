@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,23 +28,23 @@ from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.streaming import ENGINES
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import Example
-from attnscope.data.unlabeled import DEFAULT_UNK_MARKER, PACKINGS, UnlabeledStats
+from attnscope.data.sources import read_source
+from attnscope.data.unlabeled import PACKINGS, UnlabeledStats
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import (
     Context,
     Family,
     Input,
     Prepared,
-    open_input_store,
     option,
     register_family,
 )
-from attnscope.maps import AttentionBatch, AttentionMap
 from attnscope.report.general import (
     Progress,
     write_general,
 )
 from attnscope.report.section import Section
+from attnscope.store import Store
 
 GRADIENT_MODES = ("auto", "off", "on", "fit-head")
 
@@ -57,60 +56,6 @@ def general_analyses(*, classer: TokenClasser, causal: bool, scorer: MlmScorer |
     if scorer is not None:
         out.append(GradientImportance(scorer, seed=seed, classer=classer, batch_size=grad_batch_size))
     return out
-
-
-def _batches_from(source, model, options, stats) -> Iterator[AttentionBatch]:
-    from attnscope.extract.runner import Extractor
-
-    if hasattr(source, "batches"):
-        yield from source.batches()
-        return
-    extractor = Extractor(model, options, stats)
-    for planned in extractor.plan(source):
-        yield extractor.run_batch(planned)
-
-
-def _tokens_only(e) -> AttentionMap:
-    """An encoded example as a token-level map without its attention (``attn`` of size 0): all
-    that gradient importance reads from a map (it runs the model itself)."""
-    n = len(e)
-    return AttentionMap(e.index, np.zeros((0, 0, n, n), dtype=np.float32), list(e.tokens),
-                        np.asarray(e.special, dtype=bool), np.asarray(e.segment, dtype=np.int64),
-                        np.asarray(e.word_ids, dtype=np.int64), "token", e.example)
-
-
-def _fold_on_workers(engine, source: list, model, options, stats, analyses: list, keeper: Figure1Example,
-                     progress: Progress, timings: dict) -> int:
-    """``--ray``: the maps analyses and the Figure 1 keeper fold on the workers and are merged
-    here (``engine.fold``); no map comes back but Figure 1's candidates. What needs this
-    process's model with gradients (gradient importance) runs here, unit by unit in plan order
-    as the workers finish them, batch by batch as a local run, from the token lists alone.
-    Returns the number of examples analysed."""
-    from attnscope.extract.runner import Extractor
-
-    here = [a for a in analyses if "model" in a.requires]
-    there = [a for a in analyses if a not in here]
-    total = len(source)
-    done = 0
-
-    def on_unit(batches: list[list]) -> None:
-        nonlocal done
-        for planned in batches:
-            batch = AttentionBatch([_tokens_only(e) for e in planned])
-            for a in here:
-                t = time.perf_counter()
-                a.update(batch)
-                timings[a.name] += time.perf_counter() - t
-            done += len(planned)
-            if progress is not None:
-                progress("general", done, total)
-
-    t0 = time.perf_counter()
-    engine.fold(Extractor(model, options, stats), source, [*there, keeper], on_unit=on_unit)
-    for a in there:  # timed together below: the wall time of the workers' part
-        timings.pop(a.name, None)
-    timings["maps analyses on the workers (wall)"] = time.perf_counter() - t0 - sum(timings[a.name] for a in here)
-    return done
 
 
 def _scorer_for(model, gradients: str, source, classer_examples, seed: int, notes: list[str],
@@ -157,7 +102,7 @@ def _token_inputs(source, model, max_seq_len: int, limit: int):
 
     def build():
         out = []
-        if hasattr(source, "batches"):
+        if isinstance(source, Store):
             for m in source:
                 if m.level == "token":
                     out.append((m.tokens, m.special, m.segment, m.index))
@@ -264,7 +209,8 @@ def streamed_general(encoded: list, model, classer: TokenClasser, *, seed: int =
 def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_seq_len: int = 128,
                 batch_size: int = 16, seed: int = 0, gradients: str = "auto", progress: Progress = None,
                 save_maps: Path | None = None, engine: str = "auto",
-                maps_budget_gb: float = 2.0, text: "UnlabeledStats | None" = None) -> Section:
+                maps_budget_gb: float = 2.0, text: "UnlabeledStats | None" = None,
+                executor=None) -> Section:
     """Run every general analysis over ``examples`` (or a store) and write their outputs.
 
     ``examples``: a list of :class:`Example` (the model is run, maps are never all held) or
@@ -275,101 +221,80 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
     statistics come from: "maps" (the attention maps, as the paper), "streaming" (computed
     inside attention without ``[n n]`` maps, :func:`streamed_general`; decoders only) or "auto"
     (streaming when one batch's maps would take more than ``maps_budget_gb``). ``text``: how
-    sentence-per-line text became the examples (recorded in the results and the findings). Writes
+    sentence-per-line text became the examples (recorded in the results and the findings).
+    ``executor``: where the forward passes run (:mod:`attnscope.executor`; default here). Writes
     ``out_dir/tables``, ``out_dir/figures`` and ``out_dir/results/general.json``.
     """
-    from attnscope.extract.runner import ExtractOptions, ExtractStats, active_batch_engine
-    from attnscope.models.loading import seed_everything
+    ctx = Context(model=model, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
+                  batch_size=batch_size, progress=progress, save_maps=save_maps, executor=executor)
+    options = GeneralOptions(gradients=gradients, general_engine=engine,
+                             general_maps_budget_gb=maps_budget_gb)
+    return _general(examples, options, ctx, text)
 
-    seed_everything(seed)
-    out_dir = Path(out_dir)
-    notes: list[str] = []
-    options = ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, seed=seed)
-    stats = ExtractStats()
-    source = examples
-    is_store = hasattr(source, "batches")
-    if engine not in ENGINES:
-        raise AttnscopeError(f"--general-engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+
+def _general(source, options: "GeneralOptions", ctx: Context, text=None) -> Section:
+    """The general family's job on ``source`` (examples or a store); see :func:`run_general`."""
+    from attnscope.models.loading import seed_everything
+    from attnscope.store import extract_to_store, open_store
+
+    seed_everything(ctx.seed)
+    model, engine, notes = ctx.model, options.general_engine, []
+    is_store = isinstance(source, Store)
     if is_store and engine == "streaming":
         raise AttnscopeError("--general-engine streaming needs --model and text: a store already "
                              "holds the maps")
     if not is_store:
         if model is None:
             raise AttnscopeError("run_general: examples need a model (or pass a store)")
-        source = list(examples)
+        source = list(source)
         if engine == "streaming" or (engine == "auto" and model.family.causal):  # encoders: maps only
-            pick_stats = ExtractStats()  # its own counts: the maps path encodes the examples again
-            chosen, line, encoded = _pick_engine(source, model, engine, max_seq_len, batch_size,
-                                                 maps_budget_gb, pick_stats, save_maps is not None)
+            chosen, line, encoded, stats = _pick_engine(source, model, engine, ctx, options,
+                                                        saving=ctx.save_maps is not None)
             if chosen == "streaming":
-                if progress is not None:  # one line on the console (a rich display shows it above its bars)
+                if ctx.progress is not None:  # one line on the console (a rich display shows it above its bars)
                     print(line, file=sys.stderr)
-                return _run_streaming(encoded, model, out_dir, line=line, max_seq_len=max_seq_len,
-                                      batch_size=batch_size, seed=seed, gradients=gradients,
-                                      progress=progress, stats=pick_stats, source=source,
+                return _run_streaming(encoded, ctx, options, line=line, stats=stats, source=source,
                                       text=text)
             notes.append(line)
-        if save_maps is not None:
-            from attnscope.store import extract_to_store, open_store
-
-            stats = extract_to_store(source, save_maps, model, options=options,
-                                     progress=(lambda d, t: progress("extract", d, len(source)))
-                                     if progress else None)
-            source = open_store(save_maps)
-            is_store = True
-            notes.append(f"maps saved to {save_maps}; the analyses read them back from there")
-    if is_store:
-        if source.level != "token":
-            notes.append("the store holds word-level maps: statistics are per word, not per token")
-        causal = bool(source.manifest["model"].get("causal", False))
-        model_desc = source.manifest["model"]
-        total = len(source)
-    else:
-        causal = bool(model.family.causal)
-        model_desc = model.describe()
-        total = len(source)
+        if ctx.save_maps is not None:
+            extract_to_store(source, ctx.save_maps, model, options=ctx.extract_options(),
+                             executor=ctx.executor,
+                             progress=lambda d, t: ctx.step("extract", d, len(source)))
+            source, is_store = open_store(ctx.save_maps), True
+            notes.append(f"maps saved to {ctx.save_maps}; the analyses read them back from there")
+    if is_store and source.level != "token":
+        notes.append("the store holds word-level maps: statistics are per word, not per token")
+    causal = bool(source.manifest["model"].get("causal", False)) if is_store else bool(model.family.causal)
     classer, note = TokenClasser.for_model(model)
     notes += [note] if note else []
-    scorer = _scorer_for(model, gradients, source, _token_inputs(source, model, max_seq_len, 512),
-                         seed, notes, progress, max_seq_len)
-    analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=seed)
+    scorer = _scorer_for(model, options.gradient_mode, source,
+                         _token_inputs(source, model, ctx.max_seq_len, 512), ctx.seed, notes,
+                         ctx.progress, ctx.max_seq_len)
     keeper = Figure1Example()
-    done = 0
-    timings = {a.name: 0.0 for a in analyses}
-    t0 = time.perf_counter()
-    engine = None if is_store else active_batch_engine()
-    if engine is not None and hasattr(engine, "fold"):  # --ray: the maps stay on the workers
-        done = _fold_on_workers(engine, source, model, options, stats, analyses, keeper, progress,
-                                timings)
-    else:
-        for batch in _batches_from(source, model, options, stats):
-            for a in analyses:
-                t = time.perf_counter()
-                a.update(batch)
-                timings[a.name] += time.perf_counter() - t
-            keeper.update(batch)
-            done += len(batch)
-            if progress is not None:
-                progress("general", done, total)
-    elapsed = time.perf_counter() - t0
-    if done == 0:
-        raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
-                             f"{max_seq_len})")
-    results = {a.name: a.finalize() for a in analyses}
-    if not is_store and stats.skipped:
-        notes.append(f"{len(stats.skipped)} examples longer than {max_seq_len} tokens were skipped")
-    return write_general(results, out_dir, model_desc=model_desc, example_map=keeper.best,
-                         notes=notes, seed=seed,
-                         run={"examples": done, "seconds": elapsed, "analysis_seconds": timings,
-                              "skipped": len(stats.skipped) if not is_store else 0,
-                              "max_seq_len": max_seq_len, "batch_size": batch_size,
-                              "gradients": gradients, "engine": "maps", **_text_run(text)})
+    analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=ctx.seed) + [keeper]
+    out = ctx.run_pass(source, analyses, step="general")
+    if out.skipped:
+        notes.append(f"{out.skipped} examples longer than {ctx.max_seq_len} tokens were skipped")
+    results = {a.name: out.results[a.name] for a in analyses if a is not keeper}
+    return write_general(results, ctx.out_dir, model_desc=source.manifest["model"] if is_store else model.describe(),
+                         example_map=keeper.best, notes=notes, seed=ctx.seed,
+                         run={"examples": out.analysed, "seconds": out.seconds,
+                              "analysis_seconds": {k: v for k, v in out.analysis_seconds.items()
+                                                   if k != keeper.name},
+                              "skipped": out.skipped, "max_seq_len": ctx.max_seq_len,
+                              "batch_size": ctx.batch_size, "gradients": options.gradient_mode,
+                              "engine": "maps", **_text_run(text)})
 
 
-def _pick_engine(source, model, engine: str, max_seq_len: int, batch_size: int, budget_gb: float,
-                 stats, saving: bool) -> tuple[str, str, list]:
-    """``(engine, one line saying which and why, encoded examples)`` for ``engine`` auto or streaming."""
+def _pick_engine(source, model, engine: str, ctx: Context, options: "GeneralOptions", *,
+                 saving: bool) -> tuple[str, str, list, Any]:
+    """``(engine, one line saying which and why, encoded examples, their extraction counts)``
+    for ``engine`` auto or streaming."""
     from attnscope.analyses.streaming import choose_engine, maps_bytes
+    from attnscope.extract.runner import ExtractStats
+
+    max_seq_len, batch_size, budget_gb = ctx.max_seq_len, ctx.batch_size, options.general_maps_budget_gb
+    stats = ExtractStats()  # its own counts: the maps path encodes the examples again
 
     if not model.family.decoder_llm and max_seq_len > model.max_positions:
         raise AttnscopeError(f"--max-seq-len {max_seq_len} is above the position limit of "
@@ -392,11 +317,13 @@ def _pick_engine(source, model, engine: str, max_seq_len: int, batch_size: int, 
     how = "forced" if engine == "streaming" else "chosen"
     what = ("statistics computed inside attention, no n x n maps" if chosen == "streaming"
             else "attention maps")
-    return chosen, f"Engine: {chosen} ({how}: {why}; {what}).", encoded
+    return chosen, f"Engine: {chosen} ({how}: {why}; {what}).", encoded, stats
 
 
-def _run_streaming(encoded: list, model, out_dir: Path, *, line: str, max_seq_len: int, batch_size: int,
-                   seed: int, gradients: str, progress: Progress, stats, source, text=None) -> Section:
+def _run_streaming(encoded: list, ctx: Context, options: "GeneralOptions", *, line: str, stats, source,
+                   text=None) -> Section:
+    model, max_seq_len, seed, progress = ctx.model, ctx.max_seq_len, ctx.seed, ctx.progress
+    gradients = options.gradient_mode
     if not encoded:
         raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
                              f"{max_seq_len})")
@@ -419,11 +346,11 @@ def _run_streaming(encoded: list, model, out_dir: Path, *, line: str, max_seq_le
                      "configured for; statistics beyond that length describe extrapolation.")
     if stats.skipped:
         notes.append(f"{len(stats.skipped)} examples longer than {max_seq_len} tokens were skipped")
-    return write_general(results, Path(out_dir), model_desc=model.describe(), example_map=None,
+    return write_general(results, ctx.out_dir, model_desc=model.describe(), example_map=None,
                          notes=notes, seed=seed,
                          run={"examples": len(encoded), "seconds": elapsed, "analysis_seconds": {},
                               "skipped": len(stats.skipped), "max_seq_len": max_seq_len,
-                              "batch_size": batch_size, "gradients": gradients, "engine": "streaming",
+                              "batch_size": ctx.batch_size, "gradients": gradients, "engine": "streaming",
                               "js_rows": STREAM_JS_ROWS, "skipped_outputs": skipped, **_text_run(text)})
 
 
@@ -462,25 +389,6 @@ class GeneralOptions:
         return "fit-head" if self.fit_mlm_head else self.gradients
 
 
-def read_general_input(path: Path, model, *, max_seq_len: int, seed: int,
-                       num_examples: int | None, packing: str = "bert", keep_unk: bool = False,
-                       stats=None):
-    """A store folder, examples JSON / JSON Lines, or sentence-per-line text (built into
-    ``[CLS] A [SEP] B [SEP]`` pairs with :func:`~attnscope.data.unlabeled.prepare_unlabeled`)."""
-    from attnscope.data.io import read_examples
-    from attnscope.data.unlabeled import prepare_unlabeled
-
-    if path.is_dir():
-        return open_input_store(path)
-    if model is None:
-        raise AttnscopeError(f"{path}: examples need --model (or give a store folder)")
-    if path.suffix.lower() in (".json", ".jsonl"):
-        return read_examples(path)
-    return prepare_unlabeled(path, model.tokenizer, max_seq_len=max_seq_len, seed=seed,
-                             num_examples=num_examples, packing=packing, stats=stats,
-                             unk_marker=None if keep_unk else DEFAULT_UNK_MARKER)
-
-
 @register_family
 class General(Family):
     key = "general"
@@ -488,7 +396,7 @@ class General(Family):
     help = "Relative position, special tokens, entropy, gradients, head distances and clusters."
     inputs = (Input("text", "Sentence-per-line text (blank lines between documents; built into "
                     "pairs), examples JSON / JSON Lines, or a store folder: the general analyses.",
-                    store=True, argument="input", sample="text.txt"),)
+                    kinds=("store", "examples", "text"), argument="input", sample="text.txt"),)
     Options = GeneralOptions
     saves_maps = True
     order = 10
@@ -497,18 +405,12 @@ class General(Family):
         return options.gradient_mode != "off"
 
     def prepare(self, inputs, options: GeneralOptions, ctx: Context) -> Prepared:
-        stats = UnlabeledStats()
-        source = read_general_input(Path(inputs["text"]), ctx.model, max_seq_len=ctx.max_seq_len,
-                                    seed=ctx.seed, num_examples=options.num_text_examples,
-                                    packing=options.packing, keep_unk=options.keep_unk, stats=stats)
-        return Prepared({"source": source, "text": stats if stats.examples else None},
-                        weight=len(source), counts={"text examples": len(source)})
+        source = read_source(inputs["text"], self.inputs[0].kinds, model=ctx.model,
+                             max_seq_len=ctx.max_seq_len, seed=ctx.seed,
+                             num_examples=options.num_text_examples, packing=options.packing,
+                             keep_unk=options.keep_unk, require_model=True)
+        return Prepared({"source": source}, weight=len(source), counts={"text examples": len(source)})
 
     def run(self, prepared: Prepared, options: GeneralOptions, ctx: Context) -> Section:
-        section = run_general(prepared.data["source"], ctx.model, ctx.out_dir,
-                              max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size, seed=ctx.seed,
-                              gradients=options.gradient_mode, progress=ctx.progress,
-                              save_maps=ctx.save_maps, engine=options.general_engine,
-                              maps_budget_gb=options.general_maps_budget_gb,
-                              text=prepared.data.get("text"))
-        return section
+        source = prepared.data["source"]
+        return _general(source.data, options, ctx, source.text if source.text and source.text.examples else None)

@@ -59,6 +59,15 @@ class LongContext(Family):
     Options = Options
     default_model = "smollm2"
     order = 70
+    demo = False  # beyond the paper; the demo reproduces the paper's analyses
+
+    def view(self, results: dict, source: str, problems: list[str]) -> dict:
+        """Distance and position profiles per head, and the sink-mass heatmap."""
+        from attnscope.viz.results import profiles_from_result, sink_heatmap
+
+        sink = sink_heatmap(results, source)
+        return {"profiles": profiles_from_result(results, source, problems),
+                "sinks": [sink] if sink is not None else []}
 
     def prepare(self, inputs: dict[str, Any], options: Options, ctx: Context) -> Prepared:
         from attnscope.data.unlabeled import prepare_documents
@@ -104,9 +113,7 @@ class LongContext(Family):
             induction_sequences,
             maps_bytes,
             maps_update,
-            stream_stats,
         )
-        from attnscope.extract.runner import active_batch_engine
         from attnscope.report.longctx import write_section
 
         lm = ctx.model
@@ -151,29 +158,19 @@ class LongContext(Family):
                                  sink_threshold=options.sink_threshold, causal=lm.family.causal)
         autocast = (torch.autocast(device_type=lm.model.device.type, dtype=torch.bfloat16)
                     if options.dtype == "bfloat16" else contextlib.nullcontext())
-        done = 0
-
-        def progress(k: int) -> None:
-            nonlocal done
-            done += k
-            ctx.step("longctx", done, len(seqs))
-
-        remote = active_batch_engine()  # --ray: the workers fold the statistics (float32, tokens)
-        on_ray = (engine == "streaming" and hasattr(remote, "stream") and not units
-                  and options.dtype == "float32")
+        here = options.dtype != "float32"  # autocast applies in this process only
         with autocast:
-            if on_ray:
-                remote.stream(lm, seqs, stats, chunk=options.chunk, batch_size=batch_size, targets=targets)
-                progress(len(seqs))
-            elif engine == "streaming":
-                stream_stats(lm, seqs, stats, chunk=options.chunk, batch_size=batch_size,
-                             targets=None if units else targets, progress=progress, units=units)
+            if engine == "streaming":
+                on_workers = ctx.stream(seqs, stats, step="longctx", chunk=options.chunk,
+                                        batch_size=batch_size, targets=None if units else targets,
+                                        units=units, here=here)
             else:
+                on_workers = 0
                 maps_update(lm, seqs, stats, batch_size=batch_size, targets=None if units else targets,
                             keep_all=False, units=units)
         res = stats.finalize()
         maps_gb = maps_bytes(lm, longest, batch_size) / 2 ** 30
-        res.meta.update({"engine": engine, "ray_workers": remote.workers if on_ray else 0,
+        res.meta.update({"engine": engine, "ray_workers": on_workers,
                          "dtype": options.dtype, "longest": longest,
                          "documents": len(docs),
                          "induction_sequences": 0 if options.word_level else options.induction,

@@ -13,11 +13,11 @@ collects the keys through the forward helper's ``"k"`` hook for
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
 from attnscope.analyses.patterns import KeyConcentration, PatternThresholds, VigPatterns
+from attnscope.data.sources import read_source
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.families.base import (
     Context,
@@ -25,20 +25,11 @@ from attnscope.families.base import (
     Input,
     Prepared,
     check_options,
-    open_input_store,
     option,
     register_family,
 )
 
 _D = PatternThresholds()
-
-
-def _looks_like_json(path: Path) -> bool:
-    if path.suffix.lower() in (".json", ".jsonl"):
-        return True
-    from attnscope.data.io import read_text
-
-    return read_text(path).lstrip()[:1] in ("[", "{")
 
 
 @register_family
@@ -47,9 +38,11 @@ class PatternsFamily(Family):
     title = "Vig's patterns"
     help = "Vig's attention patterns (repeats, word pieces, bag of words, delimiters) and key signatures per head."
     inputs = (Input("patterns", "Examples (JSON / JSON Lines), sentence-per-line text (made into "
-                                "A/B pairs), or a token-level store folder.", store=True,
+                                "A/B pairs), or a token-level store folder.",
+                    kinds=("store", "examples", "text"),
                     sample="text.txt"),)
     order = 40
+    demo = False  # beyond the paper; the demo reproduces the paper's analyses
     default_model = "default"  # for files; a store alone gives everything but the key signature
 
     @dataclasses.dataclass
@@ -76,33 +69,14 @@ class PatternsFamily(Family):
         path = inputs.get("patterns")
         if path is None:
             raise AttnscopeError("the patterns family needs an input (--patterns)")
-        path = Path(path)
         check_options(options)  # the thresholds are at least 0
-        if path.is_dir():
-            store = open_input_store(path)
-            if store.level != "token":
-                raise InputError(path, "the store holds word-level maps; Vig's patterns need token level "
-                                       "(extract without --word-level)")
-            return Prepared({"source": store, "kind": "store"}, weight=len(store),
-                            counts={"stored examples": len(store)})
-        if not path.is_file():
-            raise InputError(path, "no such file or store folder")
-        if _looks_like_json(path):
-            from attnscope.data.io import read_examples
-
-            examples = read_examples(path)
-            kind = "examples"
-        else:
-            if ctx.model is None:
-                raise AttnscopeError(f"{path}: sentence-per-line text needs a model (its tokenizer cuts the pairs)")
-            from attnscope.data.unlabeled import prepare_unlabeled
-
-            examples = prepare_unlabeled(path, ctx.model.tokenizer, max_seq_len=ctx.max_seq_len, seed=ctx.seed)
-            kind = "text"
-        if ctx.model is None:
-            raise AttnscopeError(f"{path}: examples need a model (or give a store folder)")
-        return Prepared({"source": examples, "kind": kind}, weight=len(examples),
-                        counts={f"{kind} examples": len(examples)})
+        source = read_source(path, self.inputs[0].kinds, model=ctx.model, max_seq_len=ctx.max_seq_len,
+                             seed=ctx.seed, require_model=True)
+        if source.is_store and source.data.level != "token":
+            raise InputError(path, "the store holds word-level maps; Vig's patterns need token level "
+                                   "(extract without --word-level)")
+        what = "stored examples" if source.is_store else f"{source.kind} examples"
+        return Prepared({"source": source}, weight=len(source), counts={what: len(source)})
 
     def run(self, prepared: Prepared, options: Any, ctx: Context):
         from attnscope.analyses.entropy import Entropy
@@ -113,12 +87,12 @@ class PatternsFamily(Family):
         from attnscope.report.patterns import write_patterns
 
         seed_everything(ctx.seed)
-        source, kind = prepared.data["source"], prepared.data["kind"]
+        source = prepared.data["source"]
         model = ctx.model
         notes: list[str] = []
-        if kind == "store":
-            causal = bool(source.manifest["model"].get("causal", False))
-            model_desc = source.manifest["model"]
+        if source.is_store:
+            causal = bool(source.data.manifest["model"].get("causal", False))
+            model_desc = source.data.manifest["model"]
         else:
             causal = bool(model.family.causal)
             model_desc = model.describe()
@@ -126,69 +100,40 @@ class PatternsFamily(Family):
         notes += [note] if note else []
         analyses = [VigPatterns(classer, causal=causal), SpecialTokens(classer), RelativePosition(),
                     Entropy(causal=causal)]
-        keys = KeyConcentration(lm=model, classer=classer) if kind != "store" else None
-        if keys is None:
+        if source.is_store:
             notes.append("key concentration needs the model's forward pass; a store holds only the maps")
-        total = prepared.weight
-        done = 0
-        t0 = time.perf_counter()
-        from attnscope.extract.runner import ExtractStats
-
-        stats = ExtractStats()
-        batches = source.batches() if kind == "store" else _model_batches(model, source, ctx, keys, stats)
-        for batch in batches:
-            for a in analyses:
-                a.update(batch)
-            done += len(batch)
-            ctx.step("patterns", done, total)
-        skipped = len(stats.skipped)
-        if done == 0:
-            raise AttnscopeError(f"no examples to analyse (all were empty or longer than --max-seq-len {ctx.max_seq_len})")
-        if skipped:
-            notes.append(f"{skipped} examples longer than {ctx.max_seq_len} tokens were skipped")
-        results = {a.name: a.finalize() for a in analyses}
-        key_result = keys.finalize() if keys is not None else None
+        else:
+            analyses.append(KeyConcentration(lm=model, classer=classer))
+        out = ctx.run_pass(source.data, analyses, step="patterns")
+        if out.skipped:
+            notes.append(f"{out.skipped} examples longer than {ctx.max_seq_len} tokens were skipped")
+        results = {a.name: out.results[a.name] for a in analyses[:4]}
         wanted = sorted({int(i) for k, arr in results["vig-patterns"].arrays.items()
                          if k.startswith("best_example_") for i in arr.ravel() if i >= 0})
-        run_info = {"examples": done, "skipped": skipped, "seconds": time.perf_counter() - t0,
-                    "max_seq_len": ctx.max_seq_len, "batch_size": ctx.batch_size, "input": kind}
-        return write_patterns(results, key_result, Path(ctx.out_dir), model_desc=model_desc, causal=causal,
-                              thresholds=options.thresholds(), notes=notes, seed=ctx.seed, run=run_info,
-                              get_map=_map_getter(source, kind, model, ctx, wanted))
+        run_info = {"examples": out.analysed, "skipped": out.skipped, "seconds": out.seconds,
+                    "max_seq_len": ctx.max_seq_len, "batch_size": ctx.batch_size, "input": source.kind}
+        return write_patterns(results, out.results.get(KeyConcentration.name), Path(ctx.out_dir),
+                              model_desc=model_desc, causal=causal, thresholds=options.thresholds(),
+                              notes=notes, seed=ctx.seed, run=run_info,
+                              get_map=_map_getter(source, model, ctx, wanted))
 
 
-def _options(ctx: Context):
-    from attnscope.extract.runner import ExtractOptions
-
-    return ExtractOptions(max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size, seed=ctx.seed)
-
-
-def _model_batches(model, examples, ctx: Context, keys: KeyConcentration, stats):
-    """One :class:`AttentionBatch` per planned batch; the same forward pass feeds ``keys``
-    through the forward helper's ``"k"`` hook."""
-    from attnscope.extract.runner import Extractor
-
-    extractor = Extractor(model, _options(ctx), stats)
-    for planned in extractor.plan(examples):
-        yield extractor.run_batch(planned, hooks=keys.hooks(planned))
-
-
-def _map_getter(source, kind: str, model, ctx: Context, wanted: list[int]):
+def _map_getter(source, model, ctx: Context, wanted: list[int]):
     """A function ``index -> AttentionMap | None`` for the examples the best-heads table names
     (read from the store, or extracted again: only those few)."""
-    if kind == "store":
+    if source.is_store:
         def get(i: int):
             try:
-                return source.by_index(i)
+                return source.data.by_index(i)
             except KeyError:
                 return None
         return get
     from attnscope.extract.runner import Extractor
 
-    extractor = Extractor(model, _options(ctx))
+    extractor = Extractor(model, ctx.extract_options())
     maps = {}
     valid = [i for i in wanted if 0 <= i < len(source)]
-    for planned in extractor.plan([source[i] for i in valid]):
+    for planned in extractor.plan([source.data[i] for i in valid]):
         for m in extractor.run_batch(planned):
             real = valid[m.index]
             maps[real] = dataclasses.replace(m, index=real)

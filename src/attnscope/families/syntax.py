@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,17 +21,18 @@ from attnscope.analyses.syntax import (
 )
 from attnscope.analyses.units import TIE_RULES
 from attnscope.data.records import Example
+from attnscope.data.sources import open_input_store
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.families.base import (
+    CompareTable,
     Context,
     Family,
     Input,
     Prepared,
-    open_input_store,
     option,
     register_family,
 )
-from attnscope.maps import AttentionBatch
+from attnscope.report.results import write_results
 from attnscope.report.section import Section, TableArtifact, small_sample_caution
 from attnscope.report.syntax import (
     METHODS,
@@ -84,24 +84,13 @@ def _extract_options(max_seq_len: int, batch_size: int, seed: int):
 
 
 def _to_store(examples: list[Example], lm, path: Path, *, options, dtype: str, progress: Progress,
-              step: str):
+              step: str, executor=None):
     from attnscope.store import extract_to_store, open_store
 
     total = len(examples)
-    extract_to_store(examples, path, lm, options=options, dtype=dtype,
+    extract_to_store(examples, path, lm, options=options, dtype=dtype, executor=executor,
                      progress=lambda done, tokens: _notify(progress, step, done, total))
     return open_store(path)
-
-
-def _stream(examples: list[Example], lm, options, progress: Progress, step: str
-            ) -> Iterator[AttentionBatch]:
-    from attnscope.extract.runner import extract
-
-    done = 0
-    for batch in extract(examples, lm, options=options):
-        done += len(batch)
-        _notify(progress, step, done, len(examples))
-        yield batch
 
 
 def _store_examples(store) -> list[Example]:
@@ -183,7 +172,8 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
                max_seq_len: int = 128, batch_size: int = 16, seed: int = 0,
                progress: Progress = None, save_maps: Path | None = None, min_count: int | None = 100,
                collapse_subtypes: bool = False, n_boot: int = 1000, probe_config=None,
-               root: str = "special", random_baseline: bool = True, ties: str = "none") -> Section:
+               root: str = "special", random_baseline: bool = True, ties: str = "none",
+               executor=None) -> Section:
     """Table 1 always; Table 3 (probes) when ``train`` is given.
 
     ``dev`` / ``train``: lists of :class:`Example` with trees, or word-level stores. ``model``
@@ -198,10 +188,11 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
 
     ``ties``: how a row without information is scored (:func:`attnscope.analyses.units.predict`):
     ``"none"`` (default) predicts nothing, so it is wrong; ``"lowest"`` is the paper code's
-    argmax, which takes the lowest other word.
+    argmax, which takes the lowest other word. ``executor``: where the forward passes run
+    (:mod:`attnscope.executor`; default here).
     """
     from attnscope.analyses.probes.training import TrainConfig
-    from attnscope.extract.runner import Extractor, active_batch_engine
+    from attnscope.executor import run_pass
 
     out_dir = Path(out_dir)
     options = _extract_options(max_seq_len, batch_size, seed)
@@ -222,30 +213,12 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
             dev_store = dev
         elif probes or save_maps is not None:
             dev_store = _to_store(dev, model, maps_root / "dev", options=options, dtype="float32",
-                                  progress=progress, step="extract dev")
+                                  progress=progress, step="extract dev", executor=executor)
         else:
             dev_store = None
         heads_dev = DependencyHeads(collapse_subtypes=collapse_subtypes, ties=ties)
-        engine = active_batch_engine() if dev_store is None else None
-        batches: Iterable[AttentionBatch]
-        if dev_store is not None:
-            batches = dev_store.batches()
-        elif engine is not None and hasattr(engine, "fold"):  # --ray: the maps stay on the workers
-            folded = [0]
-
-            def on_unit(planned: list[list]) -> None:
-                folded[0] += sum(map(len, planned))
-                _notify(progress, "extract dev", folded[0], len(dev))
-
-            engine.fold(Extractor(model, options), dev, [heads_dev], on_unit=on_unit)
-            batches = ()
-        else:
-            batches = _stream(dev, model, options, progress, "extract dev")
-        done = 0
-        for batch in batches:
-            heads_dev.update(batch)
-            done += len(batch)
-            _notify(progress, "score heads (dev)", done, None)
+        run_pass(dev_store if dev_store is not None else dev, [heads_dev], model=model, options=options,
+                 executor=executor, step="score heads (dev)", progress=progress)
         if _is_store(dev):
             skipped = len(dev.manifest.get("summary", {}).get("skipped", []))
         else:
@@ -258,10 +231,9 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
         if probes:
             train_store = train if _is_store(train) else _to_store(
                 train, model, maps_root / "train", options=options, dtype="float16",
-                progress=progress, step="extract train")
+                progress=progress, step="extract train", executor=executor)
             heads_train = DependencyHeads(collapse_subtypes=collapse_subtypes, ties=ties)
-            for batch in train_store.batches():
-                heads_train.update(batch)
+            run_pass(train_store, [heads_train], step="score heads (train)", progress=progress)
         # -- Table 1 ------------------------------------------------------------------------
         score = heads_dev.counts()
         min_count, min_how = table1_min_count(min_count, int(score.total[-1]))
@@ -322,10 +294,12 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
                 rlm = random_init_model(model, seed)
                 rtrain = _to_store(train if not _is_store(train) else _store_examples(train), rlm,
                                    maps_root / "train-random-init", options=options, dtype="float16",
-                                   progress=progress, step="extract train (random init)")
+                                   progress=progress, step="extract train (random init)",
+                                  executor=executor)
                 rdev = _to_store(dev if not _is_store(dev) else _store_examples(dev), rlm,
                                  maps_root / "dev-random-init", options=options, dtype="float16",
-                                 progress=progress, step="extract dev (random init)")
+                                 progress=progress, step="extract dev (random init)",
+                                 executor=executor)
             elif random_baseline:
                 notes.append("random-init baseline skipped: it needs the model, and only stores were given")
             rows3, probe_details = run_probes(train_store, dev_store, glove=glove, random_train=rtrain,
@@ -368,7 +342,7 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
     if caution:
         section.findings.insert(0, caution)
     result.summary = list(section.findings)
-    result.save(res_dir / "syntax.json")
+    write_results(out_dir, "syntax", result)
     section.methods = list(METHODS)
     if ties != "none":
         section.methods.append("This run scored ties and rows without information with "
@@ -430,13 +404,22 @@ class Syntax(Family):
     help = "Every head against every dependency relation (Table 1); probes (Table 3) with --train."
     inputs = (
         Input("deps", "Dependency trees (CoNLL-U, the paper's word head-relation format, examples "
-              "JSON, or a word-level store) scored for Table 1 (and the probes).", store=True,
+              "JSON, or a word-level store) scored for Table 1 (and the probes).",
+              kinds=("store", "examples", "trees"),
               argument="dev", sample="deps-dev.conllu"),
         Input("deps_train", "A training split of dependency trees (same formats): adds the probes "
-              "of Table 3 and selects heads held-out.", store=True, analyze_flag="--train",
+              "of Table 3 and selects heads held-out.", kinds=("store", "examples", "trees"),
+              analyze_flag="--train",
               sample="deps-train.conllu"),
     )
     Options = SyntaxOptions
+    compare_tables = (
+        CompareTable("table1_syntax", "table1", "relation", ("head", "accuracy", "offset_accuracy"),
+                     "Table 1 of both models (heads chosen on the scored data, as the paper), with "
+                     "the change in accuracy (B - A)."),
+        CompareTable("table3_probes", "table3", "model", ("uas",),
+                     "Table 3 of both models: UAS of the probes, with the change."),
+    )
     default_model = "default"
     saves_maps = True
     order = 20
@@ -460,4 +443,4 @@ class Syntax(Family):
                           glove=options.glove, max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size,
                           seed=ctx.seed, progress=ctx.progress, save_maps=ctx.save_maps,
                           min_count=options.min_count, collapse_subtypes=options.collapse_subtypes,
-                          probe_config=config, ties=options.syntax_ties)
+                          probe_config=config, ties=options.syntax_ties, executor=ctx.executor)

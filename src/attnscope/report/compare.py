@@ -284,10 +284,7 @@ def sections(cmp, out_dir: Path) -> tuple[list[Section], dict[str, list[dict]]]:
         for stem, rows in cmp.run_tables.items():
             if not rows:
                 continue
-            cap = {"table1_syntax": "Table 1 of both models (heads chosen on the scored data, as the "
-                                    "paper), with the change in accuracy (B - A).",
-                   "table2_coref": "Table 2 of both models: antecedent selection accuracy, with the change.",
-                   "table3_probes": "Table 3 of both models: UAS of the probes, with the change."}[stem]
+            cap = cmp.run_captions.get(stem, stem)
             paths = write_table(rows, tables / f"{stem}_compare", caption=cap)
             ts.append(TableArtifact(f"{stem}_compare", cap, rows, list(rows[0]), paths))
         if ts:

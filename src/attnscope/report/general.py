@@ -297,7 +297,7 @@ def write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map
 def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map: AttentionMap | None,
                    notes: list[str], seed: int, run: dict) -> Section:
     from attnscope.report.figures import save_figure
-    from attnscope.report.results import family_results, write_json
+    from attnscope.report.results import family_results, write_results
     from attnscope.report.tables import write_table
 
     tables_dir, figures_dir, results_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
@@ -401,5 +401,5 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
                              findings=sec.findings, paper=sec.paper,
                              clustering={"params": clusters["params"], "rows": clusters["rows"]},
                              analyses={k: r.to_json() for k, r in results.items()})
-    write_json(results_dir / "general.json", payload)
+    write_results(out_dir, "general", payload)
     return sec

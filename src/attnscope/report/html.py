@@ -248,7 +248,7 @@ def _provenance_rows(prov: Mapping[str, Any]) -> list[dict[str, str]]:
         # input files have their own rows (data); an option left unset shows as "default"
         files = {d.get("role", "").replace("-", "_") for d in prov.get("data") or []}
         shown = ", ".join(f"{k}={'default' if v is None else format_value(v)}" for k, v in args.items()
-                          if k not in files | {"text", "deps", "deps_train", "coref", "model"})
+                          if k not in files | set(prov.get("inputs") or ()) | {"model"})
         rows.append({"name": "arguments", "value": shown})
     for key, name in (("command", "command line"), ("started", "started (UTC)"),
                       ("elapsed_s", "run time of this invocation (s)"),

@@ -25,7 +25,7 @@ from attnscope.analyses.patterns import (
     pattern_labels,
 )
 from attnscope.data.records import HeadId
-from attnscope.report.results import family_results, write_json
+from attnscope.report.results import family_results, write_results
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
 #: The rows of the best-heads table: (pattern, statistic ranked, what it is).
@@ -341,5 +341,5 @@ def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, 
         section6_labels=[[str(x) for x in r] for r in section6], best=best, heads=rows,
         analyses={k: r.to_json() for k, r in results.items()},
         keys=keys.to_json() if keys is not None else None)
-    write_json(results_dir / "patterns.json", payload)
+    write_results(out_dir, "patterns", payload)
     return sec

@@ -499,15 +499,10 @@ def stream_stats_on_ray(lm, sequences: Sequence[Sequence[int]], stats, *, worker
 
 
 class RayBatchRunner:
-    """Runs an :class:`~attnscope.extract.runner.Extractor`'s planned batches on Ray actors.
-
-    Installed with :func:`attnscope.extract.runner.batch_engine` (see :func:`ray_batches`), it
-    serves every family without changing any: a family plans and asks for batches as always,
-    the forward passes run on the workers, ahead of the family, and the maps come back in plan
-    order, where the family's own analyses fold them. Batches asked for with hooks (e.g. key
-    vectors) run in the family's process as before. A family that folds mergeable maps
-    analyses can hand them to :meth:`fold` instead (the general family and the syntax family's
-    dev scoring do); then the maps never leave the workers.
+    """Runs an :class:`~attnscope.extract.runner.Extractor`'s planned batches on Ray actors,
+    for :class:`attnscope.executor.RayExecutor` (``--ray``): :meth:`fold` folds mergeable maps
+    analyses where the maps are made (they never leave the workers), :meth:`maps` returns the
+    maps of planned batches in plan order, :meth:`stream` folds the streaming statistics.
     """
 
     def __init__(self, ray, workers: int):
@@ -520,8 +515,21 @@ class RayBatchRunner:
         stream_stats_on_ray(lm, sequences, stats, workers=self.workers, chunk=chunk,
                             batch_size=batch_size, targets=targets)
 
-    def attach(self, extractor, planned: list[list]) -> "_RemotePlan":
-        return _RemotePlan(self, extractor, planned)
+    def maps(self, extractor, planned: list[list]) -> Iterator:
+        """The maps of each planned batch, run on the workers ahead of the caller and returned
+        in plan order (one unit per batch)."""
+        units = [Unit(i, [(list(range(len(b))), b)]) for i, b in enumerate(planned)]
+        worker = {"model": ModelParcel.pack(extractor.lm), "options": extractor.options.as_dict(),
+                  "mode": "maps"}
+        try:
+            for uid, (k, result) in enumerate(map_units(self.ray, units, [u.uid for u in units], worker,
+                                                        self.workers, ordered=True)):
+                assert k == uid, (k, uid)
+                yield result["maps"][0]
+        except AttnscopeError:
+            raise
+        except Exception as exc:
+            raise _ray_failure(exc, "analysis") from None
 
     def fold(self, extractor, examples: Iterable, analyses: list, *,
              on_unit: Callable[[list[list]], None] | None = None,
@@ -539,14 +547,11 @@ class RayBatchRunner:
         for what has to run in this process, batched as a local run batches it (e.g. gradients
         through this process's model), while the workers go on with the later units.
         """
-        from attnscope.extract.runner import batch_engine
-
         for a in analyses:
             if getattr(a, "consumes", "maps") != "maps":
                 raise AttnscopeError(f"analysis '{a.name}' runs the model itself; it cannot be "
                                      "folded on the workers")
-        with batch_engine(None):  # plan here: this engine runs the units below, not the batches
-            units = plan_units(extractor, examples, 1, unit_examples or UNIT_EXAMPLES)
+        units = plan_units(extractor, examples, 1, unit_examples or UNIT_EXAMPLES)
         stats = extractor.stats
         stats.examples_out += sum(u.examples for u in units)
         stats.tokens += sum(u.tokens for u in units)
@@ -567,48 +572,3 @@ class RayBatchRunner:
             raise
         except Exception as exc:
             raise _ray_failure(exc, "analysis") from None
-
-
-class _RemotePlan:
-    def __init__(self, runner: RayBatchRunner, extractor, planned: list[list]):
-        self.runner, self.extractor, self.planned = runner, extractor, planned
-        self.next: int | None = None  # plan index of the next result
-        self.results: Iterator | None = None
-        self.broken = False
-
-    def take(self, batch: list):
-        """The maps of ``batch`` from the workers, or None (run it here) when ``batch`` is not
-        the plan's next one."""
-        if self.broken:
-            return None
-        if self.results is None:
-            k = next((i for i, b in enumerate(self.planned) if b is batch), None)
-            if k is None:
-                return None
-            self.next = k
-            units = [Unit(i, [(list(range(len(b))), b)]) for i, b in enumerate(self.planned[k:], k)]
-            worker = {"model": ModelParcel.pack(self.extractor.lm), "options": self.extractor.options.as_dict(),
-                      "mode": "maps"}
-            self.results = map_units(self.runner.ray, units, [u.uid for u in units], worker,
-                                     self.runner.workers, ordered=True)
-        if self.planned[self.next] is not batch:
-            self.broken = True  # asked out of order: the rest runs here
-            return None
-        try:
-            uid, result = next(self.results)
-        except AttnscopeError:
-            raise
-        except Exception as exc:
-            raise _ray_failure(exc, "analysis") from None
-        assert uid == self.next, (uid, self.next)
-        self.next += 1
-        return result["maps"][0]
-
-
-@contextmanager
-def ray_batches(workers: int = 1):
-    """For the duration of the block, every extractor's batches run on Ray (``--ray``)."""
-    from attnscope.extract.runner import batch_engine
-
-    with ray_session(workers) as ray, batch_engine(RayBatchRunner(ray, workers)):
-        yield

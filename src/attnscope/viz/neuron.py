@@ -3,8 +3,8 @@
 The neuron view shows, for one head and one query token, the query vector ``q``, every key
 vector ``k_j``, their element-wise product ``q * k_j``, the scaled dot products
 ``q . k_j / sqrt(d)`` and their softmax. attnscope gets ``q`` and ``k`` by hooking the
-projections named in the family table (:mod:`attnscope.models.families`: ``Family.query`` and
-``Family.key``), so any family in that table works with the model's own code; nothing is
+projections named in the family table (:mod:`attnscope.models.families`: ``ModelFamily.query`` and
+``ModelFamily.key``), so any family in that table works with the model's own code; nothing is
 vendored. A fused projection (GPT-2's ``c_attn``, output ``[q | k | v]``) is split. A path
 without ``{layer}`` (ALBERT shares one layer's modules) is hooked once and its ``layer``-th
 call is taken.

@@ -145,8 +145,10 @@ def attribution_payload(d: dict, source: str, problems: list[str]) -> dict | Non
 def results_payload(folder: str | Path) -> dict:
     """What the results views show from an analysis output folder:
     ``{"folder", "profiles", "sinks", "attribution", "problems"}`` (empty lists / None when the
-    folder holds no such results)."""
-    from attnscope.report.results import read_json
+    folder holds no such results). Each family's results file (read through
+    :class:`~attnscope.report.results.ResultsFolder`) fills the panels its family's
+    :meth:`~attnscope.families.base.Family.view` declares."""
+    from attnscope.report.results import ResultsFolder
 
     folder = Path(folder)
     out: dict = {"folder": folder.name, "profiles": [], "sinks": [], "attribution": None,
@@ -154,18 +156,18 @@ def results_payload(folder: str | Path) -> dict:
     if not folder.is_dir():
         out["problems"].append(f"{folder.name}: no such results folder")
         return out
-    for path in sorted((folder / "results").glob("*.json")) + sorted(folder.glob("*.json")):
-        d = read_json(path)
-        source = f"{path.parent.name}/{path.name}"
-        if d is None:  # a results file that cannot be read is named, not passed over
-            out["problems"].append(f"{source}: not readable as JSON")
+    from attnscope.families import FAMILIES, load_families
+
+    load_families()
+    found = ResultsFolder(folder)
+    for key, path, d in found.items():
+        family = FAMILIES.get(key)
+        if family is None:
             continue
-        if not isinstance(d, dict) or "attnscope_results" in d or not isinstance(d.get("analysis"), str):
-            continue
-        out["profiles"] += profiles_from_result(d, source, out["problems"])
-        sink = sink_heatmap(d, source)
-        if sink is not None:
-            out["sinks"].append(sink)
+        panels = family().view(d, f"{path.parent.name}/{path.name}", out["problems"])
+        out["profiles"] += panels.get("profiles", [])
+        out["sinks"] += panels.get("sinks", [])
         if out["attribution"] is None:
-            out["attribution"] = attribution_payload(d, source, out["problems"])
+            out["attribution"] = panels.get("attribution")
+    out["problems"] = found.problems + out["problems"]  # a file that cannot be read is named
     return out

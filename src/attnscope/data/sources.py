@@ -1,0 +1,124 @@
+"""The one rule by which a family's input path becomes data (:func:`read_source`).
+
+A family declares which kinds its input accepts (:attr:`attnscope.families.base.Input.kinds`);
+the path's kind is decided here, the same way for every family:
+
+- ``store``: a folder (a store written by ``attnscope extract``; an unfinished one is refused);
+- ``examples``: a ``.json`` / ``.jsonl`` file, or any file whose text starts with ``[`` or ``{``
+  (a JSON list of dicts, or JSON Lines);
+- ``trees``: dependency trees, CoNLL-U or the paper's ``word head-relation`` format;
+- ``text``: sentence-per-line text with blank lines between documents, made into BERT-style
+  ``[CLS] A [SEP] B [SEP]`` pairs (:func:`attnscope.data.unlabeled.prepare_unlabeled`).
+
+>>> from pathlib import Path
+>>> kind_of(Path("wiki.txt"), ("store", "examples", "text"))   # doctest: +SKIP
+'text'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnscope.errors import InputError
+
+KINDS = ("store", "examples", "trees", "text")
+WHAT = {"store": "a store folder", "examples": "examples JSON / JSON Lines",
+        "trees": "dependency trees (CoNLL-U or word head-relation)", "text": "sentence-per-line text"}
+
+
+def kind_of(path: Path, accepts: tuple[str, ...]) -> str:
+    """The kind of ``path`` among those a family ``accepts``; refused (naming the path and
+    what is accepted) when it is none of them."""
+    path = Path(path)
+    if path.is_dir():
+        kind = "store"
+    elif not path.is_file():
+        raise InputError(path, "no such file" + (" or store folder" if "store" in accepts else ""))
+    elif path.suffix.lower() in (".json", ".jsonl") or _starts_like_json(path):
+        kind = "examples"
+    else:
+        kind = "trees" if "trees" in accepts else "text"
+    if kind not in accepts:
+        raise InputError(path, f"is {WHAT[kind]}; this input takes "
+                               + ", ".join(WHAT[k] for k in accepts))
+    return kind
+
+
+def _starts_like_json(path: Path) -> bool:
+    from attnscope.data.io import read_text
+
+    return read_text(path).lstrip()[:1] in ("[", "{")
+
+
+def open_input_store(path: Path):
+    """A store folder given as a family's input: refused, naming the folder, when it is not a
+    store or its extraction did not finish (analyses of part of a corpus would look whole)."""
+    from attnscope.store import open_store
+    from attnscope.store.format import MANIFEST
+
+    if not (Path(path) / MANIFEST).is_file():
+        raise InputError(path, "is a folder but not an attnscope store (no manifest.json)")
+    store = open_store(path)
+    if not store.complete:
+        raise InputError(path, "is an unfinished store (its extraction was interrupted); finish it "
+                               "with 'attnscope extract ... --resume' first")
+    return store
+
+
+@dataclass
+class Source:
+    """An input read by :func:`read_source`: ``data`` is a list of
+    :class:`~attnscope.data.records.Example` or an opened store; ``text`` says how
+    sentence-per-line text became pairs (None for other kinds)."""
+
+    path: Path
+    kind: str
+    data: Any
+    text: Any = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_store(self) -> bool:
+        return self.kind == "store"
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def read_source(path: str | Path, accepts: tuple[str, ...], *, model=None, max_seq_len: int = 128,
+                seed: int = 0, num_examples: int | None = None, packing: str = "bert",
+                keep_unk: bool = False, limit: int | None = None, require_model: bool = False) -> Source:
+    """Read ``path`` as the kind :func:`kind_of` decides. Text needs ``model`` (its tokenizer
+    cuts the pairs to ``max_seq_len``); ``num_examples`` pairs are built from text, with
+    ``packing`` and ``keep_unk`` (:func:`~attnscope.data.unlabeled.prepare_unlabeled`);
+    ``limit`` keeps only the first examples of any kind but a store; ``require_model``: refuse
+    anything but a store without ``model``."""
+    from attnscope.errors import AttnscopeError
+
+    path = Path(path)
+    kind = kind_of(path, accepts)
+    if kind == "store":
+        return Source(path, kind, open_input_store(path))
+    if model is None and (require_model or kind == "text"):
+        what = "sentence-per-line text" if kind == "text" else WHAT[kind]
+        raise AttnscopeError(f"{path}: {what} need a model (--model), or give a store folder")
+    if kind == "examples":
+        from attnscope.data.io import read_examples
+
+        return Source(path, kind, read_examples(path)[:limit])
+    if kind == "trees":
+        from attnscope.data.depparse import iter_depparse
+
+        examples = list(iter_depparse(path))
+        if not examples:
+            raise InputError(path, "holds no sentences")
+        return Source(path, kind, examples[:limit])
+    from attnscope.data.unlabeled import DEFAULT_UNK_MARKER, UnlabeledStats, prepare_unlabeled
+
+    stats = UnlabeledStats()
+    examples = prepare_unlabeled(path, model.tokenizer, max_seq_len=max_seq_len, seed=seed,
+                                 num_examples=num_examples, packing=packing, stats=stats,
+                                 unk_marker=None if keep_unk else DEFAULT_UNK_MARKER)
+    return Source(path, kind, examples[:limit], text=stats)

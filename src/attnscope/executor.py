@@ -1,0 +1,227 @@
+"""Where a family's passes run, and the one loop that runs them.
+
+A family never loops over a corpus: it hands the pipeline a *pass* (a source, the analyses to
+feed, how the maps are made) and gets back the finalized results (:func:`run_pass`, reached as
+:meth:`attnscope.families.base.Context.run_pass`). The pipeline owns everything else:
+
+- the executor (:class:`LocalExecutor`, or :class:`RayExecutor` behind ``--ray``), handed to
+  the family in its context, decides where the forward passes run; no family asks which one
+  it has;
+- the extractor plans length-bucketed batches (the same plan on every executor), counts what
+  was skipped, and reports progress;
+- maps analyses (:class:`~attnscope.analyses.base.MapsAnalysis`) are folded where the maps are
+  made (on Ray: on the workers; the maps never come back), and encoded analyses
+  (:class:`~attnscope.analyses.base.EncodedAnalysis`) run here on the same planned batches; one
+  that reads the forward pass through hook points (``hooks(batch)``, e.g. key vectors) rides
+  along on the maps pass when the maps are made here, and runs its own pass otherwise;
+- a store is read back shard by shard, and an empty pass is refused with one message.
+
+Results do not depend on the executor: the Ray tests compare both on every family that uses it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnscope.analyses.base import Analysis, Result
+from attnscope.errors import AttnscopeError
+from attnscope.maps import AttentionBatch
+from attnscope.store import Store
+
+Progress = Callable[[str, int, "int | None"], None]
+
+
+class LocalExecutor:
+    """Every forward pass in this process."""
+
+    name = "local"
+    workers = 1
+
+    def run_batches(self, extractor, planned: Iterable[list]) -> Iterator[tuple[list, AttentionBatch]]:
+        """``(planned batch, its maps)`` for each planned batch of encoded examples, in order."""
+        for p in planned:
+            yield p, extractor.run_batch(p)
+
+    def batches(self, extractor, examples: Iterable) -> Iterator[tuple[list, AttentionBatch]]:
+        """``(planned batch of encoded examples, its maps)`` in plan order."""
+        return self.run_batches(extractor, extractor.plan(examples))
+
+    def fold(self, extractor, examples: Iterable, analyses: list, *,
+             on_unit: Callable[[list[list]], None]) -> None:
+        """Fold the maps of ``examples`` into the maps ``analyses``; ``on_unit(batches)`` after
+        each batch with the planned batches just folded."""
+        for planned, batch in self.batches(extractor, examples):
+            for a in analyses:
+                a.update(batch)
+            on_unit([planned])
+
+    def stream(self, lm, sequences: Sequence[Sequence[int]], stats, *, chunk: int = 0,
+               batch_size: int = 1, targets: Sequence | None = None, units=None,
+               progress: Callable[[int], None] | None = None) -> int:
+        """The streaming statistics of ``sequences`` (no ``[n n]`` maps) folded into ``stats``;
+        returns the number of workers that ran them (0: this process)."""
+        from attnscope.analyses.streaming import stream_stats
+
+        stream_stats(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets,
+                     progress=progress, units=units)
+        return 0
+
+
+class RayExecutor(LocalExecutor):
+    """The forward passes on ``workers`` Ray workers (``--ray``, ``docs/scale.md``); open it
+    with :func:`executor`. Maps analyses fold on the workers; what needs this process's model
+    (gradients) runs here, unit by unit, while the workers go on."""
+
+    name = "ray"
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.workers = runner.workers
+
+    def run_batches(self, extractor, planned: Iterable[list]) -> Iterator[tuple[list, AttentionBatch]]:
+        """The workers run the batches ahead of the caller; the maps come back in order."""
+        planned = list(planned)
+        if planned:
+            for p, batch in zip(planned, self.runner.maps(extractor, planned)):
+                extractor.count(p)
+                yield p, batch
+
+    def fold(self, extractor, examples: Iterable, analyses: list, *,
+             on_unit: Callable[[list[list]], None]) -> None:
+        self.runner.fold(extractor, examples, analyses, on_unit=on_unit)
+
+    def stream(self, lm, sequences, stats, *, chunk: int = 0, batch_size: int = 1, targets=None,
+               units=None, progress: Callable[[int], None] | None = None) -> None:
+        if units is not None:  # word-level statistics fold here (the workers fold token level)
+            return super().stream(lm, sequences, stats, chunk=chunk, batch_size=batch_size,
+                                  targets=targets, units=units, progress=progress)
+        self.runner.stream(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets)
+        if progress is not None:
+            progress(len(sequences))
+        return self.workers
+
+
+@contextmanager
+def executor(ray: bool = False, workers: int = 1):
+    """The executor of a job: local, or (``ray``) a Ray session with ``workers`` workers that
+    stays open for the whole block."""
+    if not ray:
+        yield LocalExecutor()
+        return
+    from attnscope.scale.ray import RayBatchRunner, ray_session
+
+    with ray_session(workers) as session:
+        yield RayExecutor(RayBatchRunner(session, workers))
+
+
+# ---------------------------------------------------------------------------------------------
+# The pass
+
+
+@dataclass
+class PassOutcome:
+    """What a pass gave: each analysis's result by name, how many examples were analysed, the
+    extraction's counts (skipped examples, warnings; None for a store) and the time each
+    analysis took (the maps analyses on Ray together, as the workers' wall time)."""
+
+    results: dict[str, Result]
+    analysed: int
+    stats: Any = None
+    seconds: float = 0.0
+    analysis_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def skipped(self) -> int:
+        return len(self.stats.skipped) if self.stats is not None else 0
+
+
+def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
+             executor: LocalExecutor | None = None, step: str = "analyse",
+             progress: Progress | None = None) -> PassOutcome:
+    """Feed every analysis once from ``source`` and finalize them.
+
+    ``source``: examples (a list of :class:`~attnscope.data.records.Example`; ``model`` runs
+    them with ``options``, an :class:`~attnscope.extract.runner.ExtractOptions`) or an opened
+    store (its maps are read back; encoded analyses then need ``model``). ``progress(step,
+    done, total)`` is called after every batch. Refuses a pass that analysed nothing.
+    """
+    from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
+
+    executor = executor or LocalExecutor()
+    maps_side = [a for a in analyses if a.consumes == "maps"]
+    encoded_side = [a for a in analyses if a.consumes == "encoded"]
+    timings = {a.name: 0.0 for a in analyses}
+    total = len(source)
+    done = 0
+
+    def feed(targets: Sequence[Analysis], batch) -> None:
+        for a in targets:
+            t = time.perf_counter()
+            a.update(batch)
+            timings[a.name] += time.perf_counter() - t
+
+    def advance(k: int) -> None:
+        nonlocal done
+        done += k
+        if progress is not None:
+            progress(step, done, total)
+
+    t0 = time.perf_counter()
+    if isinstance(source, Store):  # the maps are on disk
+        if encoded_side and model is None:
+            raise AttnscopeError(f"analysis '{encoded_side[0].name}' runs the model; a store holds "
+                                 "only the maps (give model)")
+        encoder = _encoder(model) if encoded_side else None
+        for batch in source.batches():
+            feed(maps_side, batch)
+            if encoded_side:
+                feed(encoded_side, [encoder.encode(m.example, m.index) for m in batch])
+            advance(len(batch))
+        stats = None
+    else:
+        if model is None:
+            raise AttnscopeError("examples need a model (or pass a store)")
+        stats = ExtractStats()
+        extractor = Extractor(model, options or ExtractOptions(), stats)
+        riders = [a for a in encoded_side if hasattr(a, "hooks")]
+        if not maps_side:  # the analyses run the model themselves: no maps are made
+            for planned in extractor.plan(source):
+                feed(encoded_side, planned)
+                advance(len(planned))
+        elif executor.name == "local" and riders:  # one forward pass makes the maps and feeds the hooks
+            for planned in extractor.plan(source):
+                hooks: dict[str, list] = {}
+                for a in riders:
+                    for point, fn in a.hooks(planned).items():
+                        hooks.setdefault(point, []).append(fn)
+                feed(maps_side, extractor.run_batch(planned, hooks=hooks))
+                feed([a for a in encoded_side if a not in riders], planned)
+                advance(len(planned))
+        else:
+            def on_unit(batches: list[list]) -> None:
+                for planned in batches:
+                    feed(encoded_side, planned)
+                    advance(len(planned))
+
+            tw = time.perf_counter()
+            executor.fold(extractor, source, maps_side, on_unit=on_unit)
+            if executor.name != "local":  # the maps analyses ran on the workers: their wall time
+                wall = time.perf_counter() - tw - sum(timings[a.name] for a in encoded_side)
+                for a in maps_side:
+                    timings.pop(a.name, None)
+                timings["maps analyses on the workers (wall)"] = wall
+    if done == 0:
+        raise AttnscopeError(f"{step}: no examples to analyse (all were empty"
+                             + (f" or longer than max_seq_len {options.max_seq_len})" if options else ")"))
+    results = {a.name: a.finalize() for a in analyses}
+    return PassOutcome(results, done, stats, time.perf_counter() - t0, timings)
+
+
+def _encoder(model):
+    from attnscope.extract.encode import Encoder
+
+    return Encoder(model)
