@@ -26,17 +26,23 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     def info_cli(
         store: Path = typer.Argument(..., help="Store folder."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-        verify: bool = typer.Option(False, "--verify", help="Check every shard's checksum."),
+        verify: bool = typer.Option(False, "--verify", help="Also check every shard's checksum "
+                                    "(reads every byte; sizes are always checked)."),
     ) -> None:
-        """Print what a store holds."""
+        """Print what a store holds; a shard missing, cut short or (with --verify) changed is an
+        error naming it."""
         from attnscope.errors import StoreError
         from attnscope.store import open_store
 
         s = open_store(store)
+        s.check_shards()  # sizes, always: a cut shard is an error, not "status: complete"
         summary = s.summary()
         if verify:
             problems = s.verify()
-            summary["verify"] = problems or "ok"
+            if problems:
+                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                raise StoreError(f"{problems[0]}{more}")
+            summary["verify"] = "ok"
         if as_json:
             print(json.dumps(summary, indent=1))
         else:
@@ -53,8 +59,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                 for label, value in rows:
                     t.add_row(label, value)
                 results.print(t)
-        if verify and summary["verify"] != "ok":
-            raise StoreError(f"{store}: {len(problems)} problem(s): {problems[0]}")
 
     @app.command("export")
     def export_cli(
