@@ -41,6 +41,17 @@ SHARED_HELP: dict[str, str] = {
 }
 
 
+#: The shortest ``--max-seq-len`` any command accepts (``run`` refuses less in
+#: ``pipeline.check_config``): room for the special tokens and a few words.
+MIN_MAX_SEQ_LEN = 8
+
+
+def max_seq_len_option(default: int = 128, help: str = SHARED_HELP["--max-seq-len"]) -> int:
+    """``--max-seq-len``, checked the same way by every command (a value below
+    :data:`MIN_MAX_SEQ_LEN` is a usage error, before anything is read)."""
+    return typer.Option(default, "--max-seq-len", min=MIN_MAX_SEQ_LEN, help=help)
+
+
 def quiet_option() -> bool:
     return typer.Option(False, "--quiet", "-q", help=SHARED_HELP["--quiet"])
 

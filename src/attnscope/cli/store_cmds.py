@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from attnscope.cli.common import check_writable
 from attnscope.cli.output import results
 
 #: Table labels that say what a number counts (``info``).
@@ -71,8 +72,9 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         from attnscope.store import open_store
         from attnscope.store.paper_pickle import export_paper_pickle
 
-        s = open_store(store)
         target = out or store.parent / f"{store.name}_attn.pkl"
+        check_writable(target, folder=False)
+        s = open_store(store)
         n = export_paper_pickle(s, target)
         results.print(f"{target}: {n} examples in the paper code's pickle layout")
 
@@ -87,5 +89,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         """Read a paper-code pickle into a store (refused without --allow-pickle)."""
         from attnscope.store.paper_pickle import import_paper_pickle
 
+        check_writable(out, folder=True)
         n = import_paper_pickle(file, out, allow_pickle=allow_pickle, overwrite=overwrite)
         results.print(f"{out}: {n} examples imported from {file}")
