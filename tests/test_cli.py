@@ -99,3 +99,35 @@ def test_real_process_prints_one_line_and_no_traceback(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == f"error: {p}:2: example 1: 'words' is empty"
     assert "Traceback" not in r.stderr
+
+
+def test_info_checks_shard_sizes_always_and_checksums_with_verify(tmp_path, capsys):
+    """`info` said `status: complete` and exited 0 on a store with a cut shard. Now every shard's
+    size is checked against its own header (cheap, always) and --verify checks the sha256 the
+    index holds; a bad shard is one line naming it, and nothing is printed on stdout."""
+    p = tmp_path / "in.json"
+    p.write_text(json.dumps([{"text": f"the cat number {i} sat"} for i in range(6)]))
+    assert run(capsys, "extract", p, "--model", "debug", "--out", tmp_path / "s", "--shard-size", "2",
+               "-q")[0] == 0
+    shards = sorted((tmp_path / "s" / "shards").glob("*.safetensors"))
+    assert len(shards) == 3
+    good = {f: f.read_bytes() for f in shards}
+
+    shards[1].write_bytes(good[shards[1]][:-10])  # cut short
+    for flags in ([], ["--verify"], ["--json"]):
+        code, out, err = run(capsys, "info", tmp_path / "s", *flags)
+        assert code == 2 and out == "" and err.splitlines() == [err.strip()]
+        assert err.startswith(f"error: {shards[1]}: corrupt or truncated shard")
+
+    shards[1].write_bytes(good[shards[1]])
+    flipped = bytearray(good[shards[2]])
+    flipped[-3] ^= 0xFF  # same size, one byte of the last array changed: only a checksum sees it
+    shards[2].write_bytes(bytes(flipped))
+    code, out, err = run(capsys, "info", tmp_path / "s", "--json")
+    assert code == 0 and json.loads(out)["status"] == "complete"
+    code, out, err = run(capsys, "info", tmp_path / "s", "--verify")
+    assert code == 2 and out == "" and err == f"error: {shards[2]}: checksum mismatch (corrupt)\n"
+
+    shards[2].unlink()
+    code, out, err = run(capsys, "info", tmp_path / "s")
+    assert code == 2 and out == "" and err == f"error: {shards[2]}: shard missing\n"

@@ -118,3 +118,42 @@ def test_run_refuses_two_families_declaring_the_same_option():
     with pytest.raises(ValueError, match="families longctx and clone both declare 'chunk'"):
         _run_command([*families, clone])
     _run_command(families)  # the registry itself has no clash
+
+
+def _leading_flags(line: str) -> list[str]:
+    """The option names that open a help line (``-o, --out DIR  Folder ...`` -> -o, --out),
+    with any table border in front (typer's rich layout) taken off."""
+    words = line.strip(" │*").replace(",", " ").replace(" / ", " ").split()
+    flags = []
+    for w in words:
+        if not w.startswith("-"):
+            break
+        flags.append(w)
+    return flags
+
+
+@pytest.mark.parametrize("path", [p.split()[1:] for p, _ in _commands(build_command())],
+                         ids=lambda p: " ".join(p) or "attnscope")
+def test_help_at_80_columns_shows_every_option_name_whole(capsys, monkeypatch, path):
+    """At 80 columns rich's option table cut seven names of `run --help` (`--attribution-examp…`
+    stood for both --attribution-examples and --attribution-example): every option of every
+    command must open one line of its help with all its names whole."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main([*path, "--help"]) == 0
+    out = capsys.readouterr().out
+    rows = [set(_leading_flags(line)) for line in out.splitlines()]
+    command = build_command()
+    for name in path:
+        command = command.commands[name]
+    for param in command.params:
+        if getattr(param, "param_type_name", "") == "option":
+            names = {*param.opts, *param.secondary_opts}
+            assert any(names <= row for row in rows), f"{' '.join(path)}: {sorted(names)} not whole"
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_help_text_is_printed_as_written(capsys):
+    """Help is not read as rich markup, which swallowed `[ray]` in the install hint."""
+    assert main(["run", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "pip install 'attnscope[ray]'" in out

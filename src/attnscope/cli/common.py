@@ -1,9 +1,12 @@
-"""Pieces shared by the command modules: console, progress bars, input reading."""
+"""Pieces shared by the command modules: console, progress bars, input reading, and the check
+of every output location before any work."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,7 +33,10 @@ def _progress(description: str, *fields: str, transient: bool):
     columns = [TextColumn(description), BarColumn(), MofNCompleteColumn(),
                *(TextColumn(f) for f in fields), TimeElapsedColumn(), TextColumn("ETA"),
                TimeRemainingColumn()]
-    return Progress(*columns, console=console, transient=transient)
+    # A transient display draws nothing where stderr is not a terminal (a log file, a pipe), but
+    # rich still ends it with an empty line there, before the error or summary that follows.
+    return Progress(*columns, console=console, transient=transient,
+                    disable=transient and not console.is_interactive)
 
 
 @contextmanager
@@ -85,9 +91,51 @@ def step_progress(quiet: bool, overall: bool = False):
 
 def read_inputs(path: Path):
     """Examples from a JSON / JSON Lines file; paper-format or CoNLL-U dependency files too."""
-    from attnscope.data.depparse import iter_depparse
     from attnscope.data.io import read_examples
 
     if path.suffix.lower() in (".conllu", ".conll"):
-        return list(iter_depparse(path))
+        return read_depparse(path)
     return read_examples(path)
+
+
+def read_depparse(path: Path, limit: int | None = None) -> list:
+    """The sentences of a dependency file (at most ``limit``); a file with none is refused, as
+    an empty JSON file is, rather than making an empty output."""
+    import itertools
+
+    from attnscope.data.depparse import iter_depparse
+    from attnscope.errors import InputError
+
+    examples = list(itertools.islice(iter_depparse(path), limit))
+    if not examples:
+        raise InputError(path, "holds no sentences")
+    return examples
+
+
+def check_writable(path: Path, *, folder: bool, option: str = "--out") -> None:
+    """Refuse an output that cannot be written, before any model loads or any work is done.
+
+    ``path`` is the folder (``folder``) or file a command will write. It must not be a file
+    where a folder is meant or the other way round, and the nearest folder that exists on its
+    way must take a new file: a probe file is made there and removed, so nothing is left
+    behind (no folder is made). Mode bits are not trusted: they do not stop root, while a
+    read-only mount stops everyone.
+    """
+    from attnscope.errors import AttnscopeError
+
+    path = Path(path)
+    try:
+        if path.exists() and path.is_dir() != folder:
+            what = "a file, not a folder" if folder else "a folder, not a file"
+            raise AttnscopeError(f"{path}: is {what} (choose another {option})")
+        parent = path if path.is_dir() else path.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise AttnscopeError(f"{path}: cannot be made, {parent} is a file (choose another {option})")
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".attnscope-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = (exc.strerror or type(exc).__name__).lower()
+        raise AttnscopeError(f"{path}: cannot be written ({reason}; choose another {option})") from None

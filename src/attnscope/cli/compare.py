@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import command_line, console, step_progress
+from attnscope.cli.common import check_writable, command_line, console, step_progress
+from attnscope.cli.options import max_seq_len_option
 
 
 class Level(str, Enum):
@@ -30,7 +31,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         level: Level = typer.Option(Level.auto, "--level", help="auto: tokens when both tokenize alike, else words."),
         n_boot: int = typer.Option(1000, "--n-boot", help="Bootstrap resamples for the intervals."),
         seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap (and of model loading)."),
-        max_seq_len: int = typer.Option(128, "--max-seq-len", help="With --model-a/-b: longer examples are skipped."),
+        max_seq_len: int = max_seq_len_option(128, "With --model-a/-b: longer examples are skipped."),
         batch_size: int = typer.Option(16, "--batch-size"),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier comparison in --out."),
         quiet: bool = typer.Option(False, "--quiet", "-q"),
@@ -54,6 +55,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
             raise AttnscopeError("give two stores or run folders (A B), or --model-a, --model-b and --inputs")
         elif max_seq_len != 128 or batch_size != 16:
             raise AttnscopeError("--max-seq-len/--batch-size are for --model-a/--model-b only")
+        check_writable(out, folder=True)
         with step_progress(quiet) as progress:
             if with_models:
                 cmp = compare_models(model_a, model_b, inputs, out, max_seq_len=max_seq_len,

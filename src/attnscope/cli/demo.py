@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import command_line, console, step_progress
+from attnscope.cli.common import check_writable, command_line, console, step_progress
 from attnscope.cli.options import quiet_option
 from attnscope.cli.run import print_outcome
 
@@ -29,6 +29,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         """Run every analysis on a small sample that ships with attnscope; print the report's path."""
         from attnscope.pipeline import run_demo
 
+        check_writable(out, folder=True)
         if not quiet:
             console.print(f"demo: writing to {out.resolve()} (change with --out)")
         with step_progress(quiet, overall=True) as progress:

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import command_line, console, progress_bar, read_inputs
+from attnscope.cli.common import check_writable, command_line, console, progress_bar, read_inputs
 from attnscope.cli.options import (
     MODEL_HELP,
     batch_size_option,
     device_option,
+    max_seq_len_option,
     quiet_option,
     ray_option,
     seed_option,
@@ -39,7 +40,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         model: str = typer.Option("default", "--model", "-m",
                                   help=MODEL_HELP),
         debug: bool = typer.Option(False, "--debug", help="Use a tiny random BERT (like the paper code's --debug)."),
-        max_seq_len: int = typer.Option(128, "--max-seq-len", help="Longer examples are skipped (or cut with --truncate)."),
+        max_seq_len: int = max_seq_len_option(128, "Longer examples are skipped (or cut with --truncate)."),
         truncate: bool = typer.Option(False, "--truncate", help="Cut over-long examples instead of skipping them."),
         batch_size: int = batch_size_option(16),
         cased: bool = typer.Option(None, "--cased/--uncased", help="Default: the tokenizer's own setting."),
@@ -47,7 +48,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         from_word: FromWord = typer.Option(FromWord.mean, "--from-word",
                                            help="Attention FROM a split word: mean of its pieces (paper) or first piece (paper code)."),
         dtype: Dtype = typer.Option(Dtype.float16, "--dtype", help="Number type of the stored maps."),
-        shard_size: int = typer.Option(128, "--shard-size", help="Examples per shard file."),
+        shard_size: int = typer.Option(128, "--shard-size", min=1, help="Examples per shard file."),
         seed: int = seed_option(0),
         device: str = device_option(),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted store."),
@@ -69,13 +70,14 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         resolve_device(device)  # a bad --device is refused before anything is read or written
         examples = read_inputs(input)
         check_output_folder(out, resume=resume, overwrite=overwrite)  # before the model loads
-        lm = load_model("debug" if debug else model, seed=seed, device=device)
+        check_writable(out, folder=True)
         options = ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, word_level=word_level,
                                  from_word=from_word.value, truncate=truncate,
                                  casing=None if cased is None else ("cased" if cased else "uncased"),
                                  seed=seed)
         source = {"path": str(input), "file_sha256": file_fingerprint(input)}
         try:
+            lm = load_model("debug" if debug else model, seed=seed, device=device)
             with progress_bar("extract", len(examples), quiet) as advance:
                 if ray:
                     from attnscope.scale.ray import extract_on_ray
@@ -92,10 +94,36 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
             if exc.where is None:
                 raise InputError(input, str(exc)) from None
             raise
+        except KeyboardInterrupt:
+            console.print(interrupted_line(out), markup=False, highlight=False)
+            raise
         for w in stats.warnings:
             console.print(f"[yellow]warning:[/] {w}")
         if not quiet:
             print_extract_summary(stats, out, options)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def interrupted_line(out: Path) -> str:
+    """What an interrupted extract leaves in ``out``: the examples of its whole shards (a shard
+    in flight is never half written), which ``--resume`` keeps."""
+    from attnscope.errors import StoreError
+    from attnscope.store import open_store
+    from attnscope.store.format import MANIFEST
+
+    if not (out / MANIFEST).is_file():
+        return f"interrupted: nothing was written to {out}"
+    try:
+        store = open_store(out)
+    except StoreError:
+        return f"interrupted: {out} is unfinished; run the same command with --resume to continue"
+    kept = f"{_plural(len(store), 'example')} in {_plural(len(store.shards()), 'complete shard')}"
+    if store.complete:
+        return f"interrupted: {out} is complete ({kept})"
+    return f"interrupted: {out} keeps {kept}; run the same command with --resume to continue"
 
 
 def print_extract_summary(stats, out: Path, options) -> None:

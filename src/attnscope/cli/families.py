@@ -18,11 +18,12 @@ from typing import Any
 
 import typer
 
-from attnscope.cli.common import console, step_progress
+from attnscope.cli.common import check_writable, console, step_progress
 from attnscope.cli.options import (
     MODEL_HELP,
     batch_size_option,
     device_option,
+    max_seq_len_option,
     quiet_option,
     ray_option,
     seed_option,
@@ -92,8 +93,8 @@ def shared_params(*, model_default: str | None, model_help: str) -> list[inspect
         _param("out", Path, typer.Option(..., "--out", "-o", help="Output folder (tables/, figures/, "
                                          "results/).", metavar="DIR")),
         _param("model", str | None, typer.Option(model_default, "--model", "-m", help=model_help)),
-        _param("max_seq_len", int, typer.Option(128, "--max-seq-len", help="Tokens per example, "
-                                                "special tokens included; longer ones are skipped.")),
+        _param("max_seq_len", int, max_seq_len_option(128, "Tokens per example, special tokens "
+                                                      "included; longer ones are skipped.")),
         _param("batch_size", int, batch_size_option(16)),
         _param("seed", int, seed_option(0)),
         _param("device", str, device_option()),
@@ -128,6 +129,9 @@ def _analyze_command(fam):
         shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed", "device",
                                              "ray", "workers")}
         save_maps = values.pop("save_maps", None)
+        check_writable(out, folder=True)
+        if save_maps is not None:
+            check_writable(save_maps, folder=True, option="--save-maps")
         inputs = {}
         for i, inp in enumerate(fam.inputs):
             value = values.pop(inp.argument or inp.name if i == 0 else inp.name)

@@ -7,8 +7,9 @@ Two ways to use it:
   every command;
 - :func:`polish_help` walks the built click command tree once (``cli.main`` does it) and fixes
   what the declarations leave to Typer: boolean flags get no ``<bool>`` value placeholder,
-  repeatable options say so instead of ``<list[Path]>``, and a shared option declared
-  without help gets the help text from :data:`SHARED_HELP`.
+  repeatable options say so instead of ``<list[Path]>``, a shared option declared
+  without help gets the help text from :data:`SHARED_HELP`, and the help is click's plain
+  layout (see :func:`polish_help`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ SHARED_HELP: dict[str, str] = {
     "--device": "Where the model runs: cpu, auto (CUDA when torch sees a GPU, else cpu), cuda, "
                 "cuda:N or mps. The GPU path has not been run on a GPU in this project yet.",
 }
+
+
+#: The shortest ``--max-seq-len`` any command accepts (``run`` refuses less in
+#: ``pipeline.check_config``): room for the special tokens and a few words.
+MIN_MAX_SEQ_LEN = 8
+
+
+def max_seq_len_option(default: int = 128, help: str = SHARED_HELP["--max-seq-len"]) -> int:
+    """``--max-seq-len``, checked the same way by every command (a value below
+    :data:`MIN_MAX_SEQ_LEN` is a usage error, before anything is read)."""
+    return typer.Option(default, "--max-seq-len", min=MIN_MAX_SEQ_LEN, help=help)
 
 
 def quiet_option() -> bool:
@@ -95,7 +107,20 @@ def polish_param(param) -> None:
 
 
 def polish_help(command) -> None:
-    """Apply :func:`polish_param` to every parameter of ``command`` and its subcommands."""
+    """Apply :func:`polish_param` to every parameter of ``command`` and its subcommands, and
+    render their help in click's plain layout.
+
+    Typer's rich layout sets the options out as a table whose columns rich shrinks to fit
+    the terminal: at 80 columns it cut long option names (``--attribution-examp…`` stood for
+    two options), and it reads help text as rich markup, which swallowed ``[ray]`` in
+    ``pip install 'attnscope[ray]'``. Click's layout writes every option name whole (the help
+    moves to the next line when a name is long) and prints help text as written. A command's
+    line in its group's list is its help's first paragraph, wrapped rather than cut short.
+    """
+    if hasattr(command, "rich_markup_mode"):
+        command.rich_markup_mode = None
+    if getattr(command, "help", None) and not getattr(command, "short_help", None):
+        command.short_help = " ".join(command.help.split("\n\n")[0].split())
     for param in getattr(command, "params", ()):
         polish_param(param)
     original = getattr(command, "get_help_option", None)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from attnscope.cli.common import check_writable, read_depparse
+from attnscope.cli.options import max_seq_len_option
 from attnscope.cli.output import results
 
 
@@ -19,9 +21,9 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         file: Path = typer.Argument(..., help="Sentence-per-line text, blank lines between documents."),
         out: Path = typer.Option(..., "--out", "-o", help="Where to write the examples (JSON)."),
         model: str = typer.Option("default", "--model", help="Model whose tokenizer counts lengths."),
-        max_seq_len: int = typer.Option(128, "--max-seq-len", help="Tokens per example, special tokens included."),
-        num_docs: int = typer.Option(None, "--num-docs", help="Use at most this many documents."),
-        num_examples: int = typer.Option(None, "--num-examples", help="Write at most this many examples."),
+        max_seq_len: int = max_seq_len_option(128, "Tokens per example, special tokens included."),
+        num_docs: int = typer.Option(None, "--num-docs", min=1, help="Use at most this many documents."),
+        num_examples: int = typer.Option(None, "--num-examples", min=1, help="Write at most this many examples."),
         seed: int = typer.Option(0, "--seed", help="Seed for the A/B split points and the truncation side."),
         packing: str = typer.Option("bert", "--packing",
                                     help="bert: fill each example to --max-seq-len as BERT's pre-training "
@@ -37,6 +39,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
 
         if packing not in PACKINGS:
             raise AttnscopeError(f"--packing must be one of {', '.join(PACKINGS)}, not {packing!r}")
+        check_writable(out, folder=False)
         from attnscope.data.io import write_examples
         from attnscope.data.unlabeled import UnlabeledStats, prepare_unlabeled
         from attnscope.models import load_model
@@ -54,19 +57,17 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="A paper-format file (word head-relation) or CoNLL-U; "
                                               "a folder with train/dev files writes one output per split."),
         out: Path = typer.Option(..., "--out", "-o", help="Output JSON (or a folder for a split folder)."),
-        limit: int = typer.Option(None, "--limit", help="Keep at most this many sentences per file."),
+        limit: int = typer.Option(None, "--limit", min=1, help="Keep at most this many sentences per file."),
     ) -> None:
         """Read dependency trees into examples with words, heads, relns and pos."""
-        import itertools
-
-        from attnscope.data.depparse import depparse_splits, iter_depparse
+        from attnscope.data.depparse import depparse_splits
         from attnscope.data.io import write_examples
 
-        if path.is_dir():
-            for split, f in depparse_splits(path).items():
-                target = out / f"{split}.json"
-                n = write_examples(itertools.islice(iter_depparse(f), limit), target)
-                results.print(f"{target}: {n} sentences from {f}")
-        else:
-            n = write_examples(itertools.islice(iter_depparse(path), limit), out)
-            results.print(f"{out}: {n} sentences from {path}")
+        check_writable(out, folder=path.is_dir())
+        # every file is read (and refused when bad or empty) before anything is written
+        sources = depparse_splits(path) if path.is_dir() else {None: path}
+        read = {split: read_depparse(f, limit) for split, f in sources.items()}
+        for split, examples in read.items():
+            target = out if split is None else out / f"{split}.json"
+            n = write_examples(examples, target)
+            results.print(f"{target}: {n} sentences from {sources[split]}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import command_line, console, step_progress
+from attnscope.cli.common import check_writable, command_line, console, step_progress
 from attnscope.cli.families import (
     QUIET,
     _param,
@@ -40,6 +40,7 @@ def _run_command(families):
 
         quiet, out = values.pop("quiet"), values.pop("out")
         resume, overwrite = values.pop("resume"), values.pop("overwrite")
+        check_writable(out, folder=True)
         engine = {"ray": values.pop("ray"), "workers": values.pop("workers")}
         for inp in (i for fam in families for i in fam.inputs if i.multiple):
             values[inp.name] = list(values[inp.name] or [])

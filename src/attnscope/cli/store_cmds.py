@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from attnscope.cli.common import check_writable
 from attnscope.cli.output import results
 
 #: Table labels that say what a number counts (``info``).
@@ -26,17 +27,23 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     def info_cli(
         store: Path = typer.Argument(..., help="Store folder."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-        verify: bool = typer.Option(False, "--verify", help="Check every shard's checksum."),
+        verify: bool = typer.Option(False, "--verify", help="Also check every shard's checksum "
+                                    "(reads every byte; sizes are always checked)."),
     ) -> None:
-        """Print what a store holds."""
+        """Print what a store holds; a shard missing, cut short or (with --verify) changed is an
+        error naming it."""
         from attnscope.errors import StoreError
         from attnscope.store import open_store
 
         s = open_store(store)
+        s.check_shards()  # sizes, always: a cut shard is an error, not "status: complete"
         summary = s.summary()
         if verify:
             problems = s.verify()
-            summary["verify"] = problems or "ok"
+            if problems:
+                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                raise StoreError(f"{problems[0]}{more}")
+            summary["verify"] = "ok"
         if as_json:
             print(json.dumps(summary, indent=1))
         else:
@@ -53,8 +60,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                 for label, value in rows:
                     t.add_row(label, value)
                 results.print(t)
-        if verify and summary["verify"] != "ok":
-            raise StoreError(f"{store}: {len(problems)} problem(s): {problems[0]}")
 
     @app.command("export")
     def export_cli(
@@ -67,8 +72,9 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         from attnscope.store import open_store
         from attnscope.store.paper_pickle import export_paper_pickle
 
-        s = open_store(store)
         target = out or store.parent / f"{store.name}_attn.pkl"
+        check_writable(target, folder=False)
+        s = open_store(store)
         n = export_paper_pickle(s, target)
         results.print(f"{target}: {n} examples in the paper code's pickle layout")
 
@@ -83,5 +89,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         """Read a paper-code pickle into a store (refused without --allow-pickle)."""
         from attnscope.store.paper_pickle import import_paper_pickle
 
+        check_writable(out, folder=True)
         n = import_paper_pickle(file, out, allow_pickle=allow_pickle, overwrite=overwrite)
         results.print(f"{out}: {n} examples imported from {file}")

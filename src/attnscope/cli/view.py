@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import console
+from attnscope.cli.common import check_writable, console
 from attnscope.cli.output import results
 
 
@@ -71,6 +71,9 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
         from attnscope.viz.write import write_view
 
+        for path, option in ((out, "--out"), (png, "--png"), (svg, "--svg")):
+            if path is not None:
+                check_writable(path, folder=False, option=option)
         res = write_view(store, example, view.value, out, layer=layer, heads=_parse_heads(heads),
                          head=head, query=query, pair_filter=pair_filter.value,
                          hide_special=hide_special, model=model, png=png, svg=svg, scale=scale,

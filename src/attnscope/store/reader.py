@@ -199,6 +199,15 @@ class Store:
         for batch in self.batches():
             yield from batch
 
+    def check_shards(self) -> None:
+        """Every shard the store lists is on disk and whole, or a StoreError naming the first
+        that is not. Cheap (no array is read): a safetensors header says where each array
+        ends, so a shard cut short or grown no longer matches its own header. A shard changed
+        in place keeps its size; :meth:`verify` finds that one by its checksum."""
+        for shard in self.shards():
+            with self._open(shard):
+                pass
+
     def verify(self) -> list[str]:
         """Check every shard against the checksums in the index; returns the problems."""
         from attnscope.store.writer import file_sha256
@@ -206,7 +215,7 @@ class Store:
         problems = []
         ipath = self.path / INDEX
         if not ipath.is_file():
-            return ["no index.json: the store is unfinished (run extract again with --resume)"]
+            return [f"{self.path}: no index.json: the store is unfinished (run extract again with --resume)"]
         index = _read_json_object(ipath, "index")
         shards = index.get("shards")
         if not isinstance(shards, list):
