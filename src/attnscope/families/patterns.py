@@ -5,9 +5,11 @@ Input: examples (JSON list or JSON Lines), sentence-per-line text (made into
 store folder written by ``attnscope extract`` (token level). One streamed pass feeds
 :class:`~attnscope.analyses.patterns.VigPatterns` together with the section 3 analyses it
 refers to (relative position for patterns 1 and 2, special tokens for pattern 6, entropy for
-the section 6 labels shown beside). When the model is run, a second pass over each batch
+the section 6 labels shown beside). When the model is run, the same pass over each batch
 collects the keys through the forward helper's ``"k"`` hook for
-:class:`~attnscope.analyses.patterns.KeyConcentration` (a store holds no keys).
+:class:`~attnscope.analyses.patterns.KeyConcentration` (a store holds no keys, and a model
+whose attention does not go through transformers' ``AttentionInterface``, such as MPNet, gives
+its maps but no hook points: key concentration is then skipped with a note).
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class PatternsFamily(Family):
         from attnscope.analyses.relative_position import RelativePosition
         from attnscope.analyses.special_tokens import SpecialTokens
         from attnscope.analyses.token_classes import TokenClasser
+        from attnscope.models.forward import supports_hooks
         from attnscope.models.loading import seed_everything
         from attnscope.report.patterns import write_patterns
 
@@ -126,9 +129,15 @@ class PatternsFamily(Family):
         notes += [note] if note else []
         analyses = [VigPatterns(classer, causal=causal), SpecialTokens(classer), RelativePosition(),
                     Entropy(causal=causal)]
-        keys = KeyConcentration() if kind != "store" else None
-        if keys is None:
+        keys = None
+        if kind == "store":
             notes.append("key concentration needs the model's forward pass; a store holds only the maps")
+        elif not supports_hooks(model):
+            notes.append(f"key concentration skipped: {model.name} does not route attention through "
+                         "transformers' AttentionInterface, so its keys cannot be hooked (the patterns "
+                         "come from its attention maps)")
+        else:
+            keys = KeyConcentration()
         total = prepared.weight
         done = 0
         t0 = time.perf_counter()
@@ -163,15 +172,18 @@ def _options(ctx: Context):
     return ExtractOptions(max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size, seed=ctx.seed)
 
 
-def _model_batches(model, examples, ctx: Context, keys: KeyConcentration, classer, stats):
+def _model_batches(model, examples, ctx: Context, keys: KeyConcentration | None, classer, stats):
     """One :class:`AttentionBatch` per planned batch; the same forward pass feeds ``keys``
-    through the forward helper's ``"k"`` hook."""
+    through the forward helper's ``"k"`` hook (None: the maps alone)."""
     import numpy as np
 
     from attnscope.extract.runner import Extractor
 
     extractor = Extractor(model, _options(ctx), stats)
     for planned in extractor.plan(examples):
+        if keys is None:
+            yield extractor.run_batch(planned)
+            continue
         width = max(len(e) for e in planned)
         classes = np.full((len(planned), width), -1, dtype=np.int64)
         for b, e in enumerate(planned):
