@@ -164,6 +164,62 @@ def test_importance_is_mean_abs_gradient_normalised_and_batching_invariant(bert_
     assert {r["rank"] for r in a.tables["head_importance"]} == set(range(1, 5))
 
 
+def _context_dots(lm, examples) -> list[np.ndarray]:
+    """Michel et al.'s quantity, by torch autograd on the plain model: per example ``[n L H]``,
+    ``<dL/d ctx_t, ctx_t>`` for each head's slice of the input of GPT-2's ``c_proj`` (the heads'
+    outputs), with ``L`` the mean next-token cross-entropy, logits from the tied embeddings."""
+    H = lm.num_heads
+    out = []
+    for e in examples:
+        ctx = []
+        hooks = [blk.attn.c_proj.register_forward_pre_hook(lambda m, a, ctx=ctx: ctx.append(a[0]))
+                 for blk in lm.model.h]
+        try:
+            with torch.enable_grad():
+                ids = torch.tensor([e.input_ids])
+                hidden = lm.model(input_ids=ids).last_hidden_state[0]  # [n D]
+                logits = hidden @ lm.model.wte.weight.T
+                loss = torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:])
+                grads = torch.autograd.grad(loss, ctx)
+        finally:
+            for h in hooks:
+                h.remove()
+        n = len(e.input_ids)
+        dots = [(g[0] * c[0]).reshape(n, H, -1).sum(-1).detach().numpy() for g, c in zip(grads, ctx)]
+        out.append(np.stack(dots, axis=1))  # [n L H]
+    return out
+
+
+def test_importance_released_norm_is_abs_per_token_over_tokens(gpt2_64):
+    obj = Objective(gpt2_64)
+    enc, _ = encode_examples(gpt2_64, TEXTS)
+    dots = _context_dots(gpt2_64, enc)
+    released = sum(np.abs(d).sum(0) for d in dots) / sum(len(d) for d in dots)  # abs per token
+    paper = sum(np.abs(d.sum(0)) for d in dots) / len(dots)  # abs per example
+    got = {}
+    for norm in ("paper", "released"):
+        imp = HeadImportance(obj, batch_size=2, norm=norm)  # padded batches of 2 and 1
+        imp.update(enc)
+        got[norm] = imp.finalize()
+        assert got[norm].params["norm"] == norm
+        assert got[norm].meta["tokens"] == sum(len(e) for e in enc)
+    np.testing.assert_allclose(got["released"].arrays["importance_raw"], released, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got["paper"].arrays["importance_raw"], paper, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got["released"].arrays["importance"], normalise_per_layer(released), rtol=1e-9)
+    # the option matters here: the per-layer normalised scores differ by more than rounding
+    diff = np.abs(got["released"].arrays["importance"] - got["paper"].arrays["importance"]).max()
+    assert diff > 1e-2, diff
+    merged = HeadImportance(obj, norm="released")
+    merged.update(enc[:1])
+    rest = HeadImportance(obj, norm="released")
+    rest.update(enc[1:])
+    np.testing.assert_allclose(merged.merge(rest).finalize().arrays["importance_raw"], released, rtol=1e-9)
+    with pytest.raises(ValueError, match="cannot merge"):
+        HeadImportance(obj, norm="paper").merge(HeadImportance(obj, norm="released"))
+    with pytest.raises(ValueError, match="norm must be one of paper, released"):
+        HeadImportance(obj, norm="code")
+
+
 def test_objective_refuses_encoder_without_head(debug_bert):
     from attnscope.errors import ModelError
 

@@ -3,7 +3,8 @@
 Inputs: sentence-per-line text (built into pairs as for the general family) or examples JSON /
 JSON Lines. Over the first ``--attribution-examples`` examples it runs the selected methods:
 
-- ``importance``: head importance (Michel et al. 2019), :mod:`attnscope.analyses.importance`;
+- ``importance``: head importance (Michel et al. 2019; ``--importance-norm`` picks the paper's
+  equation or their released code's normalisation), :mod:`attnscope.analyses.importance`;
 - ``ablation``: per-head zero and mean ablation, :mod:`attnscope.analyses.ablation`;
 - ``pruning``: pruning curves by importance vs a seeded random order (needs ``importance``);
 - ``rollout``: rollout/flow agreement with raw attention and saliency over ``--attribution-map-examples``
@@ -46,6 +47,9 @@ class AttributionOptions:
     attribution_example: int = option(-1, "Index (among the analysed examples) of the example whose maps "
                                       "are drawn; -1: the shortest.")
     ablation: str = option("both", "Which ablation: zero, mean or both.", choices=("zero", "mean", "both"))
+    importance_norm: str = option("paper", "Head importance: paper (Michel et al.'s equation, |dL/d gate| "
+                                  "per example) or released (their code: |dL/d gate| per token, divided "
+                                  "by the tokens).", choices=("paper", "released"))
     flow_max_tokens: int = option(32, "Longest input attention flow is computed for.")
     attribution_fit_head: bool = option(False, "Encoders without a masked-LM head: train an output layer on "
                                 "the frozen encoder so the loss-based methods can run.")
@@ -142,7 +146,7 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
     if objective is not None:
         notes.append(f"loss: {objective.describe()['loss']}")
         if "importance" in methods:
-            imp = HeadImportance(objective, batch_size=max(1, batch_size // 2))
+            imp = HeadImportance(objective, batch_size=max(1, batch_size // 2), norm=options.importance_norm)
             imp.update(encoded)
             results["head-importance"] = imp.finalize()
             step("attribution: importance", 1, 1)
