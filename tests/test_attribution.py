@@ -344,6 +344,53 @@ def test_norm_shares_are_shares(debug_bert):
     assert (maps["layer_norms"] <= maps["norms"].sum(1) + 1e-9).all()
 
 
+def test_norm_shares_pool_rows_where_kobayashi_averages_examples(debug_bert):
+    """attnscope pools rows over examples; Kobayashi et al.'s re-examine.py averages each example's
+    mean over rows. So attnscope = the length-weighted mean of the per-example means: equal to
+    theirs when every example has the same length, different otherwise."""
+    same = [Example(text="the cat sat on the mat."), Example(text="the dog ran to the house.")]
+    other = Example(text="she said, it was not there because he was big and old.")
+    lm = debug_bert
+    dec = NormDecomposer(lm)
+
+    def per_example(enc):  # [L C] per example: class sums of weights and of norm shares, mean over heads, rows
+        w, s, n = [], [], []
+        for e in enc:
+            t = np.asarray(e.tokens)
+            first = t == "[CLS]"
+            sep = t == "[SEP]"
+            punct = np.isin(t, [".", ","])
+            cols = np.stack([first, sep, punct, ~(first | sep | punct)]).astype(float).T  # [n C]
+            with torch.inference_mode():
+                out = lm.model(input_ids=torch.tensor([e.input_ids]),
+                               token_type_ids=torch.tensor([e.token_type_ids]), output_attentions=True)
+            attn = np.stack([a[0].double().numpy() for a in out.attentions])  # [L H n n]
+            norms = example_norm_maps(dec, e)["norms"]
+            share = norms / norms.sum(-1, keepdims=True)
+            w.append((attn @ cols).mean((1, 2)))
+            s.append((share @ cols).mean((1, 2)))
+            n.append(len(e))
+        return np.array(w), np.array(s), np.array(n, dtype=float)
+
+    for examples, equal_lengths in ((same, True), (same + [other], False)):
+        enc, _ = encode_examples(lm, examples)
+        ns = NormShares(lm)
+        ns.update(enc)
+        res = ns.finalize()
+        w, s, n = per_example(enc)
+        assert (len(set(n)) == 1) == equal_lengths
+        pooled_w = (n[:, None, None] * w).sum(0) / n.sum()
+        pooled_s = (n[:, None, None] * s).sum(0) / n.sum()
+        np.testing.assert_allclose(res.arrays["weight_share"], pooled_w, atol=1e-6)
+        np.testing.assert_allclose(res.arrays["norm_share"], pooled_s, atol=1e-6)
+        kobayashi = w.mean(0)  # mean over examples of per-example means
+        gap = np.abs(res.arrays["weight_share"] - kobayashi).max()
+        if equal_lengths:
+            assert gap < 1e-6
+        else:
+            assert gap > 1e-3, gap
+
+
 # -- value zeroing --------------------------------------------------------------------------
 def test_value_zeroing_matches_zeroing_the_value_projection(debug_bert):
     lm = debug_bert
