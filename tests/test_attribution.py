@@ -164,6 +164,62 @@ def test_importance_is_mean_abs_gradient_normalised_and_batching_invariant(bert_
     assert {r["rank"] for r in a.tables["head_importance"]} == set(range(1, 5))
 
 
+def _context_dots(lm, examples) -> list[np.ndarray]:
+    """Michel et al.'s quantity, by torch autograd on the plain model: per example ``[n L H]``,
+    ``<dL/d ctx_t, ctx_t>`` for each head's slice of the input of GPT-2's ``c_proj`` (the heads'
+    outputs), with ``L`` the mean next-token cross-entropy, logits from the tied embeddings."""
+    H = lm.num_heads
+    out = []
+    for e in examples:
+        ctx = []
+        hooks = [blk.attn.c_proj.register_forward_pre_hook(lambda m, a, ctx=ctx: ctx.append(a[0]))
+                 for blk in lm.model.h]
+        try:
+            with torch.enable_grad():
+                ids = torch.tensor([e.input_ids])
+                hidden = lm.model(input_ids=ids).last_hidden_state[0]  # [n D]
+                logits = hidden @ lm.model.wte.weight.T
+                loss = torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:])
+                grads = torch.autograd.grad(loss, ctx)
+        finally:
+            for h in hooks:
+                h.remove()
+        n = len(e.input_ids)
+        dots = [(g[0] * c[0]).reshape(n, H, -1).sum(-1).detach().numpy() for g, c in zip(grads, ctx)]
+        out.append(np.stack(dots, axis=1))  # [n L H]
+    return out
+
+
+def test_importance_released_norm_is_abs_per_token_over_tokens(gpt2_64):
+    obj = Objective(gpt2_64)
+    enc, _ = encode_examples(gpt2_64, TEXTS)
+    dots = _context_dots(gpt2_64, enc)
+    released = sum(np.abs(d).sum(0) for d in dots) / sum(len(d) for d in dots)  # abs per token
+    paper = sum(np.abs(d.sum(0)) for d in dots) / len(dots)  # abs per example
+    got = {}
+    for norm in ("paper", "released"):
+        imp = HeadImportance(obj, batch_size=2, norm=norm)  # padded batches of 2 and 1
+        imp.update(enc)
+        got[norm] = imp.finalize()
+        assert got[norm].params["norm"] == norm
+        assert got[norm].meta["tokens"] == sum(len(e) for e in enc)
+    np.testing.assert_allclose(got["released"].arrays["importance_raw"], released, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got["paper"].arrays["importance_raw"], paper, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got["released"].arrays["importance"], normalise_per_layer(released), rtol=1e-9)
+    # the option matters here: the per-layer normalised scores differ by more than rounding
+    diff = np.abs(got["released"].arrays["importance"] - got["paper"].arrays["importance"]).max()
+    assert diff > 1e-2, diff
+    merged = HeadImportance(obj, norm="released")
+    merged.update(enc[:1])
+    rest = HeadImportance(obj, norm="released")
+    rest.update(enc[1:])
+    np.testing.assert_allclose(merged.merge(rest).finalize().arrays["importance_raw"], released, rtol=1e-9)
+    with pytest.raises(ValueError, match="cannot merge"):
+        HeadImportance(obj, norm="paper").merge(HeadImportance(obj, norm="released"))
+    with pytest.raises(ValueError, match="norm must be one of paper, released"):
+        HeadImportance(obj, norm="code")
+
+
 def test_objective_refuses_encoder_without_head(debug_bert):
     from attnscope.errors import ModelError
 
@@ -286,6 +342,53 @@ def test_norm_shares_are_shares(debug_bert):
     assert maps["layer_norms"].shape == (2, n, n)
     # ||sum_h v_h|| <= sum_h ||v_h|| (triangle inequality)
     assert (maps["layer_norms"] <= maps["norms"].sum(1) + 1e-9).all()
+
+
+def test_norm_shares_pool_rows_where_kobayashi_averages_examples(debug_bert):
+    """attnscope pools rows over examples; Kobayashi et al.'s re-examine.py averages each example's
+    mean over rows. So attnscope = the length-weighted mean of the per-example means: equal to
+    theirs when every example has the same length, different otherwise."""
+    same = [Example(text="the cat sat on the mat."), Example(text="the dog ran to the house.")]
+    other = Example(text="she said, it was not there because he was big and old.")
+    lm = debug_bert
+    dec = NormDecomposer(lm)
+
+    def per_example(enc):  # [L C] per example: class sums of weights and of norm shares, mean over heads, rows
+        w, s, n = [], [], []
+        for e in enc:
+            t = np.asarray(e.tokens)
+            first = t == "[CLS]"
+            sep = t == "[SEP]"
+            punct = np.isin(t, [".", ","])
+            cols = np.stack([first, sep, punct, ~(first | sep | punct)]).astype(float).T  # [n C]
+            with torch.inference_mode():
+                out = lm.model(input_ids=torch.tensor([e.input_ids]),
+                               token_type_ids=torch.tensor([e.token_type_ids]), output_attentions=True)
+            attn = np.stack([a[0].double().numpy() for a in out.attentions])  # [L H n n]
+            norms = example_norm_maps(dec, e)["norms"]
+            share = norms / norms.sum(-1, keepdims=True)
+            w.append((attn @ cols).mean((1, 2)))
+            s.append((share @ cols).mean((1, 2)))
+            n.append(len(e))
+        return np.array(w), np.array(s), np.array(n, dtype=float)
+
+    for examples, equal_lengths in ((same, True), (same + [other], False)):
+        enc, _ = encode_examples(lm, examples)
+        ns = NormShares(lm)
+        ns.update(enc)
+        res = ns.finalize()
+        w, s, n = per_example(enc)
+        assert (len(set(n)) == 1) == equal_lengths
+        pooled_w = (n[:, None, None] * w).sum(0) / n.sum()
+        pooled_s = (n[:, None, None] * s).sum(0) / n.sum()
+        np.testing.assert_allclose(res.arrays["weight_share"], pooled_w, atol=1e-6)
+        np.testing.assert_allclose(res.arrays["norm_share"], pooled_s, atol=1e-6)
+        kobayashi = w.mean(0)  # mean over examples of per-example means
+        gap = np.abs(res.arrays["weight_share"] - kobayashi).max()
+        if equal_lengths:
+            assert gap < 1e-6
+        else:
+            assert gap > 1e-3, gap
 
 
 # -- value zeroing --------------------------------------------------------------------------

@@ -78,6 +78,16 @@ def test_causal_model_uses_next_token_loss(debug_gpt2, tmp_path):
     assert data["analyses"]["head-importance"]["params"]["objective"]["loss"] == "next-token cross-entropy"
 
 
+def test_importance_norm_option_reaches_the_analysis_and_the_caption(debug_gpt2, tmp_path):
+    sec = _run("attribution", debug_gpt2, tmp_path, {"attribution": DEMO}, attribution_examples=3,
+               attribution_methods="importance", importance_norm="released")
+    imp = _strict(tmp_path / "results" / "attribution.json")["analyses"]["head-importance"]
+    assert imp["params"]["norm"] == "released"
+    assert imp["meta"]["tokens"] > imp["meta"]["examples"] == 3
+    caption = {f.name: f.caption for f in sec.figures}["attribution_importance"]
+    assert "released code's estimate" in caption
+
+
 def test_cli_bad_methods_is_one_line_exit_2_and_no_output(tmp_path):
     import subprocess
     import sys

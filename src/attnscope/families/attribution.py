@@ -3,7 +3,8 @@
 Inputs: sentence-per-line text (built into pairs as for the general family) or examples JSON /
 JSON Lines. Over the first ``--attribution-examples`` examples it runs the selected methods:
 
-- ``importance``: head importance (Michel et al. 2019), :mod:`attnscope.analyses.importance`;
+- ``importance``: head importance (Michel et al. 2019; ``--importance-norm`` picks the paper's
+  equation or their released code's normalisation), :mod:`attnscope.analyses.importance`;
 - ``ablation``: per-head zero and mean ablation, :mod:`attnscope.analyses.ablation`;
 - ``pruning``: pruning curves by importance vs a seeded random order (needs ``importance``);
 - ``rollout``: rollout/flow agreement with raw attention and saliency over ``--attribution-map-examples``
@@ -13,7 +14,10 @@ JSON Lines. Over the first ``--attribution-examples`` examples it runs the selec
 
 Methods that need a loss (importance, ablation, pruning, the saliency half of rollout) need a
 masked-LM head for encoders (``--attribution-fit-head`` trains one on the frozen encoder) or a causal
-model; without one they are skipped with a note. Results go to ``results/attribution.json``.
+model; without one they are skipped with a note. On a model whose attention does not go through
+transformers' ``AttentionInterface`` (MPNet) the methods that gate heads or read their values
+(importance, ablation, pruning, norms, value zeroing) are skipped with a one-line note and rollout
+and flow run on its attention maps. Results go to ``results/attribution.json``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from attnscope.families.base import Context, Family, Input, Prepared, option, re
 
 ALL_METHODS = ("importance", "ablation", "pruning", "rollout", "norms", "value-zeroing")
 LOSS_METHODS = ("importance", "ablation", "pruning")
+#: Methods that gate heads or read values and head outputs through the forward helper's hook
+#: points; rollout, flow and their agreement need only the attention maps.
+HOOK_METHODS = ("importance", "ablation", "pruning", "norms", "value-zeroing")
 
 
 @dataclass
@@ -40,6 +47,9 @@ class AttributionOptions:
     attribution_example: int = option(-1, "Index (among the analysed examples) of the example whose maps "
                                       "are drawn; -1: the shortest.")
     ablation: str = option("both", "Which ablation: zero, mean or both.", choices=("zero", "mean", "both"))
+    importance_norm: str = option("paper", "Head importance: paper (Michel et al.'s equation, |dL/d gate| "
+                                  "per example) or released (their code: |dL/d gate| per token, divided "
+                                  "by the tokens).", choices=("paper", "released"))
     flow_max_tokens: int = option(32, "Longest input attention flow is computed for.")
     attribution_fit_head: bool = option(False, "Encoders without a masked-LM head: train an output layer on "
                                 "the frozen encoder so the loss-based methods can run.")
@@ -53,6 +63,25 @@ class AttributionOptions:
         if "pruning" in chosen and "importance" not in chosen:
             chosen.insert(0, "importance")
         return [m for m in ALL_METHODS if m in chosen]
+
+
+def hook_free(lm, methods: list[str]) -> tuple[list[str], str | None]:
+    """The methods that can run on ``lm`` and a one-line note on those skipped (None if none).
+
+    A model whose attention does not go through transformers' ``AttentionInterface`` (MPNet)
+    gives its attention maps but no hook points, so gate- and value-based methods cannot run.
+    """
+    from attnscope.models.forward import supports_hooks
+
+    if supports_hooks(lm):
+        return methods, None
+    skipped = [m for m in methods if m in HOOK_METHODS]
+    if not skipped:
+        return methods, None
+    return [m for m in methods if m not in skipped], (
+        f"{', '.join(skipped)} skipped: {lm.name} does not route attention through transformers' "
+        "AttentionInterface, so its heads cannot be gated or hooked (rollout and flow use its "
+        "attention maps)")
 
 
 def _objective(lm, options: AttributionOptions, encoded, seed: int, notes: list[str]):
@@ -99,8 +128,8 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
             progress(name, done, total)
 
     seed_everything(seed)
-    methods = options.method_list()
-    notes: list[str] = []
+    methods, skipped = hook_free(lm, options.method_list())
+    notes: list[str] = [skipped] if skipped else []
     encoded, dropped = encode_examples(lm, list(examples)[: options.attribution_examples], max_len=max_seq_len)
     if dropped:
         notes.append(f"{dropped} examples longer than {max_seq_len} tokens were skipped")
@@ -117,7 +146,7 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
     if objective is not None:
         notes.append(f"loss: {objective.describe()['loss']}")
         if "importance" in methods:
-            imp = HeadImportance(objective, batch_size=max(1, batch_size // 2))
+            imp = HeadImportance(objective, batch_size=max(1, batch_size // 2), norm=options.importance_norm)
             imp.update(encoded)
             results["head-importance"] = imp.finalize()
             step("attribution: importance", 1, 1)
@@ -152,13 +181,14 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
     example = None
     if any(m in methods for m in ("rollout", "norms", "value-zeroing")):
         e = encoded[pick]
-        maps = example_norm_maps(NormDecomposer(lm), e)
-        example = {"index": e.index, "tokens": list(e.tokens), "weights": maps["weights"].mean(1),
-                   "norms": maps["layer_norms"] if "norms" in methods else None}
+        maps = example_norm_maps(NormDecomposer(lm), e) if "norms" in methods else None
+        weights = maps["weights"] if maps is not None else _example_attention(lm, e)  # [L H n n]
+        example = {"index": e.index, "tokens": list(e.tokens), "weights": weights.mean(1),
+                   "norms": maps["layer_norms"] if maps is not None else None}
         if "rollout" in methods:
-            example["rollout"] = attention_rollout(maps["weights"])
+            example["rollout"] = attention_rollout(weights)
             if len(e) <= options.flow_max_tokens:
-                example["flow"] = attention_flow(maps["weights"], max_tokens=options.flow_max_tokens)
+                example["flow"] = attention_flow(weights, max_tokens=options.flow_max_tokens)
             else:
                 notes.append(f"attention flow of example {e.index} skipped: {len(e)} tokens is above "
                              f"--flow-max-tokens {options.flow_max_tokens}")
@@ -178,6 +208,14 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
     (Path(out_dir) / "results").mkdir(parents=True, exist_ok=True)
     write_json(Path(out_dir) / "results" / "attribution.json", payload)
     return sec
+
+
+def _example_attention(lm, encoded) -> np.ndarray:
+    """One example's attention maps ``[L H n n]`` float64 (the model's own, no hook needed)."""
+    from attnscope.models.forward import forward, pad_batch
+
+    out = forward(lm, pad_batch(lm, [encoded.input_ids], [encoded.token_type_ids]), attentions=True)
+    return np.stack([a[0].double().cpu().numpy() for a in out.attentions])
 
 
 @register_family
@@ -207,12 +245,16 @@ class Attribution(Family):
         from attnscope.data.unlabeled import prepare_unlabeled
         from attnscope.errors import InputError
 
-        options.method_list()  # refuse a bad --attribution-methods before anything runs
+        methods = options.method_list()  # refuse a bad --attribution-methods before anything runs
         for name in ("attribution_examples", "attribution_map_examples", "flow_max_tokens"):
             if getattr(options, name) < 1:
                 raise AttnscopeError(f"--{name.replace('_', '-')} must be at least 1")
         if ctx.model is None:
             raise AttnscopeError("the attribution family needs --model (it runs the model)")
+        if not hook_free(ctx.model, methods)[0]:
+            raise AttnscopeError(f"{ctx.model.name} does not route attention through transformers' "
+                                 f"AttentionInterface, so none of the chosen methods ({', '.join(methods)}) "
+                                 "can run on it; rollout uses its attention maps")
         path = Path(inputs["attribution"])
         if path.is_dir():
             raise InputError(path, "is a folder; the attribution family reads text or examples JSON")

@@ -5,9 +5,11 @@ Input: examples (JSON list or JSON Lines), sentence-per-line text (made into
 store folder written by ``attnscope extract`` (token level). One streamed pass feeds
 :class:`~attnscope.analyses.patterns.VigPatterns` together with the section 3 analyses it
 refers to (relative position for patterns 1 and 2, special tokens for pattern 6, entropy for
-the section 6 labels shown beside). When the model is run, a second pass over each batch
+the section 6 labels shown beside). When the model is run, the same pass over each batch
 collects the keys through the forward helper's ``"k"`` hook for
-:class:`~attnscope.analyses.patterns.KeyConcentration` (a store holds no keys).
+:class:`~attnscope.analyses.patterns.KeyConcentration` (a store holds no keys, and a model
+whose attention does not go through transformers' ``AttentionInterface``, such as MPNet, gives
+its maps but no hook points: key concentration is then skipped with a note).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class PatternsFamily(Family):
         from attnscope.analyses.relative_position import RelativePosition
         from attnscope.analyses.special_tokens import SpecialTokens
         from attnscope.analyses.token_classes import TokenClasser
+        from attnscope.models.forward import supports_hooks
         from attnscope.models.loading import seed_everything
         from attnscope.report.patterns import write_patterns
 
@@ -102,6 +105,10 @@ class PatternsFamily(Family):
                     Entropy(causal=causal)]
         if source.is_store:
             notes.append("key concentration needs the model's forward pass; a store holds only the maps")
+        elif not supports_hooks(model):
+            notes.append(f"key concentration skipped: {model.name} does not route attention through "
+                         "transformers' AttentionInterface, so its keys cannot be hooked (the patterns "
+                         "come from its attention maps)")
         else:
             analyses.append(KeyConcentration(lm=model, classer=classer))
         out = ctx.run_pass(source.data, analyses, step="patterns")

@@ -31,15 +31,18 @@ DECODERS = {"llama": ("LlamaConfig", "LlamaModel", 2), "qwen2": ("Qwen2Config", 
             "gemma": ("GemmaConfig", "GemmaModel", 1)}
 
 
+def _wordpiece_vocab(specials: list[str]) -> dict[str, int]:
+    vocab_list = specials + _PUNCT + _CHARS + ["##" + c for c in _CHARS] + _WORDS + [
+        "##" + s for s in _SUFFIXES]
+    return {w: i for i, w in enumerate(dict.fromkeys(vocab_list))}
+
+
 def _wordpiece_tokenizer():
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    vocab_list = specials + _PUNCT + _CHARS + ["##" + c for c in _CHARS] + _WORDS + [
-        "##" + s for s in _SUFFIXES]
-    vocab = {w: i for i, w in enumerate(dict.fromkeys(vocab_list))}
+    vocab = _wordpiece_vocab(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     tok = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -54,6 +57,13 @@ def _wordpiece_tokenizer():
     return BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
                              cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
                              do_lower_case=True)
+
+
+def _mpnet_tokenizer():
+    """MPNet's own tokenizer class over the debug WordPiece vocabulary: ``<s> A </s></s> B </s>``."""
+    from transformers import MPNetTokenizerFast
+
+    return MPNetTokenizerFast(vocab=_wordpiece_vocab(["<s>", "<pad>", "</s>", "[UNK]", "<mask>"]))
 
 
 def _bpe_tokenizer(kind: str):
@@ -106,8 +116,11 @@ def _bpe_tokenizer(kind: str):
 
 
 def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int = 0) -> LoadedModel:
-    """A tiny random model of ``family``: "bert", "roberta" or "gpt2" (2 layers x 2 heads), or
-    a decoder LLM "llama", "qwen2" or "gemma" (2 layers x 4 query heads, see :data:`DECODERS`)."""
+    """A tiny random model of ``family``: "bert", "roberta", "gpt2" or "mpnet" (2 layers x 2
+    heads), or a decoder LLM "llama", "qwen2" or "gemma" (2 layers x 4 query heads, see
+    :data:`DECODERS`). MPNet's transformers code does not route attention through
+    ``AttentionInterface``, so ``debug:mpnet`` is the model whose heads cannot be hooked: only
+    its attention maps come out (:func:`attnscope.models.forward.supports_hooks` is False)."""
     import torch
     import transformers
 
@@ -127,6 +140,14 @@ def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int
             max_position_embeddings=TINY["positions"] + 2, type_vocab_size=1, pad_token_id=1,
             bos_token_id=0, eos_token_id=2)
         cls = transformers.RobertaForMaskedLM if mlm_head else transformers.RobertaModel
+    elif family == "mpnet":
+        tokenizer = _mpnet_tokenizer()
+        config = transformers.MPNetConfig(
+            vocab_size=len(tokenizer), hidden_size=TINY["hidden"], num_hidden_layers=TINY["layers"],
+            num_attention_heads=TINY["heads"], intermediate_size=TINY["intermediate"],
+            max_position_embeddings=TINY["positions"] + 2, pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+        cls = transformers.MPNetForMaskedLM if mlm_head else transformers.MPNetModel
     elif family == "gpt2":
         if mlm_head:
             raise ModelError("debug:gpt2: a causal model has no masked-LM head")
@@ -149,7 +170,7 @@ def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int
             initializer_range=0.3)  # larger than the default 0.02, so heads are not near-uniform
         cls = getattr(transformers, model_name)
     else:
-        raise ModelError(f"debug:{family}: unknown debug family (choose bert, roberta, gpt2, "
+        raise ModelError(f"debug:{family}: unknown debug family (choose bert, roberta, gpt2, mpnet, "
                          f"{', '.join(DECODERS)})")
     config._attn_implementation = "eager"
     tokenizer.model_max_length = TINY["positions"]

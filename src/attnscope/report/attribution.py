@@ -19,8 +19,10 @@ from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
 
 METHODS = [
-    "Head importance (Michel et al. 2019): mean over examples of |dL/d gate| at gate 1, each layer "
-    "divided by its L2 norm; L is the masked-LM loss (seeded BERT masking) or the next-token loss.",
+    "Head importance (Michel et al. 2019): mean over examples of |dL/d gate| at gate 1 (the paper's "
+    "equation; or, as the figure caption says when chosen, the authors' released code: |dL/d gate| "
+    "per token position, summed and divided by the tokens), each layer divided by its L2 norm; L is "
+    "the masked-LM loss (seeded BERT masking) or the next-token loss.",
     "Ablation: loss change when one head's output is zeroed (gate 0) or replaced by its mean output "
     "over the corpus; pruning curves remove heads cumulatively, least important first, vs a seeded "
     "random order (importance is measured on the same examples, as in the paper).",
@@ -80,7 +82,8 @@ def write_attribution(results: dict[str, Any], out_dir: Path, *, model_name: str
     imp = results.get("head-importance")
     if imp is not None and "importance" in imp.arrays:
         _head_table(sec, results, labels, tables_dir)
-        _importance_figure(sec, imp.arrays["importance"], labels, figures_dir)
+        _importance_figure(sec, imp.arrays["importance"], labels, figures_dir,
+                           imp.params.get("norm", "paper"))
         sec.findings.extend(_importance_findings(sec.tables[-1].rows, labels))
     pc = results.get("pruning-curve")
     if pc is not None and "loss" in pc.arrays:
@@ -146,7 +149,7 @@ def _importance_findings(rows, labels) -> list[str]:
     return [f"most important heads: {fmt(ranked[:k])}", f"least important heads: {fmt(ranked[-k:][::-1])}"]
 
 
-def _importance_figure(sec, imp, labels, figures_dir):
+def _importance_figure(sec, imp, labels, figures_dir, norm: str):
     L, H = imp.shape
     fig, ax = new_figure(figsize=(max(4, 0.5 * H + 2), max(3, 0.4 * L + 1.5)))
     im = _heatmap(ax, imp, "head importance (normalised per layer)",
@@ -159,7 +162,9 @@ def _importance_figure(sec, imp, labels, figures_dir):
                 ax.text(head, layer, lab[:4], ha="center", va="center", fontsize=5, color="white")
     fig.colorbar(im, ax=ax)
     paths = save_figure(fig, figures_dir / "attribution_importance")
-    sec.figures.append(FigureArtifact("attribution_importance", "Head importance [layer, head]"
+    estimate = ("the paper's estimate, |dL/d gate| per example" if norm == "paper" else
+                "the released code's estimate, |dL/d gate| per token divided by the tokens")
+    sec.figures.append(FigureArtifact("attribution_importance", f"Head importance [layer, head] ({estimate})"
                                       + (", with behaviour labels" if labels else "") + ".", paths))
 
 
