@@ -169,3 +169,44 @@ def test_cli_prints_the_length_distribution(tmp_path, capsys, text_file):
                  "--packing", "nope"])
     assert code == 2 and not (tmp_path / "v.json").exists()
 
+
+def test_analyze_says_when_the_pairs_were_packed_for_another_tokenizer(tmp_path, capsys, text_file):
+    """``prepare unlabeled`` records the tokenizer it packed for; ``analyze general`` with another
+    model's tokenizer says so in one line and how to prepare for it (issue 23, item 15)."""
+    from attnscope.cli.main import main
+    from attnscope.data.unlabeled import tokenizer_fingerprint
+    from attnscope.models import load_model
+
+    wiki = tmp_path / "wiki.json"
+    assert main(["prepare", "unlabeled", str(text_file), "--model", "debug:bert", "--out", str(wiki),
+                 "--max-seq-len", "16"]) in (0, None)
+    rows = json.loads(wiki.read_text())
+    bert, gpt2 = load_model("debug:bert").tokenizer, load_model("debug:gpt2").tokenizer
+    assert tokenizer_fingerprint(bert) != tokenizer_fingerprint(gpt2)
+    assert [r["packed_for"] for r in rows] == [
+        {"model": "debug:bert", "vocab_sha256": tokenizer_fingerprint(bert), "max_seq_len": 16}] * 3
+    line = (f"{wiki}: packed to 16 tokens of the tokenizer of 'debug:bert', not of 'debug:gpt2', so "
+            "lengths differ here; prepare it for this model with 'attnscope prepare unlabeled TEXT "
+            "--model debug:gpt2 --out FILE'")
+    analyze = ["analyze", "general", "--gradients", "off", "--batch-size", "4"]
+    capsys.readouterr()
+    # none fits in 8 tokens of GPT-2's pieces: the error says why
+    assert main([*analyze, str(wiki), "--model", "debug:gpt2", "--max-seq-len", "8", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: no examples to analyse (all were empty or longer than --max-seq-len 8); {line}"
+    assert not (tmp_path / "a").exists()
+    assert main(["analyze", "patterns", str(wiki), "--model", "debug:gpt2", "--max-seq-len", "8",
+                 "--out", str(tmp_path / "p")]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"--max-seq-len 8); {line}")
+    # at the length they were packed to, 2 of 3 are too long: the count and the line in the findings
+    assert main([*analyze, str(wiki), "--model", "debug:gpt2", "--max-seq-len", "16", "--out", str(tmp_path / "b")]) in (0, None)
+    found = capsys.readouterr().out.splitlines()
+    assert line in found and "2 examples longer than 16 tokens were skipped" in found
+    assert line in json.loads((tmp_path / "b" / "results" / "general.json").read_text())["notes"]
+    # the model it was packed for: no line; a file without the field (older, or hand-made) reads as before
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps([{k: v for k, v in r.items() if k != "packed_for"} for r in rows]))
+    for path, model in ((wiki, "debug:bert"), (old, "debug:gpt2")):
+        out = tmp_path / f"c-{path.stem}"
+        assert main([*analyze, str(path), "--model", model, "--max-seq-len", "16", "--out", str(out)]) in (0, None)
+        assert "packed to" not in capsys.readouterr().out

@@ -170,6 +170,13 @@ def open_input_store(path: Path):
     return store
 
 
+def nothing_fits(max_seq_len: int, note: str | None = None) -> AttnscopeError:
+    """The error of a family left with no example to analyse; ``note`` says why that may be
+    (:func:`~attnscope.data.unlabeled.packing_mismatch`)."""
+    return AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
+                          f"{max_seq_len})" + (f"; {note}" if note else ""))
+
+
 FAMILIES: dict[str, type[Family]] = {}
 
 

@@ -28,13 +28,14 @@ from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.streaming import ENGINES
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import Example
-from attnscope.data.unlabeled import DEFAULT_UNK_MARKER, PACKINGS, UnlabeledStats
+from attnscope.data.unlabeled import DEFAULT_UNK_MARKER, PACKINGS, UnlabeledStats, packing_mismatch
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import (
     Context,
     Family,
     Input,
     Prepared,
+    nothing_fits,
     open_input_store,
     option,
     register_family,
@@ -310,7 +311,8 @@ def streamed_general(encoded: list, model, classer: TokenClasser, *, seed: int =
 def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_seq_len: int = 128,
                 batch_size: int = 16, seed: int = 0, gradients: str = "auto", progress: Progress = None,
                 save_maps: Path | None = None, engine: str = "auto",
-                maps_budget_gb: float = 2.0, text: "UnlabeledStats | None" = None) -> Section:
+                maps_budget_gb: float = 2.0, text: "UnlabeledStats | None" = None,
+                input_note: str | None = None) -> Section:
     """Run every general analysis over ``examples`` (or a store) and write their outputs.
 
     ``examples``: a list of :class:`Example` (the model is run, maps are never all held) or
@@ -321,7 +323,10 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
     statistics come from: "maps" (the attention maps, as the paper), "streaming" (computed
     inside attention without ``[n n]`` maps, :func:`streamed_general`; decoders only) or "auto"
     (streaming when one batch's maps would take more than ``maps_budget_gb``). ``text``: how
-    sentence-per-line text became the examples (recorded in the results and the findings). Writes
+    sentence-per-line text became the examples (recorded in the results and the findings).
+    ``input_note``: one line about the examples (that they were packed for another tokenizer:
+    :func:`~attnscope.data.unlabeled.packing_mismatch`), among the findings and in the error
+    when none fits. Writes
     ``out_dir/tables``, ``out_dir/figures`` and ``out_dir/results/general.json``.
     """
     from attnscope.extract.runner import ExtractOptions, ExtractStats, active_batch_engine
@@ -329,7 +334,7 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
 
     seed_everything(seed)
     out_dir = Path(out_dir)
-    notes: list[str] = []
+    notes: list[str] = [input_note] if input_note else []
     options = ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, seed=seed)
     stats = ExtractStats()
     source = examples
@@ -350,7 +355,8 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
             if chosen == "streaming":
                 if progress is not None:  # one line on the console (a rich display shows it above its bars)
                     print(line, file=sys.stderr)
-                return _run_streaming(encoded, model, out_dir, line=line, max_seq_len=max_seq_len,
+                return _run_streaming(encoded, model, out_dir, line=line, input_note=input_note,
+                                      max_seq_len=max_seq_len,
                                       batch_size=batch_size, seed=seed, gradients=gradients,
                                       progress=progress, stats=pick_stats, source=source,
                                       text=text)
@@ -399,8 +405,7 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
                 progress("general", done, total)
     elapsed = time.perf_counter() - t0
     if done == 0:
-        raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
-                             f"{max_seq_len})")
+        raise nothing_fits(max_seq_len, input_note)
     results = {a.name: a.finalize() for a in analyses}
     if not is_store and stats.skipped:
         notes.append(f"{len(stats.skipped)} examples longer than {max_seq_len} tokens were skipped")
@@ -442,11 +447,11 @@ def _pick_engine(source, model, engine: str, max_seq_len: int, batch_size: int, 
 
 
 def _run_streaming(encoded: list, model, out_dir: Path, *, line: str, max_seq_len: int, batch_size: int,
-                   seed: int, gradients: str, progress: Progress, stats, source, text=None) -> Section:
+                   seed: int, gradients: str, progress: Progress, stats, source, text=None,
+                   input_note: str | None = None) -> Section:
     if not encoded:
-        raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
-                             f"{max_seq_len})")
-    notes = [line]
+        raise nothing_fits(max_seq_len, input_note)
+    notes = ([input_note] if input_note else []) + [line]
     classer, note = TokenClasser.for_model(model)
     notes += [note] if note else []
     _scorer_for(model, gradients, source, lambda: [], seed, notes, progress, max_seq_len)
@@ -547,7 +552,8 @@ class General(Family):
         source = read_general_input(Path(inputs["text"]), ctx.model, max_seq_len=ctx.max_seq_len,
                                     seed=ctx.seed, num_examples=options.num_text_examples,
                                     packing=options.packing, keep_unk=options.keep_unk, stats=stats)
-        return Prepared({"source": source, "text": stats if stats.examples else None},
+        note = packing_mismatch(source, ctx.model, inputs["text"]) if isinstance(source, list) else None
+        return Prepared({"source": source, "text": stats if stats.examples else None, "note": note},
                         weight=len(source), counts={"text examples": len(source)})
 
     def run(self, prepared: Prepared, options: GeneralOptions, ctx: Context) -> Section:
@@ -556,5 +562,5 @@ class General(Family):
                               gradients=options.gradient_mode, progress=ctx.progress,
                               save_maps=ctx.save_maps, engine=options.general_engine,
                               maps_budget_gb=options.general_maps_budget_gb,
-                              text=prepared.data.get("text"))
+                              text=prepared.data.get("text"), input_note=prepared.data.get("note"))
         return section

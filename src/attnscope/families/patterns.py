@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.analyses.patterns import KeyConcentration, PatternThresholds, VigPatterns
+from attnscope.data.unlabeled import packing_mismatch
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.families.base import (
     Context,
@@ -25,6 +26,7 @@ from attnscope.families.base import (
     Input,
     Prepared,
     check_options,
+    nothing_fits,
     open_input_store,
     option,
     register_family,
@@ -101,7 +103,8 @@ class PatternsFamily(Family):
             kind = "text"
         if ctx.model is None:
             raise AttnscopeError(f"{path}: examples need a model (or give a store folder)")
-        return Prepared({"source": examples, "kind": kind}, weight=len(examples),
+        note = packing_mismatch(examples, ctx.model, path)
+        return Prepared({"source": examples, "kind": kind, "note": note}, weight=len(examples),
                         counts={f"{kind} examples": len(examples)})
 
     def run(self, prepared: Prepared, options: Any, ctx: Context):
@@ -115,7 +118,7 @@ class PatternsFamily(Family):
         seed_everything(ctx.seed)
         source, kind = prepared.data["source"], prepared.data["kind"]
         model = ctx.model
-        notes: list[str] = []
+        notes: list[str] = [prepared.data["note"]] if prepared.data.get("note") else []
         if kind == "store":
             causal = bool(source.manifest["model"].get("causal", False))
             model_desc = source.manifest["model"]
@@ -143,7 +146,7 @@ class PatternsFamily(Family):
             ctx.step("patterns", done, total)
         skipped = len(stats.skipped)
         if done == 0:
-            raise AttnscopeError(f"no examples to analyse (all were empty or longer than --max-seq-len {ctx.max_seq_len})")
+            raise nothing_fits(ctx.max_seq_len, prepared.data.get("note"))
         if skipped:
             notes.append(f"{skipped} examples longer than {ctx.max_seq_len} tokens were skipped")
         results = {a.name: a.finalize() for a in analyses}
