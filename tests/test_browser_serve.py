@@ -97,3 +97,31 @@ def test_corrupt_shard_shows_a_message(browser, tmp_path, viewer):
         p.close()
     finally:
         server.shutdown()
+
+
+def test_syntax_results_show_their_grids_and_an_empty_folder_says_what_is_missing(open_viewer, tmp_path):
+    """The README's ``serve tour/maps --results tour/syntax`` on what ``analyze syntax`` wrote:
+    per-relation head grids, not "start with --results"; a results folder without per-head
+    statistics is named as such."""
+    from attnscope.serve.app import create_app
+    from tests.test_serve_app import readme_syntax
+
+    maps, syntax = readme_syntax(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for results in (syntax, empty):
+        server, url = start(create_app(maps, results))
+        try:
+            context, p, left, errors = open_viewer(url)
+            p.wait_for_selector("#attnscope-root[data-ready=true]")
+            if results == syntax:
+                options = p.locator("#vw-stat-select option").all_text_contents()
+                assert options[:2] == ["syntax: accuracy (all, dep->head)", "syntax: accuracy (all, head->dep)"]
+                assert p.locator("#vw-stats .vw-grid rect").count() > 0
+            else:
+                assert p.text_content("#vw-stats") == (f"no per-head statistics in {empty} (no table with "
+                                                       "one row per head, no [layer, head] array)")
+            assert left == [] and errors == []
+            context.close()
+        finally:
+            server.shutdown()

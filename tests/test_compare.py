@@ -216,6 +216,20 @@ def test_usage_errors_are_one_line(tmp_path, debug_bert, capsys):
     assert not out.exists()
 
 
+def test_the_report_path_goes_to_stdout_as_run_prints_it(tmp_path, debug_bert, capsys):
+    """Like ``attnscope run``: the report's path alone on stdout (also with --quiet), the
+    summary on stderr."""
+    from attnscope.cli.main import main
+
+    a, b = _store(tmp_path, "a", debug_bert), _store(tmp_path, "b", debug_bert)
+    for quiet, out in (([], tmp_path / "out"), (["-q"], tmp_path / "out-q")):
+        assert main(["compare", str(a), str(b), "--out", str(out), "--n-boot", "200", *quiet]) == 0
+        said = capsys.readouterr()
+        assert said.out == f"{out / 'report.html'}\n"
+        assert ("compared 4 examples at token level" in said.err) == (not quiet)
+        assert str(out / "report.html") not in said.err
+
+
 def test_two_tokenizers_at_word_level_by_hand(tmp_path, debug_bert, debug_roberta):
     ex = [{"words": ["the", "cats", "sat", "."]}]
     a = _store(tmp_path, "a", debug_bert, ex)

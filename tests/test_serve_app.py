@@ -118,11 +118,51 @@ def test_results_are_read(client):
     assert any("broken.json" in p for p in r["problems"])
 
 
+def readme_syntax(root):
+    """The README's steps 2-3 on a small treebank: ``prepare depparse``, ``extract
+    --word-level``, ``analyze syntax`` on the store; returns ``(maps, syntax results)``."""
+    from attnscope.cli.main import main
+    from tests.test_syntax_cli import SENTS, write_conllu
+
+    conllu = root / "dev.conllu"
+    write_conllu(conllu, SENTS * 4)
+    maps, syntax = root / "maps", root / "syntax"
+    for argv in (["prepare", "depparse", str(conllu), "--out", str(root / "dev.json")],
+                 ["extract", str(root / "dev.json"), "--model", "debug:bert", "--word-level",
+                  "--out", str(maps), "-q"],
+                 ["analyze", "syntax", str(maps), "--out", str(syntax), "-q"]):
+        assert main(argv) in (0, None), argv
+    return maps, syntax
+
+
+def test_syntax_results_show_per_relation_head_grids(tmp_path):
+    """``attnscope serve tour/maps --results tour/syntax`` (README): the syntax results have
+    per-relation tables, not one row per head; the viewer shows the heads' accuracy per
+    relation and direction from the result's [relation, layer, head, direction] array."""
+    from attnscope.serve.app import create_app
+
+    maps, syntax = readme_syntax(tmp_path)
+    r = create_app(maps, syntax).test_client().get("/api/results").get_json()
+    res = json.loads((syntax / "results" / "syntax.json").read_text())
+    relations = res["meta"]["relations"]
+    assert r["folder"] == str(syntax) and r["problems"] == []
+    names = [st["name"] for st in r["stats"]]
+    assert names[:2] == ["syntax: accuracy (all, dep->head)", "syntax: accuracy (all, head->dep)"]
+    assert len(names) == 2 * len(relations) and "syntax: accuracy (det, dep->head)" in names
+    # Table 1's 'all' row: its best head's accuracy is the largest cell of the two 'all' grids
+    row = next(x for x in res["tables"]["table1"] if x["relation"] == "all")
+    grid = dict(zip(names, (st["values"] for st in r["stats"])))
+    best = grid[f"syntax: accuracy (all, {row['direction']})"][row["layer"]][row["head_index"]]
+    assert best == pytest.approx(row["accuracy"] / 100)
+    assert best == max(v for d in ("dep->head", "head->dep") for line in grid[f"syntax: accuracy (all, {d})"]
+                       for v in line)
+
+
 def test_no_results_degrades(store_path, tmp_path):
     from attnscope.serve.app import create_app
 
     r = create_app(store_path).test_client().get("/api/results").get_json()
-    assert r == {"stats": [], "scatter": None, "summaries": [], "problems": []}
+    assert r == {"folder": None, "stats": [], "scatter": None, "summaries": [], "problems": []}
     r = create_app(store_path, tmp_path / "none").test_client().get("/api/results").get_json()
     assert r["problems"] == [f"{tmp_path / 'none'}: no such results folder"]
 

@@ -104,3 +104,31 @@ def test_run_syntax_from_stores_and_section(tmp_path, debug_bert):
     with pytest.raises(AttnscopeError, match="word-level"):
         run_syntax(open_store(tmp_path / "tok"), None, tmp_path / "out2")
     assert not (tmp_path / "out2").exists()  # refused before any folder is made
+
+
+def _row(relation, accuracy, offset_accuracy, count=8):
+    """A Table 1 row as table1_rows writes it (percentages; the intervals as the bootstrap of
+    all-correct outcomes gives them: 100.0 to 100.0)."""
+    return {"relation": relation, "count": count, "head": "1-3", "layer": 0, "head_index": 2,
+            "direction": "head->dep", "accuracy": accuracy, "ci_low": accuracy, "ci_high": accuracy,
+            "offset": "+1", "offset_accuracy": offset_accuracy, "offset_ci_low": offset_accuracy,
+            "offset_ci_high": offset_accuracy}
+
+
+def test_a_tie_with_the_offset_is_not_a_head_above_it():
+    """The demo's 'amod': head 100.0% vs offset 100.0% is a tie: neither counted nor listed as a
+    relation where the head is above the offset, nor drawn as one in Figure 5."""
+    from attnscope.report.syntax import _findings, _pick_examples
+
+    rows = [_row("amod", 100.0, 100.0), _row("det", 94.1, 70.6), _row("case", 60.0, 71.4),
+            _row("all", 67.0, 41.5, count=94)]
+    out = _findings(rows, [], [])
+    assert out[0] == "1 of 3 relations have a head whose accuracy interval lies above the best offset's."
+    assert out[1:] == ["'det': head 1-3 (head->dep) 94.1% vs offset +1 70.6% (n=8)."]
+    from attnscope.data.records import Example
+
+    ex = Example(words=["the", "big", "cat", "saw", "a", "dog"], heads=[3, 3, 4, 0, 6, 4],
+                 relns=["det", "amod", "nsubj", "root", "det", "obj"])
+    asked = []  # Figure 5 looks for a sentence for 'det' only (its maps: none here)
+    figs, best, maps = _pick_examples(rows, [(0, ex)], lambda idx: asked.append(idx) or [], None, False)
+    assert asked == [[0]] and (figs, best, maps) == ([], [], {})

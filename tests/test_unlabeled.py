@@ -55,7 +55,7 @@ def test_bert_packing_fills_to_the_target_and_keeps_short_documents(text_file, d
     d = stats.distribution()
     assert d == {"mean_length": pytest.approx(38 / 3), "share_at_max": pytest.approx(2 / 3),
                  "share_single_segment": pytest.approx(1 / 3)}
-    assert stats.unk_replaced == 1 and "1 '<unk>' words mapped to '[UNK]'" in stats.summary()
+    assert stats.unk_replaced == 1 and "1 '<unk>' markers mapped to '[UNK]'" in stats.summary()
     assert [e.fields for e in exs] == [{"doc": 0, "line": 1}, {"doc": 0, "line": 3}, {"doc": 1, "line": 6}]
 
 
@@ -121,11 +121,38 @@ def test_unk_mapping_can_be_turned_off_and_is_skipped_without_an_own_unknown_tok
         stats = UnlabeledStats()
         exs = prepare_unlabeled(text_file, lm.tokenizer, max_seq_len=200, stats=stats)
         assert "<unk>" in exs[0].text + (exs[0].text_pair or "") and stats.unk_replaced == 0
-    # only whole words: "x<unk>" is not a marker
-    p = text_file.parent / "w.txt"
-    p.write_text("a<unk> <unk> b <unk>.\n")
-    ex = prepare_unlabeled(p, debug_bert.tokenizer)[0]
-    assert ex.text == "a<unk> [UNK] b <unk>."
+
+
+def test_every_unk_marker_becomes_one_unknown_token_inside_words_too(tmp_path, debug_bert):
+    """WikiText writes <unk> inside words as well (<unk>-<unk>, <unk>-like, 1,<unk>: 364 of
+    the 11,529 markers of its valid split); each is one [UNK], never '<', 'u', '##n', '##k', '>'."""
+    from attnscope.extract.encode import Encoder
+
+    p = tmp_path / "w.txt"
+    p.write_text("<unk>-<unk> was <unk>-like in 1,<unk> , a<unk> <unk> .\n")
+    stats = UnlabeledStats()
+    ex = prepare_unlabeled(p, debug_bert.tokenizer, stats=stats)[0]
+    assert ex.text == "[UNK]-[UNK] was [UNK]-like in 1,[UNK] , a[UNK] [UNK] ."
+    assert stats.unk_replaced == 6 and "6 '<unk>' markers mapped" in stats.summary()
+    e = Encoder(debug_bert).encode(ex, 0)
+    tok = debug_bert.tokenizer
+    # the debug vocabulary has no "like": it is spelled out letter by letter
+    assert list(e.tokens) == ["[CLS]", "[UNK]", "-", "[UNK]", "was", "[UNK]", "-", "l", "##i", "##k",
+                              "##e", "in", "1", ",", "[UNK]", ",", "a", "[UNK]", "[UNK]", ".", "[SEP]"]
+    assert list(e.input_ids).count(tok.unk_token_id) == 6
+    assert not {"<", ">", "u", "##n"} & set(e.tokens)
+
+
+@pytest.mark.slow
+def test_unk_markers_inside_words_with_the_packaged_tokenizer(tmp_path, default_model):
+    p = tmp_path / "w.txt"
+    p.write_text("<unk>-<unk> <unk>-like 1,<unk>\n")
+    ex = prepare_unlabeled(p, default_model.tokenizer)[0]
+    tok = default_model.tokenizer
+    ids = tok(ex.text, add_special_tokens=False)["input_ids"]
+    # bert-base-uncased's WordPiece ids: [UNK] 100, '-' 1011, 'like' 2066, '1' 1015, ',' 1010
+    assert ids == [100, 1011, 100, 100, 1011, 2066, 1015, 1010, 100]
+    assert not {"<", "un", "##k", ">"} & set(tok.convert_ids_to_tokens(ids))
 
 
 def test_cli_prints_the_length_distribution(tmp_path, capsys, text_file):
@@ -137,7 +164,49 @@ def test_cli_prints_the_length_distribution(tmp_path, capsys, text_file):
     text = capsys.readouterr().out.replace("\n", " ")  # a result: on stdout
     assert code in (0, None) and len(json.loads(out.read_text())) == 3
     assert "mean 12.7 tokens" in text and "66.7% at the maximum 16" in text and "1 shorter" in text
-    assert "33.3% with one segment" in text and "'<unk>' words mapped" in text
+    assert "33.3% with one segment" in text and "'<unk>' markers mapped" in text
     code = main(["prepare", "unlabeled", str(text_file), "--model", "debug", "--out", str(tmp_path / "v.json"),
                  "--packing", "nope"])
     assert code == 2 and not (tmp_path / "v.json").exists()
+
+
+def test_analyze_says_when_the_pairs_were_packed_for_another_tokenizer(tmp_path, capsys, text_file):
+    """``prepare unlabeled`` records the tokenizer it packed for; ``analyze general`` with another
+    model's tokenizer says so in one line and how to prepare for it (issue 23, item 15)."""
+    from attnscope.cli.main import main
+    from attnscope.data.unlabeled import tokenizer_fingerprint
+    from attnscope.models import load_model
+
+    wiki = tmp_path / "wiki.json"
+    assert main(["prepare", "unlabeled", str(text_file), "--model", "debug:bert", "--out", str(wiki),
+                 "--max-seq-len", "16"]) in (0, None)
+    rows = json.loads(wiki.read_text())
+    bert, gpt2 = load_model("debug:bert").tokenizer, load_model("debug:gpt2").tokenizer
+    assert tokenizer_fingerprint(bert) != tokenizer_fingerprint(gpt2)
+    assert [r["packed_for"] for r in rows] == [
+        {"model": "debug:bert", "vocab_sha256": tokenizer_fingerprint(bert), "max_seq_len": 16}] * 3
+    line = (f"{wiki}: packed to 16 tokens of the tokenizer of 'debug:bert', not of 'debug:gpt2', so "
+            "lengths differ here; prepare it for this model with 'attnscope prepare unlabeled TEXT "
+            "--model debug:gpt2 --out FILE'")
+    analyze = ["analyze", "general", "--gradients", "off", "--batch-size", "4"]
+    capsys.readouterr()
+    # none fits in 8 tokens of GPT-2's pieces: the error says why
+    assert main([*analyze, str(wiki), "--model", "debug:gpt2", "--max-seq-len", "8", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: no examples to analyse (all were empty or longer than --max-seq-len 8); {line}"
+    assert not (tmp_path / "a").exists()
+    assert main(["analyze", "patterns", str(wiki), "--model", "debug:gpt2", "--max-seq-len", "8",
+                 "--out", str(tmp_path / "p")]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"--max-seq-len 8); {line}")
+    # at the length they were packed to, 2 of 3 are too long: the count and the line in the findings
+    assert main([*analyze, str(wiki), "--model", "debug:gpt2", "--max-seq-len", "16", "--out", str(tmp_path / "b")]) in (0, None)
+    found = capsys.readouterr().out.splitlines()
+    assert line in found and "2 examples longer than 16 tokens were skipped" in found
+    assert line in json.loads((tmp_path / "b" / "results" / "general.json").read_text())["notes"]
+    # the model it was packed for: no line; a file without the field (older, or hand-made) reads as before
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps([{k: v for k, v in r.items() if k != "packed_for"} for r in rows]))
+    for path, model in ((wiki, "debug:bert"), (old, "debug:gpt2")):
+        out = tmp_path / f"c-{path.stem}"
+        assert main([*analyze, str(path), "--model", model, "--max-seq-len", "16", "--out", str(out)]) in (0, None)
+        assert "packed to" not in capsys.readouterr().out

@@ -141,13 +141,14 @@ class PassOutcome:
 
 def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
              executor: LocalExecutor | None = None, step: str = "analyse",
-             progress: Progress | None = None) -> PassOutcome:
+             progress: Progress | None = None, note: str | None = None) -> PassOutcome:
     """Feed every analysis once from ``source`` and finalize them.
 
     ``source``: examples (a list of :class:`~attnscope.data.records.Example`; ``model`` runs
     them with ``options``, an :class:`~attnscope.extract.runner.ExtractOptions`) or an opened
     store (its maps are read back; encoded analyses then need ``model``). ``progress(step,
-    done, total)`` is called after every batch. Refuses a pass that analysed nothing.
+    done, total)`` is called after every batch. Refuses a pass that analysed nothing (with
+    ``note``, one line on why that may be, e.g. examples packed for another tokenizer).
     """
     from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
 
@@ -215,8 +216,9 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
                     timings.pop(a.name, None)
                 timings["maps analyses on the workers (wall)"] = wall
     if done == 0:
-        raise AttnscopeError(f"{step}: no examples to analyse (all were empty"
-                             + (f" or longer than max_seq_len {options.max_seq_len})" if options else ")"))
+        raise AttnscopeError("no examples to analyse (all were empty"
+                             + (f" or longer than --max-seq-len {options.max_seq_len})" if options else ")")
+                             + (f"; {note}" if note else ""))
     results = {a.name: a.finalize() for a in analyses}
     return PassOutcome(results, done, stats, time.perf_counter() - t0, timings)
 

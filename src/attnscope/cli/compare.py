@@ -71,4 +71,4 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                           f"({cmp.pairing.layout})")
             for f in findings(cmp)[1:4]:
                 console.print(f"  {f}")
-            console.print(f"[bold]{out / 'report.html'}[/]")
+        print(out / "report.html")  # on stdout, also with --quiet (as run): scripts pick it up

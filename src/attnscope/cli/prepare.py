@@ -48,7 +48,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         stats = UnlabeledStats()
         examples = prepare_unlabeled(file, lm.tokenizer, max_seq_len=max_seq_len, seed=seed,
                                      num_docs=num_docs, num_examples=num_examples, stats=stats,
-                                     packing=packing, unk_marker=None if keep_unk else "<unk>")
+                                     packing=packing, unk_marker=None if keep_unk else "<unk>",
+                                     packed_for=model)
         write_examples(examples, out)
         results.print(f"{out}: {stats.summary()}; seed {seed}", highlight=False)
 

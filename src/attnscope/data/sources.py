@@ -17,7 +17,7 @@ the path's kind is decided here, the same way for every family:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +71,14 @@ def open_input_store(path: Path):
 class Source:
     """An input read by :func:`read_source`: ``data`` is a list of
     :class:`~attnscope.data.records.Example` or an opened store; ``text`` says how
-    sentence-per-line text became pairs (None for other kinds)."""
+    sentence-per-line text became pairs (None for other kinds); ``note``, when set, goes among
+    the findings and into the error when no example fits."""
 
     path: Path
     kind: str
     data: Any
     text: Any = None
-    notes: list[str] = field(default_factory=list)
+    note: str | None = None  # one line about the examples (packed for another tokenizer)
 
     @property
     def is_store(self) -> bool:
@@ -94,7 +95,9 @@ def read_source(path: str | Path, accepts: tuple[str, ...], *, model=None, max_s
     cuts the pairs to ``max_seq_len``); ``num_examples`` pairs are built from text, with
     ``packing`` and ``keep_unk`` (:func:`~attnscope.data.unlabeled.prepare_unlabeled`);
     ``limit`` keeps only the first examples of any kind but a store; ``require_model``: refuse
-    anything but a store without ``model``."""
+    anything but a store without ``model``. Examples that ``prepare unlabeled`` packed for
+    another tokenizer than ``model``'s get a ``note`` saying so
+    (:func:`~attnscope.data.unlabeled.packing_mismatch`)."""
     from attnscope.errors import AttnscopeError
 
     path = Path(path)
@@ -106,8 +109,10 @@ def read_source(path: str | Path, accepts: tuple[str, ...], *, model=None, max_s
         raise AttnscopeError(f"{path}: {what} need a model (--model), or give a store folder")
     if kind == "examples":
         from attnscope.data.io import read_examples
+        from attnscope.data.unlabeled import packing_mismatch
 
-        return Source(path, kind, read_examples(path)[:limit])
+        examples = read_examples(path)[:limit]
+        return Source(path, kind, examples, note=packing_mismatch(examples, model, path) if model else None)
     if kind == "trees":
         from attnscope.data.depparse import iter_depparse
 

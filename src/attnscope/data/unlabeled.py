@@ -20,19 +20,27 @@ blank line. Two ways to pack a document's sentences into examples (``packing``):
   whole-word prefix that fits. Most examples are then shorter than the target (on
   WikiText-2 the mean is about 106 of 128 tokens and 11% have one segment).
 
-``unk_marker``: a corpus word that stands for an unknown word (WikiText writes ``<unk>``) is
+``unk_marker``: the corpus's marker for an unknown word (WikiText writes ``<unk>``) is
 replaced by the tokenizer's own unknown token, so it becomes one ``[UNK]`` instead of junk
-pieces like ``<``, ``un``, ``##k``, ``>``. Only whole words are replaced, and only when the
-tokenizer produces an unknown token of its own (WordPiece, SentencePiece without byte
-fallback); byte-level tokenizers never do (GPT-2's is its end-of-text token, SmolLM2's its
+pieces like ``<``, ``un``, ``##k``, ``>``. Every occurrence is replaced, inside words too
+(``<unk>-<unk>``, ``<unk>-like``, ``1,<unk>``: 364 of WikiText-2 valid's 11,529 markers), but
+only when the tokenizer produces an unknown token of its own (WordPiece, SentencePiece without
+byte fallback); byte-level tokenizers never do (GPT-2's is its end-of-text token, SmolLM2's its
 document separator), so there the marker is left as text; :attr:`UnlabeledStats.unk_note`
 says which (:func:`unk_replacement`).
+
+``packed_for``: the model whose tokenizer counted the lengths, recorded in every example's
+``packed_for`` field with that tokenizer's vocabulary fingerprint (:func:`tokenizer_fingerprint`)
+and ``max_seq_len``, so that an analysis with another tokenizer can say why its examples no
+longer fit (:func:`packing_mismatch`). Files without the field (written by hand, or by
+attnscope before it recorded one) are read as they are.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +51,7 @@ from attnscope.errors import InputError
 
 PACKINGS = ("bert", "greedy")
 DEFAULT_UNK_MARKER = "<unk>"
+PACKED_FOR = "packed_for"  # the example field that says which tokenizer the pairs were packed for
 
 
 @dataclass
@@ -113,6 +122,27 @@ def unk_replacement(tokenizer) -> str | None:
     return None if unk in others else str(unk)
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the tokenizer's vocabulary (every ``token: id`` pair, added tokens included):
+    two tokenizers that cut text differently almost always differ here (a tokenizer has no file
+    of its own to hash when it was built in memory, as the debug models' are)."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def packing_mismatch(examples: list[Example], model, path: str | Path) -> str | None:
+    """One line when ``examples`` (read from ``path``) were packed by ``prepare unlabeled`` for
+    another tokenizer than ``model``'s (a loaded model): their lengths were counted in other
+    pieces, so many may now be too long or short. None when they were packed for this one, or
+    when the file does not say (it was not made by ``prepare unlabeled``, or before the field)."""
+    rec = next((e.fields[PACKED_FOR] for e in examples if isinstance(e.fields.get(PACKED_FOR), dict)), None)
+    if rec is None or rec.get("vocab_sha256") == tokenizer_fingerprint(model.tokenizer):
+        return None
+    return (f"{path}: packed to {rec.get('max_seq_len')} tokens of the tokenizer of "
+            f"{rec.get('model')!r}, not of {model.name!r}, so lengths differ here; prepare it for "
+            f"this model with 'attnscope prepare unlabeled TEXT --model {model.name} --out FILE'")
+
+
 def _byte_level(tokenizer) -> bool:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     parts = (getattr(backend, "pre_tokenizer", None), getattr(backend, "decoder", None))
@@ -122,12 +152,15 @@ def _byte_level(tokenizer) -> bool:
 def prepare_unlabeled(path: str | Path, tokenizer, *, max_seq_len: int = 128, seed: int = 0,
                       num_docs: int | None = None, num_examples: int | None = None,
                       stats: UnlabeledStats | None = None, packing: str = "bert",
-                      unk_marker: str | None = DEFAULT_UNK_MARKER) -> list[Example]:
+                      unk_marker: str | None = DEFAULT_UNK_MARKER,
+                      packed_for: str | None = None) -> list[Example]:
     """Build pair examples from a sentence-per-line file (see the module docstring).
 
     ``tokenizer`` is a fast tokenizer; lengths count its pieces plus the special tokens it adds
     for a pair (3 for BERT, 4 for RoBERTa, 0 for GPT-2). ``unk_marker=None`` keeps the text as
-    it is.
+    it is. ``packed_for``: the name of the model the tokenizer belongs to; when given, each
+    example records it with the tokenizer's fingerprint and ``max_seq_len`` (field
+    ``packed_for``).
     """
     if packing not in PACKINGS:
         raise InputError(None, f"--packing must be one of {', '.join(PACKINGS)}, not {packing!r}")
@@ -139,12 +172,13 @@ def prepare_unlabeled(path: str | Path, tokenizer, *, max_seq_len: int = 128, se
     if budget < 2:
         raise InputError(path, f"--max-seq-len {max_seq_len} leaves no room for text")
     unk = unk_replacement(tokenizer) if unk_marker else None
-    pattern = re.compile(r"(?<!\S)" + re.escape(unk_marker) + r"(?!\S)") if unk_marker else None
     if not unk_marker:
         stats.unk_note = "unknown-word markers left as text (--keep-unk)"
     elif unk is None:
         stats.unk_note = (f"{unk_marker!r} left as text (the tokenizer has no unknown token of its own "
                           "that it produces itself)")
+    packed = ({"model": packed_for, "vocab_sha256": tokenizer_fingerprint(tokenizer),
+               "max_seq_len": max_seq_len} if packed_for is not None else None)
     examples: list[Example] = []
     for d, doc in enumerate(read_documents(path)):
         if num_docs is not None and d >= num_docs:
@@ -153,14 +187,15 @@ def prepare_unlabeled(path: str | Path, tokenizer, *, max_seq_len: int = 128, se
         if unk is not None:
             fixed = []
             for lineno, s in doc:
-                s, k = pattern.subn(unk, s)
-                stats.unk_replaced += k
-                fixed.append((lineno, s))
+                stats.unk_replaced += s.count(unk_marker)
+                fixed.append((lineno, s.replace(unk_marker, unk)))
             doc = fixed
         stats.sentences += len(doc)
         pack = _pack_bert if packing == "bert" else _pack_greedy
         for a, b, line in pack(doc, tokenizer, budget, rng, stats):
             ex = Example(text=a, text_pair=b, fields={"doc": d, "line": line})
+            if packed is not None:
+                ex.fields[PACKED_FOR] = dict(packed)
             examples.append(ex)
             stats.examples += 1
             stats.lengths.append(_n(tokenizer, a, b, special=True))
@@ -170,7 +205,7 @@ def prepare_unlabeled(path: str | Path, tokenizer, *, max_seq_len: int = 128, se
         if num_examples is not None and len(examples) >= num_examples:
             break
     if unk is not None:
-        stats.unk_note = f"{stats.unk_replaced} {unk_marker!r} words mapped to {unk!r}"
+        stats.unk_note = f"{stats.unk_replaced} {unk_marker!r} markers mapped to {unk!r}"
     if not examples:
         raise InputError(path, "holds no sentences")
     return examples

@@ -139,14 +139,16 @@ class Context:
         return ExtractOptions(max_seq_len=self.max_seq_len, batch_size=self.batch_size, seed=self.seed,
                               **overrides)
 
-    def run_pass(self, source: Any, analyses: list, *, step: str, **overrides: Any):
+    def run_pass(self, source: Any, analyses: list, *, step: str, note: str | None = None,
+                 **overrides: Any):
         """Feed ``analyses`` once from ``source`` (examples, run through the model with the job's
         options and ``overrides``, or a store) on the job's executor; returns a
-        :class:`~attnscope.executor.PassOutcome` (:func:`attnscope.executor.run_pass`)."""
+        :class:`~attnscope.executor.PassOutcome` (:func:`attnscope.executor.run_pass`; ``note``
+        goes into its error when no example fits)."""
         from attnscope.executor import run_pass
 
         return run_pass(source, analyses, model=self.model, options=self.extract_options(**overrides),
-                        executor=self.executor, step=step, progress=self.progress)
+                        executor=self.executor, step=step, progress=self.progress, note=note)
 
     def stream(self, sequences, stats, *, step: str, here: bool = False, **kwargs: Any) -> int:
         """Fold the streaming statistics of token id ``sequences`` into ``stats`` (no ``[n n]``

@@ -44,7 +44,13 @@ from attnscope.report.coref import (
     write_table2,
 )
 from attnscope.report.results import write_results
-from attnscope.report.section import FigureArtifact, Section, TableArtifact, small_sample_caution
+from attnscope.report.section import (
+    MIN_ITEMS,
+    FigureArtifact,
+    Section,
+    TableArtifact,
+    small_sample_caution,
+)
 
 WINDOW_MODES = ("truncate", "sliding")
 
@@ -224,16 +230,23 @@ def _examples(examples, model, head: HeadId, candidates: str, n: int, opts, ties
 
 def against_rules(rows: list[dict], what: str) -> str:
     """Whether the best head comes close to the rule-based system: said only when its accuracy
-    lies within the rule-based system's 95% interval (or above it)."""
+    lies within the rule-based system's 95% interval (or above it), and never from fewer than
+    :data:`~attnscope.report.section.MIN_ITEMS` mentions."""
     by_kind = dict(zip(BASELINES, rows))
     rb, best = by_kind["rule-based"], rows[len(BASELINES)]
+    what = f"{what[:1].upper()}{what[1:]}"
     if best["all"] is None or rb["all"] is None:
-        return f"{what[:1].upper()}{what[1:]}: too few mentions to compare the best head with the rule-based system"
+        return f"{what}: too few mentions to compare the best head with the rule-based system"
+    head = f"the best head ({best['name']}, {100 * best['all']:.1f}%)"
+    rules = (f"the rule-based system ({100 * rb['all']:.1f}% [{100 * rb['all_lo']:.1f}, "
+             f"{100 * rb['all_hi']:.1f}])")
+    n = best.get("all_n")
+    if n is not None and n < MIN_ITEMS:
+        return f"{what}, {head} is not compared with {rules}: {n} mentions are fewer than {MIN_ITEMS}."
     verdict = ("comes close to" if best["all"] >= rb["all_lo"] else "falls short of")
     if best["all"] > rb["all_hi"]:
         verdict = "beats"
-    return (f"{what[:1].upper()}{what[1:]}, the best head ({best['name']}, {100 * best['all']:.1f}%) {verdict} the rule-based "
-            f"system ({100 * rb['all']:.1f}% [{100 * rb['all_lo']:.1f}, {100 * rb['all_hi']:.1f}]).")
+    return f"{what}, {head} {verdict} {rules}."
 
 
 # -- the family ------------------------------------------------------------------------------

@@ -210,7 +210,7 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
                 batch_size: int = 16, seed: int = 0, gradients: str = "auto", progress: Progress = None,
                 save_maps: Path | None = None, engine: str = "auto",
                 maps_budget_gb: float = 2.0, text: "UnlabeledStats | None" = None,
-                executor=None) -> Section:
+                input_note: str | None = None, executor=None) -> Section:
     """Run every general analysis over ``examples`` (or a store) and write their outputs.
 
     ``examples``: a list of :class:`Example` (the model is run, maps are never all held) or
@@ -222,23 +222,25 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
     inside attention without ``[n n]`` maps, :func:`streamed_general`; decoders only) or "auto"
     (streaming when one batch's maps would take more than ``maps_budget_gb``). ``text``: how
     sentence-per-line text became the examples (recorded in the results and the findings).
-    ``executor``: where the forward passes run (:mod:`attnscope.executor`; default here). Writes
+    ``input_note``: one line about the examples (that they were packed for another tokenizer:
+    :func:`~attnscope.data.unlabeled.packing_mismatch`), among the findings and in the error
+    when none fits. ``executor``: where the forward passes run (:mod:`attnscope.executor`; default here). Writes
     ``out_dir/tables``, ``out_dir/figures`` and ``out_dir/results/general.json``.
     """
     ctx = Context(model=model, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
                   batch_size=batch_size, progress=progress, save_maps=save_maps, executor=executor)
     options = GeneralOptions(gradients=gradients, general_engine=engine,
                              general_maps_budget_gb=maps_budget_gb)
-    return _general(examples, options, ctx, text)
+    return _general(examples, options, ctx, text, input_note)
 
 
-def _general(source, options: "GeneralOptions", ctx: Context, text=None) -> Section:
+def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: str | None = None) -> Section:
     """The general family's job on ``source`` (examples or a store); see :func:`run_general`."""
     from attnscope.models.loading import seed_everything
     from attnscope.store import extract_to_store, open_store
 
     seed_everything(ctx.seed)
-    model, engine, notes = ctx.model, options.general_engine, []
+    model, engine, notes = ctx.model, options.general_engine, [note] if note else []
     is_store = isinstance(source, Store)
     if is_store and engine == "streaming":
         raise AttnscopeError("--general-engine streaming needs --model and text: a store already "
@@ -254,7 +256,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None) -> Sect
                 if ctx.progress is not None:  # one line on the console (a rich display shows it above its bars)
                     print(line, file=sys.stderr)
                 return _run_streaming(encoded, ctx, options, line=line, stats=stats, source=source,
-                                      text=text)
+                                      text=text, note=note)
             notes.append(line)
         if ctx.save_maps is not None:
             extract_to_store(source, ctx.save_maps, model, options=ctx.extract_options(),
@@ -265,14 +267,14 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None) -> Sect
     if is_store and source.level != "token":
         notes.append("the store holds word-level maps: statistics are per word, not per token")
     causal = bool(source.manifest["model"].get("causal", False)) if is_store else bool(model.family.causal)
-    classer, note = TokenClasser.for_model(model)
-    notes += [note] if note else []
+    classer, classes_note = TokenClasser.for_model(model)
+    notes += [classes_note] if classes_note else []
     scorer = _scorer_for(model, options.gradient_mode, source,
                          _token_inputs(source, model, ctx.max_seq_len, 512), ctx.seed, notes,
                          ctx.progress, ctx.max_seq_len)
     keeper = Figure1Example()
     analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=ctx.seed) + [keeper]
-    out = ctx.run_pass(source, analyses, step="general")
+    out = ctx.run_pass(source, analyses, step="general", note=note)
     if out.skipped:
         notes.append(f"{out.skipped} examples longer than {ctx.max_seq_len} tokens were skipped")
     results = {a.name: out.results[a.name] for a in analyses if a is not keeper}
@@ -321,15 +323,15 @@ def _pick_engine(source, model, engine: str, ctx: Context, options: "GeneralOpti
 
 
 def _run_streaming(encoded: list, ctx: Context, options: "GeneralOptions", *, line: str, stats, source,
-                   text=None) -> Section:
+                   text=None, note: str | None = None) -> Section:
     model, max_seq_len, seed, progress = ctx.model, ctx.max_seq_len, ctx.seed, ctx.progress
     gradients = options.gradient_mode
     if not encoded:
         raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
-                             f"{max_seq_len})")
-    notes = [line]
-    classer, note = TokenClasser.for_model(model)
-    notes += [note] if note else []
+                             f"{max_seq_len})" + (f"; {note}" if note else ""))
+    notes = ([note] if note else []) + [line]
+    classer, classes_note = TokenClasser.for_model(model)
+    notes += [classes_note] if classes_note else []
     _scorer_for(model, gradients, source, lambda: [], seed, notes, progress, max_seq_len)
     t0 = time.perf_counter()
     results = streamed_general(encoded, model, classer, seed=seed, progress=progress)
@@ -413,4 +415,5 @@ class General(Family):
 
     def run(self, prepared: Prepared, options: GeneralOptions, ctx: Context) -> Section:
         source = prepared.data["source"]
-        return _general(source.data, options, ctx, source.text if source.text and source.text.examples else None)
+        return _general(source.data, options, ctx, source.text if source.text and source.text.examples else None,
+                        source.note)

@@ -92,7 +92,7 @@ class PatternsFamily(Family):
         seed_everything(ctx.seed)
         source = prepared.data["source"]
         model = ctx.model
-        notes: list[str] = []
+        notes: list[str] = [source.note] if source.note else []
         if source.is_store:
             causal = bool(source.data.manifest["model"].get("causal", False))
             model_desc = source.data.manifest["model"]
@@ -111,7 +111,7 @@ class PatternsFamily(Family):
                          "come from its attention maps)")
         else:
             analyses.append(KeyConcentration(lm=model, classer=classer))
-        out = ctx.run_pass(source.data, analyses, step="patterns")
+        out = ctx.run_pass(source.data, analyses, step="patterns", note=source.note)
         if out.skipped:
             notes.append(f"{out.skipped} examples longer than {ctx.max_seq_len} tokens were skipped")
         results = {a.name: out.results[a.name] for a in analyses[:4]}

@@ -55,19 +55,32 @@ class Section:
 #: with the paper's or with a baseline.
 WIDE_INTERVAL = 15.0
 
+#: Fewer items than this are too few for a number to be compared with the paper's or with a
+#: baseline, whatever its interval: a bootstrap of 7 identical outcomes spans 0 points.
+MIN_ITEMS = 30
+
 
 def small_sample_caution(what: str, n: int, low: float | None, high: float | None) -> str | None:
     """A sentence warning that ``what`` rests on too little data, or None when it does not.
 
     Decided from the data, never from a flag: ``low``/``high`` is the 95% interval (in
-    percent) of the section's headline accuracy over ``n`` items.
+    percent) of the section's headline accuracy over ``n`` items; too little is an interval
+    wider than :data:`WIDE_INTERVAL` points or fewer than :data:`MIN_ITEMS` items.
 
     >>> small_sample_caution("Table 2", 22, 40.9, 81.8)
     'Caution: Table 2 rests on only 22 items; its 95% interval spans 40.9 points, too wide for these numbers to be compared with the paper or between rows.'
+    >>> small_sample_caution("Table 2", 7, 100.0, 100.0)
+    'Caution: Table 2 rests on only 7 items, fewer than 30: too few for these numbers to be compared with the paper or between rows (a bootstrap interval over so few items, here 0.0 points wide, understates the uncertainty).'
     >>> small_sample_caution("Table 2", 3818, 70.5, 74.1) is None
     True
     """
-    if low is None or high is None or high - low <= WIDE_INTERVAL:
+    interval = low is not None and high is not None
+    if interval and high - low > WIDE_INTERVAL:
+        return (f"Caution: {what} rests on only {n} items; its 95% interval spans {high - low:.1f} "
+                "points, too wide for these numbers to be compared with the paper or between rows.")
+    if n >= MIN_ITEMS:
         return None
-    return (f"Caution: {what} rests on only {n} items; its 95% interval spans {high - low:.1f} "
-            "points, too wide for these numbers to be compared with the paper or between rows.")
+    return (f"Caution: {what} rests on only {n} items, fewer than {MIN_ITEMS}: too few for these "
+            "numbers to be compared with the paper or between rows"
+            + (f" (a bootstrap interval over so few items, here {high - low:.1f} points wide, "
+               "understates the uncertainty)." if interval else "."))

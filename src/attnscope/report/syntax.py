@@ -134,7 +134,8 @@ def _pick_examples(rows: list[dict], dev_examples: list[tuple[int, Example]], ge
     from attnscope.analyses.syntax import relation_label
 
     figs, best, maps = [], [], {}
-    chosen = sorted((r for r in rows if r["relation"] != ALL and "/" not in r["head"]),
+    chosen = sorted((r for r in rows if r["relation"] != ALL and "/" not in r["head"]
+                     and r["accuracy"] > r["offset_accuracy"]),
                     key=lambda r: -(r["accuracy"] - r["offset_accuracy"]))[:max_figures]
     for row in chosen:
         rel = row["relation"]
@@ -189,7 +190,9 @@ def _findings(rows_paper: list[dict], rows_held: list[dict], rows3: list[dict]) 
     if rows_paper:
         out.append(f"{len(beat)} of {len([r for r in rows_paper if r['relation'] != ALL])} relations "
                    "have a head whose accuracy interval lies above the best offset's.")
-    top = sorted((r for r in rows_paper if r["relation"] != ALL), key=lambda r: -r["accuracy"])[:3]
+    # the relations where the head does best, among those where it is above the offset (a tie is not)
+    top = sorted((r for r in rows_paper if r["relation"] != ALL and r["accuracy"] > r["offset_accuracy"]),
+                 key=lambda r: -r["accuracy"])[:3]
     for r in top:
         out.append(f"'{r['relation']}': head {r['head']} ({r['direction']}) {r['accuracy']:.1f}% vs "
                    f"offset {r['offset']} {r['offset_accuracy']:.1f}% (n={r['count']}).")

@@ -4,7 +4,10 @@ Looks for ``results/*.json`` (written by :meth:`attnscope.analyses.base.Result.s
 ``*.json`` directly in the folder) and ``tables/*.csv``. From them it takes:
 
 - per-head statistics: every table with one row per ``(layer, head)`` gives one ``[L][H]``
-  grid per numeric column, and every ``[L, H]`` array gives one grid;
+  grid per numeric column, every ``[L, H]`` array gives one grid, and every array
+  ``[relation, L, H]`` or ``[relation, L, H, direction]`` whose result names its relations
+  (and directions) in ``meta`` gives one grid per relation (and direction), the ``all``
+  relation first: the syntax family's head accuracy per dependency relation;
 - the head-clustering scatter: a table with ``layer``, ``head`` and ``x``/``y`` (or, as the
   general family's per-head table has them, ``mds_x``/``mds_y``) per head, with a
   ``behaviour`` label per head.
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnscope.analyses.syntax import ALL
 from attnscope.report.results import read_json
 
 
@@ -59,6 +63,27 @@ def _per_head(rows: list[dict], L: int, H: int) -> tuple[dict[str, list], bool]:
     return grids, True
 
 
+def _per_relation(arr: dict, meta: dict, L: int, H: int) -> list[tuple[str, list]]:
+    """``(label, [L][H] grid)`` for each relation (and direction) of an array ``[R, L, H]`` or
+    ``[R, L, H, D]`` labelled by ``meta["relations"]`` (and ``meta["directions"]``); none for
+    any other array."""
+    shape = list(arr["shape"])
+    if len(shape) not in (3, 4) or shape[1:3] != [L, H]:
+        return []
+    rels = meta.get("relations")
+    dirs = meta.get("directions") if len(shape) == 4 else [None]
+    if not isinstance(rels, list) or len(rels) != shape[0] or not isinstance(dirs, list) \
+            or len(dirs) != (shape[3] if len(shape) == 4 else 1):
+        return []
+    a = np.asarray(arr["data"], dtype=float).reshape(shape[0], L, H, len(dirs))
+    out = []
+    for r in sorted(range(len(rels)), key=lambda r: rels[r] != ALL):  # the overall grid first
+        for d, direction in enumerate(dirs):
+            label = str(rels[r]) if direction is None else f"{rels[r]}, {direction}"
+            out.append((label, [[_num(v) for v in row] for row in a[r, :, :, d].tolist()]))
+    return out
+
+
 #: Column pairs that place a head in the clustering scatter, in order of preference.
 SCATTER_COLUMNS = (("x", "y"), ("mds_x", "mds_y"))
 
@@ -80,11 +105,12 @@ def _scatter(rows: list[dict], source: str) -> dict | None:
 
 
 def load_results(folder: str | Path | None, num_layers: int, num_heads: int) -> dict:
-    """``{"stats": [{"name", "source", "values": [L][H]}], "scatter": {...} | None,
-    "summaries": [{"analysis", "summary"}], "problems": [str]}``."""
-    out: dict = {"stats": [], "scatter": None, "summaries": [], "problems": []}
+    """``{"folder": str | None, "stats": [{"name", "source", "values": [L][H]}], "scatter":
+    {...} | None, "summaries": [{"analysis", "summary"}], "problems": [str]}``."""
+    out: dict = {"folder": None, "stats": [], "scatter": None, "summaries": [], "problems": []}
     if folder is None:
         return out
+    out["folder"] = str(folder)
     folder = Path(folder)
     if not folder.is_dir():
         out["problems"].append(f"{folder}: no such results folder")
@@ -119,6 +145,9 @@ def load_results(folder: str | Path | None, num_layers: int, num_heads: int) -> 
                     a = np.asarray(arr["data"], dtype=float).reshape(L, H)
                     out["stats"].append({"name": f"{analysis}: {aname}", "source": str(path),
                                          "values": [[_num(v) for v in row] for row in a.tolist()]})
+                for label, values in _per_relation(arr, d.get("meta") or {}, L, H):
+                    out["stats"].append({"name": f"{analysis}: {aname} ({label})", "source": str(path),
+                                         "values": values})
             except (KeyError, TypeError, ValueError):
                 out["problems"].append(f"{path}: array {aname!r} is malformed")
     json_tables = {name.split(": ", 1)[1].split(".", 1)[0] for name in

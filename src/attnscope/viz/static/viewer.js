@@ -151,7 +151,9 @@
     return getJSON("/api/results").then(function (r) {
       var box = $("vw-stats");
       box.textContent = "";
-      if (!r.stats.length) box.textContent = "no per-head results (start with --results DIR)";
+      if (!r.stats.length) box.textContent = r.folder
+        ? "no per-head statistics in " + r.folder + " (no table with one row per head, no [layer, head] array)"
+        : "no per-head results (start with --results DIR)";
       else {
         var sel = node("select", { id: "vw-stat-select" }, box);
         r.stats.forEach(function (s, i) { node("option", { value: i }, sel, s.name); });
