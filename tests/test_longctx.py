@@ -67,6 +67,14 @@ def reference(lm, seqs, targets, js_rows, smoothing=0.001, seed=0):
         toks = lm.tokenizer.convert_ids_to_tokens(ids)
         sp = np.array([i in specials for i in ids], float)
         pu = np.array([(i not in specials) and is_punct(t) for i, t in zip(ids, toks)], float)
+        if targets[s]:  # a probe: only the weight of each row on its target key
+            for i in range(1, n):
+                for name in tsum:
+                    t = targets[s][name][i]
+                    if t >= 0:
+                        tsum[name] += A[:, :, i, t]
+                        tcount[name] += 1
+            continue
         for i in range(1, n):
             rows += 1
             p = A[:, :, i, :i + 1]  # [L H m]
@@ -88,12 +96,6 @@ def reference(lm, seqs, targets, js_rows, smoothing=0.001, seed=0):
                 k = bucket_of(np.array([i - j]))[0]
                 dist[..., k] += p[..., j]
                 pairs[k] += 1
-            if targets[s]:
-                for name in tsum:
-                    t = targets[s][name][i]
-                    if t >= 0:
-                        tsum[name] += p[..., t]
-                        tcount[name] += 1
         for r in sample_rows(ids, js_rows, seed):
             m = r + 1
             P = A[:, :, r, :m].reshape(L * H, m) * (1 - smoothing) + smoothing / m
@@ -258,7 +260,7 @@ def test_streaming_independent_of_chunk_and_batch(chunk, batch):
     st = LongContextStats(js_rows=2)
     stream_stats(lm, seqs, st, chunk=chunk, batch_size=batch, targets=targets)
     assert_close(st.means(), base.means())
-    assert st.rows == base.rows == sum(len(s) - 1 for s in seqs)
+    assert st.rows == base.rows == sum(len(s) - 1 for s, t in zip(seqs, targets) if not t)
 
 
 def test_merge_of_split_documents_equals_one_run():
@@ -273,9 +275,31 @@ def test_merge_of_split_documents_equals_one_run():
         parts.append(p)
     merged = LongContextStats(js_rows=2).merge(parts[2]).merge(parts[0]).merge(parts[1])
     assert_close(merged.means(), whole.means())
-    assert merged.documents == len(seqs) and merged.js_count == whole.js_count
+    assert merged.documents == 3 and merged.target_sequences == 2 and merged.js_count == whole.js_count
     with pytest.raises(ValueError):
         merged.merge(LongContextStats(js_rows=5))
+
+
+def test_probes_feed_their_targets_only():
+    # documents and induction probes folded together == the documents alone, for every
+    # document statistic and count; the targets == the probes alone
+    lm = load_model("debug:llama")
+    seqs, targets = _docs(lm)
+    both, docs, probes = (LongContextStats(js_rows=3) for _ in range(3))
+    stream_stats(lm, seqs, both, chunk=4, batch_size=2, targets=targets)
+    stream_stats(lm, seqs[:3], docs, chunk=4)
+    stream_stats(lm, seqs[3:], probes, chunk=4, targets=targets[3:])
+    got, want = both.means(), docs.means()
+    assert set(got) == set(want) | {"target_induction", "target_duplicate"}
+    assert_close({k: got[k] for k in want}, want, tol=1e-6)
+    for name in ("induction", "duplicate"):
+        np.testing.assert_allclose(got[f"target_{name}"], probes.means()[f"target_{name}"], atol=1e-6)
+    assert (both.documents, both.tokens, both.rows) == (3, sum(map(len, seqs[:3])), sum(map(len, seqs[:3])) - 3)
+    assert (both.target_sequences, both.target_tokens) == (2, 2 * 25)
+    meta = both.finalize().meta
+    assert meta["documents"] == 3 and meta["target_sequences"] == 2
+    assert meta["target_rows"] == {"duplicate": 2 * 12, "induction": 2 * 12}
+    assert probes.finalize().summary == ["no rows (every document shorter than 2 tokens)"]
 
 
 def test_finalize_tables_and_empty():

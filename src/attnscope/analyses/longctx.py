@@ -24,7 +24,11 @@ weights ``p_ij``:
   (mass / number of (row, key) pairs at those distances);
 - per query-position bucket (same log buckets of ``i``): mean sink mass and entropy;
 - targets: for named per-row key indices (induction: the token after the previous copy of the
-  current token; duplicate: the previous copy itself), the mean weight on that key;
+  current token; duplicate: the previous copy itself), the mean weight on that key. A sequence
+  that has targets is a probe (e.g. repeated random tokens): it feeds its target scores and
+  nothing else, so the document statistics, counts and head distances come from the
+  documents alone whether or not probes run in the same pass (they are counted apart, as
+  ``target_sequences`` / ``target_tokens``);
 - head-to-head Jensen-Shannon distances (paper section 6) over a seeded sample of rows per
   document, each row smoothed as in the paper's script (``s / m + (1 - s) p`` over its ``m``
   keys).
@@ -191,6 +195,8 @@ class LongContextStats(Analysis):
         self.rows = 0  # query rows counted (position >= 1), over all documents
         self.documents = 0
         self.tokens = 0
+        self.target_sequences = 0  # probes: sequences with targets, counted apart from documents
+        self.target_tokens = 0
         self.sums: dict[str, np.ndarray] = {}
         self.targets: dict[str, list] = {}  # name -> [sums [L H], rows]
         self.js_sums: np.ndarray | None = None
@@ -217,6 +223,13 @@ class LongContextStats(Analysis):
         """Count one sequence's rows (called once per sequence, before its tiles)."""
         self._ensure(L, H)
         n = seq.n
+        if seq.targets:  # a probe: its target rows only (see the module's docstring)
+            self.target_sequences += 1
+            self.target_tokens += n
+            for name, t in seq.targets.items():
+                entry = self.targets.setdefault(name, [np.zeros((L, H)), 0])
+                entry[1] += int((t[1:] >= 0).sum())
+            return
         self.documents += 1
         self.tokens += n
         if n < 2:
@@ -224,15 +237,15 @@ class LongContextStats(Analysis):
         self.rows += n - 1
         self.sums["dist_pairs"] += pairs_per_bucket(n, self.causal)
         self.sums["pos_rows"] += np.bincount(bucket_of(np.arange(1, n)), minlength=NUM_BUCKETS)
-        for name, t in seq.targets.items():
-            entry = self.targets.setdefault(name, [np.zeros((L, H)), 0])
-            entry[1] += int((t[1:] >= 0).sum())
 
     def tile(self, layer: int, seq: Sequence, q0: int, p, ent) -> None:
         """Fold the rows ``q0 .. q0+c-1`` (all >= 1) of one layer: ``p`` ``[H c K]`` (exactly 0
         where a key is masked) and each row's entropy ``ent`` ``[H c]`` (nats)."""
         import torch
 
+        if seq.targets:  # a probe feeds its target scores only
+            self._fold_targets(layer, seq, q0, p)
+            return
         H, c, K = p.shape
         dev = p.device
         pos = torch.arange(q0, q0 + c, device=dev)  # [c]
@@ -268,13 +281,6 @@ class LongContextStats(Analysis):
             acc = torch.zeros(H, NUM_BUCKETS, dtype=torch.float64, device=dev)
             acc.index_add_(1, pb, value.double())
             s[name][layer] += acc.cpu().numpy()
-        for name, t in seq.targets.items():
-            tt = t[q0:q0 + c]
-            ok = tt >= 0
-            if bool(ok.any()):
-                rows = torch.nonzero(ok)[:, 0]
-                got = p[:, rows, tt[rows]]  # [H r]
-                self.targets[name][0][layer] += got.sum(1).double().cpu().numpy()
         if seq.classes is not None:
             per_row = p @ seq.classes[:K].to(device=dev, dtype=p.dtype)  # [H c C]
             total = per_row.sum(1)
@@ -291,6 +297,19 @@ class LongContextStats(Analysis):
             if q0 <= r < q0 + c:
                 width = r + 1 if self.causal else K  # the keys the row can see
                 seq.js_store.setdefault(r, []).append(p[:, r - q0, :width].detach().to("cpu", copy=True))
+
+    def _fold_targets(self, layer: int, seq: Sequence, q0: int, p) -> None:
+        """A probe's tile ``p`` ``[H c K]``: the weight of each row on its target key."""
+        import torch
+
+        c = p.shape[1]
+        for name, t in seq.targets.items():
+            tt = t[q0:q0 + c]
+            ok = tt >= 0
+            if bool(ok.any()):
+                rows = torch.nonzero(ok)[:, 0]
+                got = p[:, rows, tt[rows]]  # [H r]
+                self.targets[name][0][layer] += got.sum(1).double().cpu().numpy()
 
     def end(self, seq: Sequence) -> None:
         """After every layer of a sequence: fold its sampled rows into the head distances."""
@@ -355,19 +374,23 @@ class LongContextStats(Analysis):
         self.rows += other.rows
         self.documents += other.documents
         self.tokens += other.tokens
+        self.target_sequences += other.target_sequences
+        self.target_tokens += other.target_tokens
         return self
 
     def means(self) -> dict[str, np.ndarray]:
         """Every statistic as a mean (``[L H]``, ``[L H B]`` or ``[P P]``); no state change."""
-        if self.shape is None or self.rows == 0:
+        if self.shape is None:
             return {}
         s = self.sums
-        out = {k: s[k] / self.rows for k in HEAD_SUMS}
-        out["dist_mass"] = s["dist_mass"] / self.rows
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out["dist_weight"] = np.where(s["dist_pairs"] > 0, s["dist_mass"] / s["dist_pairs"], np.nan)
-            for k in ("pos_sink", "pos_entropy", "pos_norm_entropy"):
-                out[k] = np.where(s["pos_rows"] > 0, s[k] / s["pos_rows"], np.nan)
+        out = {}
+        if self.rows:
+            out = {k: s[k] / self.rows for k in HEAD_SUMS}
+            out["dist_mass"] = s["dist_mass"] / self.rows
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out["dist_weight"] = np.where(s["dist_pairs"] > 0, s["dist_mass"] / s["dist_pairs"], np.nan)
+                for k in ("pos_sink", "pos_entropy", "pos_norm_entropy"):
+                    out[k] = np.where(s["pos_rows"] > 0, s[k] / s["pos_rows"], np.nan)
         for name, (v, c) in self.targets.items():
             out[f"target_{name}"] = v / c if c else np.full(self.shape, np.nan)
         if self.js_sums is not None and self.js_count:
@@ -377,14 +400,16 @@ class LongContextStats(Analysis):
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(),
                      meta={"documents": self.documents, "tokens": self.tokens, "rows": self.rows,
+                           "target_sequences": self.target_sequences, "target_tokens": self.target_tokens,
+                           "target_rows": {k: c for k, (_, c) in self.targets.items()},
                            "js_rows_used": self.js_count, "buckets": bucket_labels(),
                            "rows_counted": "query positions >= 1", "head_index": "0-indexed"})
         m = self.means()
-        if not m:
-            res.summary.append("no rows (every document shorter than 2 tokens)")
-            return res
         for k, v in m.items():
             res.arrays[k] = np.asarray(v, dtype=np.float64)
+        if "sink" not in m:
+            res.summary.append("no rows (every document shorter than 2 tokens)")
+            return res
         L, H = self.shape
         sink = m["sink"]
         rows = []

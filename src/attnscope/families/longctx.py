@@ -20,6 +20,13 @@ from attnscope.families.base import Context, Family, Input, Prepared, option, re
 BATCH_TOKENS = 8192
 
 
+def _plan(sequences: list, batch_size: int) -> tuple[int, int]:
+    """``(longest, batch size)`` of a group of sequences: at most ``batch_size``, about
+    :data:`BATCH_TOKENS` tokens, and no more than the group holds."""
+    longest = max(len(s) for s in sequences)
+    return longest, max(1, min(batch_size, BATCH_TOKENS // longest, len(sequences)))
+
+
 @dataclass
 class Options:
     chunk: int = option(0, "Query rows per tile of the streaming engine (memory ~ heads x chunk x "
@@ -107,12 +114,11 @@ class LongContext(Family):
             stream_stats,
         )
         from attnscope.extract.runner import active_batch_engine
-        from attnscope.report.longctx import write_section
+        from attnscope.report.longctx import counted, write_section
 
         lm = ctx.model
         docs = prepared.data["documents"]
         seqs = [d.ids for d in docs]
-        targets: list = [None] * len(seqs)
         notes: list[str] = []
         generated: list[dict[str, Any]] = []
         if options.generate:
@@ -131,6 +137,7 @@ class LongContext(Family):
                          f"{sum(len(d.ids) for d in docs)} tokens)"
                          + ("; the induction sequences (random tokens, not words) were not run."
                             if options.induction else "."))
+        probes, probe_targets = [], []
         if options.induction and not options.word_level:
             # a copy draws distinct ordinary tokens and both copies must fit the model's positions
             tok = lm.tokenizer
@@ -139,10 +146,15 @@ class LongContext(Family):
             if half < options.induction_length:
                 notes.append(f"Induction sequences use {half} random tokens per copy, not "
                              f"{options.induction_length}: the model's vocabulary or positions allow no more.")
-            iseq, itg = induction_sequences(lm, options.induction, half, seed=ctx.seed)
-            seqs, targets = seqs + iseq, targets + itg
-        longest = max(len(s) for s in seqs)
-        batch_size = max(1, min(ctx.batch_size, BATCH_TOKENS // longest, len(seqs)))  # no larger than the inputs
+            probes, probe_targets = induction_sequences(lm, options.induction, half, seed=ctx.seed)
+        # documents and induction sequences run in batches of their own; the sequences with
+        # targets (the probes) feed the induction and duplicate scores only, never the
+        # document statistics (LongContextStats keeps them apart)
+        groups = [(seqs, [None] * len(seqs), "document")] + (
+            [(probes, probe_targets, "induction sequence")] if probes else [])
+        plans = [_plan(g, ctx.batch_size) for g, _, _ in groups]
+        widest = max(range(len(plans)), key=lambda i: maps_bytes(lm, *plans[i]))
+        longest, batch_size = plans[widest]
         engine = choose_engine(lm, longest, batch_size, int(options.maps_budget_gb * 2 ** 30),
                                options.engine)
         if engine == "maps" and options.dtype == "bfloat16":
@@ -151,45 +163,53 @@ class LongContext(Family):
                                  sink_threshold=options.sink_threshold, causal=lm.family.causal)
         autocast = (torch.autocast(device_type=lm.model.device.type, dtype=torch.bfloat16)
                     if options.dtype == "bfloat16" else contextlib.nullcontext())
-        done = 0
+        done, total = 0, sum(len(g) for g, _, _ in groups)
 
         def progress(k: int) -> None:
             nonlocal done
             done += k
-            ctx.step("longctx", done, len(seqs))
+            ctx.step("longctx", done, total)
 
         remote = active_batch_engine()  # --ray: the workers fold the statistics (float32, tokens)
         on_ray = (engine == "streaming" and hasattr(remote, "stream") and not units
                   and options.dtype == "float32")
         with autocast:
-            if on_ray:
-                remote.stream(lm, seqs, stats, chunk=options.chunk, batch_size=batch_size, targets=targets)
-                progress(len(seqs))
-            elif engine == "streaming":
-                stream_stats(lm, seqs, stats, chunk=options.chunk, batch_size=batch_size,
-                             targets=None if units else targets, progress=progress, units=units)
+            if on_ray:  # one pass of the workers; the smaller batch size suits both groups
+                remote.stream(lm, [s for g, _, _ in groups for s in g], stats, chunk=options.chunk,
+                              batch_size=min(b for _, b in plans),
+                              targets=[t for _, tg, _ in groups for t in tg])
+                progress(total)
             else:
-                maps_update(lm, seqs, stats, batch_size=batch_size, targets=None if units else targets,
-                            keep_all=False, units=units)
+                for (group, targets, _), (_, size) in zip(groups, plans):
+                    if engine == "streaming":
+                        stream_stats(lm, group, stats, chunk=options.chunk, batch_size=size,
+                                     targets=None if units else targets, progress=progress, units=units)
+                    else:
+                        maps_update(lm, group, stats, batch_size=size, targets=None if units else targets,
+                                    keep_all=False, units=units)
         res = stats.finalize()
+        doc_longest = plans[0][0]
         maps_gb = maps_bytes(lm, longest, batch_size) / 2 ** 30
         res.meta.update({"engine": engine, "ray_workers": remote.workers if on_ray else 0,
-                         "dtype": options.dtype, "longest": longest,
-                         "documents": len(docs),
-                         "induction_sequences": 0 if options.word_level else options.induction,
+                         "dtype": options.dtype, "longest": doc_longest, "max_seq_len": ctx.max_seq_len,
+                         "induction_sequences": len(probes),
                          "model": lm.describe(), "generate": options.generate,
                          "level": "word" if options.word_level else "token",
                          # per document: its tokens from generated_from on are the model's own
                          # greedy continuation (statistics cover prompt + continuation)
                          "generated": generated})
-        why = (f"the maps of a batch of {batch_size} inputs of up to {longest} tokens would take "
+        kind = groups[widest][2]
+        why = (f"the maps of a batch of {counted(batch_size, kind)} of up to {longest} tokens would take "
                f"{maps_gb:.1f} GB"
                + (" (more than --maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
         extra = notes + [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
-                 f"forward pass in {options.dtype}; {len(docs)} documents, longest input {longest} tokens."]
+                 f"forward pass in {options.dtype}; {counted(len(docs), 'document')}, longest "
+                 f"{doc_longest} tokens"
+                 + (f"; {counted(len(probes), 'induction sequence')} of {len(probes[0])} tokens, "
+                    "run apart (they give the induction and duplicate scores only)." if probes else ".")]
         limit = getattr(lm.model.config, "max_position_embeddings", None)
-        if limit and longest > limit:
-            extra.append(f"Inputs run to {longest} tokens, past the {limit} positions the model was "
+        if limit and doc_longest > limit:
+            extra.append(f"Documents run to {doc_longest} tokens, past the {limit} positions the model was "
                          "configured for; statistics beyond that length describe extrapolation.")
         out = ctx.out_dir
         res.save(out / "results" / f"{self.key}.json")  # strict JSON (report.results)

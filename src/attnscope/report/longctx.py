@@ -25,6 +25,11 @@ HEAD_COLUMNS = ["name", "layer", "head", "sink", "sink_head", "special", "punct"
                 "current", "entropy", "norm_entropy", "max", "induction", "duplicate"]
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and the noun, plural unless ``n`` is 1: ``counted(1, "document")`` is "1 document"."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def _names(mask: np.ndarray, values: np.ndarray, limit: int = 12) -> str:
     idx = np.argwhere(mask)
     order = sorted(idx.tolist(), key=lambda lh: -values[lh[0], lh[1]])
