@@ -237,3 +237,23 @@ def test_induction_sequences_leave_the_document_statistics_alone(tmp_path, llama
     note = next(f for f in sec.findings if f.startswith("Engine:"))
     assert "batch of 1 document of up to 512 tokens" in note and "1 document, longest 512" in note
     assert "2 induction sequences of 81 tokens" in note
+
+
+def test_sink_metric_option(tmp_path, llama):
+    _, sec, ctx = _run(tmp_path / "gu", llama, induction=0, sink_metric="gu2024")
+    data = json.loads((ctx.out_dir / "results" / "longctx.json").read_text())
+    rate = np.asarray(data["arrays"]["sink_rate"]["data"])
+    assert data["params"]["sink_metric"] == "gu2024" and data["meta"]["sink_samples"] == 3
+    assert data["meta"]["sink_heads"]["gu2024"] == pytest.approx(rate.sum())
+    assert sec.findings[0].startswith(f"By Gu et al. 2024's metric (each document's mean attention on the "
+                                      f"first token over all its rows, row 0 included, above 30%")
+    assert f"{rate.sum():g} of 8 heads are sinks" in sec.findings[0]
+    sink_table = next(t for t in sec.tables if t.name == "longctx_sink_heads")
+    assert "Gu et al. 2024's metric" in sink_table.caption and "sink_rate" in sink_table.columns
+    assert len(sink_table.rows) == int((rate > 0.5).sum())
+    _, pooled, _ = _run(tmp_path / "pooled", llama, induction=0)
+    assert "pooled" in pooled.findings[0] and pooled.findings[1].startswith("By Gu et al. 2024's metric")
+    enc = load_model("debug:bert")
+    with pytest.raises(InputError, match="--sink-metric gu2024: debug:bert is an encoder"):
+        _run(tmp_path / "enc", enc, sink_metric="gu2024")
+    assert not (tmp_path / "enc" / "out").exists()

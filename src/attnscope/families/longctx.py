@@ -48,6 +48,11 @@ class Options:
     induction_length: int = option(256, "Random tokens per copy in those sequences.")
     sink_threshold: float = option(0.3, "A sink head's mean attention on the first token is above "
                                         "this (Gu et al. 2024 use 0.3).")
+    sink_metric: str = option("pooled", "How sink heads are told: pooled (the mean over every "
+                                        "document's rows after the first, pooled) or gu2024 (Gu et al. "
+                                        "2024: each document's mean over all its rows, row 0 included, "
+                                        "thresholded per document; decoders only).",
+                              choices=("pooled", "gu2024"))
     word_level: bool = option(False, "Statistics per word, not per token (paper section 4.1: attention "
                                      "TO a word is the sum over its pieces, FROM a word the mean of its "
                                      "pieces' rows; special tokens stay units of their own).")
@@ -78,6 +83,9 @@ class LongContext(Family):
             if getattr(options, name) < (1 if name == "induction_length" else 0):
                 raise InputError(None, f"--{name.replace('_', '-')} must be at least "
                                        f"{1 if name == 'induction_length' else 0}")
+        if options.sink_metric == "gu2024" and not lm.family.causal:
+            raise InputError(None, f"--sink-metric gu2024: {lm.name} is an encoder; Gu et al.'s metric "
+                                   "is defined for decoder (causal) models")
         if options.generate and not lm.family.causal:
             raise InputError(None, f"--generate {options.generate}: {lm.name} is an encoder; only a "
                                    "decoder (causal) model can continue a prompt")
@@ -160,7 +168,8 @@ class LongContext(Family):
         if engine == "maps" and options.dtype == "bfloat16":
             engine = "streaming"  # eager maps under autocast would not be the same computation
         stats = LongContextStats(js_rows=options.js_rows, seed=ctx.seed,
-                                 sink_threshold=options.sink_threshold, causal=lm.family.causal)
+                                 sink_threshold=options.sink_threshold, causal=lm.family.causal,
+                                 sink_metric=options.sink_metric)
         autocast = (torch.autocast(device_type=lm.model.device.type, dtype=torch.bfloat16)
                     if options.dtype == "bfloat16" else contextlib.nullcontext())
         done, total = 0, sum(len(g) for g, _, _ in groups)
