@@ -245,8 +245,8 @@ def test_sink_metric_option(tmp_path, llama):
     rate = np.asarray(data["arrays"]["sink_rate"]["data"])
     assert data["params"]["sink_metric"] == "gu2024" and data["meta"]["sink_samples"] == 3
     assert data["meta"]["sink_heads"]["gu2024"] == pytest.approx(rate.sum())
-    assert sec.findings[0].startswith(f"By Gu et al. 2024's metric (each document's mean attention on the "
-                                      f"first token over all its rows, row 0 included, above 30%")
+    assert sec.findings[0].startswith("By Gu et al. 2024's metric (each document's mean attention on the "
+                                      "first token over all its rows, row 0 included, above 30%")
     assert f"{rate.sum():g} of 8 heads are sinks" in sec.findings[0]
     sink_table = next(t for t in sec.tables if t.name == "longctx_sink_heads")
     assert "Gu et al. 2024's metric" in sink_table.caption and "sink_rate" in sink_table.columns
@@ -257,3 +257,19 @@ def test_sink_metric_option(tmp_path, llama):
     with pytest.raises(InputError, match="--sink-metric gu2024: debug:bert is an encoder"):
         _run(tmp_path / "enc", enc, sink_metric="gu2024")
     assert not (tmp_path / "enc" / "out").exists()
+
+
+def test_analyze_longctx_defaults_to_long_documents(tmp_path, capsys):
+    # no --max-seq-len: the family's 4,096 tokens, cut to the model's positions (512 here)
+    from attnscope.cli.main import main
+
+    doc = tmp_path / "long.txt"
+    doc.write_text(" ".join(["the cat sat on the mat , and the dog ran to the red house ."] * 60) + "\n")
+    out = tmp_path / "o"
+    assert main(["analyze", "longctx", str(doc), "--model", "debug:llama", "--induction", "0",
+                 "--out", str(out), "-q"]) == 0
+    meta = json.loads((out / "results" / "longctx.json").read_text())["meta"]
+    assert meta["max_seq_len"] == 512 and meta["longest"] == 512 and meta["tokens"] == 512
+    assert main(["analyze", "longctx", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "Default: 4096 (at most the model's positions)" in help_text

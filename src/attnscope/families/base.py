@@ -127,6 +127,8 @@ class Family(ABC):
     inputs: ClassVar[tuple[Input, ...]]
     Options: ClassVar[type] = NoOptions
     default_model: ClassVar[str | None] = None  # ``analyze`` without --model on files: load this
+    #: ``analyze`` without --max-seq-len: this many tokens, at most the model's positions
+    default_max_seq_len: ClassVar[int] = 128
     saves_maps: ClassVar[bool] = False  # honours Context.save_maps (``--save-maps``)
     order: ClassVar[int] = 100  # position in the report and in ``attnscope run``
 

@@ -70,6 +70,7 @@ class LongContext(Family):
                                  "JSON / JSON Lines with a 'text' field.", sample="text.txt"),)
     Options = Options
     default_model = "smollm2"
+    default_max_seq_len = 4096  # long context (the shared default, 128, is a BERT-sized example)
     order = 70
 
     def prepare(self, inputs: dict[str, Any], options: Options, ctx: Context) -> Prepared:
