@@ -67,6 +67,14 @@ def reference(lm, seqs, targets, js_rows, smoothing=0.001, seed=0):
         toks = lm.tokenizer.convert_ids_to_tokens(ids)
         sp = np.array([i in specials for i in ids], float)
         pu = np.array([(i not in specials) and is_punct(t) for i, t in zip(ids, toks)], float)
+        if targets[s]:  # a probe: only the weight of each row on its target key
+            for i in range(1, n):
+                for name in tsum:
+                    t = targets[s][name][i]
+                    if t >= 0:
+                        tsum[name] += A[:, :, i, t]
+                        tcount[name] += 1
+            continue
         for i in range(1, n):
             rows += 1
             p = A[:, :, i, :i + 1]  # [L H m]
@@ -88,12 +96,6 @@ def reference(lm, seqs, targets, js_rows, smoothing=0.001, seed=0):
                 k = bucket_of(np.array([i - j]))[0]
                 dist[..., k] += p[..., j]
                 pairs[k] += 1
-            if targets[s]:
-                for name in tsum:
-                    t = targets[s][name][i]
-                    if t >= 0:
-                        tsum[name] += p[..., t]
-                        tcount[name] += 1
         for r in sample_rows(ids, js_rows, seed):
             m = r + 1
             P = A[:, :, r, :m].reshape(L * H, m) * (1 - smoothing) + smoothing / m
@@ -258,7 +260,7 @@ def test_streaming_independent_of_chunk_and_batch(chunk, batch):
     st = LongContextStats(js_rows=2)
     stream_stats(lm, seqs, st, chunk=chunk, batch_size=batch, targets=targets)
     assert_close(st.means(), base.means())
-    assert st.rows == base.rows == sum(len(s) - 1 for s in seqs)
+    assert st.rows == base.rows == sum(len(s) - 1 for s, t in zip(seqs, targets) if not t)
 
 
 def test_merge_of_split_documents_equals_one_run():
@@ -273,9 +275,93 @@ def test_merge_of_split_documents_equals_one_run():
         parts.append(p)
     merged = LongContextStats(js_rows=2).merge(parts[2]).merge(parts[0]).merge(parts[1])
     assert_close(merged.means(), whole.means())
-    assert merged.documents == len(seqs) and merged.js_count == whole.js_count
+    assert merged.documents == 3 and merged.target_sequences == 2 and merged.js_count == whole.js_count
     with pytest.raises(ValueError):
         merged.merge(LongContextStats(js_rows=5))
+
+
+def test_probes_feed_their_targets_only():
+    # documents and induction probes folded together == the documents alone, for every
+    # document statistic and count; the targets == the probes alone
+    lm = load_model("debug:llama")
+    seqs, targets = _docs(lm)
+    both, docs, probes = (LongContextStats(js_rows=3) for _ in range(3))
+    stream_stats(lm, seqs, both, chunk=4, batch_size=2, targets=targets)
+    stream_stats(lm, seqs[:3], docs, chunk=4)
+    stream_stats(lm, seqs[3:], probes, chunk=4, targets=targets[3:])
+    got, want = both.means(), docs.means()
+    assert set(got) == set(want) | {"target_induction", "target_duplicate"}
+    assert_close({k: got[k] for k in want}, want, tol=1e-6)
+    for name in ("induction", "duplicate"):
+        np.testing.assert_allclose(got[f"target_{name}"], probes.means()[f"target_{name}"], atol=1e-6)
+    assert (both.documents, both.tokens, both.rows) == (3, sum(map(len, seqs[:3])), sum(map(len, seqs[:3])) - 3)
+    assert (both.target_sequences, both.target_tokens) == (2, 2 * 25)
+    meta = both.finalize().meta
+    assert meta["documents"] == 3 and meta["target_sequences"] == 2
+    assert meta["target_rows"] == {"duplicate": 2 * 12, "induction": 2 * 12}
+    assert probes.finalize().summary == ["no rows (every document shorter than 2 tokens)"]
+
+
+def test_gu2024_sink_metric_by_hand():
+    # one layer, two heads; document A has 4 tokens, B has 2. Row i puts `sink` on token 0 and
+    # the rest on itself. Head 0: A's rows 1-3 put 0.1 on token 0, B's row 1 puts 0.2; head 1:
+    # A's rows put 0, B's row 1 puts 0.9.
+    def doc(n, sinks):  # sinks[h][i - 1] for rows i >= 1
+        p = torch.zeros(2, n, n)
+        p[:, 0, 0] = 1.0
+        for h in range(2):
+            for i in range(1, n):
+                p[h, i, 0], p[h, i, i] = sinks[h][i - 1], 1 - sinks[h][i - 1]
+        return Sequence(n, torch.zeros(n), torch.zeros(n)), p
+
+    def run(metric):
+        st = LongContextStats(js_rows=0, sink_metric=metric)
+        for seq, p in (doc(4, [[0.1] * 3, [0.0] * 3]), doc(2, [[0.2], [0.9]])):
+            st.begin(1, 2, seq)
+            st._layer_from_probs(0, seq, p)
+            st.end(seq)
+        return st
+
+    st = run("pooled")
+    m = st.means()
+    # pooled over rows >= 1: head 0 (0.3 + 0.2) / 4, head 1 0.9 / 4: neither above 0.3
+    np.testing.assert_allclose(m["sink"], [[0.125, 0.225]])
+    # Gu et al.: per document, the mean over ALL rows (row 0: 1). Head 0: A (1 + 0.3) / 4 = 0.325,
+    # B (1 + 0.2) / 2 = 0.6, a sink in both; head 1: A 1 / 4 = 0.25, B (1 + 0.9) / 2 = 0.95, a sink
+    # in B only (its mean score, 0.6, is above 0.3, but the threshold is per document)
+    np.testing.assert_allclose(m["sink_gu"], [[(0.325 + 0.6) / 2, (0.25 + 0.95) / 2]])
+    np.testing.assert_allclose(m["sink_rate"], [[1.0, 0.5]])
+    res = st.finalize()
+    assert res.meta["sink_heads"] == {"pooled": 0, "gu2024": 1.5} and res.meta["sink_samples"] == 2
+    assert [r["sink_head"] for r in res.tables["heads"]] == [False, False]
+    gu = run("gu2024").finalize()  # labels: a sink in more than half of the documents
+    assert [r["sink_head"] for r in gu.tables["heads"]] == [True, False]
+    assert gu.meta["sink_heads"] == res.meta["sink_heads"]
+    with pytest.raises(ValueError, match="sink_metric 'gu2024' needs a causal model"):
+        LongContextStats(causal=False, sink_metric="gu2024")
+    with pytest.raises(ValueError, match="sink_metric must be one of"):
+        LongContextStats(sink_metric="mean")
+
+
+def test_gu2024_sink_metric_equals_eager_maps(decoder):
+    # each document's mean attention on token 0 over all rows, row 0 included, straight from
+    # the eager maps; averaged over documents, and the share of documents above 0.3
+    lm = decoder
+    seqs = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
+    st = LongContextStats(js_rows=0, sink_metric="gu2024")
+    stream_stats(lm, seqs, st, chunk=4, batch_size=2)
+    scores = []
+    for ids in seqs:
+        out = forward(lm, pad_batch(lm, [ids]), attentions=True)
+        A = np.stack([a[0].double().numpy() for a in out.attentions])  # [L H n n]
+        scores.append(A[..., 0].mean(-1))  # [L H]
+    scores = np.stack(scores)
+    m = st.means()
+    np.testing.assert_allclose(m["sink_gu"], scores.mean(0), atol=1e-6)
+    np.testing.assert_array_equal(m["sink_rate"], (scores > 0.3).mean(0))
+    res = st.finalize()
+    assert res.meta["sink_heads"]["gu2024"] == pytest.approx((scores > 0.3).sum(axis=(1, 2)).mean())
+    assert [r["sink_head"] for r in res.tables["heads"]] == ((scores > 0.3).mean(0) > 0.5).reshape(-1).tolist()
 
 
 def test_finalize_tables_and_empty():

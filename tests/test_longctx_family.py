@@ -179,3 +179,97 @@ def test_word_level_with_generate_is_refused(tmp_path, llama):
     with pytest.raises(InputError, match="--word-level with --generate"):
         _run(tmp_path, llama, word_level=True, generate=3)
     assert not (tmp_path / "out").exists()
+
+
+def _eager_document_stats(lm, ids):
+    """Sink, previous, current, entropy and max weight per head, from the model's own eager
+    maps (output_attentions), averaged over rows 1 .. n-1 (numpy, float64)."""
+    from attnscope.models.forward import forward, pad_batch
+
+    out = forward(lm, pad_batch(lm, [ids]), attentions=True)
+    A = np.stack([a[0].double().numpy() for a in out.attentions])  # [L H n n]
+    n = len(ids)
+    rows = np.arange(1, n)
+    P = A[:, :, 1:, :]  # rows 1 .. n-1; a causal row holds zeros past its own position
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ent = -np.where(P > 0, P * np.log(P), 0.0).sum(-1)
+    return {"sink": P[..., 0].mean(-1), "previous": A[:, :, rows, rows - 1].mean(-1),
+            "current": A[:, :, rows, rows].mean(-1), "entropy": ent.mean(-1), "max": P.max(-1).mean(-1)}
+
+
+def test_induction_sequences_leave_the_document_statistics_alone(tmp_path, llama):
+    # issue 23 item 1: one 512-token document with and without --induction
+    text = " ".join(f"the {w} sat on the mat , and {w} ran to the red house ." for w in
+                    ("cat", "dog", "old man", "bird", "small dog", "girl") * 12) + "\n"
+    ind = dict(induction_length=40, js_rows=3, engine="maps")
+    prep, _, c0 = _run(tmp_path / "none", llama, text=text, max_seq_len=512, induction=0, **ind)
+    _, sec, c2 = _run(tmp_path / "two", llama, text=text, max_seq_len=512, induction=2, **ind)
+    a = json.loads((c0.out_dir / "results" / "longctx.json").read_text())
+    b = json.loads((c2.out_dir / "results" / "longctx.json").read_text())
+    ids = prep.data["documents"][0].ids
+    assert len(ids) == 512
+    for k, v in a["arrays"].items():  # every document statistic, identical
+        np.testing.assert_array_equal(np.asarray(b["arrays"][k]["data"], dtype=float),
+                                      np.asarray(v["data"], dtype=float), err_msg=k)
+    for res in (a, b):
+        assert (res["meta"]["documents"], res["meta"]["tokens"], res["meta"]["rows"]) == (1, 512, 511)
+    assert (b["meta"]["target_sequences"], b["meta"]["target_tokens"]) == (2, 2 * 81)
+    assert b["meta"]["target_rows"] == {"duplicate": 80, "induction": 80}
+    assert set(b["arrays"]) - set(a["arrays"]) == {"target_induction", "target_duplicate"}
+    eager = _eager_document_stats(llama, ids)
+    for k, v in eager.items():
+        np.testing.assert_allclose(np.asarray(b["arrays"][k]["data"], dtype=float), v, atol=1e-6, err_msg=k)
+    # the induction scores: the eager maps of the induction sequences alone
+    from attnscope.analyses.streaming import induction_sequences
+    from attnscope.models.forward import forward, pad_batch
+
+    seqs, targets = induction_sequences(llama, 2, 40, seed=c2.seed)
+    for name in ("induction", "duplicate"):
+        got, count = 0.0, 0
+        for s, t in zip(seqs, targets):
+            A = np.stack([x[0].double().numpy() for x in forward(llama, pad_batch(llama, [s]),
+                                                                 attentions=True).attentions])
+            rows = [i for i in range(1, len(s)) if t[name][i] >= 0]
+            got = got + A[:, :, rows, [t[name][i] for i in rows]].sum(-1)
+            count += len(rows)
+        np.testing.assert_allclose(np.asarray(b["arrays"][f"target_{name}"]["data"], dtype=float),
+                                   got / count, atol=1e-6, err_msg=name)
+    note = next(f for f in sec.findings if f.startswith("Engine:"))
+    assert "batch of 1 document of up to 512 tokens" in note and "1 document, longest 512" in note
+    assert "2 induction sequences of 81 tokens" in note
+
+
+def test_sink_metric_option(tmp_path, llama):
+    _, sec, ctx = _run(tmp_path / "gu", llama, induction=0, sink_metric="gu2024")
+    data = json.loads((ctx.out_dir / "results" / "longctx.json").read_text())
+    rate = np.asarray(data["arrays"]["sink_rate"]["data"])
+    assert data["params"]["sink_metric"] == "gu2024" and data["meta"]["sink_samples"] == 3
+    assert data["meta"]["sink_heads"]["gu2024"] == pytest.approx(rate.sum())
+    assert sec.findings[0].startswith("By Gu et al. 2024's metric (each document's mean attention on the "
+                                      "first token over all its rows, row 0 included, above 30%")
+    assert f"{rate.sum():g} of 8 heads are sinks" in sec.findings[0]
+    sink_table = next(t for t in sec.tables if t.name == "longctx_sink_heads")
+    assert "Gu et al. 2024's metric" in sink_table.caption and "sink_rate" in sink_table.columns
+    assert len(sink_table.rows) == int((rate > 0.5).sum())
+    _, pooled, _ = _run(tmp_path / "pooled", llama, induction=0)
+    assert "pooled" in pooled.findings[0] and pooled.findings[1].startswith("By Gu et al. 2024's metric")
+    enc = load_model("debug:bert")
+    with pytest.raises(InputError, match="--sink-metric gu2024: debug:bert is an encoder"):
+        _run(tmp_path / "enc", enc, sink_metric="gu2024")
+    assert not (tmp_path / "enc" / "out").exists()
+
+
+def test_analyze_longctx_defaults_to_long_documents(tmp_path, capsys):
+    # no --max-seq-len: the family's 4,096 tokens, cut to the model's positions (512 here)
+    from attnscope.cli.main import main
+
+    doc = tmp_path / "long.txt"
+    doc.write_text(" ".join(["the cat sat on the mat , and the dog ran to the red house ."] * 60) + "\n")
+    out = tmp_path / "o"
+    assert main(["analyze", "longctx", str(doc), "--model", "debug:llama", "--induction", "0",
+                 "--out", str(out), "-q"]) == 0
+    meta = json.loads((out / "results" / "longctx.json").read_text())["meta"]
+    assert meta["max_seq_len"] == 512 and meta["longest"] == 512 and meta["tokens"] == 512
+    assert main(["analyze", "longctx", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "Default: 4096 (at most the model's positions)" in help_text

@@ -91,6 +91,18 @@ def test_context_fills_every_part(tmp_path):
     assert names["weights sha256"] == "ab" * 32
     assert names["command line"] == "attnscope run --out x"
     assert ctx["notes"] == notes
+    # the subtitle says what ran: not "every analysis of Clark et al." without coreference
+    assert ctx["intro"] == "An attnscope report on debug:bert: Title general; Title syntax."
+
+
+def test_subtitle_claims_the_paper_only_when_its_analyses_ran(tmp_path):
+    secs = [_section(tmp_path, k) for k in ("general", "syntax", "coref")]
+    intro = build_context(secs, out_dir=tmp_path, provenance=PROV)["intro"]
+    assert intro.startswith("An attnscope report: every analysis of Clark et al. (2019)")
+    lone = build_context([_section(tmp_path, "longctx")], out_dir=tmp_path, provenance=PROV)
+    assert lone["intro"] == "An attnscope report on debug:bert: Title longctx."
+    assert "Clark" not in render_report(lone)
+    assert build_context(secs, out_dir=tmp_path, provenance=PROV, intro="Mine.")["intro"] == "Mine."
 
 
 def test_missing_figure_is_flagged_not_fatal(tmp_path):

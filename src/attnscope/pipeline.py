@@ -451,7 +451,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
 
 
 def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: Any = None,
-               seed: int = 0, max_seq_len: int = 128, batch_size: int = 16,
+               seed: int = 0, max_seq_len: int | None = None, batch_size: int = 16,
                save_maps: str | Path | None = None, progress: Progress | None = None,
                device: str = "cpu", ray: bool = False, workers: int = 1, **options: Any) -> Section:
     """One family on its own (``attnscope analyze <key>``): read and check its ``inputs`` (by
@@ -459,7 +459,9 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
 
     ``model``: a name to load, an already loaded model, or None (then the family's
     ``default_model`` is loaded for files, and no model for stores). ``options`` are the
-    fields of the family's ``Options``. ``device``: where a loaded model runs (see
+    fields of the family's ``Options``. ``max_seq_len``: None for the family's
+    ``default_max_seq_len`` (128, long context 4096), at most the model's positions.
+    ``device``: where a loaded model runs (see
     :func:`attnscope.models.loading.resolve_device`). ``ray``: run the forward passes on
     ``workers`` Ray workers.
 
@@ -493,6 +495,8 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                         mlm_head="if-present" if fam.wants_mlm_head(opts) else False)
     else:
         lm = None
+    if max_seq_len is None:
+        max_seq_len = fam.default_max_seq_len if lm is None else min(fam.default_max_seq_len, lm.max_positions)
     ctx = Context(model=lm, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
                   batch_size=batch_size, progress=progress,
                   save_maps=Path(save_maps) if save_maps is not None else None)

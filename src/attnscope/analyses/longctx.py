@@ -24,10 +24,25 @@ weights ``p_ij``:
   (mass / number of (row, key) pairs at those distances);
 - per query-position bucket (same log buckets of ``i``): mean sink mass and entropy;
 - targets: for named per-row key indices (induction: the token after the previous copy of the
-  current token; duplicate: the previous copy itself), the mean weight on that key;
+  current token; duplicate: the previous copy itself), the mean weight on that key. A sequence
+  that has targets is a probe (e.g. repeated random tokens): it feeds its target scores and
+  nothing else, so the document statistics, counts and head distances come from the
+  documents alone whether or not probes run in the same pass (they are counted apart, as
+  ``target_sequences`` / ``target_tokens``);
 - head-to-head Jensen-Shannon distances (paper section 6) over a seeded sample of rows per
   document, each row smoothed as in the paper's script (``s / m + (1 - s) p`` over its ``m``
-  keys).
+  keys);
+- Gu et al. 2024's per-sample sink score (causal models): per document of ``n >= 2`` units,
+  ``a = (1 + sum_{i >= 1} p_i0) / n``, the mean attention on the first token over ALL rows
+  (row 0 attends only to itself, weight 1), and whether ``a > sink_threshold``; reported as
+  the mean of ``a`` (``sink_gu``) and the share of documents in which the head is a sink
+  (``sink_rate``). Their sink ratio is the mean over documents of the share of heads whose
+  ``a`` exceeds the threshold, ``sum(sink_rate) / (L H)``.
+
+Sink heads: ``sink_metric="pooled"`` (default) labels a head whose mean sink mass over the
+pooled rows ``i >= 1`` exceeds ``sink_threshold``; ``"gu2024"`` labels a head that is a sink (by
+the per-sample score above) in more than half of the documents, and counts sink heads as Gu et
+al. do, the mean over documents of each document's count (a fraction over several documents).
 
 Every per-head mean is a sum over rows divided by the number of rows, only in ``finalize``;
 the sample of rows for the distances is drawn from a seed and the document's own tokens, so
@@ -53,6 +68,8 @@ from attnscope.maps import AttentionBatch
 NUM_BUCKETS = 22
 #: Gu et al. 2024 ("When Attention Sink Emerges"): a sink head puts more than this on token 0.
 SINK_THRESHOLD = 0.3
+#: How sink heads are told: the pooled mean over rows >= 1, or Gu et al. 2024's per-sample score.
+SINK_METRICS = ("pooled", "gu2024")
 HEAD_SUMS = ("sink", "special", "punct", "previous", "current", "entropy", "norm_entropy", "max")
 
 
@@ -146,6 +163,7 @@ class Sequence:
     token_n: int = 0
     unit_start: list[int] = field(default_factory=list)  # first token of each unit
     unit_counts: Any = None  # float [n]: tokens per unit
+    sink_sum: Any = None  # float64 [L H]: this sequence's sink mass over rows >= 1 (per-sample metric)
     _table: Any = None  # bucket of every distance 0 .. n
     _classes: Any = None  # [n 2] float: special, punctuation
 
@@ -178,12 +196,19 @@ class LongContextStats(MapsAnalysis):
     requires = frozenset()
 
     def __init__(self, js_rows: int = 8, smoothing: float = 0.001, seed: int = 0,
-                 sink_threshold: float = SINK_THRESHOLD, causal: bool = True, js_width: str = "row"):
+                 sink_threshold: float = SINK_THRESHOLD, causal: bool = True, js_width: str = "row",
+                 sink_metric: str = "pooled"):
         self.js_rows = int(js_rows)
         self.smoothing = float(smoothing)
         self.seed = int(seed)
         self.sink_threshold = float(sink_threshold)
         self.causal = bool(causal)
+        if sink_metric not in SINK_METRICS:
+            raise ValueError(f"sink_metric must be one of {SINK_METRICS}, not {sink_metric!r}")
+        if sink_metric == "gu2024" and not self.causal:
+            raise ValueError("sink_metric 'gu2024' needs a causal model (its row 0 attends only to "
+                             "the first token; a bidirectional model's row 0 is not folded)")
+        self.sink_metric = sink_metric
         if js_width not in ("row", "sequence"):
             raise ValueError(f"js_width must be 'row' or 'sequence', not {js_width!r}")
         self.js_width = js_width  # smoothing of the sampled rows over the row's keys or all n
@@ -191,6 +216,9 @@ class LongContextStats(MapsAnalysis):
         self.rows = 0  # query rows counted (position >= 1), over all documents
         self.documents = 0
         self.tokens = 0
+        self.target_sequences = 0  # probes: sequences with targets, counted apart from documents
+        self.target_tokens = 0
+        self.sink_samples = 0  # documents with rows, for the per-sample (Gu et al.) sink score
         self.sums: dict[str, np.ndarray] = {}
         self.targets: dict[str, list] = {}  # name -> [sums [L H], rows]
         self.js_sums: np.ndarray | None = None
@@ -198,13 +226,14 @@ class LongContextStats(MapsAnalysis):
 
     def params(self) -> dict[str, Any]:
         return {"js_rows": self.js_rows, "smoothing": self.smoothing, "seed": self.seed,
-                "sink_threshold": self.sink_threshold, "causal": self.causal, "js_width": self.js_width}
+                "sink_threshold": self.sink_threshold, "causal": self.causal, "js_width": self.js_width,
+                "sink_metric": self.sink_metric}
 
     # -- accumulation ---------------------------------------------------------------------
     def _ensure(self, L: int, H: int) -> None:
         if self.shape is None:
             self.shape = (L, H)
-            for k in HEAD_SUMS:
+            for k in (*HEAD_SUMS, "sink_gu", "sink_gu_heads"):
                 self.sums[k] = np.zeros((L, H))
             for k in ("dist_mass", "pos_sink", "pos_entropy", "pos_norm_entropy"):
                 self.sums[k] = np.zeros((L, H, NUM_BUCKETS))
@@ -217,22 +246,30 @@ class LongContextStats(MapsAnalysis):
         """Count one sequence's rows (called once per sequence, before its tiles)."""
         self._ensure(L, H)
         n = seq.n
+        if seq.targets:  # a probe: its target rows only (see the module's docstring)
+            self.target_sequences += 1
+            self.target_tokens += n
+            for name, t in seq.targets.items():
+                entry = self.targets.setdefault(name, [np.zeros((L, H)), 0])
+                entry[1] += int((t[1:] >= 0).sum())
+            return
         self.documents += 1
         self.tokens += n
         if n < 2:
             return
         self.rows += n - 1
+        seq.sink_sum = np.zeros((L, H))
         self.sums["dist_pairs"] += pairs_per_bucket(n, self.causal)
         self.sums["pos_rows"] += np.bincount(bucket_of(np.arange(1, n)), minlength=NUM_BUCKETS)
-        for name, t in seq.targets.items():
-            entry = self.targets.setdefault(name, [np.zeros((L, H)), 0])
-            entry[1] += int((t[1:] >= 0).sum())
 
     def tile(self, layer: int, seq: Sequence, q0: int, p, ent) -> None:
         """Fold the rows ``q0 .. q0+c-1`` (all >= 1) of one layer: ``p`` ``[H c K]`` (exactly 0
         where a key is masked) and each row's entropy ``ent`` ``[H c]`` (nats)."""
         import torch
 
+        if seq.targets:  # a probe feeds its target scores only
+            self._fold_targets(layer, seq, q0, p)
+            return
         H, c, K = p.shape
         dev = p.device
         pos = torch.arange(q0, q0 + c, device=dev)  # [c]
@@ -243,7 +280,9 @@ class LongContextStats(MapsAnalysis):
                 s[name] = np.zeros(self.shape)
             s[name][layer] += value.double().cpu().numpy()
 
-        add("sink", p[:, :, 0].sum(1))
+        sink = p[:, :, 0].sum(1).double().cpu().numpy()  # [H]
+        s["sink"][layer] += sink
+        seq.sink_sum[layer] += sink
         classes = (p @ seq.key_classes(dev)[:K]).sum(1)  # [H 2]: special, punctuation
         add("special", classes[:, 0])
         add("punct", classes[:, 1])
@@ -268,13 +307,6 @@ class LongContextStats(MapsAnalysis):
             acc = torch.zeros(H, NUM_BUCKETS, dtype=torch.float64, device=dev)
             acc.index_add_(1, pb, value.double())
             s[name][layer] += acc.cpu().numpy()
-        for name, t in seq.targets.items():
-            tt = t[q0:q0 + c]
-            ok = tt >= 0
-            if bool(ok.any()):
-                rows = torch.nonzero(ok)[:, 0]
-                got = p[:, rows, tt[rows]]  # [H r]
-                self.targets[name][0][layer] += got.sum(1).double().cpu().numpy()
         if seq.classes is not None:
             per_row = p @ seq.classes[:K].to(device=dev, dtype=p.dtype)  # [H c C]
             total = per_row.sum(1)
@@ -292,10 +324,29 @@ class LongContextStats(MapsAnalysis):
                 width = r + 1 if self.causal else K  # the keys the row can see
                 seq.js_store.setdefault(r, []).append(p[:, r - q0, :width].detach().to("cpu", copy=True))
 
+    def _fold_targets(self, layer: int, seq: Sequence, q0: int, p) -> None:
+        """A probe's tile ``p`` ``[H c K]``: the weight of each row on its target key."""
+        import torch
+
+        c = p.shape[1]
+        for name, t in seq.targets.items():
+            tt = t[q0:q0 + c]
+            ok = tt >= 0
+            if bool(ok.any()):
+                rows = torch.nonzero(ok)[:, 0]
+                got = p[:, rows, tt[rows]]  # [H r]
+                self.targets[name][0][layer] += got.sum(1).double().cpu().numpy()
+
     def end(self, seq: Sequence) -> None:
         """After every layer of a sequence: fold its sampled rows into the head distances."""
         import torch
 
+        if seq.sink_sum is not None and self.causal:  # Gu et al.'s score: every row, row 0 included
+            score = (1.0 + seq.sink_sum) / seq.n
+            self.sums["sink_gu"] += score
+            self.sums["sink_gu_heads"] += score > self.sink_threshold
+            self.sink_samples += 1
+            seq.sink_sum = None
         for r in sorted(seq.js_store):
             rows = torch.cat(seq.js_store[r], 0)  # [L*H m], layer-major
             d = js_rows_matrix(rows, self.smoothing, width=seq.n if self.js_width == "sequence" else None)
@@ -355,19 +406,27 @@ class LongContextStats(MapsAnalysis):
         self.rows += other.rows
         self.documents += other.documents
         self.tokens += other.tokens
+        self.target_sequences += other.target_sequences
+        self.target_tokens += other.target_tokens
+        self.sink_samples += other.sink_samples
         return self
 
     def means(self) -> dict[str, np.ndarray]:
         """Every statistic as a mean (``[L H]``, ``[L H B]`` or ``[P P]``); no state change."""
-        if self.shape is None or self.rows == 0:
+        if self.shape is None:
             return {}
         s = self.sums
-        out = {k: s[k] / self.rows for k in HEAD_SUMS}
-        out["dist_mass"] = s["dist_mass"] / self.rows
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out["dist_weight"] = np.where(s["dist_pairs"] > 0, s["dist_mass"] / s["dist_pairs"], np.nan)
-            for k in ("pos_sink", "pos_entropy", "pos_norm_entropy"):
-                out[k] = np.where(s["pos_rows"] > 0, s[k] / s["pos_rows"], np.nan)
+        out = {}
+        if self.rows:
+            out = {k: s[k] / self.rows for k in HEAD_SUMS}
+            out["dist_mass"] = s["dist_mass"] / self.rows
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out["dist_weight"] = np.where(s["dist_pairs"] > 0, s["dist_mass"] / s["dist_pairs"], np.nan)
+                for k in ("pos_sink", "pos_entropy", "pos_norm_entropy"):
+                    out[k] = np.where(s["pos_rows"] > 0, s[k] / s["pos_rows"], np.nan)
+        if self.sink_samples:
+            out["sink_gu"] = s["sink_gu"] / self.sink_samples
+            out["sink_rate"] = s["sink_gu_heads"] / self.sink_samples
         for name, (v, c) in self.targets.items():
             out[f"target_{name}"] = v / c if c else np.full(self.shape, np.nan)
         if self.js_sums is not None and self.js_count:
@@ -377,32 +436,44 @@ class LongContextStats(MapsAnalysis):
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(),
                      meta={"documents": self.documents, "tokens": self.tokens, "rows": self.rows,
+                           "target_sequences": self.target_sequences, "target_tokens": self.target_tokens,
+                           "target_rows": {k: c for k, (_, c) in self.targets.items()},
                            "js_rows_used": self.js_count, "buckets": bucket_labels(),
                            "rows_counted": "query positions >= 1", "head_index": "0-indexed"})
         m = self.means()
-        if not m:
-            res.summary.append("no rows (every document shorter than 2 tokens)")
-            return res
         for k, v in m.items():
             res.arrays[k] = np.asarray(v, dtype=np.float64)
+        if "sink" not in m:
+            res.summary.append("no rows (every document shorter than 2 tokens)")
+            return res
         L, H = self.shape
-        sink = m["sink"]
+        pooled = m["sink"] > self.sink_threshold
+        per_sample = m["sink_rate"] > 0.5 if "sink_rate" in m else None
+        label = per_sample if self.sink_metric == "gu2024" else pooled
         rows = []
         for layer in range(L):
             for head in range(H):
                 row = {"layer": layer, "head": head, "name": str(HeadId(layer, head)),
-                       "sink_head": bool(sink[layer, head] > self.sink_threshold)}
-                for k in HEAD_SUMS:
-                    row[k] = float(m[k][layer, head])
+                       "sink_head": bool(label[layer, head])}
+                for k in (*HEAD_SUMS, "sink_gu", "sink_rate"):
+                    if k in m:
+                        row[k] = float(m[k][layer, head])
                 for name in self.targets:
                     v = m[f"target_{name}"][layer, head]
                     row[name] = None if not math.isfinite(v) else float(v)
                 rows.append(row)
         res.tables["heads"] = rows
         res.tables["sink_heads"] = [r for r in rows if r["sink_head"]]
-        n_sink = len(res.tables["sink_heads"])
-        res.summary.append(f"{n_sink} of {L * H} heads are sink heads (mean mass on the first token "
-                           f"> {self.sink_threshold}, Gu et al. 2024)")
+        res.meta["sink_heads"] = {"pooled": int(pooled.sum())}
+        res.summary.append(f"{int(pooled.sum())} of {L * H} heads are sink heads (mean mass on the first "
+                           f"token over rows >= 1 pooled > {self.sink_threshold})")
+        if per_sample is not None:
+            # Gu et al.'s count: the mean over documents of each document's number of sink heads
+            res.meta["sink_heads"]["gu2024"] = float(m["sink_rate"].sum())
+            res.meta["sink_samples"] = self.sink_samples
+            res.summary.append(f"{m['sink_rate'].sum():g} of {L * H} heads are sink heads per document on "
+                               f"average (Gu et al. 2024: each document's mean over all its rows "
+                               f"> {self.sink_threshold})")
         return res
 
 

@@ -177,7 +177,8 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
         tg = {}
         if targets is not None and targets[b]:
             tg = {k: torch.as_tensor(list(v), dtype=torch.long, device=device) for k, v in targets[b].items()}
-        seq = Sequence(len(ids), special, punct, tg, sample_rows(list(ids), stats.js_rows, stats.seed))
+        seq = Sequence(len(ids), special, punct, tg,  # a probe (targets) has no rows for distances
+                       [] if tg else sample_rows(list(ids), stats.js_rows, stats.seed))
         extra = extras[b] if extras is not None else None
         if extra:
             names = tuple(extra.get("classes", {}))

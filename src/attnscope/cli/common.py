@@ -7,12 +7,15 @@ import os
 import shlex
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
 
 console = Console(stderr=True, soft_wrap=True)
+#: Seconds between the plain progress lines written when stderr is not a terminal.
+PLAIN_EVERY_S = 30.0
 
 
 def command_line() -> str:
@@ -69,6 +72,9 @@ def step_progress(quiet: bool, overall: bool = False):
     if quiet:
         yield None
         return
+    if not console.is_terminal:  # no live bars (a log file, a pipe): a plain line now and then
+        yield plain_progress()
+        return
     with _progress("[bold]{task.description:<28}", transient=True) as prog:
         tasks: dict[str, int] = {}
         current: dict[str, str] = {}
@@ -87,6 +93,23 @@ def step_progress(quiet: bool, overall: bool = False):
         if overall:
             progress("overall", 0, None)
         yield progress
+
+
+def plain_progress(every_s: float = PLAIN_EVERY_S, clock=time.monotonic):
+    """A ``progress(step, done, total)`` callback for a stderr that is not a terminal: one
+    line, e.g. ``longctx: 3/60 after 95 s``, when a step moves on at least ``every_s`` seconds
+    after the last line of its family (or the start), so short commands print nothing."""
+    start = clock()
+    last: dict[str, float] = {}
+
+    def progress(step: str, done: int, total: int | None) -> None:
+        now, bar = clock(), step.split(": ", 1)[0]
+        if now - last.get(bar, start) >= every_s:
+            last[bar] = now
+            console.print(f"{step}: {done}" + ("" if total is None else f"/{total}")
+                          + f" after {now - start:.0f} s", highlight=False)
+
+    return progress
 
 
 def read_inputs(path: Path):

@@ -88,13 +88,18 @@ def with_signature(fn, params: list[inspect.Parameter]):
     return command
 
 
-def shared_params(*, model_default: str | None, model_help: str) -> list[inspect.Parameter]:
+def shared_params(*, model_default: str | None, model_help: str,
+                  family_max_seq_len: int | None = None) -> list[inspect.Parameter]:
+    """``family_max_seq_len``: one family's own default of --max-seq-len (``analyze``; left to
+    the library, which keeps it within the model's positions); None: 128."""
+    help_len = "Tokens per example, special tokens included; longer ones are skipped."
+    if family_max_seq_len is not None:
+        help_len += f" Default: {family_max_seq_len} (at most the model's positions)."
     return [
         _param("out", Path, typer.Option(..., "--out", "-o", help="Output folder (tables/, figures/, "
                                          "results/).", metavar="DIR")),
         _param("model", str | None, typer.Option(model_default, "--model", "-m", help=model_help)),
-        _param("max_seq_len", int, max_seq_len_option(128, "Tokens per example, special tokens "
-                                                      "included; longer ones are skipped.")),
+        _param("max_seq_len", int | None, max_seq_len_option(None if family_max_seq_len else 128, help_len)),
         _param("batch_size", int, batch_size_option(16)),
         _param("seed", int, seed_option(0)),
         _param("device", str, device_option()),
@@ -145,7 +150,7 @@ def _analyze_command(fam):
     params = [*input_params(fam, positional=True),
               *shared_params(model_default=None, model_help=(
                   MODEL_HELP[:-1] + "; " + (f"default: {fam.default_model}; " if fam.default_model else "")
-                  + "not needed when every input is a store.")),
+                  + "not needed when every input is a store."), family_max_seq_len=fam.default_max_seq_len),
               *option_params(fam), *engine_params(), QUIET]
     if fam.saves_maps:
         params.append(_param("save_maps", Path | None, typer.Option(

@@ -150,18 +150,20 @@ class Context:
         return run_pass(source, analyses, model=self.model, options=self.extract_options(**overrides),
                         executor=self.executor, step=step, progress=self.progress, note=note)
 
-    def stream(self, sequences, stats, *, step: str, here: bool = False, **kwargs: Any) -> int:
+    def stream(self, sequences, stats, *, step: str, here: bool = False, start: int = 0,
+               total: int | None = None, **kwargs: Any) -> int:
         """Fold the streaming statistics of token id ``sequences`` into ``stats`` (no ``[n n]``
-        maps) on the job's executor, with progress under ``step``; ``here``: in this process
-        whatever the executor (e.g. under autocast). Returns how many workers ran it (0: here)."""
+        maps) on the job's executor, with progress under ``step`` (counting on from ``start`` of
+        ``total``, for a step made of several calls); ``here``: in this process whatever the
+        executor (e.g. under autocast). Returns how many workers ran it (0: here)."""
         from attnscope.executor import LocalExecutor
 
-        done = 0
+        done = start
 
         def progress(k: int) -> None:
             nonlocal done
             done += k
-            self.step(step, done, len(sequences))
+            self.step(step, done, total or len(sequences))
 
         ex = LocalExecutor() if here or self.executor is None else self.executor
         return ex.stream(self.model, sequences, stats, progress=progress, **kwargs)
@@ -186,6 +188,8 @@ class Family(ABC):
     inputs: ClassVar[tuple[Input, ...]]
     Options: ClassVar[type] = NoOptions
     default_model: ClassVar[str | None] = None  # ``analyze`` without --model on files: load this
+    #: ``analyze`` without --max-seq-len: this many tokens, at most the model's positions
+    default_max_seq_len: ClassVar[int] = 128
     saves_maps: ClassVar[bool] = False  # honours Context.save_maps (``--save-maps``)
     order: ClassVar[int] = 100  # position in the report and in ``attnscope run``
     demo: ClassVar[bool] = True  # ``attnscope demo`` runs it on its inputs' packaged samples

@@ -20,6 +20,13 @@ from attnscope.families.base import Context, Family, Input, Prepared, option, re
 BATCH_TOKENS = 8192
 
 
+def _plan(sequences: list, batch_size: int) -> tuple[int, int]:
+    """``(longest, batch size)`` of a group of sequences: at most ``batch_size``, about
+    :data:`BATCH_TOKENS` tokens, and no more than the group holds."""
+    longest = max(len(s) for s in sequences)
+    return longest, max(1, min(batch_size, BATCH_TOKENS // longest, len(sequences)))
+
+
 @dataclass
 class Options:
     chunk: int = option(0, "Query rows per tile of the streaming engine (memory ~ heads x chunk x "
@@ -41,6 +48,11 @@ class Options:
     induction_length: int = option(256, "Random tokens per copy in those sequences.")
     sink_threshold: float = option(0.3, "A sink head's mean attention on the first token is above "
                                         "this (Gu et al. 2024 use 0.3).")
+    sink_metric: str = option("pooled", "How sink heads are told: pooled (the mean over every "
+                                        "document's rows after the first, pooled) or gu2024 (Gu et al. "
+                                        "2024: each document's mean over all its rows, row 0 included, "
+                                        "thresholded per document; decoders only).",
+                              choices=("pooled", "gu2024"))
     word_level: bool = option(False, "Statistics per word, not per token (paper section 4.1: attention "
                                      "TO a word is the sum over its pieces, FROM a word the mean of its "
                                      "pieces' rows; special tokens stay units of their own).")
@@ -58,6 +70,7 @@ class LongContext(Family):
                                  "JSON / JSON Lines with a 'text' field.", sample="text.txt"),)
     Options = Options
     default_model = "smollm2"
+    default_max_seq_len = 4096  # long context (the shared default, 128, is a BERT-sized example)
     order = 70
     demo = False  # beyond the paper; the demo reproduces the paper's analyses
 
@@ -80,6 +93,9 @@ class LongContext(Family):
             if getattr(options, name) < (1 if name == "induction_length" else 0):
                 raise InputError(None, f"--{name.replace('_', '-')} must be at least "
                                        f"{1 if name == 'induction_length' else 0}")
+        if options.sink_metric == "gu2024" and not lm.family.causal:
+            raise InputError(None, f"--sink-metric gu2024: {lm.name} is an encoder; Gu et al.'s metric "
+                                   "is defined for decoder (causal) models")
         if options.generate and not lm.family.causal:
             raise InputError(None, f"--generate {options.generate}: {lm.name} is an encoder; only a "
                                    "decoder (causal) model can continue a prompt")
@@ -114,12 +130,11 @@ class LongContext(Family):
             maps_bytes,
             maps_update,
         )
-        from attnscope.report.longctx import write_section
+        from attnscope.report.longctx import counted, write_section
 
         lm = ctx.model
         docs = prepared.data["documents"]
         seqs = [d.ids for d in docs]
-        targets: list = [None] * len(seqs)
         notes: list[str] = []
         generated: list[dict[str, Any]] = []
         if options.generate:
@@ -138,6 +153,7 @@ class LongContext(Family):
                          f"{sum(len(d.ids) for d in docs)} tokens)"
                          + ("; the induction sequences (random tokens, not words) were not run."
                             if options.induction else "."))
+        probes, probe_targets = [], []
         if options.induction and not options.word_level:
             # a copy draws distinct ordinary tokens and both copies must fit the model's positions
             tok = lm.tokenizer
@@ -146,47 +162,59 @@ class LongContext(Family):
             if half < options.induction_length:
                 notes.append(f"Induction sequences use {half} random tokens per copy, not "
                              f"{options.induction_length}: the model's vocabulary or positions allow no more.")
-            iseq, itg = induction_sequences(lm, options.induction, half, seed=ctx.seed)
-            seqs, targets = seqs + iseq, targets + itg
-        longest = max(len(s) for s in seqs)
-        batch_size = max(1, min(ctx.batch_size, BATCH_TOKENS // longest, len(seqs)))  # no larger than the inputs
+            probes, probe_targets = induction_sequences(lm, options.induction, half, seed=ctx.seed)
+        # documents and induction sequences run in batches of their own; the sequences with
+        # targets (the probes) feed the induction and duplicate scores only, never the
+        # document statistics (LongContextStats keeps them apart)
+        groups = [(seqs, [None] * len(seqs), "document")] + (
+            [(probes, probe_targets, "induction sequence")] if probes else [])
+        plans = [_plan(g, ctx.batch_size) for g, _, _ in groups]
+        widest = max(range(len(plans)), key=lambda i: maps_bytes(lm, *plans[i]))
+        longest, batch_size = plans[widest]
         engine = choose_engine(lm, longest, batch_size, int(options.maps_budget_gb * 2 ** 30),
                                options.engine)
         if engine == "maps" and options.dtype == "bfloat16":
             engine = "streaming"  # eager maps under autocast would not be the same computation
         stats = LongContextStats(js_rows=options.js_rows, seed=ctx.seed,
-                                 sink_threshold=options.sink_threshold, causal=lm.family.causal)
+                                 sink_threshold=options.sink_threshold, causal=lm.family.causal,
+                                 sink_metric=options.sink_metric)
         autocast = (torch.autocast(device_type=lm.model.device.type, dtype=torch.bfloat16)
                     if options.dtype == "bfloat16" else contextlib.nullcontext())
         here = options.dtype != "float32"  # autocast applies in this process only
+        total, done, on_workers = sum(len(g) for g, _, _ in groups), 0, 0
         with autocast:
-            if engine == "streaming":
-                on_workers = ctx.stream(seqs, stats, step="longctx", chunk=options.chunk,
-                                        batch_size=batch_size, targets=None if units else targets,
-                                        units=units, here=here)
-            else:
-                on_workers = 0
-                maps_update(lm, seqs, stats, batch_size=batch_size, targets=None if units else targets,
-                            keep_all=False, units=units)
+            for (group, targets, _), (_, size) in zip(groups, plans):
+                if engine == "streaming":
+                    on_workers = ctx.stream(group, stats, step="longctx", chunk=options.chunk,
+                                            batch_size=size, targets=None if units else targets,
+                                            units=units, here=here, start=done, total=total)
+                else:
+                    maps_update(lm, group, stats, batch_size=size, targets=None if units else targets,
+                                keep_all=False, units=units)
+                done += len(group)
         res = stats.finalize()
+        doc_longest = plans[0][0]
         maps_gb = maps_bytes(lm, longest, batch_size) / 2 ** 30
         res.meta.update({"engine": engine, "ray_workers": on_workers,
-                         "dtype": options.dtype, "longest": longest,
-                         "documents": len(docs),
-                         "induction_sequences": 0 if options.word_level else options.induction,
+                         "dtype": options.dtype, "longest": doc_longest, "max_seq_len": ctx.max_seq_len,
+                         "induction_sequences": len(probes),
                          "model": lm.describe(), "generate": options.generate,
                          "level": "word" if options.word_level else "token",
                          # per document: its tokens from generated_from on are the model's own
                          # greedy continuation (statistics cover prompt + continuation)
                          "generated": generated})
-        why = (f"the maps of a batch of {batch_size} inputs of up to {longest} tokens would take "
+        kind = groups[widest][2]
+        why = (f"the maps of a batch of {counted(batch_size, kind)} of up to {longest} tokens would take "
                f"{maps_gb:.1f} GB"
                + (" (more than --maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
         extra = notes + [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
-                 f"forward pass in {options.dtype}; {len(docs)} documents, longest input {longest} tokens."]
+                 f"forward pass in {options.dtype}; {counted(len(docs), 'document')}, longest "
+                 f"{doc_longest} tokens"
+                 + (f"; {counted(len(probes), 'induction sequence')} of {len(probes[0])} tokens, "
+                    "run apart (they give the induction and duplicate scores only)." if probes else ".")]
         limit = getattr(lm.model.config, "max_position_embeddings", None)
-        if limit and longest > limit:
-            extra.append(f"Inputs run to {longest} tokens, past the {limit} positions the model was "
+        if limit and doc_longest > limit:
+            extra.append(f"Documents run to {doc_longest} tokens, past the {limit} positions the model was "
                          "configured for; statistics beyond that length describe extrapolation.")
         out = ctx.out_dir
         res.save(out / "results" / f"{self.key}.json")  # strict JSON (report.results)

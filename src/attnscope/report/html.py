@@ -29,6 +29,8 @@ from attnscope.report.section import Section
 TEMPLATE = "report.html.j2"
 #: How many findings of each section the summary at the top repeats.
 SUMMARY_PER_SECTION = 4
+#: The sections (family keys) that together run every analysis of Clark et al. (2019).
+PAPER_FAMILIES = frozenset({"general", "syntax", "coref"})
 _IMAGE_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
 
 
@@ -219,6 +221,12 @@ def build_context(sections: Sequence[Section], *, out_dir: str | Path, provenanc
         if s.findings:
             summary.append({"title": s.title, "anchor": anchor,
                             "findings": [str(x) for x in s.findings[:SUMMARY_PER_SECTION]]})
+    if intro is None:  # say what ran
+        keys = {s.key for s in sections}
+        intro = (f'An attnscope report: every analysis of Clark et al. (2019), "What Does BERT Look At?", '
+                 f"run on {model_name}." if PAPER_FAMILIES <= keys else
+                 f"An attnscope report on {model_name}" + "".join(
+                     (": " if i == 0 else "; ") + s.title for i, s in enumerate(sections)) + ".")
     return {
         "title": title or f"What does {model_name} look at?",
         "intro": intro,

@@ -21,8 +21,13 @@ from attnscope.report.section import FigureArtifact, Section, TableArtifact
 #: A head is called a previous-token / induction head above these mean weights.
 PREVIOUS_THRESHOLD = 0.5
 INDUCTION_THRESHOLD = 0.3
-HEAD_COLUMNS = ["name", "layer", "head", "sink", "sink_head", "special", "punct", "previous",
-                "current", "entropy", "norm_entropy", "max", "induction", "duplicate"]
+HEAD_COLUMNS = ["name", "layer", "head", "sink", "sink_head", "sink_gu", "sink_rate", "special", "punct",
+                "previous", "current", "entropy", "norm_entropy", "max", "induction", "duplicate"]
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and the noun, plural unless ``n`` is 1: ``counted(1, "document")`` is "1 document"."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _names(mask: np.ndarray, values: np.ndarray, limit: int = 12) -> str:
@@ -33,28 +38,52 @@ def _names(mask: np.ndarray, values: np.ndarray, limit: int = 12) -> str:
     return ", ".join(shown) + more
 
 
+GU_METRIC = ("each document's mean attention on the first token over all its rows, row 0 included, "
+             "above {thr:.0%}, counted per document and averaged over documents")
+
+
+def sink_findings(res: Result) -> list[str]:
+    """The sink-head sentences: the chosen metric's first (``params.sink_metric``), then the other."""
+    a = res.arrays
+    L, H = a["sink"].shape
+    thr = res.params.get("sink_threshold", 0.3)
+    pooled = a["sink"] > thr
+    n = int(pooled.sum())
+    pooled_line = (f"{n} of {L * H} heads {'is an attention sink' if n == 1 else 'are attention sinks'}: "
+                   f"over the documents' rows after the first, pooled, they put more than {thr:.0%} of their "
+                   "attention on the first token (Gu et al. 2024's threshold)"
+                   + (f": {_names(pooled, a['sink'])}." if pooled.any() else "."))
+    if "sink_rate" not in a:
+        return [pooled_line]
+    x = float(a["sink_rate"].sum())
+    gu_line = (f"By Gu et al. 2024's metric ({GU_METRIC.format(thr=thr)}), {x:g} of {L * H} heads are sinks "
+               f"(sink ratio {x / (L * H):.1%})")
+    if res.params.get("sink_metric") != "gu2024":
+        return [pooled_line, gu_line + "."]
+    label = a["sink_rate"] > 0.5
+    return [gu_line + (f"; sinks in more than half of the documents: {_names(label, a['sink_gu'])}."
+                       if label.any() else "."), pooled_line]
+
+
 def findings(res: Result) -> list[str]:
     """Plain sentences about the sink, previous-token and induction heads."""
     a = res.arrays
     if "sink" not in a:
         return ["No statistics: no document had two or more tokens."]
     L, H = a["sink"].shape
-    thr = res.params.get("sink_threshold", 0.3)
-    out = []
-    sink = a["sink"] > thr
-    out.append(f"{int(sink.sum())} of {L * H} heads are attention sinks: on average they put more than "
-               f"{thr:.0%} of their attention on the first token (Gu et al. 2024)"
-               + (f": {_names(sink, a['sink'])}." if sink.any() else "."))
+    out = sink_findings(res)
     per_layer = a["sink"].mean(1)
     out.append(f"Mean attention on the first token per layer ranges from {per_layer.min():.2f} "
                f"(layer {int(per_layer.argmin()) + 1}) to {per_layer.max():.2f} (layer {int(per_layer.argmax()) + 1}).")
     prev = a["previous"] > PREVIOUS_THRESHOLD
-    out.append(f"{int(prev.sum())} heads put more than half of their attention on the previous token"
+    out.append(f"{counted(int(prev.sum()), 'head')} put{'s' if prev.sum() == 1 else ''} more than half of "
+               "their attention on the previous token"
                + (f": {_names(prev, a['previous'])}." if prev.any() else "."))
     if "target_induction" in a and np.isfinite(a["target_induction"]).all():
         ind = a["target_induction"] > INDUCTION_THRESHOLD
         best = np.unravel_index(np.argmax(a["target_induction"]), (L, H))
-        out.append(f"On repeated random tokens, {int(ind.sum())} heads put more than {INDUCTION_THRESHOLD:.0%} "
+        out.append(f"On repeated random tokens, {counted(int(ind.sum()), 'head')} put{'s' if ind.sum() == 1 else ''} "
+                   f"more than {INDUCTION_THRESHOLD:.0%} "
                    "of their attention on the token that followed the previous copy of the current token "
                    f"(induction heads); the strongest is {HeadId(*map(int, best))} "
                    f"({a['target_induction'][best]:.2f}).")
@@ -193,11 +222,17 @@ def write_section(res: Result, out_dir: Path, *, title: str = "Long-context atte
     tables_dir.mkdir(parents=True, exist_ok=True)
     fig_dir.mkdir(parents=True, exist_ok=True)
     sec = Section(key=key, title=title, findings=findings(res) + list(extra_findings or []))
+    thr = res.params.get("sink_threshold", 0.3)
+    gu = res.params.get("sink_metric") == "gu2024"
     sec.methods = [
         "Statistics are means over query rows at positions 1 and later (row 0 can attend only to "
         "itself), per query head; grouped-query heads are reported as their query heads.",
-        "Sink mass: attention on the first token; sink head: mean sink mass > "
-        f"{res.params.get('sink_threshold', 0.3)} (Gu et al. 2024, 'When Attention Sink Emerges').",
+        "Sink mass: attention on the first token; sink head: " + (
+            "a sink in more than half of the documents by Gu et al. 2024's metric ('When Attention Sink "
+            f"Emerges': {GU_METRIC.format(thr=thr)})" if gu else
+            f"mean sink mass over the pooled rows > {thr} (the threshold of Gu et al. 2024, 'When "
+            "Attention Sink Emerges', who average each document's rows, row 0 included, and count "
+            "per document: --sink-metric gu2024)") + ".",
         "Entropy in nats; normalised entropy divides each row's entropy by ln of the number of keys "
         "the row can see (1 = uniform).",
         "Distance buckets: 0, 1, 2, 3-4, 5-8, ...; 'mean weight per key' divides a bucket's mass by "
@@ -210,19 +245,31 @@ def write_section(res: Result, out_dir: Path, *, title: str = "Long-context atte
     if "sink" not in res.arrays:
         return sec
     rows = head_rows(res)
-    cap = "Per-head long-context statistics (heads 1-indexed layer-head; layer/head columns 0-indexed)."
-    sec.tables.append(TableArtifact("longctx_heads", cap, rows, HEAD_COLUMNS,
-                                    write_table(rows, tables_dir / "longctx_heads", columns=HEAD_COLUMNS,
+    cols = [c for c in HEAD_COLUMNS  # an encoder has no per-document (Gu et al.) score
+            if c not in ("sink_gu", "sink_rate") or c in res.tables["heads"][0]]
+    cap = ("Per-head long-context statistics (heads 1-indexed layer-head; layer/head columns 0-indexed); "
+           f"sink_head by {'Gu et al. 2024' if gu else 'the pooled'} metric"
+           + ("; sink_gu, sink_rate: Gu et al. 2024's per-document score, averaged, and the share of "
+              "documents in which it is above the threshold." if "sink_gu" in cols else "."))
+    sec.tables.append(TableArtifact("longctx_heads", cap, rows, cols,
+                                    write_table(rows, tables_dir / "longctx_heads", columns=cols,
                                                 caption=cap)))
     sink_rows = [r for r in rows if r["sink_head"]]
-    scols = ["name", "layer", "head", "sink", "entropy", "norm_entropy"]
-    scap = "Sink heads: mean attention on the first token above the threshold (Gu et al. 2024)."
+    scols = ["name", "layer", "head", "sink", *(["sink_gu", "sink_rate"] if gu else []), "entropy",
+             "norm_entropy"]
+    scap = ("Sink heads by Gu et al. 2024's metric: a sink (each document's mean attention on the first token "
+            f"over all its rows > {thr}) in more than half of the documents (sink_gu: that mean, averaged; "
+            "sink_rate: share of documents)." if gu else
+            f"Sink heads (pooled metric): mean attention on the first token over the rows after the first > {thr}.")
     sec.tables.append(TableArtifact("longctx_sink_heads", scap, sink_rows, scols,
                                     write_table(sink_rows, tables_dir / "longctx_sink_heads", columns=scols,
                                                 caption=scap)))
-    sec.figures.append(FigureArtifact("longctx_sink_heatmap", "Mean attention on the first token, per layer "
-                                      "and head.", _heatmap(res.arrays["sink"], "Attention on the first token",
-                                                           fig_dir / "longctx_sink_heatmap")))
+    heat = ("Gu et al. 2024's score: each document's mean attention on the first token over all its rows, "
+            "averaged over documents" if gu else "Mean attention on the first token over the rows after the first")
+    sec.figures.append(FigureArtifact("longctx_sink_heatmap", heat + ", per layer and head.",
+                                      _heatmap(res.arrays["sink_gu" if gu else "sink"],
+                                               "Attention on the first token" + (" (Gu et al.)" if gu else ""),
+                                               fig_dir / "longctx_sink_heatmap")))
     sec.figures.append(FigureArtifact("longctx_distance", "Mean attention weight per key against distance "
                                       "(log axes), averaged over each layer's heads.",
                                       _distance_figure(res, fig_dir / "longctx_distance")))
