@@ -157,3 +157,23 @@ def test_help_text_is_printed_as_written(capsys):
     assert main(["run", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "pip install 'attnscope[ray]'" in out
+
+
+def test_library_errors_name_parameters_and_the_command_line_shows_its_flags(tmp_path, capsys):
+    """A family option refused by the library names its field (``delimiter``); each command
+    shows the flag it has for it (``--delimiter-threshold``), and the run settings likewise."""
+    from attnscope.cli.main import main
+    from attnscope.errors import AttnscopeError
+    from attnscope.pipeline import RunConfig, check_config
+
+    text = tmp_path / "t.txt"
+    text.write_text("The cat sat on the mat.\nIt was warm.\n", encoding="utf-8")
+    with pytest.raises(AttnscopeError, match="^delimiter must be at least 0, not -1.0$"):
+        check_config(RunConfig(patterns=text, delimiter=-1.0))
+    for argv in (["analyze", "patterns", str(text), "--model", "debug:bert"],
+                 ["run", "--patterns", str(text), "--model", "debug:bert"]):
+        assert main([*argv, "--delimiter-threshold", "-1", "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["error: --delimiter-threshold must be at least 0, not -1.0"]
+    with pytest.raises(AttnscopeError, match="^batch_size must be at least 1, not 0$"):
+        check_config(RunConfig(text=text, batch_size=0))

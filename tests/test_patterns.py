@@ -389,8 +389,9 @@ def test_family_bad_inputs(debug_bert, tmp_path):
     bad.write_text('{"text": "ok"}\n{"text": \n', encoding="utf-8")
     with pytest.raises(InputError, match=r"bad.jsonl:2"):
         fam.prepare({"patterns": bad}, fam.Options(), ctx)
-    with pytest.raises(AttnscopeError, match="--lift"):
+    with pytest.raises(AttnscopeError, match="^lift must be at least 0") as refused:
         fam.prepare({"patterns": _write_jsonl(tmp_path / "ok.jsonl", EXAMPLES)}, fam.Options(lift=-1.0), ctx)
+    assert refused.value.params == ("lift",)  # the library names the parameter; the CLI its flag
     with pytest.raises(AttnscopeError, match="need a model"):
         fam.prepare({"patterns": tmp_path / "ok.jsonl"}, fam.Options(), Context(model=None, out_dir=tmp_path))
     assert not (tmp_path / "out").exists()

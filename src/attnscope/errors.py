@@ -5,16 +5,40 @@ Every problem caused by the user's input (a file, an argument, a model name) is 
 with status 2, with no traceback. Library users catch the exception as usual.
 
 Messages name where the problem is: ``file:line: what is wrong`` for files, ``example N: ...``
-for in-memory inputs.
+for in-memory inputs. A message about an argument names the parameter as the library calls it
+(``max_seq_len``) and lists it in ``params``; the command line shows it as its own flag
+(``--max-seq-len``) with :meth:`AttnscopeError.for_flags`, so the message is right for every
+caller.
+
+>>> e = AttnscopeError("max_seq_len must be at least 8, not 4", params=("max_seq_len",))
+>>> str(e), e.for_flags({"max_seq_len": "--max-seq-len"})
+('max_seq_len must be at least 8, not 4', '--max-seq-len must be at least 8, not 4')
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 
 class AttnscopeError(Exception):
-    """A problem with the user's input or arguments; the message is one line."""
+    """A problem with the user's input or arguments; the message is one line. ``params``: the
+    parameters (library names) the message mentions, each as a whole word."""
+
+    def __init__(self, message: str = "", *, params: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.params = tuple(params)
+
+    def for_flags(self, flags: Mapping[str, str]) -> str:
+        """The message with each parameter in ``params`` shown as ``flags[name]`` (the caller's
+        spelling, e.g. a command-line flag); a parameter without an entry becomes
+        ``--name-in-kebab-case``."""
+        message = str(self)
+        for name in self.params:
+            flag = flags.get(name) or "--" + name.replace("_", "-")
+            message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", flag, message)
+        return message
 
 
 class InputError(AttnscopeError):

@@ -139,16 +139,17 @@ def check_config(cfg: RunConfig) -> None:
         first = fam.inputs[0]
         for inp in fam.inputs[1:]:
             if cfg.inputs.get(inp.name) and not cfg.inputs.get(first.name):
-                raise AttnscopeError(f"{inp.flag} needs {first.flag}")
+                raise AttnscopeError(f"{inp.name} needs {first.name}", params=(inp.name, first.name))
     if not cfg.selected():
         flags = ", ".join(f.inputs[0].flag for f in cfg.families)
         raise AttnscopeError(f"nothing to do: give at least one of {flags}")
     for fam in cfg.families:  # a bad value is refused even for a family that will not run
         check_options(cfg.options[fam.key])
     if cfg.max_seq_len < 8:
-        raise AttnscopeError(f"--max-seq-len must be at least 8, not {cfg.max_seq_len}")
+        raise AttnscopeError(f"max_seq_len must be at least 8, not {cfg.max_seq_len}",
+                             params=("max_seq_len",))
     if cfg.batch_size < 1:
-        raise AttnscopeError(f"--batch-size must be at least 1, not {cfg.batch_size}")
+        raise AttnscopeError(f"batch_size must be at least 1, not {cfg.batch_size}", params=("batch_size",))
     for _role, p in cfg.paths():
         if not p.exists():
             raise InputError(p, "no such file")

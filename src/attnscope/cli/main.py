@@ -87,16 +87,29 @@ def build_command():
     return command
 
 
+def command_flags(command, argv: list[str]) -> dict[str, str]:
+    """``parameter name -> its long flag`` of the (sub)command that ``argv`` invokes (typer may
+    bring its own copy of click, so the command tree is read by its attributes)."""
+    for word in argv:
+        if word not in (getattr(command, "commands", None) or {}):
+            break
+        command = command.commands[word]
+    return {p.name: max(p.opts, key=len) for p in command.params
+            if getattr(p, "param_type_name", "") == "option" and p.name}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app; user and usage errors print one line on stderr and exit 2."""
     from attnscope.errors import AttnscopeError
 
     usage_errors, aborts = _click_error_types()
+    command = build_command()
     try:
-        result = build_command().main(args=argv, prog_name="attnscope", standalone_mode=False)
+        result = command.main(args=argv, prog_name="attnscope", standalone_mode=False)
     except AttnscopeError as exc:
-        # one line, even if a message quotes a line break from the input
-        message = str(exc).replace("\r", "\\r").replace("\n", "\\n")
+        # parameters as this command's flags; one line, even if a message quotes a line break
+        message = exc.for_flags(command_flags(command, sys.argv[1:] if argv is None else argv))
+        message = message.replace("\r", "\\r").replace("\n", "\\n")
         print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

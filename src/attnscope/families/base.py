@@ -100,14 +100,16 @@ class NoOptions:
 
 
 def check_options(options: Any) -> None:
-    """Refuse a value outside a field's ``choices`` or below its ``minimum``, naming the flag."""
+    """Refuse a value outside a field's ``choices`` or below its ``minimum``, naming the field
+    (the command line shows its flag: :meth:`~attnscope.errors.AttnscopeError.for_flags`)."""
     for f in dataclasses.fields(options):
         choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
         value = getattr(options, f.name)
         if choices and value not in choices:
-            raise AttnscopeError(f"{option_flag(f)} must be one of {', '.join(choices)}, not {value!r}")
+            raise AttnscopeError(f"{f.name} must be one of {', '.join(choices)}, not {value!r}",
+                                 params=(f.name,))
         if minimum is not None and value is not None and not value >= minimum:
-            raise AttnscopeError(f"{option_flag(f)} must be at least {minimum}, not {value!r}")
+            raise AttnscopeError(f"{f.name} must be at least {minimum}, not {value!r}", params=(f.name,))
 
 
 @dataclass
