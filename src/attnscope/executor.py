@@ -40,6 +40,7 @@ class LocalExecutor:
 
     name = "local"
     workers = 1
+    remote = False  # the forward passes (and maps analyses) run in this process
 
     def run_batches(self, extractor, planned: Iterable[list]) -> Iterator[tuple[list, AttentionBatch]]:
         """``(planned batch, its maps)`` for each planned batch of encoded examples, in order."""
@@ -51,10 +52,13 @@ class LocalExecutor:
         return self.run_batches(extractor, extractor.plan(examples))
 
     def fold(self, extractor, examples: Iterable, analyses: list, *,
-             on_unit: Callable[[list[list]], None]) -> None:
+             on_unit: Callable[[list[list]], None],
+             hooks: Callable[[list], dict] | None = None) -> None:
         """Fold the maps of ``examples`` into the maps ``analyses``; ``on_unit(batches)`` after
-        each batch with the planned batches just folded."""
-        for planned, batch in self.batches(extractor, examples):
+        each batch with the planned batches just folded. ``hooks(planned)``: the forward
+        helper's hook points to call during each batch's pass (here only)."""
+        for planned in extractor.plan(examples):
+            batch = extractor.run_batch(planned, hooks=hooks(planned) if hooks else None)
             for a in analyses:
                 a.update(batch)
             on_unit([planned])
@@ -77,6 +81,7 @@ class RayExecutor(LocalExecutor):
     (gradients) runs here, unit by unit, while the workers go on."""
 
     name = "ray"
+    remote = True
 
     def __init__(self, runner):
         self.runner = runner
@@ -91,7 +96,8 @@ class RayExecutor(LocalExecutor):
                 yield p, batch
 
     def fold(self, extractor, examples: Iterable, analyses: list, *,
-             on_unit: Callable[[list[list]], None]) -> None:
+             on_unit: Callable[[list[list]], None], hooks=None) -> None:
+        """``hooks`` cannot reach the workers: the pass gives none here (see :func:`run_pass`)."""
         self.runner.fold(extractor, examples, analyses, on_unit=on_unit)
 
     def stream(self, lm, sequences, stats, *, chunk: int = 0, batch_size: int = 1, targets=None,
@@ -188,29 +194,30 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
             raise AttnscopeError("examples need a model (or pass a store)")
         stats = ExtractStats()
         extractor = Extractor(model, options or ExtractOptions(), stats)
-        riders = [a for a in encoded_side if hasattr(a, "hooks")]
+        # an encoded analysis that reads the forward pass through hook points rides along on the
+        # maps pass where the maps are made here; elsewhere it runs its own pass in on_unit
+        riders = [a for a in encoded_side if hasattr(a, "hooks")] if not executor.remote else []
+        rest = [a for a in encoded_side if a not in riders]
+
+        def on_unit(batches: list[list]) -> None:
+            for planned in batches:
+                feed(rest, planned)
+                advance(len(planned))
+
+        def hooks(planned: list) -> dict[str, list]:
+            out: dict[str, list] = {}
+            for a in riders:
+                for point, fn in a.hooks(planned).items():
+                    out.setdefault(point, []).append(fn)
+            return out
+
         if not maps_side:  # the analyses run the model themselves: no maps are made
             for planned in extractor.plan(source):
-                feed(encoded_side, planned)
-                advance(len(planned))
-        elif executor.name == "local" and riders:  # one forward pass makes the maps and feeds the hooks
-            for planned in extractor.plan(source):
-                hooks: dict[str, list] = {}
-                for a in riders:
-                    for point, fn in a.hooks(planned).items():
-                        hooks.setdefault(point, []).append(fn)
-                feed(maps_side, extractor.run_batch(planned, hooks=hooks))
-                feed([a for a in encoded_side if a not in riders], planned)
-                advance(len(planned))
+                on_unit([planned])
         else:
-            def on_unit(batches: list[list]) -> None:
-                for planned in batches:
-                    feed(encoded_side, planned)
-                    advance(len(planned))
-
             tw = time.perf_counter()
-            executor.fold(extractor, source, maps_side, on_unit=on_unit)
-            if executor.name != "local":  # the maps analyses ran on the workers: their wall time
+            executor.fold(extractor, source, maps_side, on_unit=on_unit, hooks=hooks if riders else None)
+            if executor.remote:  # the maps analyses ran on the workers: their wall time
                 wall = time.perf_counter() - tw - sum(timings[a.name] for a in encoded_side)
                 for a in maps_side:
                     timings.pop(a.name, None)
