@@ -242,3 +242,20 @@ def test_ctrl_c_before_the_store_is_begun_says_nothing_was_written(tmp_path, cap
     inp.write_text(json.dumps([{"text": "a b"}]))
     code, stdout, err = run(capsys, "extract", inp, "--out", tmp_path / "s", "-q")
     assert code == 130 and err.splitlines() == [f"interrupted: nothing was written to {tmp_path / 's'}"]
+
+
+def test_the_library_refuses_a_file_as_the_output_folder_naming_its_parameter(tmp_path, debug_bert):
+    """``run_pipeline`` / ``run_family`` called from Python: one AttnscopeError naming
+    ``out_dir`` (it was a NotADirectoryError traceback), before any model is loaded."""
+    from attnscope.errors import AttnscopeError
+    from attnscope.pipeline import RunConfig, demo_inputs, run_family, run_pipeline
+
+    taken = tmp_path / "taken"
+    taken.write_text("mine", encoding="utf-8")
+    text = demo_inputs()["text"]
+    with pytest.raises(AttnscopeError, match=r"taken: is a file, not a folder \(choose another out_dir\)") as e:
+        run_pipeline(RunConfig(model="debug:bert", text=text), taken)
+    assert e.value.params == ("out_dir",)
+    with pytest.raises(AttnscopeError, match="choose another out_dir"):
+        run_family("general", {"text": text}, taken, model="no-such-model-is-loaded")
+    assert taken.read_text(encoding="utf-8") == "mine"

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from attnscope.data.io import file_fingerprint, to_plain
+from attnscope.data.io import check_writable, file_fingerprint, to_plain
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.executor import executor
 from attnscope.families import Context, Family, Prepared, check_options, load_families
@@ -339,6 +339,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     check_config(cfg)
     resolve_device(cfg.device)  # a bad --device is refused before anything is written
     check_ray(ray, workers)
+    check_writable(out_dir, folder=True)
     old_run = _check_out_dir(out_dir, resume=resume, overwrite=overwrite)
     files = data_files(cfg)
 
@@ -481,6 +482,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     if reason is not None:
         raise AttnscopeError(f"{key}: not available in this installation ({reason})")
     resolve_device(device)  # a bad --device is refused before anything is read or written
+    check_writable(out_dir, folder=True)
     opts = fam.Options(**options)
     check_options(opts)
     check_ray(ray, workers)

@@ -3,10 +3,8 @@ of every output location before any work."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -136,29 +134,7 @@ def read_depparse(path: Path, limit: int | None = None) -> list:
 
 
 def check_writable(path: Path, *, folder: bool, option: str = "--out") -> None:
-    """Refuse an output that cannot be written, before any model loads or any work is done.
+    """:func:`attnscope.data.io.check_writable` naming the command's ``option``."""
+    from attnscope.data.io import check_writable as check
 
-    ``path`` is the folder (``folder``) or file a command will write. It must not be a file
-    where a folder is meant or the other way round, and the nearest folder that exists on its
-    way must take a new file: a probe file is made there and removed, so nothing is left
-    behind (no folder is made). Mode bits are not trusted: they do not stop root, while a
-    read-only mount stops everyone.
-    """
-    from attnscope.errors import AttnscopeError
-
-    path = Path(path)
-    try:
-        if path.exists() and path.is_dir() != folder:
-            what = "a file, not a folder" if folder else "a folder, not a file"
-            raise AttnscopeError(f"{path}: is {what} (choose another {option})")
-        parent = path if path.is_dir() else path.parent
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir():
-            raise AttnscopeError(f"{path}: cannot be made, {parent} is a file (choose another {option})")
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=".attnscope-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        reason = (exc.strerror or type(exc).__name__).lower()
-        raise AttnscopeError(f"{path}: cannot be written ({reason}; choose another {option})") from None
+    check(path, folder=folder, name=option)

@@ -265,3 +265,36 @@ def to_plain(x: Any) -> Any:
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
+
+
+def check_writable(path: str | Path, *, folder: bool, name: str = "out_dir") -> None:
+    """Refuse an output that cannot be written, before any model loads or any work is done.
+
+    ``path`` is the folder (``folder``) or file a command will write. It must not be a file
+    where a folder is meant or the other way round, and the nearest folder that exists on its
+    way must take a new file: a probe file is made there and removed, so nothing is left
+    behind (no folder is made). Mode bits are not trusted: they do not stop root, while a
+    read-only mount stops everyone. ``name``: the parameter (or command-line option) that gave
+    the path, named in the message.
+    """
+    from attnscope.errors import AttnscopeError
+
+    params = (name,) if name.isidentifier() else ()
+    path = Path(path)
+    try:
+        if path.exists() and path.is_dir() != folder:
+            what = "a file, not a folder" if folder else "a folder, not a file"
+            raise AttnscopeError(f"{path}: is {what} (choose another {name})", params=params)
+        parent = path if path.is_dir() else path.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise AttnscopeError(f"{path}: cannot be made, {parent} is a file (choose another {name})",
+                                 params=params)
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".attnscope-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = (exc.strerror or type(exc).__name__).lower()
+        raise AttnscopeError(f"{path}: cannot be written ({reason}; choose another {name})",
+                             params=params) from None
