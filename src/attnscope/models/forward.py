@@ -30,6 +30,12 @@ nothing, gate 0 removes the head's contribution (zero ablation). Gates of shape 
 give each sequence of the batch its own gates, so one backward pass yields every example's
 own ``dL_b/d gate`` (head importance needs per-example gradient magnitudes).
 
+``layers=(a, b)`` with ``hidden`` ``[B T D]`` runs only layers ``a .. b-1``, the first of them on
+``hidden`` (the input of layer ``a``, e.g. ``hidden_states[a]`` of an earlier pass); the other
+layers are skipped (their input is passed through). So ``hidden_states[b]`` (and, when
+``b = L``, the model's final output) are those of the full model, at the cost of ``b - a``
+layers: many variants of one example (ablations, value zeroing) start from its cached input.
+
 When no hook needs the probabilities, the layer's output comes from torch's fused
 ``scaled_dot_product_attention``; otherwise from the family's own eager code.
 
@@ -43,6 +49,7 @@ When no hook needs the probabilities, the layer's output comes from torch's fuse
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import sys
 from collections.abc import Callable, Sequence
@@ -194,7 +201,8 @@ def install(model) -> bool:
 
 def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
             hooks: dict[str, Hook | Sequence[Hook]] | None = None, gates: Any = None,
-            grad: bool = False, lean_mask: bool = False, **model_kwargs) -> ForwardOutput:
+            grad: bool = False, lean_mask: bool = False, layers: tuple[int, int] | None = None,
+            hidden: Any = None, **model_kwargs) -> ForwardOutput:
     """Run ``lm`` on a padded batch; see the module docstring for hooks and gates.
 
     ``attentions``: also return each layer's ``[B H T T]`` probabilities (with autograd when
@@ -203,7 +211,8 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
     the model (e.g. ``output_hidden_states=True``). ``lean_mask``: when no probabilities are
     needed, build transformers' sdpa mask (None for plain causal input without padding) instead
     of a float ``[B 1 T T]`` one, which at 16k tokens alone takes 1 GB; hooks then read the
-    mask with :meth:`Site.allowed`.
+    mask with :meth:`Site.allowed`. ``layers``, ``hidden``: run only some layers (module
+    docstring).
     """
     import torch
 
@@ -226,20 +235,62 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
             raise AttnscopeError(f"{lm.name}: its transformers code does not route attention through "
                                  "AttentionInterface, so attnscope cannot hook its heads (only the "
                                  "attention maps are available)")
-        with context:
+        with context, _only_layers(lm, *(layers or (0, lm.num_layers)), hidden):
             out = lm.model(**kwargs, output_attentions=attentions)
         return ForwardOutput(out, list(out.attentions) if attentions else None)
-    state = _Pass(hooks=hooks, gates=gates, attentions=[] if attentions else None, lean_mask=lean_mask)
+    first, last = (0, lm.num_layers) if layers is None else layers
+    state = _Pass(hooks=hooks, gates=gates, attentions=[] if attentions else None, lean_mask=lean_mask,
+                  layer=first)
     token = _ACTIVE.set(state)
     try:
-        with context:
+        with context, _only_layers(lm, first, last, hidden):
             out = lm.model(**kwargs)
     finally:
         _ACTIVE.reset(token)
-    if state.layer != lm.num_layers:
-        raise AttnscopeError(f"{lm.name}: attention ran {state.layer} times for {lm.num_layers} layers; "
+    if state.layer != last:
+        raise AttnscopeError(f"{lm.name}: attention ran {state.layer - first} times for {last - first} layers; "
                              "attnscope's hook points assume one self-attention call per layer")
     return ForwardOutput(out, state.attentions)
+
+
+def layer_modules(lm) -> list:
+    """The model's ``L`` transformer layers in order (transformers' ``GradientCheckpointingLayer``)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    found = [m for m in lm.model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if len(found) != lm.num_layers:
+        raise AttnscopeError(f"{lm.name}: found {len(found)} transformer layers for {lm.num_layers}; "
+                             "running only some layers needs one module per layer")
+    return found
+
+
+@contextlib.contextmanager
+def _only_layers(lm, first: int, last: int, hidden):
+    """Within the block, layers outside ``first .. last-1`` pass their input through and layer
+    ``first`` reads ``hidden`` instead of its input (all layers run when ``first .. last`` is
+    all of them)."""
+    if (first, last) == (0, lm.num_layers):
+        yield
+        return
+    if not 0 <= first < last <= lm.num_layers or hidden is None:
+        raise ValueError(f"layers must be 0 <= first < last <= {lm.num_layers} with the hidden "
+                         f"states entering layer first; got {(first, last)}")
+    modules = layer_modules(lm)
+
+    def skip(hidden_states, *args, **kwargs):
+        return hidden_states
+
+    def enter(hidden_states, *args, _run=modules[first].forward, **kwargs):
+        return _run(hidden.to(hidden_states.device, hidden_states.dtype), *args, **kwargs)
+
+    patched = [i for i in range(lm.num_layers) if not first < i < last]
+    try:
+        for i in patched:  # an instance attribute shadows the class's forward
+            modules[i].forward = enter if i == first else skip
+        yield
+    finally:
+        for i in patched:
+            del modules[i].forward
 
 
 # -- the attention function ----------------------------------------------------------------
