@@ -15,11 +15,15 @@ Hook points, called once per layer in layer order (shapes per layer)::
     "attn"      [B Hq T T]   attention probabilities (rows over unmasked keys sum to 1)
     "head_out"  [B T Hq d]   each head's output (its attention-weighted values), before the
                              layer's output projection; a hook may return a replacement
+    "attend"    [B Hq T d]   the queries, when the layer's attention is about to be computed; a
+                             hook may return the heads' outputs ``[B T Hq d]`` itself, and then
+                             the layer's own attention does not run (when no probabilities are
+                             requested: the streaming engine's one pass)
 
 A hook is ``fn(site, tensor) -> tensor | None``; :class:`Site` carries the layer index, the
 attention module, all of q/k/v, the additive mask and the scaling, so a hook can recompute
 anything the layer computes (the streaming statistics do exactly that). Returning a tensor
-replaces the value at that point (only for ``"head_out"``: ablation, gating).
+replaces the value at that point (only for ``"head_out"``: ablation, gating; and ``"attend"``).
 
 Inputs and gates may live on the CPU: :func:`forward` moves them to the model's device
 (``load_model(..., device=)``); outputs and hook tensors stay on that device, so a consumer
@@ -60,7 +64,7 @@ from attnscope.errors import AttnscopeError
 
 #: The name attnscope's attention function is registered under in transformers.
 ATTN_IMPLEMENTATION = "attnscope"
-HOOK_POINTS = ("q", "k", "v", "attn", "head_out")
+HOOK_POINTS = ("q", "k", "v", "attend", "attn", "head_out")
 
 Hook = Callable[["Site", Any], Any]
 
@@ -314,14 +318,19 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     for point, tensor in (("q", query), ("k", key), ("v", value)):
         for hook in state.hooks.get(point, ()):
             hook(site, tensor)
-    if state.needs_probs:
+    out = probs = None
+    for hook in state.hooks.get("attend", ()):
+        given = hook(site, query)
+        if given is not None and not state.needs_probs:
+            out = given  # the heads' outputs came from a hook: the layer's own attention is skipped
+    if out is None and state.needs_probs:
         out, probs = _family_eager(module)(module, query, key, value, attention_mask, scaling=scaling,
                                            dropout=dropout, **kwargs)
         for hook in state.hooks.get("attn", ()):
             hook(site, probs)
         if state.attentions is not None:
             state.attentions.append(probs)
-    else:
+    elif out is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         out, probs = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
