@@ -211,18 +211,19 @@ class AblationEffect(Analysis):
         ref = self.objective.run(chunk, output_hidden_states=True)
         base = ref.loss.double().cpu().numpy()
         hidden = ref.output.hidden_states  # L+1 of [B T D]; hidden[l] enters layer l
-        means = torch.as_tensor(self.means) if self.mode == "mean" else None
+        dev = lm.device
+        means = torch.as_tensor(self.means, device=dev) if self.mode == "mean" else None
         variants = [(head, b) for head in range(H) for b in range(len(chunk))]
         for layer in range(L):
             for part in _chunks(variants, self.pass_sequences):
-                heads = torch.tensor([h for h, _ in part])
-                rows = torch.tensor([b for _, b in part])
+                hs, bs = [h for h, _ in part], [b for _, b in part]
+                heads = torch.tensor(hs, device=dev)
                 values = None if means is None else means[layer, heads]
-                width = max(len(chunk[b]) for b in rows.tolist())
-                out = self.objective.run([chunk[b] for b in rows.tolist()],
+                width = max(len(chunk[b]) for b in bs)
+                out = self.objective.run([chunk[b] for b in bs],
                                          hooks={"head_out": _head_ablation_hook(layer, heads, values)},
-                                         layers=(layer, L), hidden=hidden[layer][rows.to(lm.device), :width])
-                np.add.at(self.delta[layer], heads.numpy(), out.loss.double().cpu().numpy() - base[rows.numpy()])
+                                         layers=(layer, L), hidden=hidden[layer][torch.tensor(bs, device=dev), :width])
+                np.add.at(self.delta[layer], hs, out.loss.double().cpu().numpy() - base[bs])
         self.base += float(base.sum())
         self.examples += len(chunk)
 
