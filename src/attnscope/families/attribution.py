@@ -78,13 +78,18 @@ def _objective(lm, options: AttributionOptions, encoded, seed: int, notes: list[
     return Objective(lm, head=head, seed=seed)
 
 
-def _forward_seconds_per_token(lm, encoded, batch_size: int) -> float:
-    """Measured seconds of a plain forward pass per token (the first batch, timed)."""
+def _forward_seconds_per_token(lm, encoded, batch_size: int, objective=None) -> float:
+    """Measured seconds per token of a forward pass over the first batch: a plain one, or with
+    ``objective`` its loss pass (what each ablation variant costs)."""
+    from attnscope.analyses.lm_objective import loss_inputs
     from attnscope.models.forward import forward, pad_batch
 
     chunk = encoded[:batch_size]
     t = time.perf_counter()
-    forward(lm, pad_batch(lm, [e.input_ids for e in chunk], [e.token_type_ids for e in chunk]))
+    if objective is None:
+        forward(lm, pad_batch(lm, [e.input_ids for e in chunk], [e.token_type_ids for e in chunk]))
+    else:
+        objective.run(loss_inputs(objective, chunk))
     return (time.perf_counter() - t) / max(1, sum(len(e) for e in chunk))
 
 
@@ -132,7 +137,6 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
         pick = min(range(len(encoded)), key=lambda i: (len(encoded[i]), i))
     if not 0 <= pick < len(encoded):
         raise AttnscopeError(f"--attribution-example {options.attribution_example}: only {len(encoded)} examples were analysed")
-    per_token = _forward_seconds_per_token(lm, encoded, batch_size)
     tokens = sum(len(e) for e in encoded)
     needs_loss = any(m in methods for m in LOSS_METHODS) or "rollout" in methods
     objective = _objective(lm, options, encoded, seed, notes) if needs_loss else None
@@ -153,7 +157,8 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
                 means = hm.finalize().arrays["mean"]
             for mode in modes:
                 ab = AblationEffect(objective, mode=mode, means=means, batch_size=batch_size)
-                _announce(f"{mode} ablation", "ablation", ab.forward_passes(), tokens, per_token)
+                _announce(f"{mode} ablation", "ablation", ab.forward_passes(), tokens,
+                          _forward_seconds_per_token(lm, encoded, batch_size, objective))
                 ab.update(encoded)
                 results[f"ablation-{mode}"] = ab.finalize()
                 step(f"attribution: {mode} ablation", 1, 1)
@@ -188,7 +193,8 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
                              f"--flow-max-tokens {options.flow_max_tokens}")
         if "value-zeroing" in methods:
             if len(e) <= MAX_VZ_TOKENS:
-                _announce("value zeroing", "value-zeroing", forward_passes(lm, len(e)), len(e), per_token)
+                _announce("value zeroing", "value-zeroing", forward_passes(lm, len(e)), len(e),
+                          _forward_seconds_per_token(lm, [e], 1))
                 example["value_zeroing"] = value_zeroing(lm, e)
             else:
                 notes.append(f"value zeroing of example {e.index} skipped: {len(e)} tokens is above "
