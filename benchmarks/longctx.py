@@ -6,7 +6,8 @@ mode runs in its own process:
 
   maps       eager attention with every layer's [B H n n] maps returned (output_attentions),
              then the same statistics computed from the maps
-  streaming  attnscope's streaming engine (sdpa output + query-chunked float32 statistics)
+  streaming  attnscope's streaming engine, one pass: query-chunked float32 tiles give the
+             statistics and each layer's output (the model's own sdpa does not run)
   sdpa       the bare forward pass (sdpa, no hooks, no statistics)
 
 and reports wall time, CPU time (user + system) and peak resident memory (ru_maxrss) of the

@@ -119,3 +119,24 @@ def test_run_switch_runs_after_general_and_reaches_the_report(tmp_path):
     assert {(r["layer"], r["head"]): r["behaviour"] for r in heads} == labels
     assert "ablation-zero" in data["analyses"] and "ablation-mean" not in data["analyses"]
     assert "attribution_importance.png" in (out / "report.html").read_text()
+
+
+def test_long_methods_announce_their_estimated_time_and_the_option_that_skips_them(
+        bert_mlm, tmp_path, monkeypatch, capsys):
+    import re
+
+    from attnscope.families import attribution
+
+    monkeypatch.setattr(attribution, "ANNOUNCE_S", 0.0)  # announce every method, however short
+    _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, attribution_examples=3,
+         attribution_methods="ablation,value-zeroing", ablation="zero")
+    lines = capsys.readouterr().err.strip().splitlines()
+    data = _strict(tmp_path / "results" / "attribution.json")
+    n = len(data["example"]["tokens"])
+    got = [re.fullmatch(r"attribution: (.+) takes about \d+ s \((\d+) forward passes of (\d+) tokens\); "
+                        r"--attribution-methods without (\S+) skips it", ln) for ln in lines]
+    assert all(got), lines
+    # 2 layers x 2 heads: 1 reference pass + H (L + 1) / 2 = 3 passes; value zeroing n + 1
+    assert [(m[1], int(m[2]), m[4]) for m in got] == [("zero ablation", 4, "ablation"),
+                                                      ("value zeroing", n + 1, "value-zeroing")]
+    assert int(got[1][3]) == n

@@ -389,12 +389,16 @@ def test_encoder_maps_path_matches_streaming_on_bidirectional_model():
 
 
 def test_streaming_never_runs_eager_attention(monkeypatch):
+    # nor sdpa: one pass, the layers' outputs come from the engine's tiles
+    import transformers.integrations.sdpa_attention as sdpa
+
     import attnscope.models.forward as fw
 
-    def boom(module):
-        raise AssertionError("eager attention (full maps) was used")
+    def boom(module, *args, **kwargs):
+        raise AssertionError("the model's own attention was used")
 
     monkeypatch.setattr(fw, "_family_eager", boom)
+    monkeypatch.setattr(sdpa, "sdpa_attention_forward", boom)
     lm = load_model("debug:llama")
     st = LongContextStats(js_rows=1)
     stream_stats(lm, [lm.tokenizer(TEXTS[0])["input_ids"]], st, chunk=8)
@@ -502,3 +506,106 @@ def test_unit_sequence_marks_special_and_punctuation_units():
     assert seq.punct.tolist() == [float(w in ",.") for w in words]
     with pytest.raises(ValueError, match="units"):
         unit_sequence(lm, ids, np.arange(len(ids))[::-1], LongContextStats(), None, {})
+
+
+# -- one pass: the engine's own attention output ---------------------------------------------------
+def _tiny(kind):
+    """Tiny random decoders with grouped-query attention (4 query heads, 2 key/value heads):
+    Llama; Qwen2 with a 4-token sliding window in every layer; Gemma 2 with its attention
+    logits soft-capped at 1.0 (small enough that the cap changes the softmax)."""
+    import transformers
+
+    from attnscope.models.families import family_for
+    from attnscope.models.forward import install
+    from attnscope.models.loading import LoadedModel
+
+    tok = load_model("debug:llama").tokenizer
+    common = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                  pad_token_id=tok.pad_token_id, initializer_range=0.3)
+    if kind == "llama":
+        model = transformers.LlamaModel(transformers.LlamaConfig(**common))
+    elif kind == "qwen2":
+        model = transformers.Qwen2Model(transformers.Qwen2Config(
+            **common, use_sliding_window=True, sliding_window=4, max_window_layers=0))
+    else:
+        model = transformers.Gemma2Model(transformers.Gemma2Config(
+            **common, attn_logit_softcapping=1.0, query_pre_attn_scalar=8))
+    model.config._attn_implementation = "eager"
+    model.eval()
+    assert install(model)
+    return LoadedModel(model=model, tokenizer=tok, family=family_for("llama"), name=f"tiny-{kind}",
+                       source="test", weights_hash="-")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+def test_one_pass_output_equals_the_models_own_attention(kind):
+    # The engine's P V replaces the layer's attention output. On the very same q, k, v (inside
+    # one pass) it must equal the model's own attention: sdpa, or for Gemma 2, whose
+    # soft-capping sdpa cannot do, the family's eager code; a padded batch, grouped-query
+    # attention. Measured max |difference| over real rows (float32, values up to ~5): per layer
+    # llama 1.9e-6, qwen2 1.2e-6, gemma2 7.2e-7; the last hidden states of a whole one-pass run
+    # against a whole run of the model's own attention (rounding carried through the layers of
+    # this 0.3-initialised model): llama 8.1e-6, qwen2 3.1e-6, gemma2 9.5e-7.
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from attnscope.analyses.streaming import make_sequences, one_pass
+    from attnscope.models.forward import _family_eager
+
+    torch.manual_seed(0)
+    lm = _tiny(kind)
+    ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
+    inputs = pad_batch(lm, ids)
+    lean = kind != "gemma2"  # eager attention needs the additive float mask
+    st = LongContextStats(js_rows=2)
+    seqs = make_sequences(lm, ids, st)
+    for seq in seqs:
+        st.begin(lm.num_layers, lm.num_heads, seq)
+    engine = one_pass(st, seqs, chunk=3)
+    worst = []
+
+    def both(site, query):
+        got = engine(site, query)  # [B T Hq d]
+        if lean:
+            own = sdpa_attention_forward(site.module, site.query, site.key, site.value, site.mask,
+                                         scaling=site.scaling)[0]
+        else:
+            own = _family_eager(site.module)(site.module, site.query, site.key, site.value, site.mask,
+                                             scaling=site.scaling,
+                                             softcap=lm.model.config.attn_logit_softcapping)[0]
+        worst.append(max(float((got[b, :n] - own[b, :n]).abs().max()) for b, n in enumerate(inputs.lengths)))
+        return got
+
+    one = forward(lm, inputs, hooks={"attend": both}, lean_mask=lean).output.last_hidden_state
+    assert len(worst) == lm.num_layers and max(worst) < 5e-6, worst
+    own = forward(lm, inputs, lean_mask=lean, attentions=not lean).output.last_hidden_state
+    whole = max(float((one[b, :n] - own[b, :n]).abs().max()) for b, n in enumerate(inputs.lengths))
+    assert whole < 1e-4, whole
+    # the window / the cap matter here: without them the output is different
+    if kind == "qwen2":
+        lm.model.config.sliding_window = 10 ** 6
+    if kind == "gemma2":
+        for layer in lm.model.layers:
+            layer.self_attn.attn_logit_softcapping = None
+    if kind != "llama":
+        changed = forward(lm, inputs, lean_mask=lean, attentions=not lean).output.last_hidden_state
+        assert float((changed[0, :inputs.lengths[0]] - own[0, :inputs.lengths[0]]).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gemma"])
+def test_bfloat16_entropy_stays_close_to_float32(name):
+    # bfloat16 autocast against float32 on the same documents: the tiles (scores, log-sum-exp,
+    # entropy) and, in one pass, the layers' attention outputs P V are float32, so only the
+    # bfloat16 projections differ. Measured largest per-head entropy difference: llama 0.0020,
+    # qwen2 0.0020, gemma 0.0018 nats; with sdpa's bfloat16 output (before one pass): 0.0027,
+    # 0.0045, 0.0031.
+    lm = load_model(f"debug:{name}")
+    seqs, _ = _docs(lm)
+    means = {}
+    for bf16 in (False, True):
+        st = LongContextStats(js_rows=2)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            stream_stats(lm, seqs, st, chunk=4)
+        means[bf16] = st.means()
+    diff = np.abs(means[True]["entropy"] - means[False]["entropy"])
+    assert 0 < diff.max() < 2.5e-3, diff.max()

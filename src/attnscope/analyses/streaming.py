@@ -9,11 +9,15 @@ and recomputes the attention of one block of ``c`` query rows at a time, in floa
     S[masked] = float32 min                (causal, padding, sliding window: Site.allowed)
     log P = S - logsumexp(S)               P = exp(log P)
 
-and folds the tile into :class:`~attnscope.analyses.longctx.LongContextStats`. The model's own
-output comes from torch's fused ``scaled_dot_product_attention`` (no probabilities are
-requested, and the forward pass builds no ``[T T]`` mask), so the largest extra memory is one
-tile, ``Hq * c * n`` floats (a few copies of it), instead of the ``L * Hq * n * n`` of
-``output_attentions``.
+and folds the tile into :class:`~attnscope.analyses.longctx.LongContextStats`. One pass: the
+same tile gives the layer's output rows ``P V[:k1]`` (float32), which go back to the model
+through the forward helper's ``"attend"`` hook, so the model's own attention (torch's fused
+``scaled_dot_product_attention``) does not run for the layer. No probabilities are requested
+and the forward pass builds no ``[T T]`` mask, so the largest extra memory is one tile,
+``Hq * c * n`` floats (a few copies of it), instead of the ``L * Hq * n * n`` of
+``output_attentions``. Each tile holds whole rows, which the statistics need (so no online
+softmax over key blocks); at the smallest automatic tile, 16 rows, a 128k-token row block of
+9 heads is 75 MB.
 
 >>> from attnscope.models import load_model
 >>> from attnscope.analyses.longctx import LongContextStats
@@ -199,6 +203,79 @@ def auto_chunk(num_heads: int, n: int, tile_bytes: int = TILE_BYTES) -> int:
     return int(min(256, max(16, tile_bytes // (4 * num_heads * max(1, n)))))
 
 
+def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> Callable:
+    """The forward helper's ``"attend"`` hook of the streaming engine: for each layer, fold the
+    tiles of every sequence of the batch (begun in ``stats``) and return the heads' outputs
+    ``P V`` computed from the same tiles, so the layer's own attention does not run.
+
+    Rows are tiled as the statistics need them (``chunk`` query rows, 0: :func:`auto_chunk`);
+    each tile holds whole rows (every key a row sees), so no online softmax is needed.
+    """
+    import torch
+
+    def hook(site, query):
+        # float32 whatever the forward pass runs in (autocast would turn matmul to bfloat16)
+        with torch.autocast(device_type=query.device.type, enabled=False):
+            return _tiles(site).to(query.dtype)
+
+    def _tiles(site):
+        """The statistics of every tile and, from the same tiles, the heads' outputs
+        ``[B T Hq d]`` (``P V``, float32; rows past a sequence's end are 0)."""
+        q = site.query.float() * site.scaling
+        k, v = site.key.float(), site.value.float()
+        if site.kv_groups > 1:
+            k = k.repeat_interleave(site.kv_groups, dim=1)
+            v = v.repeat_interleave(site.kv_groups, dim=1)
+        cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
+        plain = site.mask is None and stats.causal  # no padding: the causal triangle only
+        out = q.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1])  # [B T Hq d]
+
+        def probs(b, r0, r1):  # rows r0 .. r1-1 of sequence b: P [H c k1], entropies [H c]
+            k1 = r1 if stats.causal else seq_len[b]
+            s = torch.matmul(q[b, :, r0:r1], k[b, :, :k1].transpose(-1, -2))  # [H c k1]
+            if cap:
+                s = torch.tanh(s / cap) * cap
+            if plain:  # keys < r0 are all visible; mask the upper triangle of the last block
+                s[:, :, r0:r1].masked_fill_(_upper(r1 - r0, s.device), LOW)
+            else:
+                s.masked_fill_(~site.allowed(r0, r1, k1)[b], LOW)
+            p, ent = _softmax_entropy(s)
+            out[b, r0:r1] = torch.matmul(p, v[b, :, :k1]).transpose(0, 1)
+            return p, ent
+
+        seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
+        for b, seq in enumerate(seqs):
+            if seq.units is not None:
+                _unit_tiles(site, probs, b, seq)
+                continue
+            probs(b, 0, 1)  # row 0: its output only (a statistics row has other keys to see)
+            rows = chunk or auto_chunk(q.shape[1], seq.n)
+            for q0 in range(1, seq.n, rows):
+                q1 = min(seq.n, q0 + rows)
+                p, ent = probs(b, q0, q1)
+                stats.tile(site.layer, seq, q0, p, ent)
+        return out
+
+    def _unit_tiles(site, probs, b, seq):
+        # word level: tiles of whole units, about `rows` tokens each, from unit 1 on
+        n, U, starts = seq.token_n, seq.n, seq.unit_start
+        probs(b, 0, starts[1] if U > 1 else n)  # unit 0's rows: their output only
+        rows = chunk or auto_chunk(site.query.shape[1], n)
+        u0 = 1
+        while u0 < U:
+            t0 = starts[u0]
+            u1 = u0 + 1
+            while u1 < U and starts[u1] - t0 < rows:
+                u1 += 1
+            t1 = starts[u1] if u1 < U else n
+            p, _ = probs(b, t0, t1)
+            pw, ent = _unit_tile(p, seq, t0, u0, u1, u1 if stats.causal else U)
+            stats.tile(site.layer, seq, u0, pw, ent)
+            u0 = u1
+
+    return hook
+
+
 def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk: int = 0,
                  batch_size: int = 1, targets: Seq[dict[str, Seq[int]] | None] | None = None,
                  progress: Callable[[int], None] | None = None,
@@ -219,8 +296,6 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
     comes from eager attention, not sdpa; a separate eager run would differ in the last bits
     of every layer's input, which 30 layers amplify to ~1e-5 in the statistics).
     """
-    import torch
-
     if chunk < 0:
         raise ValueError("chunk must be at least 1 (or 0: automatic)")
     device = lm.model.device  # where the statistics' tensors live: the model's device
@@ -234,63 +309,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
             stats.begin(lm.num_layers, lm.num_heads, seq)
         inputs = pad_batch(lm, batch)  # forward() moves it to the model's device
 
-        def hook(site, key, seqs=seqs):
-            # float32 whatever the forward pass runs in (autocast would turn matmul to bfloat16)
-            with torch.autocast(device_type=key.device.type, enabled=False):
-                _tiles(site, key, seqs)
-
-        def _tiles(site, key, seqs):
-            q = site.query.float() * site.scaling
-            k = key.float()
-            if site.kv_groups > 1:
-                k = k.repeat_interleave(site.kv_groups, dim=1)
-            cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
-            plain = site.mask is None and stats.causal  # no padding: the causal triangle only
-            for b, seq in enumerate(seqs):
-                if seq.units is not None:
-                    _unit_tiles(site, q[b], k[b], b, seq, cap)
-                    continue
-                rows = chunk or auto_chunk(q.shape[1], seq.n)
-                for q0 in range(1, seq.n, rows):
-                    q1 = min(seq.n, q0 + rows)
-                    k1 = q1 if stats.causal else seq.n
-                    s = torch.matmul(q[b, :, q0:q1], k[b, :, :k1].transpose(-1, -2))  # [H c k1]
-                    if cap:
-                        s = torch.tanh(s / cap) * cap
-                    if plain:  # keys < q0 are all visible; mask the upper triangle of the last block
-                        s[:, :, q0:q1].masked_fill_(_upper(q1 - q0, s.device), LOW)
-                    else:
-                        s.masked_fill_(~site.allowed(q0, q1, k1)[b], LOW)
-                    p, ent = _softmax_entropy(s)
-                    del s
-                    stats.tile(site.layer, seq, q0, p, ent)
-
-        def _unit_tiles(site, q, k, b, seq, cap):
-            # word level: tiles of whole units, about `rows` tokens each, from unit 1 on
-            n, U, starts = seq.token_n, seq.n, seq.unit_start
-            rows = chunk or auto_chunk(q.shape[0], n)
-            u0 = 1
-            while u0 < U:
-                t0 = starts[u0]
-                u1 = u0 + 1
-                while u1 < U and starts[u1] - t0 < rows:
-                    u1 += 1
-                t1 = starts[u1] if u1 < U else n
-                k1 = t1 if stats.causal else n
-                s = torch.matmul(q[:, t0:t1], k[:, :k1].transpose(-1, -2))  # [H c k1]
-                if cap:
-                    s = torch.tanh(s / cap) * cap
-                if site.mask is None and stats.causal:
-                    s[:, :, t0:t1].masked_fill_(_upper(t1 - t0, s.device), LOW)
-                else:
-                    s.masked_fill_(~site.allowed(t0, t1, k1)[b], LOW)
-                p, _ = _softmax_entropy(s)
-                del s
-                pw, ent = _unit_tile(p, seq, t0, u0, u1, u1 if stats.causal else U)
-                stats.tile(site.layer, seq, u0, pw, ent)
-                u0 = u1
-
-        hooks = {"k": hook}
+        hooks = {"attend": one_pass(stats, seqs, chunk)}
         if reference is not None:
             ref_seqs = make_sequences(lm, batch, reference, tg, device, ex, un)
             for seq in ref_seqs:

@@ -23,6 +23,8 @@ and flow run on its attention maps. Results go to ``results/attribution.json``.
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,8 @@ LOSS_METHODS = ("importance", "ablation", "pruning")
 #: Methods that gate heads or read values and head outputs through the forward helper's hook
 #: points; rollout, flow and their agreement need only the attention maps.
 HOOK_METHODS = ("importance", "ablation", "pruning", "norms", "value-zeroing")
+#: A method estimated to take longer than this many seconds says so before it starts.
+ANNOUNCE_S = 10.0
 
 
 @dataclass
@@ -103,6 +107,28 @@ def _objective(lm, options: AttributionOptions, encoded, seed: int, notes: list[
     return Objective(lm, head=head, seed=seed)
 
 
+def _forward_seconds_per_token(lm, encoded, batch_size: int, objective=None) -> float:
+    """Measured seconds per token of a forward pass over the first batch: a plain one, or with
+    ``objective`` its loss pass (what each ablation variant costs)."""
+    from attnscope.analyses.lm_objective import loss_inputs
+    from attnscope.models.forward import forward, pad_batch
+
+    chunk = encoded[:batch_size]
+    t = time.perf_counter()
+    if objective is None:
+        forward(lm, pad_batch(lm, [e.input_ids for e in chunk], [e.token_type_ids for e in chunk]))
+    else:
+        objective.run(loss_inputs(objective, chunk))
+    return (time.perf_counter() - t) / max(1, sum(len(e) for e in chunk))
+
+
+def _announce(name: str, method: str, passes: float, tokens: int, per_token: float) -> None:
+    seconds = passes * tokens * per_token
+    if seconds >= ANNOUNCE_S:
+        print(f"attribution: {name} takes about {seconds:.0f} s ({passes:.0f} forward passes of "
+              f"{tokens} tokens); --attribution-methods without {method} skips it", file=sys.stderr)
+
+
 def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *, seed: int = 0,
                     max_seq_len: int = 128, batch_size: int = 16, progress=None):
     """Run the selected methods and write tables, figures and ``results/attribution.json``."""
@@ -118,7 +144,7 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
     from attnscope.analyses.lm_objective import encode_examples
     from attnscope.analyses.norms import NormDecomposer, NormShares, example_norm_maps
     from attnscope.analyses.rollout import attention_flow, attention_rollout
-    from attnscope.analyses.value_zeroing import MAX_VZ_TOKENS, value_zeroing
+    from attnscope.analyses.value_zeroing import MAX_VZ_TOKENS, forward_passes, value_zeroing
     from attnscope.models.loading import seed_everything
     from attnscope.report.attribution import write_attribution
     from attnscope.report.results import family_results, write_json
@@ -140,6 +166,7 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
         pick = min(range(len(encoded)), key=lambda i: (len(encoded[i]), i))
     if not 0 <= pick < len(encoded):
         raise AttnscopeError(f"--attribution-example {options.attribution_example}: only {len(encoded)} examples were analysed")
+    tokens = sum(len(e) for e in encoded)
     needs_loss = any(m in methods for m in LOSS_METHODS) or "rollout" in methods
     objective = _objective(lm, options, encoded, seed, notes) if needs_loss else None
     results: dict[str, Any] = {}
@@ -159,6 +186,8 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
                 means = hm.finalize().arrays["mean"]
             for mode in modes:
                 ab = AblationEffect(objective, mode=mode, means=means, batch_size=batch_size)
+                _announce(f"{mode} ablation", "ablation", ab.forward_passes(), tokens,
+                          _forward_seconds_per_token(lm, encoded, batch_size, objective))
                 ab.update(encoded)
                 results[f"ablation-{mode}"] = ab.finalize()
                 step(f"attribution: {mode} ablation", 1, 1)
@@ -194,6 +223,8 @@ def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *,
                              f"--flow-max-tokens {options.flow_max_tokens}")
         if "value-zeroing" in methods:
             if len(e) <= MAX_VZ_TOKENS:
+                _announce("value zeroing", "value-zeroing", forward_passes(lm, len(e)), len(e),
+                          _forward_seconds_per_token(lm, [e], 1))
                 example["value_zeroing"] = value_zeroing(lm, e)
             else:
                 notes.append(f"value zeroing of example {e.index} skipped: {len(e)} tokens is above "

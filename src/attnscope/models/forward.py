@@ -15,11 +15,15 @@ Hook points, called once per layer in layer order (shapes per layer)::
     "attn"      [B Hq T T]   attention probabilities (rows over unmasked keys sum to 1)
     "head_out"  [B T Hq d]   each head's output (its attention-weighted values), before the
                              layer's output projection; a hook may return a replacement
+    "attend"    [B Hq T d]   the queries, when the layer's attention is about to be computed; a
+                             hook may return the heads' outputs ``[B T Hq d]`` itself, and then
+                             the layer's own attention does not run (when no probabilities are
+                             requested: the streaming engine's one pass)
 
 A hook is ``fn(site, tensor) -> tensor | None``; :class:`Site` carries the layer index, the
 attention module, all of q/k/v, the additive mask and the scaling, so a hook can recompute
 anything the layer computes (the streaming statistics do exactly that). Returning a tensor
-replaces the value at that point (only for ``"head_out"``: ablation, gating).
+replaces the value at that point (only for ``"head_out"``: ablation, gating; and ``"attend"``).
 
 Inputs and gates may live on the CPU: :func:`forward` moves them to the model's device
 (``load_model(..., device=)``); outputs and hook tensors stay on that device, so a consumer
@@ -29,6 +33,12 @@ calls ``.cpu()`` before ``.numpy()``.
 nothing, gate 0 removes the head's contribution (zero ablation). Gates of shape ``[B L H]``
 give each sequence of the batch its own gates, so one backward pass yields every example's
 own ``dL_b/d gate`` (head importance needs per-example gradient magnitudes).
+
+``layers=(a, b)`` with ``hidden`` ``[B T D]`` runs only layers ``a .. b-1``, the first of them on
+``hidden`` (the input of layer ``a``, e.g. ``hidden_states[a]`` of an earlier pass); the other
+layers are skipped (their input is passed through). So ``hidden_states[b]`` (and, when
+``b = L``, the model's final output) are those of the full model, at the cost of ``b - a``
+layers: many variants of one example (ablations, value zeroing) start from its cached input.
 
 When no hook needs the probabilities, the layer's output comes from torch's fused
 ``scaled_dot_product_attention``; otherwise from the family's own eager code.
@@ -43,6 +53,7 @@ When no hook needs the probabilities, the layer's output comes from torch's fuse
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import sys
 from collections.abc import Callable, Sequence
@@ -53,7 +64,7 @@ from attnscope.errors import AttnscopeError
 
 #: The name attnscope's attention function is registered under in transformers.
 ATTN_IMPLEMENTATION = "attnscope"
-HOOK_POINTS = ("q", "k", "v", "attn", "head_out")
+HOOK_POINTS = ("q", "k", "v", "attend", "attn", "head_out")
 
 Hook = Callable[["Site", Any], Any]
 
@@ -194,7 +205,8 @@ def install(model) -> bool:
 
 def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
             hooks: dict[str, Hook | Sequence[Hook]] | None = None, gates: Any = None,
-            grad: bool = False, lean_mask: bool = False, **model_kwargs) -> ForwardOutput:
+            grad: bool = False, lean_mask: bool = False, layers: tuple[int, int] | None = None,
+            hidden: Any = None, **model_kwargs) -> ForwardOutput:
     """Run ``lm`` on a padded batch; see the module docstring for hooks and gates.
 
     ``attentions``: also return each layer's ``[B H T T]`` probabilities (with autograd when
@@ -203,7 +215,8 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
     the model (e.g. ``output_hidden_states=True``). ``lean_mask``: when no probabilities are
     needed, build transformers' sdpa mask (None for plain causal input without padding) instead
     of a float ``[B 1 T T]`` one, which at 16k tokens alone takes 1 GB; hooks then read the
-    mask with :meth:`Site.allowed`.
+    mask with :meth:`Site.allowed`. ``layers``, ``hidden``: run only some layers (module
+    docstring).
     """
     import torch
 
@@ -226,20 +239,62 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
             raise AttnscopeError(f"{lm.name}: its transformers code does not route attention through "
                                  "AttentionInterface, so attnscope cannot hook its heads (only the "
                                  "attention maps are available)")
-        with context:
+        with context, _only_layers(lm, *(layers or (0, lm.num_layers)), hidden):
             out = lm.model(**kwargs, output_attentions=attentions)
         return ForwardOutput(out, list(out.attentions) if attentions else None)
-    state = _Pass(hooks=hooks, gates=gates, attentions=[] if attentions else None, lean_mask=lean_mask)
+    first, last = (0, lm.num_layers) if layers is None else layers
+    state = _Pass(hooks=hooks, gates=gates, attentions=[] if attentions else None, lean_mask=lean_mask,
+                  layer=first)
     token = _ACTIVE.set(state)
     try:
-        with context:
+        with context, _only_layers(lm, first, last, hidden):
             out = lm.model(**kwargs)
     finally:
         _ACTIVE.reset(token)
-    if state.layer != lm.num_layers:
-        raise AttnscopeError(f"{lm.name}: attention ran {state.layer} times for {lm.num_layers} layers; "
+    if state.layer != last:
+        raise AttnscopeError(f"{lm.name}: attention ran {state.layer - first} times for {last - first} layers; "
                              "attnscope's hook points assume one self-attention call per layer")
     return ForwardOutput(out, state.attentions)
+
+
+def layer_modules(lm) -> list:
+    """The model's ``L`` transformer layers in order (transformers' ``GradientCheckpointingLayer``)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    found = [m for m in lm.model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if len(found) != lm.num_layers:
+        raise AttnscopeError(f"{lm.name}: found {len(found)} transformer layers for {lm.num_layers}; "
+                             "running only some layers needs one module per layer")
+    return found
+
+
+@contextlib.contextmanager
+def _only_layers(lm, first: int, last: int, hidden):
+    """Within the block, layers outside ``first .. last-1`` pass their input through and layer
+    ``first`` reads ``hidden`` instead of its input (all layers run when ``first .. last`` is
+    all of them)."""
+    if (first, last) == (0, lm.num_layers):
+        yield
+        return
+    if not 0 <= first < last <= lm.num_layers or hidden is None:
+        raise ValueError(f"layers must be 0 <= first < last <= {lm.num_layers} with the hidden "
+                         f"states entering layer first; got {(first, last)}")
+    modules = layer_modules(lm)
+
+    def skip(hidden_states, *args, **kwargs):
+        return hidden_states
+
+    def enter(hidden_states, *args, _run=modules[first].forward, **kwargs):
+        return _run(hidden.to(hidden_states.device, hidden_states.dtype), *args, **kwargs)
+
+    patched = [i for i in range(lm.num_layers) if not first < i < last]
+    try:
+        for i in patched:  # an instance attribute shadows the class's forward
+            modules[i].forward = enter if i == first else skip
+        yield
+    finally:
+        for i in patched:
+            del modules[i].forward
 
 
 # -- the attention function ----------------------------------------------------------------
@@ -263,14 +318,19 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     for point, tensor in (("q", query), ("k", key), ("v", value)):
         for hook in state.hooks.get(point, ()):
             hook(site, tensor)
-    if state.needs_probs:
+    out = probs = None
+    for hook in state.hooks.get("attend", ()):
+        given = hook(site, query)
+        if given is not None and not state.needs_probs:
+            out = given  # the heads' outputs came from a hook: the layer's own attention is skipped
+    if out is None and state.needs_probs:
         out, probs = _family_eager(module)(module, query, key, value, attention_mask, scaling=scaling,
                                            dropout=dropout, **kwargs)
         for hook in state.hooks.get("attn", ()):
             hook(site, probs)
         if state.attentions is not None:
             state.attentions.append(probs)
-    else:
+    elif out is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         out, probs = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
