@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.errors import AttnscopeError
-from attnscope.scale import RAY_EXTRA
+from attnscope.on_ray import RAY_EXTRA
 from attnscope.store.writer import WriteError
 
 #: Object store of a local cluster started by attnscope (Ray's default is 30% of memory; on a
