@@ -24,6 +24,7 @@ from attnscope.families.general import General
 from attnscope.families.syntax import Syntax
 from attnscope.pipeline import RunConfig, run_pipeline
 from attnscope.report.html import network_references
+from tests.test_faults_run import _stable  # a results file without its times
 
 TEXT = ("The cat sat on the mat.\nIt was warm there.\nThe dog watched it.\n\n"
         "A second document starts here.\nIt has two sentences.\n")
@@ -36,19 +37,6 @@ class Calls:
     def __init__(self):
         self.count = {}
         self.fail = set()
-
-
-#: Keys of a results file that hold times, which differ from run to run.
-TIMES = {"seconds", "analysis_seconds", "seconds_per_epoch"}
-
-
-def _timeless(d):
-    """``d`` without its times, to compare the numbers of two runs."""
-    if isinstance(d, dict):
-        return {k: _timeless(v) for k, v in d.items() if k not in TIMES}
-    if isinstance(d, list):
-        return [_timeless(v) for v in d]
-    return d
 
 
 def _counted(base, calls):
@@ -177,8 +165,8 @@ def test_no_file_refers_to_the_network(tmp_path, fake, inputs, debug_bert):
 def test_same_arguments_same_numbers(tmp_path, fake, inputs, debug_bert):
     a = run_pipeline(_config(inputs), tmp_path / "a", model=debug_bert).results_json
     b = run_pipeline(_config(inputs), tmp_path / "b", model=debug_bert).results_json
-    assert _timeless(a["results"]) == _timeless(b["results"])
-    assert _timeless(a["families"]) == _timeless(b["families"])
+    assert _stable(a["results"]) == _stable(b["results"])
+    assert _stable(a["families"]) == _stable(b["families"])
 
 
 def test_interrupted_run_resumes_without_redoing_finished_families(tmp_path, fake, inputs, debug_bert):
@@ -202,7 +190,7 @@ def test_interrupted_run_resumes_without_redoing_finished_families(tmp_path, fak
     fresh = run_pipeline(_config(inputs), tmp_path / "fresh", model=debug_bert)
     # the resumed family's view links are kept
     assert html.count('class="head-view"') == fresh.report.read_text().count('class="head-view"') >= 1
-    assert _timeless(outcome.results_json["results"]) == _timeless(fresh.results_json["results"])
+    assert _stable(outcome.results_json["results"]) == _stable(fresh.results_json["results"])
     # Other arguments cannot resume this run; --overwrite starts again.
     with pytest.raises(AttnscopeError, match="cannot resume"):
         run_pipeline(_config(inputs, seed=1), out, resume=True, model=debug_bert)
