@@ -4,9 +4,9 @@ Same inputs (UD EWT dev sentences as ``words``, token level, the packaged model 
 same plan (length-sorted batches of 16, shards of 128), same analyses (every registered
 analysis that folds maps and needs nothing else), each run writing a float16 store:
 
-(a) one process: the Ray worker's own code (:class:`attnscope.scale.ray.UnitWorker`) called
+(a) one process: the Ray worker's own code (:class:`attnscope.on_ray.cluster.UnitWorker`) called
     here over the same units, no Ray at all: the work itself;
-(b) Ray, 1 worker: :func:`attnscope.scale.ray.extract_on_ray` on a local cluster;
+(b) Ray, 1 worker: :func:`attnscope.on_ray.cluster.extract_on_ray` on a local cluster;
 (c) Ray, 2 workers: the same with two actors (one model each).
 
 Ray's fixed start-up cost is shown in two parts: starting the local cluster (``ray.init``),
@@ -54,7 +54,7 @@ def analyses_for(lm) -> list:
 
 def one_process(examples, out: Path, lm, options, shard_size: int) -> tuple[float, list, int]:
     """The workers' code in this process: plan, units, run each unit, merge in unit order."""
-    from attnscope.scale.ray import UnitWorker, plan_units
+    from attnscope.on_ray.cluster import UnitWorker, plan_units
     from attnscope.store.writer import open_store_job
 
     t0 = time.perf_counter()
@@ -76,7 +76,7 @@ def one_process(examples, out: Path, lm, options, shard_size: int) -> tuple[floa
 
 
 def on_ray(examples, out: Path, lm, options, shard_size: int, workers: int) -> tuple[float, list]:
-    from attnscope.scale.ray import extract_on_ray
+    from attnscope.on_ray.cluster import extract_on_ray
 
     t0 = time.perf_counter()
     res = extract_on_ray(examples, out, lm, options=options, shard_size=shard_size, workers=workers,
@@ -123,7 +123,7 @@ def main() -> None:
     from attnscope.data.depparse import iter_depparse
     from attnscope.extract import ExtractOptions
     from attnscope.models import load_model
-    from attnscope.scale.ray import worker_runtime_env
+    from attnscope.on_ray.cluster import worker_runtime_env
 
     examples = list(iter_depparse(args.data))[: args.limit]
     lm = load_model(args.model)

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from tests.test_serve_app import TEXTS, build_store, write_results
+from tests.test_serve_app import TEXTS, build_store
 
 pytestmark = pytest.mark.browser
 
@@ -31,7 +31,10 @@ def viewer(tmp_path_factory, debug_bert):
 
     root = tmp_path_factory.mktemp("viewer")
     store = build_store(root / "store", debug_bert)
-    server, url = start(create_app(store, write_results(root / "out", 2, 2)))
+    from attnscope.pipeline import run_family
+
+    run_family("general", {"text": store}, root / "out", model=debug_bert)  # what analyze general writes
+    server, url = start(create_app(store, root / "out"))
     yield url, store
     server.shutdown()
 

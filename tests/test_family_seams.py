@@ -154,17 +154,25 @@ def test_demo_report_says_its_sample_is_too_small(tmp_path, default_model):
 
 
 def test_an_unfinished_store_is_refused(tmp_path, capsys, debug_bert):
-    """A store whose extraction was killed would give numbers over part of a corpus."""
+    """A store whose extraction was killed would give numbers over part of a corpus. The store
+    is what an interrupted extraction leaves: its first shard written, the manifest still
+    "incomplete"."""
     from attnscope.data.io import example_from_dict
     from attnscope.extract.runner import ExtractOptions
     from attnscope.store import extract_to_store
 
     store = tmp_path / "maps"
-    extract_to_store([example_from_dict({"text": "the cat sat on the mat"}, 0)], store, debug_bert,
-                     options=ExtractOptions())
+
+    def interrupt(done, tokens):  # Ctrl-C once the first batch is written
+        raise KeyboardInterrupt
+
+    examples = [example_from_dict({"text": t}, i) for i, t in enumerate(["the cat sat on the mat",
+                                                                        "a dog ran to the house"])]
+    with pytest.raises(KeyboardInterrupt):
+        extract_to_store(examples, store, debug_bert, options=ExtractOptions(batch_size=1), shard_size=1,
+                         progress=interrupt)
     manifest = json.loads((store / "manifest.json").read_text())
-    manifest["status"] = "running"
-    (store / "manifest.json").write_text(json.dumps(manifest))
+    assert manifest["status"] == "incomplete" and len(list((store / "shards").iterdir())) == 1
     rc = main(["analyze", "general", str(store), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "unfinished store" in err and str(store) in err

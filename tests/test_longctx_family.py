@@ -33,7 +33,22 @@ def _run(tmp_path, lm, text=DOCS, suffix=".txt", max_seq_len=64, **opts):
     return prepared, fam.run(prepared, options, ctx), ctx
 
 
-def test_registered():
+def test_sink_is_the_pooled_mass_on_the_first_token(tmp_path, llama):
+    """The family's [L, H] sink array, worked out from the model's own attention probabilities
+    (transformers' ``output_attentions``) of the same documents: the mass on token 0 pooled over
+    every row i >= 1 of every document."""
+    import torch
+
+    prepared, _, ctx = _run(tmp_path, llama)
+    num, rows = 0.0, 0
+    for doc in prepared.data["documents"]:
+        with torch.no_grad():
+            out = llama.model(input_ids=torch.tensor([doc.ids]), output_attentions=True)
+        attn = torch.stack(out.attentions)[:, 0].double().numpy()  # [L H n n]
+        num, rows = num + attn[:, :, 1:, 0].sum(-1), rows + attn.shape[2] - 1
+    assert rows == 27 + 32 + 9 - 3  # three documents of 27, 32 and 9 tokens
+    data = json.loads((ctx.out_dir / "results" / "longctx.json").read_text())
+    np.testing.assert_allclose(np.asarray(data["arrays"]["sink"]["data"]), num / rows, atol=1e-6)
     assert "longctx" in {f.key for f in load_families()}
 
 

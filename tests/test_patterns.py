@@ -444,12 +444,30 @@ def test_key_concentration_gaussian_reference():
 
 
 def test_section_renders_in_the_html_report(debug_bert, tmp_path):
-    from attnscope.report.html import network_references, write_head_views, write_report
+    from attnscope.report.html import (
+        network_references,
+        view_file_name,
+        write_head_views,
+        write_report,
+    )
 
     out = tmp_path / "out"
     sec = _run(debug_bert, _write_jsonl(tmp_path / "ex.jsonl", EXAMPLES), out)
     links = write_head_views(sec, out)
-    assert links and all((out / link["href"]).is_file() for link in links)
+    # one page per best head, opening on that head of its example's map
+    from attnscope.viz.encoding import decode
+    from tests.test_viz_pages import payload_of
+
+    want: dict = {}
+    for la, h, i, label in sec.best_heads:
+        want.setdefault(view_file_name(sec.key, label, la, h), (la, h, i))
+    assert [link["href"] for link in links] == list(want) and len(want) >= 1
+    for link in links:
+        layer, head, index = want[link["href"]]
+        p = payload_of((out / link["href"]).read_text(encoding="utf-8"))
+        assert (p["state"]["layer"], p["state"]["heads"], p["index"]) == (layer, [head], index)
+        assert p["tokens"] == sec.maps[index].tokens
+        np.testing.assert_allclose(decode(p["attn"]), sec.maps[index].attn, atol=0.5 / 255 + 1e-6)
     prov = {"model": debug_bert.describe(), "data": [], "seeds": {"run": 0}, "command": "test",
             "elapsed_s": 1.0, "versions": {"attnscope": "0"}}
     page = write_report([sec], out, provenance=prov, links={"patterns": links}).read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""Extraction and analyses on Ray (attnscope.scale.ray) against the single-process run.
+"""Extraction and analyses on Ray (attnscope.on_ray.cluster) against the single-process run.
 
 One local cluster (``ray.init(num_cpus=2)``) for the whole module; tiny random models. Skipped
 when Ray is not installed (``pip install -e ".[ray]"``), except the checks that need no Ray.
@@ -103,7 +103,7 @@ def assert_same_store(local: Path, ray_store: Path) -> None:
 @pytest.fixture(scope="module")
 def cluster():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
-    from attnscope.scale.ray import worker_runtime_env
+    from attnscope.on_ray.cluster import worker_runtime_env
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Ray runs each 1-CPU actor with one torch thread; float32 sums depend on the thread count,
@@ -120,7 +120,7 @@ def cluster():
 # -- no Ray needed ---------------------------------------------------------------------------
 
 def test_the_cli_and_the_library_never_import_ray():
-    code = ("import sys, attnscope, attnscope.cli.main, attnscope.pipeline, attnscope.scale\n"
+    code = ("import sys, attnscope, attnscope.cli.main, attnscope.pipeline, attnscope.on_ray\n"
             "assert 'ray' not in sys.modules, 'ray was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=str(SRC)))
 
@@ -146,7 +146,7 @@ def test_ray_flag_without_ray_is_one_line_naming_the_extra(tmp_path, monkeypatch
 
 def test_units_end_on_shard_boundaries_and_cover_the_plan(debug_bert):
     from attnscope.extract import Extractor
-    from attnscope.scale.ray import plan_units
+    from attnscope.on_ray.cluster import plan_units
 
     exs = corpus(50)
     ex = Extractor(debug_bert, ExtractOptions(batch_size=3, window=20))
@@ -161,7 +161,7 @@ def test_units_end_on_shard_boundaries_and_cover_the_plan(debug_bert):
 
 
 def test_store_and_analyses_equal_the_single_process_run(cluster, debug_bert, tmp_path):
-    from attnscope.scale.ray import extract_on_ray
+    from attnscope.on_ray.cluster import extract_on_ray
 
     exs = corpus(70)
     opts = ExtractOptions(batch_size=4)
@@ -181,8 +181,8 @@ def test_store_and_analyses_equal_the_single_process_run(cluster, debug_bert, tm
 def test_word_level_decoder_with_dependencies_without_a_store(cluster, debug_gpt2):
     """No store: analyses see float32 maps, as ``run_analyses(extract(...))`` does."""
     from attnscope.data.depparse import iter_depparse
+    from attnscope.on_ray.cluster import extract_on_ray
     from attnscope.pipeline import demo_inputs
-    from attnscope.scale.ray import extract_on_ray
 
     exs = list(iter_depparse(demo_inputs()["deps"]))
     opts = ExtractOptions(batch_size=3, word_level=True)
@@ -199,7 +199,7 @@ def test_word_level_decoder_with_dependencies_without_a_store(cluster, debug_gpt
 
 
 def test_a_bad_example_on_a_worker_is_one_line_and_leaves_no_store(cluster, debug_bert, tmp_path):
-    from attnscope.scale.ray import extract_on_ray
+    from attnscope.on_ray.cluster import extract_on_ray
 
     with pytest.raises(AttnscopeError) as info:
         extract_on_ray(corpus(40), tmp_path / "s", debug_bert, shard_size=8, workers=2,
@@ -236,7 +236,7 @@ def test_analyze_general_on_ray_folds_on_the_workers_and_equals_local(cluster, t
     from attnscope.cli.main import main
     from attnscope.extract.runner import Extractor
     from attnscope.families import general
-    from attnscope.scale import ray as ray_mod
+    from attnscope.on_ray import cluster as ray_mod
 
     inp = tmp_path / "in.json"
     inp.write_text(json.dumps([e.to_dict() for e in corpus(40, seed=2)]))
@@ -289,8 +289,8 @@ def test_analyze_general_on_ray_folds_on_the_workers_and_equals_local(cluster, t
 @pytest.mark.slow  # about 50 s here: two syntax runs with their figures
 def test_analyze_syntax_on_ray_scores_the_heads_on_the_workers(cluster, debug_bert, tmp_path, monkeypatch):
     """Syntax without --train: DependencyHeads folds on the workers; same results/syntax.json."""
+    from attnscope.on_ray import cluster as ray_mod
     from attnscope.pipeline import demo_inputs, run_family
-    from attnscope.scale import ray as ray_mod
 
     deps = {"deps": demo_inputs()["deps"]}
     monkeypatch.setattr(ray_mod, "UNIT_EXAMPLES", 4)  # 12 sentences in 3 units
@@ -356,7 +356,7 @@ def test_streaming_long_context_statistics_merge_exactly(cluster):
     from attnscope.analyses.longctx import LongContextStats
     from attnscope.analyses.streaming import stream_stats
     from attnscope.models import load_model
-    from attnscope.scale.ray import stream_stats_on_ray
+    from attnscope.on_ray.cluster import stream_stats_on_ray
 
     lm = load_model("debug:llama")
     rng = random.Random(3)
@@ -393,7 +393,7 @@ def test_analyze_longctx_on_ray_streams_on_the_workers_and_equals_local(cluster,
 def test_a_killed_worker_still_ends_in_the_same_store_and_results(cluster, debug_bert, tmp_path):
     """kill -9 of the actor's process in the middle of a unit: Ray Data starts a new actor and
     runs the unit again (Ray 2.60 retries without limit); the store and results are identical."""
-    from attnscope.scale.ray import extract_on_ray
+    from attnscope.on_ray.cluster import extract_on_ray
 
     exs = corpus(60, seed=5)
     opts = ExtractOptions(batch_size=4)
@@ -410,7 +410,7 @@ def test_a_killed_worker_still_ends_in_the_same_store_and_results(cluster, debug
 @pytest.mark.slow
 def test_a_killed_driver_leaves_a_store_that_resume_completes_identically(cluster, debug_bert, tmp_path):
     from attnscope.data.sources import open_input_store
-    from attnscope.scale.ray import extract_on_ray
+    from attnscope.on_ray.cluster import extract_on_ray
 
     exs = corpus(600, seed=7, longest=60)
     inp = tmp_path / "in.json"

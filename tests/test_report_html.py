@@ -134,7 +134,15 @@ def test_rendered_page_escapes_and_has_no_network_reference(tmp_path):
     assert not re.search(r"https?:|ftp:", local, re.I) and "//" not in local
     for anchor in ("summary", "sec-general", "provenance", "toc"):
         assert f'id="{anchor}"' in html
-    assert html.count("<img ") == 1
+    # the one figure is its PNG file, byte for byte; the table's and the paper's numbers are
+    # formatted to three significant figures (0.25 -> 0.250, 81.25 -> 81.2), a missing one as "–"
+    png = next(p for p in s.figures[0].paths if p.suffix == ".png").read_bytes()
+    assert re.findall(r'<img src="data:image/png;base64,([^"]+)"', html) == [base64.b64encode(png).decode()]
+    rows = re.findall(r"<tr>(.*?)</tr>", html, re.S)
+    for want in ('<td>1-1</td><td class="num">0.250</td>', '<td>2-3</td><td class="num">0.500</td>',
+                 '<td>&lt;script&gt;alert(1)&lt;/script&gt;</td><td>–</td>',
+                 '<td>det head</td><td class="num">94.3</td><td class="num">81.2</td>'):
+        assert want in rows, want
     assert "finding one of general" in html and "score = sum_j a_ij / n" in html
     assert not list(tmp_path.glob(".report.html.*"))  # the atomic write left no temporary file
 

@@ -33,12 +33,25 @@ def _sentences():
             yield key, sent
 
 
-def test_every_demo_file_exists_and_is_original_sample():
+def test_every_demo_file_is_a_declared_sample_listed_in_the_readme():
+    """The demo's inputs are the samples its families declare, every file of the packaged
+    folder is one of them (or the README), and the README's table lists exactly them, with the
+    sentence and document counts the readers find."""
+    import re
+
     paths = demo_inputs()
-    assert set(paths) == {"text", "deps", "deps_train", "coref"}
-    for p in paths.values():
-        assert p.is_file(), p
-    assert (paths["text"].parent / "README.md").is_file()
+    assert {k: p.name for k, p in paths.items()} == {
+        "text": "text.txt", "deps": "deps-dev.conllu", "deps_train": "deps-train.conllu",
+        "coref": "coref.conllu"}
+    root = paths["text"].parent
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith("__")) == sorted(
+        [p.name for p in paths.values()] + ["README.md"])
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `([^`]+)` \|", readme, flags=re.M)
+    assert sorted(listed) == sorted(p.name for p in paths.values())
+    coref = [sent for key, sent in _sentences() if key == "coref"]
+    assert "coref.conllu` | two short original documents (14 sentences)" in readme and len(coref) == 14
+    assert len(list(read_documents(paths["text"]))) == 4 and "four short original texts (30 sentences)" in readme
 
 
 def test_text_reads_as_documents():

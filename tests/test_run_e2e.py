@@ -66,15 +66,30 @@ def test_every_promised_file(run_dir):
 
 
 def test_results_json_records_everything(run_dir):
+    import hashlib
+
+    from attnscope.models import load_model
+    from attnscope.report.results import ResultsFolder
+
     res = json.loads((run_dir / "results.json").read_text())
     assert set(res["families"]) == {"general", "syntax", "coref"}
     assert {f: v["status"] for f, v in res["families"].items()} == dict.fromkeys(res["families"], "done")
     prov = res["provenance"]
-    assert prov["model"]["name"] == "debug:bert" and len(prov["model"]["weights_sha256"]) == 64
-    assert [d["role"] for d in prov["data"]] == ["text", "deps", "deps-train", "coref"]
-    assert all(len(d["sha256"]) == 64 for d in prov["data"])
+    assert prov["model"]["name"] == "debug:bert"
+    # run loads the model with its masked-LM head (for the gradients): the same seeded weights
+    assert prov["model"]["weights_sha256"] == load_model("debug:bert", mlm_head=True).weights_hash
+    root = run_dir.parent
+    files = {"text": root / "text.txt", "deps": root / "dev.conllu", "deps-train": root / "train.conllu",
+             "coref": demo_inputs()["coref"]}
+    assert [d["role"] for d in prov["data"]] == list(files)
+    for d in prov["data"]:  # each input's hash and size, worked out here from the file
+        data = files[d["role"]].read_bytes()
+        assert (d["sha256"], d["bytes"]) == (hashlib.sha256(data).hexdigest(), len(data)), d["role"]
     assert prov["command"].startswith("attnscope ")
-    assert set(res["results"]) >= {"general", "syntax", "coref"}
+    # results.json holds each family's results file as written, read back through the one reader
+    found = ResultsFolder(run_dir)
+    assert found.keys() == ["coref", "general", "syntax"] and found.problems == []
+    assert {k: res["results"][k] for k in found.keys()} == {k: found.get(k) for k in found.keys()}
 
 
 def test_report_has_each_section_and_links(run_dir):
@@ -83,8 +98,15 @@ def test_report_has_each_section_and_links(run_dir):
         assert f'id="{anchor}"' in html, anchor
     assert "paper (BERT-base)" in html  # paper numbers beside ours
     assert "Method notes" in html
-    for href in re.findall(r'class="head-view" href="([^"]+)"', html):
-        assert (run_dir / href).is_file(), href
+    # a link to every head-view page, each opening on the head its name says (1-indexed L-H)
+    from tests.test_viz_pages import payload_of
+
+    hrefs = re.findall(r'class="head-view" href="([^"]+)"', html)
+    assert hrefs and sorted(set(hrefs)) == sorted(f"views/{p.name}" for p in (run_dir / "views").glob("*.html"))
+    for href in hrefs:
+        layer, head = (int(x) for x in re.fullmatch(r"views/.*-(\d+)-(\d+)\.html", href).groups())
+        state = payload_of((run_dir / href).read_text(encoding="utf-8"))["state"]
+        assert (state["layer"], state["heads"]) == (layer - 1, [head - 1]), href
     for fam in ("general", "syntax", "coref"):
         res = json.loads((run_dir / "results.json").read_text())["families"][fam]["section"]
         for fig in res["figures"]:

@@ -24,37 +24,26 @@ def build_store(path, lm, texts=TEXTS, shard_size=2):
     return path
 
 
-def write_results(folder, L, H):
-    from attnscope.analyses.base import Result
-
-    rows = [{"layer": layer, "head": h, "name": f"{layer + 1}-{h + 1}", "x": float(layer), "y": float(h),
-             "behaviour": "broad" if h else "next"} for layer in range(L) for h in range(H)]
-    (folder / "results").mkdir(parents=True)
-    Result("clustering", tables={"heads": rows}).save(folder / "results" / "clustering.json")
-    ent = np.arange(L * H, dtype=float).reshape(L, H)
-    Result("entropy", arrays={"entropy": ent},
-           tables={"per_relation": [{"layer": 0, "head": 0, "acc": 1.0},
-                                    {"layer": 0, "head": 0, "acc": 0.5}]}).save(
-        folder / "results" / "entropy.json")
-    (folder / "results" / "broken.json").write_text("{not json", encoding="utf-8")
-    (folder / "tables").mkdir()
-    (folder / "tables" / "offsets.csv").write_text(
-        "layer,head,name,prev\n" + "".join(f"{i},{h},{i + 1}-{h + 1},{0.1 * (i + h):.1f}\n"
-                                           for i in range(L) for h in range(H)), encoding="utf-8")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory, debug_bert):
     return build_store(tmp_path_factory.mktemp("serve") / "store", debug_bert)
 
 
+@pytest.fixture(scope="module")
+def general_out(store_path, debug_bert):
+    """What ``attnscope analyze general STORE`` writes for the store (the real producer)."""
+    from attnscope.pipeline import run_family
+
+    out = store_path.parent / "general"
+    run_family("general", {"text": store_path}, out, model=debug_bert)
+    return out
+
+
 @pytest.fixture
-def client(store_path, tmp_path):
+def client(store_path, general_out):
     from attnscope.serve.app import create_app
 
-    app = create_app(store_path, write_results(tmp_path / "out", 2, 2))
-    return app.test_client()
+    return create_app(store_path, general_out).test_client()
 
 
 def test_app_opens_lazily(store_path, monkeypatch):
@@ -104,18 +93,45 @@ def test_neuron_route(client):
     assert decode(p["query"]).shape[0] == 2
 
 
-def test_results_are_read(client):
+def test_results_are_read(client, store_path, general_out, tmp_path):
+    """The general family's results of the store: its per-head table as [L][H] grids (checked
+    against the stored maps) and its MDS placement of the heads as the scatter."""
+    from attnscope.serve.app import create_app
+    from attnscope.store import open_store
+
     r = client.get("/api/results").get_json()
-    names = [s["name"] for s in r["stats"]]
-    assert "entropy: entropy" in names and "offsets.prev" in names
-    assert not any("per_relation" in n for n in names)  # not one row per head: left out
-    ent = next(s for s in r["stats"] if s["name"] == "entropy: entropy")["values"]
-    assert ent == [[0.0, 1.0], [2.0, 3.0]]
-    prev = next(s for s in r["stats"] if s["name"] == "offsets.prev")["values"]
-    assert prev == [[0.0, 0.1], [0.1, 0.2]]
+    assert r["problems"] == [] and r["folder"] == str(general_out)
+    stats = {s["name"]: np.array(s["values"], dtype=float) for s in r["stats"]}
+    assert all(s["source"] == "results/general.json" for s in r["stats"])
+    # previous-token attention worked out from the stored maps: per example
+    # sum_{i>=1} a[i, i-1] / (n - 1), then the mean over examples (paper section 3.1)
+    maps = list(open_store(store_path))
+    want = np.mean([np.diagonal(m.attn.astype(float), offset=-1, axis1=2, axis2=3).mean(-1)
+                    for m in maps], axis=0)  # [L H]
+    assert want.shape == (2, 2)
+    np.testing.assert_allclose(stats["general: general_heads.previous"], want, rtol=1e-6, atol=1e-9)
+    current = np.mean([np.diagonal(m.attn.astype(float), axis1=2, axis2=3).mean(-1) for m in maps], axis=0)
+    np.testing.assert_allclose(stats["general: general_heads.current"], current, rtol=1e-6, atol=1e-9)
+    # the scatter: every head once, at the clustering's mds_x / mds_y, with its behaviour label;
+    # those two columns are placed, not drawn as grids
+    res = json.loads((general_out / "results" / "general.json").read_text(encoding="utf-8"))
+    rows = {(x["layer"], x["head"]): x for x in res["tables"]["general_heads"]}
     pts = r["scatter"]["points"]
-    assert len(pts) == 4 and pts[3] == {"layer": 1, "head": 1, "x": 1.0, "y": 1.0, "label": "broad"}
-    assert any("broken.json" in p for p in r["problems"])
+    assert sorted((p["layer"], p["head"]) for p in pts) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for p in pts:
+        row = rows[(p["layer"], p["head"])]
+        assert (p["x"], p["y"], p["label"]) == (row["mds_x"], row["mds_y"], row["behaviour"])
+    assert len({(p["x"], p["y"]) for p in pts}) == 4  # four places, not one default
+    assert not any(n.endswith((".mds_x", ".mds_y")) for n in stats)
+    assert r["summaries"] == [{"analysis": "general", "summary": res["summary"]}]
+    # without a store, the shape comes from the results; an unreadable file is named
+    shutil.copytree(general_out, tmp_path / "out")
+    (tmp_path / "out" / "results" / "broken.json").write_text("{not json", encoding="utf-8")
+    c = create_app(None, tmp_path / "out").test_client()
+    assert c.get("/api/info").get_json()["summary"]["layers"] == 2
+    got = c.get("/api/results").get_json()
+    assert got["problems"] == ["results/broken.json: not readable as JSON"]
+    assert [s["name"] for s in got["stats"]] == [s["name"] for s in r["stats"]]
 
 
 def readme_syntax(root):

@@ -102,7 +102,7 @@ def test_the_window_payload_is_strict_json(map_factory):
 
 
 def test_show_head_view_of_a_long_bertviz_style_input():
-    from attnscope.show import head_view
+    from attnscope.notebook import head_view
     from tests.test_viz_pages import payload_of
 
     n = 600  # above the default threshold of 512 units

@@ -52,7 +52,7 @@ def test_page_is_self_contained_and_escapes_tokens(map_factory):
 def test_notebook_view_object(tmp_path, debug_bert):
     import torch
 
-    from attnscope.show import head_view, model_view, neuron_view
+    from attnscope.notebook import head_view, model_view, neuron_view
 
     att = tuple(torch.softmax(torch.randn(1, 2, 3, 3), -1) for _ in range(2))
     v = head_view(att, ["[CLS]", EVIL, "[SEP]"], layer=1, heads=[1], special=[1, 0, 1])
@@ -70,7 +70,7 @@ def test_notebook_view_object(tmp_path, debug_bert):
 
 
 def test_importing_views_pulls_in_no_ipython_or_flask():
-    code = ("import sys, attnscope, attnscope.show, attnscope.viz, attnscope.viz.pages; "
+    code = ("import sys, attnscope, attnscope.notebook, attnscope.viz, attnscope.viz.pages; "
             "print('IPython' in sys.modules, 'flask' in sys.modules, 'attnscope.cli' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False", "False"]

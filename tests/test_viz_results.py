@@ -15,7 +15,7 @@ import pytest
 
 from attnscope.errors import AttnscopeError
 from attnscope.viz.encoding import decode
-from attnscope.viz.results import results_payload
+from attnscope.viz.results_views import results_payload
 
 EVIL = "<script>window.pwned=1</script>"
 LONG_INPUT, WINDOW = 128, 64  # debug:llama allows 512 positions: a "long" input is made shorter
@@ -171,6 +171,22 @@ def test_serve_without_a_store(attr_out):
     assert views["attribution"]["tokens"] == _example(attr_out)["tokens"]
     with pytest.raises(AttnscopeError, match="needs a store, a results folder"):
         create_app(None, None)
+
+
+def test_serve_shows_the_longctx_arrays_per_head(longctx):
+    """An [L, H] array of a family's results is a per-head grid of the viewer: the long-context
+    sink mass, worked out from the stored map of the same document as the mean over rows i >= 1
+    of a[i, 0]."""
+    from attnscope.serve.app import create_app
+    from attnscope.store import open_store
+
+    store, out = longctx
+    got = create_app(store, out).test_client().get("/api/results").get_json()
+    assert got["problems"] == [] and got["scatter"] is None
+    stats = {s["name"]: np.asarray(s["values"], dtype=float) for s in got["stats"]}
+    attn = open_store(store)[0].attn.astype(float)  # [L H n n], float32 maps
+    np.testing.assert_allclose(stats["longctx-stats: sink"], attn[:, :, 1:, 0].mean(-1), atol=1e-6)
+    np.testing.assert_allclose(stats["longctx-stats: heads.sink"], stats["longctx-stats: sink"])
 
 
 def test_serve_sends_a_window_of_a_long_example(longctx):

@@ -118,7 +118,7 @@ def executor(ray: bool = False, workers: int = 1):
     if not ray:
         yield LocalExecutor()
         return
-    from attnscope.scale.ray import RayBatchRunner, ray_session
+    from attnscope.on_ray.cluster import RayBatchRunner, ray_session
 
     with ray_session(workers) as session:
         yield RayExecutor(RayBatchRunner(session, workers))

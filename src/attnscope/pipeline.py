@@ -35,9 +35,9 @@ from attnscope.data.io import check_writable, file_fingerprint, to_plain
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.executor import executor
 from attnscope.families import Context, Family, Prepared, check_options, load_families
+from attnscope.on_ray import check_ray
 from attnscope.report.results import ResultsFolder, read_json, write_json
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
-from attnscope.scale import check_ray
 
 #: Name of the folder (inside the output folder) holding the run's state and checkpoints.
 STATE_DIR = "run"

@@ -19,7 +19,7 @@ from attnscope.cli.options import (
     workers_option,
 )
 from attnscope.cli.output import results
-from attnscope.scale import check_ray
+from attnscope.on_ray import check_ray
 
 
 class Dtype(str, Enum):
@@ -80,7 +80,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
             lm = load_model("debug" if debug else model, seed=seed, device=device)
             with progress_bar("extract", len(examples), quiet) as advance:
                 if ray:
-                    from attnscope.scale.ray import extract_on_ray
+                    from attnscope.on_ray.cluster import extract_on_ray
 
                     stats = extract_on_ray(examples, out, lm, options=options, dtype=dtype.value,
                                            shard_size=shard_size, resume=resume, overwrite=overwrite,

@@ -109,8 +109,9 @@ def shared_params(*, model_default: str | None, model_help: str,
 QUIET = _param("quiet", bool, quiet_option())
 
 
-def engine_params() -> list[inspect.Parameter]:
-    """``--ray`` and ``--workers``, shared by ``analyze <family>`` and ``run``."""
+def executor_params() -> list[inspect.Parameter]:
+    """``--ray`` and ``--workers`` (the executor: :mod:`attnscope.executor`), shared by
+    ``analyze <family>`` and ``run``."""
     return [_param("ray", bool, ray_option()), _param("workers", int, workers_option())]
 
 
@@ -151,7 +152,7 @@ def _analyze_command(fam):
               *shared_params(model_default=None, model_help=(
                   MODEL_HELP[:-1] + "; " + (f"default: {fam.default_model}; " if fam.default_model else "")
                   + "not needed when every input is a store."), family_max_seq_len=fam.default_max_seq_len),
-              *option_params(fam), *engine_params(), QUIET]
+              *option_params(fam), *executor_params(), QUIET]
     if fam.saves_maps:
         params.append(_param("save_maps", Path | None, typer.Option(
             None, "--save-maps", help="Also keep the extracted maps as stores in this folder.",

@@ -14,7 +14,7 @@ from attnscope.cli.common import check_writable, command_line, console, step_pro
 from attnscope.cli.families import (
     QUIET,
     _param,
-    engine_params,
+    executor_params,
     input_params,
     option_params,
     shared_params,
@@ -41,13 +41,13 @@ def _run_command(families):
         quiet, out = values.pop("quiet"), values.pop("out")
         resume, overwrite = values.pop("resume"), values.pop("overwrite")
         check_writable(out, folder=True)
-        engine = {"ray": values.pop("ray"), "workers": values.pop("workers")}
+        where = {"ray": values.pop("ray"), "workers": values.pop("workers")}  # the executor
         for inp in (i for fam in families for i in fam.inputs if i.multiple):
             values[inp.name] = list(values[inp.name] or [])
         cfg = RunConfig(families=families, **values)
         with step_progress(quiet, overall=True) as progress:
             outcome = run_pipeline(cfg, out, resume=resume, overwrite=overwrite, progress=progress,
-                                   command=command_line(), **engine)
+                                   command=command_line(), **where)
         print_outcome(outcome, quiet)
 
     params = shared_params(model_default="default", model_help=MODEL_HELP)
@@ -67,7 +67,7 @@ def _run_command(families):
                                             help="Continue an interrupted run in OUT.")),
         _param("overwrite", bool, typer.Option(False, "--overwrite", show_default=False,
                                                help="Replace a run already in OUT.")),
-        *engine_params(),
+        *executor_params(),
         QUIET,
     ]
     run_cli.__doc__ = "Run every analysis the inputs allow and write OUT/report.html."

@@ -20,7 +20,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     def serve_cli(
         store: Path = typer.Argument(None, help="Store folder (attnscope extract); may be left out "
                                                 "when --results is given."),
-        results: Path = typer.Option(None, "--results", help="Analysis output folder (results/*.json, tables/*.csv)."),
+        results: Path = typer.Option(None, "--results", help="Analysis output folder (its results/*.json)."),
         host: str = typer.Option("127.0.0.1", "--host",
                                  help="Address to bind. Loopback (the default) needs no token; any "
                                       "other address gets an access token."),

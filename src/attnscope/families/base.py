@@ -209,11 +209,15 @@ class Family(ABC):
         ``ctx.out_dir``; return the report's :class:`~attnscope.report.section.Section`."""
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
-        """The panels of the results viewer that this family's ``results`` (its results file,
-        named ``source``) fill: any of ``profiles`` (a list of
-        :func:`~attnscope.viz.results.profiles_from_result` items), ``sinks`` (a list of
-        :func:`~attnscope.viz.results.sink_heatmap` items) and ``attribution`` (an
-        :func:`~attnscope.viz.results.attribution_payload`); malformed parts are named in
+        """The panels of the viewers that this family's ``results`` (its results file, named
+        ``source``) fill: for the results page, any of ``profiles`` (a list of
+        :func:`~attnscope.viz.results_views.profiles_from_result` items), ``sinks`` (a list of
+        :func:`~attnscope.viz.results_views.sink_heatmap` items) and ``attribution`` (an
+        :func:`~attnscope.viz.results_views.attribution_payload`); for the per-head panel of
+        ``attnscope serve`` (:mod:`attnscope.serve.head_stats`, which shows every per-head table
+        and ``[L, H]`` array by itself), ``grids`` (a list of
+        :func:`~attnscope.viz.results_views.relation_grids` items) and ``scatter`` (a
+        :func:`~attnscope.viz.results_views.head_scatter`). Malformed parts are named in
         ``problems``. None by default."""
         return {}
 

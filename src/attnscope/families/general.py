@@ -406,6 +406,12 @@ class General(Family):
     def wants_mlm_head(self, options: GeneralOptions) -> bool:
         return options.gradient_mode != "off"
 
+    def view(self, results: dict, source: str, problems: list[str]) -> dict:
+        """The heads placed by the clustering's MDS (Figure 6), labelled by behaviour."""
+        from attnscope.viz.results_views import head_scatter
+
+        return {"scatter": head_scatter(results, "general_heads", "mds_x", "mds_y", "behaviour", source)}
+
     def prepare(self, inputs, options: GeneralOptions, ctx: Context) -> Prepared:
         source = read_source(inputs["text"], self.inputs[0].kinds, model=ctx.model,
                              max_seq_len=ctx.max_seq_len, seed=ctx.seed,

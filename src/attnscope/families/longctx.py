@@ -76,7 +76,7 @@ class LongContext(Family):
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
         """Distance and position profiles per head, and the sink-mass heatmap."""
-        from attnscope.viz.results import profiles_from_result, sink_heatmap
+        from attnscope.viz.results_views import profiles_from_result, sink_heatmap
 
         sink = sink_heatmap(results, source)
         return {"profiles": profiles_from_result(results, source, problems),

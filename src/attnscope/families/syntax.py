@@ -424,6 +424,12 @@ class Syntax(Family):
     saves_maps = True
     order = 20
 
+    def view(self, results: dict, source: str, problems: list[str]) -> dict:
+        """Every head's accuracy per relation and direction, the overall ('all') grids first."""
+        from attnscope.viz.results_views import relation_grids
+
+        return {"grids": relation_grids(results, "accuracy", source, problems, first=ALL)}
+
     def prepare(self, inputs, options: SyntaxOptions, ctx: Context) -> Prepared:
         dev = read_syntax_input(Path(inputs["deps"]))
         train = read_syntax_input(Path(inputs["deps_train"])) if inputs.get("deps_train") else None

@@ -16,7 +16,7 @@ Routes: ``/`` the viewer; ``/api/info``; ``/api/examples?q=&offset=&limit=``;
 ``/api/example/<pos>`` (the page payload of the ``pos``-th stored example);
 ``/api/example/<pos>/neuron?layer=`` (runs the store's model, loaded on first use);
 ``/api/results`` (per-head statistics); ``/api/results-views`` (one example's attribution maps,
-per-head distance / position profiles and the sink heatmap, see :mod:`attnscope.viz.results`).
+per-head distance / position profiles and the sink heatmap, see :mod:`attnscope.viz.results_views`).
 
 ``/api/example/<pos>?offset=&window=``: an example longer than 512 units comes as a window of
 query rows (the last 256 by default) plus the first token (:func:`attnscope.viz.payload.page_payload`);
@@ -91,11 +91,11 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
     from werkzeug.exceptions import HTTPException
 
     from attnscope.serve.catalog import Catalog
-    from attnscope.serve.results import load_results, results_shape
+    from attnscope.serve.head_stats import load_results, results_shape
     from attnscope.store import open_store
     from attnscope.viz.payload import LONG_INPUT, WINDOW, page_payload
     from attnscope.viz.render import embed_json, static_text
-    from attnscope.viz.results import results_payload
+    from attnscope.viz.results_views import results_payload
 
     if store_path is None:
         if results is None:

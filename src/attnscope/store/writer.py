@@ -174,7 +174,7 @@ class StoreJob:
     """A store folder opened for writing by :func:`open_store_job`: the checked folder, the
     model's extractor, the manifest written so far and the shards already on disk (``done``).
 
-    Whoever runs the plan (this process, or the workers of :mod:`attnscope.scale.ray`) writes
+    Whoever runs the plan (this process, or the workers of :mod:`attnscope.on_ray.cluster`) writes
     the shards; :meth:`finish` then writes the index and the completed manifest, last."""
 
     root: Path

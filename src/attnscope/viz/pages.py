@@ -36,7 +36,7 @@ def results_view_html(folder, *, title: str | None = None) -> str:
     profiles, the sink-mass heatmap. Raises when the folder has none of them."""
     from attnscope.errors import AttnscopeError
     from attnscope.viz.render import render_results_page
-    from attnscope.viz.results import results_payload
+    from attnscope.viz.results_views import results_payload
 
     payload = results_payload(folder)
     if not (payload["attribution"] or payload["profiles"] or payload["sinks"]):

@@ -52,7 +52,7 @@ def render_page(payload: dict, title: str | None = None) -> str:
 
 
 def render_results_page(payload: dict, title: str | None = None) -> str:
-    """A complete HTML page of the results views (a :func:`attnscope.viz.results.results_payload`):
+    """A complete HTML page of the results views (a :func:`attnscope.viz.results_views.results_payload`):
     attribution maps, per-head profiles, sink mass. Same rules as :func:`render_page`."""
     from markupsafe import Markup
 

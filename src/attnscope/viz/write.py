@@ -55,12 +55,13 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
     "results"): then the page shows its attribution maps and long-context profiles.
     Returns ``{"html", "png", "svg", "png_size", "svg_size", "bytes", "warnings"}``.
     """
+    from attnscope.report.results import RESULTS_DIR
     from attnscope.store import open_store
     from attnscope.store.format import MANIFEST
     from attnscope.viz.pages import view_html
 
     if view == "results" or (Path(store_path).is_dir() and not (Path(store_path) / MANIFEST).exists()
-                             and (Path(store_path) / "results").is_dir()):
+                             and (Path(store_path) / RESULTS_DIR).is_dir()):
         from attnscope.viz.pages import results_view_html
 
         if png is not None or svg is not None:

@@ -11,6 +11,12 @@ Two views read what the families wrote (``results/<family>.json``), with no stor
   the maps of one example by every method that ran (raw attention averaged over heads, the norm
   of the layer's summed ``alpha f(x)``, value zeroing: ``[L n n]``; rollout and flow: ``[n n]``).
 
+Two more feed the viewer's per-head panels (:mod:`attnscope.serve.head_stats`): a head
+*scatter* (:func:`head_scatter`, e.g. the general family's MDS placement of the heads) and
+per-head *grids* of a labelled array (:func:`relation_grids`, e.g. the syntax family's accuracy
+per relation). Which family fills which panel is declared by the family
+(:meth:`attnscope.families.base.Family.view`); :func:`family_views` asks each family.
+
 Maps travel as ``f32`` blobs (:mod:`attnscope.viz.encoding`); tokens as strings that the page
 puts in with ``textContent``. Anything malformed is named in ``problems`` and left out.
 """
@@ -142,6 +148,75 @@ def attribution_payload(d: dict, source: str, problems: list[str]) -> dict | Non
             "notes": [str(x) for x in d.get("notes") or []], "methods": methods}
 
 
+def head_scatter(d: dict, table: str, x: str, y: str, label: str, source: str) -> dict | None:
+    """The heads of table ``table`` of result ``d`` placed at columns ``x``, ``y`` and labelled by
+    column ``label``: ``{"source", "table", "columns" [x, y], "points": [{"layer", "head", "x",
+    "y", "label"}]}``, or None when the table has no such rows (rows without both coordinates
+    are left out)."""
+    rows = (d.get("tables") or {}).get(table)
+    if not isinstance(rows, list):
+        return None
+    points = []
+    for r in rows:
+        if not isinstance(r, dict):
+            continue
+        px, py = r.get(x), r.get(y)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in (px, py, r.get("layer"), r.get("head"))):
+            continue
+        points.append({"layer": int(r["layer"]), "head": int(r["head"]), "x": float(px),
+                       "y": float(py), "label": str(r.get(label, ""))})
+    if not points:
+        return None
+    return {"source": f"{d.get('analysis', '?')}: {table}", "table": table, "columns": [x, y],
+            "points": points}
+
+
+def relation_grids(d: dict, name: str, source: str, problems: list[str], *,
+                   first: str | None = None) -> list[dict]:
+    """One ``[L][H]`` grid per relation (and direction) of array ``name`` of result ``d``, shaped
+    ``[R, L, H]`` or ``[R, L, H, D]`` and labelled by ``meta["relations"]`` (and
+    ``meta["directions"]``): ``[{"name": "<analysis>: <name> (<relation>[, <direction>])",
+    "source", "values" [L][H]}]``, relation ``first`` first (e.g. the overall one)."""
+    spec = (d.get("arrays") or {}).get(name)
+    if spec is None:
+        return []
+    meta = d.get("meta") or {}
+    a = _array(spec) if isinstance(spec, dict) else None
+    rels = meta.get("relations")
+    dirs = meta.get("directions") if a is not None and a.ndim == 4 else [None]
+    if a is None or a.ndim not in (3, 4) or not isinstance(rels, list) or len(rels) != a.shape[0] \
+            or not isinstance(dirs, list) or len(dirs) != (a.shape[3] if a.ndim == 4 else 1):
+        problems.append(f"{source}: array {name!r} is not [relation, layer, head(, direction)] "
+                        "labelled by its meta's relations (and directions)")
+        return []
+    a = a.reshape(*a.shape[:3], len(dirs))
+    out = []
+    for r in sorted(range(len(rels)), key=lambda r: rels[r] != first):
+        for k, direction in enumerate(dirs):
+            label = str(rels[r]) if direction is None else f"{rels[r]}, {direction}"
+            out.append({"name": f"{d.get('analysis', '?')}: {name} ({label})", "source": source,
+                        "values": [[_finite_or_none(v) for v in row] for row in a[r, :, :, k].tolist()]})
+    return out
+
+
+def family_views(found) -> list[tuple[str, str, dict, dict]]:
+    """``(key, source, results, panels)`` for every results file of ``found`` (a
+    :class:`~attnscope.report.results.ResultsFolder`) whose family is registered: ``panels`` is
+    what the family's :meth:`~attnscope.families.base.Family.view` declares; malformed parts
+    are added to ``found.problems``."""
+    from attnscope.families import FAMILIES, load_families
+
+    load_families()
+    out = []
+    for key, path, d in found.items():
+        family = FAMILIES.get(key)
+        source = f"{path.parent.name}/{path.name}"
+        panels = family().view(d, source, found.problems) if family is not None else {}
+        out.append((key, source, d, panels))
+    return out
+
+
 def results_payload(folder: str | Path) -> dict:
     """What the results views show from an analysis output folder:
     ``{"folder", "profiles", "sinks", "attribution", "problems"}`` (empty lists / None when the
@@ -156,18 +231,11 @@ def results_payload(folder: str | Path) -> dict:
     if not folder.is_dir():
         out["problems"].append(f"{folder.name}: no such results folder")
         return out
-    from attnscope.families import FAMILIES, load_families
-
-    load_families()
     found = ResultsFolder(folder)
-    for key, path, d in found.items():
-        family = FAMILIES.get(key)
-        if family is None:
-            continue
-        panels = family().view(d, f"{path.parent.name}/{path.name}", out["problems"])
+    for _, _, _, panels in family_views(found):
         out["profiles"] += panels.get("profiles", [])
         out["sinks"] += panels.get("sinks", [])
         if out["attribution"] is None:
             out["attribution"] = panels.get("attribution")
-    out["problems"] = found.problems + out["problems"]  # a file that cannot be read is named
+    out["problems"] = found.problems  # a file that cannot be read, or a malformed part, is named
     return out

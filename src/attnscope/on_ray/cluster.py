@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.errors import AttnscopeError
-from attnscope.scale import RAY_EXTRA
+from attnscope.on_ray import RAY_EXTRA
 from attnscope.store.writer import WriteError
 
 #: Object store of a local cluster started by attnscope (Ray's default is 30% of memory; on a
@@ -211,7 +211,7 @@ class UnitWorker:
     actor, then each call runs the units of one Ray Data batch.
 
     ``mode``: ``"extract"`` (maps: write shards and/or fold analyses), ``"maps"`` (send the maps
-    back: the engine behind ``analyze/run --ray``), ``"stream"`` (long-context statistics
+    back: the Ray executor behind ``analyze/run --ray``), ``"stream"`` (long-context statistics
     computed inside attention, :func:`attnscope.analyses.streaming.stream_stats`).
     """
 
@@ -495,7 +495,7 @@ def stream_stats_on_ray(lm, sequences: Sequence[Sequence[int]], stats, *, worker
 
 
 # ---------------------------------------------------------------------------------------------
-# The engine behind ``attnscope analyze ... --ray`` and ``attnscope run --ray``
+# The executor behind ``attnscope analyze ... --ray`` and ``attnscope run --ray``
 
 
 class RayBatchRunner:
