@@ -188,7 +188,7 @@ def test_analyze_says_when_the_pairs_were_packed_for_another_tokenizer(tmp_path,
     line = (f"{wiki}: packed to 16 tokens of the tokenizer of 'debug:bert', not of 'debug:gpt2', so "
             "lengths differ here; prepare it for this model with 'attnscope prepare unlabeled TEXT "
             "--model debug:gpt2 --out FILE'")
-    analyze = ["analyze", "general", "--gradients", "off", "--batch-size", "4"]
+    analyze = ["analyze", "general", "--general-gradients", "off", "--batch-size", "4"]
     capsys.readouterr()
     # none fits in 8 tokens of GPT-2's pieces: the error says why
     assert main([*analyze, str(wiki), "--model", "debug:gpt2", "--max-seq-len", "8", "--out", str(tmp_path / "a")]) == 2

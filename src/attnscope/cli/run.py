@@ -1,7 +1,7 @@
 """``attnscope run``: raw inputs in, every analysis they allow, one HTML report out.
 
 Its family switches (``--text``, ``--deps``, ``--coref``, ...) and family options
-(``--gradients``, ``--window``, ...) come from the families registry.
+(``--general-gradients``, ``--coref-window``, ...) come from the families registry.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from attnscope.cli.families import (
     shared_params,
     with_signature,
 )
-from attnscope.cli.options import MODEL_HELP
+from attnscope.cli.options import MODEL_HELP, save_maps_option
 
 
 def print_outcome(outcome, quiet: bool) -> None:
@@ -61,8 +61,7 @@ def _run_command(families):
             seen[p.name] = fam.key
             params.append(p)
     params += [
-        _param("save_maps", bool, typer.Option(False, "--save-maps", show_default=False, help=(
-            "Also keep the attention maps as stores under OUT/maps/."))),
+        _param("save_maps", bool, save_maps_option()),
         _param("resume", bool, typer.Option(False, "--resume", show_default=False,
                                             help="Continue an interrupted run in OUT.")),
         _param("overwrite", bool, typer.Option(False, "--overwrite", show_default=False,
