@@ -105,8 +105,8 @@ def test_analyze_command_for_every_registered_family(capsys):
 
     import typer
 
-    from attnscope.cli.main import app
     from attnscope.cli.families import option_flag
+    from attnscope.cli.main import app
     from attnscope.families import load_families
 
     root = typer.main.get_command(app)

@@ -96,7 +96,7 @@ def test_greedy_packing_is_the_old_behaviour(text_file, debug_bert):
         ("the cat sat on the mat .", None), ("the dog ran to the house .", None),
         ("a man saw the [UNK] woman .", "she said it was big ."), ("one two three .", None)]
     assert stats.lengths == [9, 9, 16, 6] and stats.single_segment == 3
-    with pytest.raises(Exception, match="--packing"):
+    with pytest.raises(Exception, match="^packing must be one of bert, greedy, not 'nope'$"):
         prepare_unlabeled(text_file, debug_bert.tokenizer, packing="nope")
 
 

@@ -106,7 +106,7 @@ def shared_params(*, model_default: str | None, model_help: str,
     if family_max_seq_len is not None:
         help_len += f" Default: {family_max_seq_len} (at most the model's positions)."
     return [
-        _param("out", Path, typer.Option(..., "--out", "-o", help="Output folder (tables/, figures/, "
+        _param("out_dir", Path, typer.Option(..., "--out", "-o", help="Output folder (tables/, figures/, "
                                          "results/).", metavar="DIR")),
         _param("model", str | None, typer.Option(model_default, "--model", "-m", help=model_help)),
         _param("max_seq_len", int | None, max_seq_len_option(None if family_max_seq_len else 128, help_len)),
@@ -140,7 +140,7 @@ def _analyze_command(fam):
         from attnscope.pipeline import run_family
 
         quiet = values.pop("quiet")
-        out = values.pop("out")
+        out = values.pop("out_dir")
         shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed", "device",
                                              "ray", "workers")}
         save_maps = out / "maps" / fam.key if values.pop("save_maps", False) else None

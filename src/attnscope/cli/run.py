@@ -38,7 +38,7 @@ def _run_command(families):
     def run_cli(**values) -> None:
         from attnscope.pipeline import RunConfig, run_pipeline
 
-        quiet, out = values.pop("quiet"), values.pop("out")
+        quiet, out = values.pop("quiet"), values.pop("out_dir")
         resume, overwrite = values.pop("resume"), values.pop("overwrite")
         check_writable(out, folder=True)
         engine = {"ray": values.pop("ray"), "workers": values.pop("workers")}
@@ -51,7 +51,7 @@ def _run_command(families):
         print_outcome(outcome, quiet)
 
     params = shared_params(model_default="default", model_help=MODEL_HELP)
-    params[0] = _param("out", Path, typer.Option(..., "--out", "-o", metavar="DIR", help=(
+    params[0] = _param("out_dir", Path, typer.Option(..., "--out", "-o", metavar="DIR", help=(
         "Folder for the report, tables, figures and results.")))
     seen: dict[str, str] = {}
     for fam in families:
