@@ -113,17 +113,31 @@ def test_a_flag_name_means_one_thing_in_every_command():
 
 
 def test_analyze_save_maps_is_the_switch_of_run(tmp_path, capsys):
-    """``analyze general --save-maps`` keeps the maps where ``run --save-maps`` does:
-    OUT/maps/general, a store that compare reads."""
+    """``analyze general --save-maps`` keeps the maps where ``run --save-maps`` does,
+    OUT/maps/general; run again into the same OUT it replaces them, as it replaces its tables
+    (it has no --resume or --overwrite to recommend); a folder there that holds other files is
+    refused, naming the flag, and left as it was."""
+    import shutil
+
     from attnscope.store import open_store
 
     text = tmp_path / "t.txt"
     text.write_text("the cat sat on the mat .\nthe dog ran .\n\na bird flew .\nit sang .\n")
     out = tmp_path / "o"
-    assert main(["analyze", "general", str(text), "--model", "debug:bert", "--out", str(out),
-                 "--general-gradients", "off", "--save-maps", "-q"]) == 0
-    store = open_store(out / "maps" / "general")
-    assert store.complete and len(store) == 2
+    argv = ["analyze", "general", str(text), "--model", "debug:bert", "--out", str(out),
+            "--general-gradients", "off", "--save-maps", "-q"]
+    for _ in range(2):
+        assert main(argv) == 0, capsys.readouterr().err
+        store = open_store(out / "maps" / "general")
+        assert store.complete and len(store) == 2
+    shutil.rmtree(out / "maps" / "general")
+    (out / "maps" / "general").mkdir()
+    (out / "maps" / "general" / "notes.txt").write_text("mine")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: {out / 'maps' / 'general'}: holds files that are not attnscope stores; "
+                   "refusing to replace them (choose another --save-maps)")
+    assert [p.name for p in (out / "maps" / "general").iterdir()] == ["notes.txt"]
 
 
 def test_fit_head_has_one_spelling():

@@ -469,7 +469,8 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     ``default_max_seq_len`` (128, long context 4096), at most the model's positions.
     ``device``: where a loaded model runs (see
     :func:`attnscope.models.loading.resolve_device`). ``ray``: run the forward passes on
-    ``workers`` Ray workers.
+    ``workers`` Ray workers. ``save_maps``: a folder for the family's stores; stores already
+    there (an earlier run's) are replaced once the inputs are read.
 
     >>> run_family("coref", {"coref": ["doc.conllu"]}, "out/", window="sliding")  # doctest: +SKIP
     """
@@ -507,8 +508,26 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                   batch_size=batch_size, progress=progress,
                   save_maps=Path(save_maps) if save_maps is not None else None)
     prepared = fam.prepare(inputs, opts, ctx)
+    if ctx.save_maps is not None:
+        _replace_stores(ctx.save_maps)
     with refused_writes(Path(out_dir), resumable=False), executor(ray, workers) as ex:
         return fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
+
+
+def _replace_stores(folder: Path) -> None:
+    """Clear ``folder`` of the stores an earlier ``analyze --save-maps`` kept there: they are
+    replaced, as its tables and results are. A folder holding anything but attnscope stores is
+    refused, and nothing in it is deleted."""
+    from attnscope.store.format import MANIFEST
+
+    if not folder.exists():
+        return
+    stores = [m.parent for m in folder.rglob(MANIFEST)]
+    others = [p for p in folder.rglob("*") if p.is_file() and not any(s in p.parents for s in stores)]
+    if not folder.is_dir() or others:
+        raise AttnscopeError(f"{folder}: holds files that are not attnscope stores; refusing to "
+                             "replace them (choose another save_maps)", params=("save_maps",))
+    shutil.rmtree(folder)
 
 
 def _collect_results(out_dir: Path) -> dict[str, Any]:
