@@ -370,7 +370,7 @@ def test_streaming_long_context_statistics_merge_exactly(cluster):
 
 @pytest.mark.slow
 def test_analyze_longctx_on_ray_streams_on_the_workers_and_equals_local(cluster, tmp_path):
-    """`analyze longctx --ray --workers 2 --engine streaming`: the statistics are folded on the
+    """`analyze longctx --ray --workers 2 --longctx-engine streaming`: the statistics are folded on the
     workers (meta.ray_workers) and results/longctx.json's arrays equal the local run's."""
     from attnscope.cli.main import main
 
