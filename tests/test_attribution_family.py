@@ -108,9 +108,9 @@ def test_run_switch_runs_after_general_and_reaches_the_report(tmp_path):
 
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "attnscope", "run", "--model", "debug:bert", "--text",
-                           str(DEMO), "--num-text-examples", "4", "--attribution", str(DEMO),
+                           str(DEMO), "--general-num-text-examples", "4", "--attribution", str(DEMO),
                            "--attribution-examples", "3", "--attribution-map-examples", "1",
-                           "--ablation", "zero", "--out", str(out), "-q"], capture_output=True, text=True)
+                           "--attribution-ablation", "zero", "--out", str(out), "-q"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = _strict(out / "results" / "attribution.json")
     general = _strict(out / "results" / "general.json")

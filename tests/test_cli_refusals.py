@@ -54,8 +54,6 @@ FOLDER_OUTPUTS = [
     (["demo", "--model", "debug:bert", "--out", "OUT"], "--out"),
     *[(["analyze", fam.key, "{in}/ex.json", "--model", "debug:bert", "--out", "OUT"], "--out")
       for fam in load_families()],
-    *[(["analyze", fam.key, "{in}/ex.json", "--model", "debug:bert", "--out", "{tmp}/o",
-        "--save-maps", "OUT"], "--save-maps") for fam in load_families() if fam.saves_maps],
     (["compare", "{in}/ex.json", "{in}/ex.json", "--out", "OUT"], "--out"),
     (["compare", "--model-a", "debug:bert", "--model-b", "debug:gpt2", "--inputs", "{in}/ex.json",
       "--out", "OUT"], "--out"),

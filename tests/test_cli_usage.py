@@ -161,7 +161,7 @@ def test_help_text_is_printed_as_written(capsys):
 
 def test_library_errors_name_parameters_and_the_command_line_shows_its_flags(tmp_path, capsys):
     """A family option refused by the library names its field (``delimiter``); each command
-    shows the flag it has for it (``--delimiter-threshold``), and the run settings likewise."""
+    shows the flag it has for it (``--patterns-delimiter``), and the run settings likewise."""
     from attnscope.cli.main import main
     from attnscope.errors import AttnscopeError
     from attnscope.pipeline import RunConfig, check_config
@@ -172,8 +172,8 @@ def test_library_errors_name_parameters_and_the_command_line_shows_its_flags(tmp
         check_config(RunConfig(patterns=text, delimiter=-1.0))
     for argv in (["analyze", "patterns", str(text), "--model", "debug:bert"],
                  ["run", "--patterns", str(text), "--model", "debug:bert"]):
-        assert main([*argv, "--delimiter-threshold", "-1", "--out", str(tmp_path / "o")]) == 2
+        assert main([*argv, "--patterns-delimiter", "-1", "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == ["error: --delimiter-threshold must be at least 0, not -1.0"]
+        assert err == ["error: --patterns-delimiter must be at least 0, not -1.0"]
     with pytest.raises(AttnscopeError, match="^batch_size must be at least 1, not 0$"):
         check_config(RunConfig(text=text, batch_size=0))

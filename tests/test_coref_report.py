@@ -142,7 +142,7 @@ def test_cli_coref_runs_and_bad_input_fails_cleanly(tmp_path, capsys):
 
     src = write_doc(tmp_path / "tiny.conllu")
     rc = main(["analyze", "coref", str(src), "--model", "debug:bert", "--out", str(tmp_path / "ok"),
-               "--window", "truncate", "--n-boot", "100", "-q"])
+               "--coref-window", "truncate", "--coref-n-boot", "100", "-q"])
     assert rc == 0 and (tmp_path / "ok" / "tables" / "table2_coref.md").is_file()
     bad = tmp_path / "bad.conllu"
     text = src.read_text().replace("Entity=(2)", "Entity=2)", 1)

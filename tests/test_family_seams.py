@@ -105,9 +105,9 @@ def test_analyze_command_for_every_registered_family(capsys):
 
     import typer
 
+    from attnscope.cli.families import option_flag
     from attnscope.cli.main import app
     from attnscope.families import load_families
-    from attnscope.families.base import option_flag
 
     root = typer.main.get_command(app)
 
@@ -120,16 +120,16 @@ def test_analyze_command_for_every_registered_family(capsys):
         assert fam.help.split()[0] in capsys.readouterr().out
         analyze_flags = flags(root.commands["analyze"].commands[fam.key])
         for f in dataclasses.fields(fam.Options):
-            assert option_flag(f) in analyze_flags and option_flag(f) in run_flags, (fam.key, f.name)
+            assert option_flag(fam, f) in analyze_flags and option_flag(fam, f) in run_flags, (fam.key, f.name)
         for inp in fam.inputs:
             assert inp.flag in run_flags
 
 
 def test_bad_choice_names_the_flag(tmp_path, capsys):
     (tmp_path / "t.txt").write_text(TEXT)
-    rc = main(["analyze", "coref", str(tmp_path / "t.txt"), "--window", "wide", "--out", str(tmp_path / "o")])
+    rc = main(["analyze", "coref", str(tmp_path / "t.txt"), "--coref-window", "wide", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
-    assert rc == 2 and "--window" in err and "Traceback" not in err
+    assert rc == 2 and "--coref-window" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
 
 

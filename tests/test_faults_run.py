@@ -59,7 +59,7 @@ def _cmd(out: Path, *extra: str) -> list[str]:
     d = demo_inputs()
     return [sys.executable, "-m", "attnscope", "run", "--model", "debug:bert", "--out", str(out),
             "--text", str(d["text"]), "--deps", str(d["deps"]), "--deps-train", str(d["deps_train"]),
-            "--coref", str(d["coref"]), "--epochs", "2", "--n-boot", "200", "-q", *extra]
+            "--coref", str(d["coref"]), "--syntax-epochs", "2", "--coref-n-boot", "200", "-q", *extra]
 
 
 def _stable(x):

@@ -116,7 +116,7 @@ def test_cli_general(tmp_path, capsys):
     data = tmp_path / "in.json"
     data.write_text(json.dumps([e.to_dict() for e in TEXTS]))
     rc = main(["analyze", "general", str(data), "--model", "debug:bert", "--out", str(tmp_path / "o"),
-               "--max-seq-len", "256", "--gradients", "off", "--quiet"])
+               "--max-seq-len", "256", "--general-gradients", "off", "--quiet"])
     assert rc == 0
     assert (tmp_path / "o" / "results" / "general.json").is_file()
     bad = tmp_path / "bad.json"

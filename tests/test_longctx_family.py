@@ -170,7 +170,7 @@ def test_generate_refused_for_an_encoder(tmp_path, capsys):
     docs = tmp_path / "d.txt"
     docs.write_text(DOCS)
     code = main(["analyze", "longctx", str(docs), "--model", "debug:bert", "--out", str(tmp_path / "o"),
-                 "--generate", "3", "-q"])
+                 "--longctx-generate", "3", "-q"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "--generate 3" in err and "encoder" in err
     assert len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
@@ -281,7 +281,7 @@ def test_analyze_longctx_defaults_to_long_documents(tmp_path, capsys):
     doc = tmp_path / "long.txt"
     doc.write_text(" ".join(["the cat sat on the mat , and the dog ran to the red house ."] * 60) + "\n")
     out = tmp_path / "o"
-    assert main(["analyze", "longctx", str(doc), "--model", "debug:llama", "--induction", "0",
+    assert main(["analyze", "longctx", str(doc), "--model", "debug:llama", "--longctx-induction", "0",
                  "--out", str(out), "-q"]) == 0
     meta = json.loads((out / "results" / "longctx.json").read_text())["meta"]
     assert meta["max_seq_len"] == 512 and meta["longest"] == 512 and meta["tokens"] == 512

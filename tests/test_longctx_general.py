@@ -107,7 +107,7 @@ def test_streaming_refused_for_encoders_and_stores(tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text("the cat sat on the mat.\nthe dog ran.\n\na bird flew.\nit sang.\n")
     code = main(["analyze", "general", str(text), "--model", "debug:bert", "--out", str(tmp_path / "o"),
-                 "--general-engine", "streaming", "--num-text-examples", "2", "-q"])
+                 "--general-engine", "streaming", "--general-num-text-examples", "2", "-q"])
     err = capsys.readouterr().err
     assert code == 2 and "not causal" in err and "Traceback" not in err
     assert not (tmp_path / "o" / "results").exists()
@@ -117,7 +117,7 @@ def test_cli_analyze_general_streaming_and_run_help(tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text("the cat sat on the mat.\nthe dog ran.\n\na bird flew.\nit sang.\n")
     code = main(["analyze", "general", str(text), "--model", "debug:llama", "--out", str(tmp_path / "o"),
-                 "--general-engine", "auto", "--general-maps-budget-gb", "0", "--num-text-examples", "2"])
+                 "--general-engine", "auto", "--general-maps-budget-gb", "0", "--general-num-text-examples", "2"])
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "Engine: streaming (chosen" in out.out and "Engine: streaming (chosen" in out.err
@@ -125,7 +125,7 @@ def test_cli_analyze_general_streaming_and_run_help(tmp_path, capsys):
     assert data["run"]["engine"] == "streaming"
     assert main(["run", "--help"]) == 0  # no option name collides across families
     help_text = capsys.readouterr().out
-    assert "--general-engine" in help_text and "--engine" in help_text and "--generate" in help_text
+    assert "--general-engine" in help_text and "--longctx-engine" in help_text and "--longctx-generate" in help_text
 
 
 def test_attnscope_run_picks_streaming_for_general_and_longctx(tmp_path, capsys):
@@ -133,8 +133,8 @@ def test_attnscope_run_picks_streaming_for_general_and_longctx(tmp_path, capsys)
     text.write_text("the cat sat on the mat.\nthe dog ran.\n\na bird flew.\nit sang.\n")
     out = tmp_path / "run"
     code = main(["run", "--out", str(out), "--model", "debug:llama", "--text", str(text),
-                 "--documents", str(text), "--num-text-examples", "2", "--general-maps-budget-gb", "0",
-                 "--maps-budget-gb", "0", "--induction", "0"])
+                 "--documents", str(text), "--general-num-text-examples", "2", "--general-maps-budget-gb", "0",
+                 "--longctx-maps-budget-gb", "0", "--longctx-induction", "0"])
     cap = capsys.readouterr()
     assert code == 0, cap.err
     assert "Engine: streaming (chosen" in cap.err  # the general family says so on the console

@@ -392,8 +392,9 @@ def test_family_bad_inputs(debug_bert, tmp_path):
     with pytest.raises(AttnscopeError, match="^lift must be at least 0") as refused:
         fam.prepare({"patterns": _write_jsonl(tmp_path / "ok.jsonl", EXAMPLES)}, fam.Options(lift=-1.0), ctx)
     assert refused.value.params == ("lift",)  # the library names the parameter; the CLI its flag
-    with pytest.raises(AttnscopeError, match="need a model"):
+    with pytest.raises(AttnscopeError, match="need a tokenizer: give model, or a store folder") as refused:
         fam.prepare({"patterns": tmp_path / "ok.jsonl"}, fam.Options(), Context(model=None, out_dir=tmp_path))
+    assert refused.value.params == ("model",)
     assert not (tmp_path / "out").exists()
 
 

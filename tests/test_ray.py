@@ -370,15 +370,15 @@ def test_streaming_long_context_statistics_merge_exactly(cluster):
 
 @pytest.mark.slow
 def test_analyze_longctx_on_ray_streams_on_the_workers_and_equals_local(cluster, tmp_path):
-    """`analyze longctx --ray --workers 2 --engine streaming`: the statistics are folded on the
+    """`analyze longctx --ray --workers 2 --longctx-engine streaming`: the statistics are folded on the
     workers (meta.ray_workers) and results/longctx.json's arrays equal the local run's."""
     from attnscope.cli.main import main
 
     doc = tmp_path / "docs.txt"
     words = [w for w in "the cat sat on a mat while it rained and a dog ran to the park".split()]
     doc.write_text("\n\n".join(" ".join(words[i:] + words[:i]) * 3 for i in range(6)) + "\n")
-    common = [str(doc), "-m", "debug:llama", "--engine", "streaming", "--induction", "2",
-              "--induction-length", "16", "-q"]
+    common = [str(doc), "-m", "debug:llama", "--longctx-engine", "streaming", "--longctx-induction", "2",
+              "--longctx-induction-length", "16", "-q"]
     assert main(["analyze", "longctx", *common, "-o", str(tmp_path / "local")]) == 0
     assert main(["analyze", "longctx", *common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"]) == 0
     local, on_ray = (json.loads((tmp_path / d / "results" / "longctx.json").read_text())

@@ -177,8 +177,9 @@ def test_interrupted_run_resumes_without_redoing_finished_families(tmp_path, fak
     assert fake.count == {"general": 1, "syntax": 1}
     assert not (out / "report.html").exists()
     assert json.loads((out / "run" / "state.json").read_text())["status"] == "running"
-    with pytest.raises(AttnscopeError, match="already holds a run .*--resume"):
+    with pytest.raises(AttnscopeError, match=r"already holds a run \(use resume to continue it") as refused:
         run_pipeline(_config(inputs), out, model=debug_bert)
+    assert refused.value.params == ("resume", "overwrite")
     fake.fail.clear()
     outcome = run_pipeline(_config(inputs), out, resume=True, model=debug_bert)
     assert fake.count == {"general": 1, "syntax": 2}

@@ -115,8 +115,9 @@ def test_paper_pickle_round_trip_and_refusal(tmp_path, debug_bert):
     store = open_store(tmp_path / "s")
     pkl = tmp_path / "dev_attn.pkl"
     assert export_paper_pickle(store, pkl) == 6
-    with pytest.raises(InputError, match="--allow-pickle"):
+    with pytest.raises(InputError, match="pass allow_pickle if you trust") as refused:
         read_paper_pickle(pkl)
+    assert refused.value.params == ("allow_pickle",)  # the command line shows --allow-pickle
     data = read_paper_pickle(pkl, allow_pickle=True)
     assert data[2]["tokens"] == store[2].tokens and data[2]["attns"].dtype == np.float16
     assert data[2]["words"] == records[2].words and data[2]["id"] == 2

@@ -35,7 +35,7 @@ def test_cli_writes_table1_and_table3(tmp_path, capsys):
     write_conllu(dev, SENTS * 2)
     write_conllu(train, SENTS * 4)
     rc = main(["analyze", "syntax", str(dev), "--train", str(train), "--model", "debug:bert",
-               "--out", str(out), "--min-count", "2", "--epochs", "2", "-q"])
+               "--out", str(out), "--syntax-min-count", "2", "--syntax-epochs", "2", "-q"])
     assert rc == 0
     with open(out / "tables" / "table1_syntax.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))

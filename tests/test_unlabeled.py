@@ -96,7 +96,7 @@ def test_greedy_packing_is_the_old_behaviour(text_file, debug_bert):
         ("the cat sat on the mat .", None), ("the dog ran to the house .", None),
         ("a man saw the [UNK] woman .", "she said it was big ."), ("one two three .", None)]
     assert stats.lengths == [9, 9, 16, 6] and stats.single_segment == 3
-    with pytest.raises(Exception, match="--packing"):
+    with pytest.raises(Exception, match="^packing must be one of bert, greedy, not 'nope'$"):
         prepare_unlabeled(text_file, debug_bert.tokenizer, packing="nope")
 
 
@@ -188,7 +188,7 @@ def test_analyze_says_when_the_pairs_were_packed_for_another_tokenizer(tmp_path,
     line = (f"{wiki}: packed to 16 tokens of the tokenizer of 'debug:bert', not of 'debug:gpt2', so "
             "lengths differ here; prepare it for this model with 'attnscope prepare unlabeled TEXT "
             "--model debug:gpt2 --out FILE'")
-    analyze = ["analyze", "general", "--gradients", "off", "--batch-size", "4"]
+    analyze = ["analyze", "general", "--general-gradients", "off", "--batch-size", "4"]
     capsys.readouterr()
     # none fits in 8 tokens of GPT-2's pieces: the error says why
     assert main([*analyze, str(wiki), "--model", "debug:gpt2", "--max-seq-len", "8", "--out", str(tmp_path / "a")]) == 2

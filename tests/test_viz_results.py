@@ -151,7 +151,7 @@ def test_view_cli_writes_results_pages(attr_out, longctx, tmp_path, capsys):
         assert "AttnScope.mountResults(" in page and "default-src 'none'" in page
     assert main(["view", str(attr_out), "-o", str(tmp_path / "x.html"), "--png", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--png/--svg" in err and len(err.splitlines()) == 1 and not (tmp_path / "x.html").exists()
+    assert "--png and --svg" in err and len(err.splitlines()) == 1 and not (tmp_path / "x.html").exists()
     empty = tmp_path / "empty"
     (empty / "results").mkdir(parents=True)
     assert main(["view", str(empty), "-o", str(tmp_path / "y.html")]) == 2
@@ -201,7 +201,7 @@ def test_serve_sends_a_window_of_a_long_example(longctx):
     assert p["window"]["units"] == [0] + list(range(10, 10 + WINDOW))
     r = c.get("/api/example/0?offset=1000")
     assert r.status_code == 400
-    assert r.get_json()["error"] == "--offset 1000: out of range for 512 units and a window of 64 (0 .. 448)"
+    assert r.get_json()["error"] == "offset 1000: out of range for 512 units and a window of 64 (0 .. 448)"
     r = c.get("/api/example/0?window=5000")
     assert r.status_code == 400 and "between 1 and 1024" in r.get_json()["error"]
     whole = create_app(store, None).test_client().get("/api/example/0").get_data()

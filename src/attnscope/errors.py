@@ -13,6 +13,12 @@ caller.
 >>> e = AttnscopeError("max_seq_len must be at least 8, not 4", params=("max_seq_len",))
 >>> str(e), e.for_flags({"max_seq_len": "--max-seq-len"})
 ('max_seq_len must be at least 8, not 4', '--max-seq-len must be at least 8, not 4')
+
+A parameter is named as a word of the sentence. Where it is part of a path (``runs/out``,
+``out.json``), of a bracket (``attnscope[ray]``) or quoted, or where a ``:`` follows it (how a
+message names its file: ``out: already holds other files``), it is left as it is. A message
+recommends only what its caller can do: a parameter of the function the caller called, or a
+whole command line (``'attnscope extract ... --resume'``), never another command's bare flag.
 """
 
 from __future__ import annotations
@@ -37,20 +43,22 @@ class AttnscopeError(Exception):
         message = str(self)
         for name in self.params:
             flag = flags.get(name) or "--" + name.replace("_", "-")
-            message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", flag, message)
+            message = re.sub(rf"(?<![\w\-/\\.\['\"]){re.escape(name)}(?![\w\-/\\\]'\":]|\.\w)", flag,
+                             message)
         return message
 
 
 class InputError(AttnscopeError):
     """Malformed input data: names the file and line, or the example index."""
 
-    def __init__(self, where: str | Path | None, message: str, line: int | None = None):
+    def __init__(self, where: str | Path | None, message: str, line: int | None = None, *,
+                 params: tuple[str, ...] = ()):
         self.where = None if where is None else str(where)
         self.line = line
         loc = ""
         if self.where is not None:
             loc = self.where if line is None else f"{self.where}:{line}"
-        super().__init__(f"{loc}: {message}" if loc else message)
+        super().__init__(f"{loc}: {message}" if loc else message, params=params)
 
 
 class ModelError(AttnscopeError):

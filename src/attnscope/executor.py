@@ -224,8 +224,8 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
                 timings["maps analyses on the workers (wall)"] = wall
     if done == 0:
         raise AttnscopeError("no examples to analyse (all were empty"
-                             + (f" or longer than --max-seq-len {options.max_seq_len})" if options else ")")
-                             + (f"; {note}" if note else ""))
+                             + (f" or longer than max_seq_len {options.max_seq_len})" if options else ")")
+                             + (f"; {note}" if note else ""), params=("max_seq_len",))
     results = {a.name: a.finalize() for a in analyses}
     return PassOutcome(results, done, stats, time.perf_counter() - t0, timings)
 

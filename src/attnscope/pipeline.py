@@ -265,17 +265,22 @@ DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPER
 
 
 @contextmanager
-def refused_writes(out_dir: Path):
+def refused_writes(out_dir: Path, *, resumable: bool = True):
     """Turn a write the disk refuses (full, read-only, no permission) into one line naming the
-    folder: the finished families are kept as checkpoints, so ``--resume`` continues."""
+    folder; ``resumable`` (a run): the finished families are kept as checkpoints, so ``resume``
+    continues."""
     try:
         yield
     except OSError as exc:
         if exc.errno not in DISK_ERRORS:
             raise
         reason = (exc.strerror or type(exc).__name__).lower()
+        if not resumable:
+            raise AttnscopeError(f"{out_dir}: cannot write ({reason}); make room (or fix the "
+                                 "folder) and run it again") from None
         raise AttnscopeError(f"{out_dir}: cannot write ({reason}); the finished families are kept: "
-                             "make room (or fix the folder) and run the same command with --resume") from None
+                             "make room (or fix the folder) and run the same command with resume",
+                             params=("resume",)) from None
 
 
 def _now() -> str:
@@ -294,10 +299,10 @@ def _check_out_dir(out_dir: Path, *, resume: bool, overwrite: bool) -> dict | No
     old = read_json(state_path) if state_path.exists() else None
     if old is None:
         what = "is not an attnscope run; refusing to delete it" if overwrite else "already holds other files"
-        raise AttnscopeError(f"{out_dir}: {what} (choose another --out)")
+        raise AttnscopeError(f"{out_dir}: {what} (choose another out_dir)", params=("out_dir",))
     if not resume and not overwrite:
-        raise AttnscopeError(f"{out_dir}: already holds a run (use --resume to continue it or "
-                             "--overwrite to replace it)")
+        raise AttnscopeError(f"{out_dir}: already holds a run (use resume to continue it or "
+                             "overwrite to replace it)", params=("resume", "overwrite"))
     return old
 
 
@@ -311,7 +316,7 @@ def _take_out_dir(out_dir: Path, old: dict | None, run_fp: str, *, overwrite: bo
         return None
     if old.get("fingerprint") != run_fp:
         raise AttnscopeError(f"{out_dir}: cannot resume: that run was made with other arguments, "
-                             "inputs or weights (use --overwrite to start again)")
+                             "inputs or weights (use overwrite to start again)", params=("overwrite",))
     return old
 
 
@@ -465,7 +470,8 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     ``default_max_seq_len`` (128, long context 4096), at most the model's positions.
     ``device``: where a loaded model runs (see
     :func:`attnscope.models.loading.resolve_device`). ``ray``: run the forward passes on
-    ``workers`` Ray workers.
+    ``workers`` Ray workers. ``save_maps``: a folder for the family's stores; stores already
+    there (an earlier run's) are replaced once the inputs are read.
 
     >>> run_family("coref", {"coref": ["doc.conllu"]}, "out/", window="sliding")  # doctest: +SKIP
     """
@@ -504,8 +510,26 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                   batch_size=batch_size, progress=progress,
                   save_maps=Path(save_maps) if save_maps is not None else None)
     prepared = fam.prepare(inputs, opts, ctx)
-    with refused_writes(Path(out_dir)), executor(ray, workers) as ex:
+    if ctx.save_maps is not None:
+        _replace_stores(ctx.save_maps)
+    with refused_writes(Path(out_dir), resumable=False), executor(ray, workers) as ex:
         return fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
+
+
+def _replace_stores(folder: Path) -> None:
+    """Clear ``folder`` of the stores an earlier ``analyze --save-maps`` kept there: they are
+    replaced, as its tables and results are. A folder holding anything but attnscope stores is
+    refused, and nothing in it is deleted."""
+    from attnscope.store.format import MANIFEST
+
+    if not folder.exists():
+        return
+    stores = [m.parent for m in folder.rglob(MANIFEST)]
+    others = [p for p in folder.rglob("*") if p.is_file() and not any(s in p.parents for s in stores)]
+    if not folder.is_dir() or others:
+        raise AttnscopeError(f"{folder}: holds files that are not attnscope stores; refusing to "
+                             "replace them (choose another save_maps)", params=("save_maps",))
+    shutil.rmtree(folder)
 
 
 def _collect_results(out_dir: Path) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from attnscope.maps import AttentionBatch
 
 #: What an analysis may declare in ``requires``.
 REQUIREMENTS = {
-    "word_level": "word-level maps (extract with --word-level)",
+    "word_level": "word-level maps ('attnscope extract ... --word-level')",
     "dependencies": "examples with heads and relns (attnscope prepare depparse)",
     "coreference": "examples with coreference mentions and clusters",
     "model": "the model itself (gradients), not only stored maps",

@@ -156,7 +156,7 @@ def coref_windows(docs: Sequence[Document], model, *, mode: str = "truncate", ma
     from attnscope.extract.encode import Encoder
 
     if mode not in WINDOW_MODES:
-        raise AttnscopeError(f"--window must be one of {', '.join(WINDOW_MODES)}, not {mode!r}")
+        raise AttnscopeError(f"mode must be one of {', '.join(WINDOW_MODES)}, not {mode!r}", params=("mode",))
     encoder = Encoder(model)
     stats = WindowStats(mode=mode, max_seq_len=max_seq_len)
     examples: list[Example] = []

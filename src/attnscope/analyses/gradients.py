@@ -85,7 +85,7 @@ class MlmScorer:
                              "gradient importance needs a masked-LM encoder")
         if head is None and not lm.has_mlm_head:
             raise ModelError(f"{lm.name}: the model has no masked-LM head (load it with its head, "
-                             "or fit one with --fit-mlm-head)")
+                             "or fit one on the frozen encoder with fit_mlm_head)")
         self.lm = lm
         self.head = head
 

@@ -23,11 +23,11 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     def compare_cli(
         a: Path = typer.Argument(None, help="Store or run folder (made with --save-maps) of model A."),
         b: Path = typer.Argument(None, help="Store or run folder of model B, of the same inputs."),
-        out: Path = typer.Option(..., "--out", "-o", help="Folder for the report, tables and figures."),
+        out_dir: Path = typer.Option(..., "--out", "-o", help="Folder for the report, tables and figures."),
         model_a: str = typer.Option(None, "--model-a", help="Run this model as A (with --model-b and --inputs)."),
         model_b: str = typer.Option(None, "--model-b", help="Run this model as B."),
         inputs: Path = typer.Option(None, "--inputs", help="Examples for --model-a/--model-b: JSON, JSON Lines or CoNLL-U."),
-        maps: str = typer.Option(None, "--maps", help="Which saved maps of two run folders (e.g. general, syntax/dev)."),
+        which: str = typer.Option(None, "--maps", help="Which saved maps of two run folders (e.g. general, syntax/dev)."),
         level: Level = typer.Option(Level.auto, "--level", help="auto: tokens when both tokenize alike, else words."),
         n_boot: int = typer.Option(1000, "--n-boot", help="Bootstrap resamples for the intervals."),
         seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap (and of model loading)."),
@@ -55,14 +55,14 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
             raise AttnscopeError("give two stores or run folders (A B), or --model-a, --model-b and --inputs")
         elif max_seq_len != 128 or batch_size != 16:
             raise AttnscopeError("--max-seq-len/--batch-size are for --model-a/--model-b only")
-        check_writable(out, folder=True)
+        check_writable(out_dir, folder=True)
         with step_progress(quiet) as progress:
             if with_models:
-                cmp = compare_models(model_a, model_b, inputs, out, max_seq_len=max_seq_len,
+                cmp = compare_models(model_a, model_b, inputs, out_dir, max_seq_len=max_seq_len,
                                      batch_size=batch_size, n_boot=n_boot, seed=seed,
                                      overwrite=overwrite, progress=progress, command=command_line())
             else:
-                cmp = compare(a, b, out, which=maps, level=level.value, n_boot=n_boot, seed=seed,
+                cmp = compare(a, b, out_dir, which=which, level=level.value, n_boot=n_boot, seed=seed,
                               overwrite=overwrite, progress=progress, command=command_line())
         if not quiet:
             from attnscope.report.compare import findings
@@ -71,4 +71,4 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                           f"({cmp.pairing.layout})")
             for f in findings(cmp)[1:4]:
                 console.print(f"  {f}")
-        print(out / "report.html")  # on stdout, also with --quiet (as run): scripts pick it up
+        print(out_dir / "report.html")  # on stdout, also with --quiet (as run): scripts pick it up

@@ -18,7 +18,7 @@ DEFAULT_DEMO_DIR = Path("attnscope-demo")
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     @app.command("demo")
     def demo_cli(
-        out: Path = typer.Option(DEFAULT_DEMO_DIR, "--out", "-o",
+        out_dir: Path = typer.Option(DEFAULT_DEMO_DIR, "--out", "-o",
                                  help="Folder for the demo's report, tables and figures (default: "
                                       "./attnscope-demo in the current directory; an earlier demo "
                                       "run there is replaced, any other folder is never touched)."),
@@ -29,9 +29,9 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         """Run every analysis on a small sample that ships with attnscope; print the report's path."""
         from attnscope.pipeline import run_demo
 
-        check_writable(out, folder=True)
+        check_writable(out_dir, folder=True)
         if not quiet:
-            console.print(f"demo: writing to {out.resolve()} (change with --out)")
+            console.print(f"demo: writing to {out_dir.resolve()} (change with --out)")
         with step_progress(quiet, overall=True) as progress:
-            outcome = run_demo(out, model=model, resume=resume, progress=progress, command=command_line())
+            outcome = run_demo(out_dir, model=model, resume=resume, progress=progress, command=command_line())
         print_outcome(outcome, quiet)

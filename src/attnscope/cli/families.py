@@ -4,7 +4,9 @@ needs no CLI code.
 
 A family's first input is the positional argument of its ``analyze`` command and the switch
 that turns it on in ``run``; its other inputs and every field of its ``Options`` dataclass
-become options (help text and choices from the field's metadata).
+become options (help text and choices from the field's metadata). A field's flag is derived
+here, and only here, by :func:`option_flag`: ``--<family key>-<field>``, the same in ``run`` and
+``analyze <key>``, so a flag names one thing in every command (docs/families.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from attnscope.cli.options import (
     max_seq_len_option,
     quiet_option,
     ray_option,
+    save_maps_option,
     seed_option,
     workers_option,
 )
@@ -37,10 +40,17 @@ def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
     return _P(name, _P.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-def option_params(fam) -> list[inspect.Parameter]:
-    """One command-line option per field of ``fam.Options``."""
-    from attnscope.families.base import option_flag
+def option_flag(fam, f: dataclasses.Field) -> str:
+    """The flag of field ``f`` of ``fam.Options``: the family's key, then the field's name
+    (``--coref-window``, ``--longctx-dtype``), or the field's name alone when it already begins
+    with the key (``syntax_ties`` -> ``--syntax-ties``). The parameter behind it keeps the
+    field's name, which library errors name (``AttnscopeError.params``)."""
+    name = f.name if f.name.startswith(fam.key + "_") else f"{fam.key}_{f.name}"
+    return "--" + name.replace("_", "-")
 
+
+def option_params(fam) -> list[inspect.Parameter]:
+    """One command-line option per field of ``fam.Options``, flagged by :func:`option_flag`."""
     hints = typing.get_type_hints(fam.Options)
     out = []
     for f in dataclasses.fields(fam.Options):
@@ -52,7 +62,7 @@ def option_params(fam) -> list[inspect.Parameter]:
             default = annotation(f.default)
         elif annotation is bool:
             kwargs["show_default"] = False
-        out.append(_param(f.name, annotation, typer.Option(default, option_flag(f), **kwargs)))
+        out.append(_param(f.name, annotation, typer.Option(default, option_flag(fam, f), **kwargs)))
     return out
 
 
@@ -96,7 +106,7 @@ def shared_params(*, model_default: str | None, model_help: str,
     if family_max_seq_len is not None:
         help_len += f" Default: {family_max_seq_len} (at most the model's positions)."
     return [
-        _param("out", Path, typer.Option(..., "--out", "-o", help="Output folder (tables/, figures/, "
+        _param("out_dir", Path, typer.Option(..., "--out", "-o", help="Output folder (tables/, figures/, "
                                          "results/).", metavar="DIR")),
         _param("model", str | None, typer.Option(model_default, "--model", "-m", help=model_help)),
         _param("max_seq_len", int | None, max_seq_len_option(None if family_max_seq_len else 128, help_len)),
@@ -131,13 +141,11 @@ def _analyze_command(fam):
         from attnscope.pipeline import run_family
 
         quiet = values.pop("quiet")
-        out = values.pop("out")
+        out = values.pop("out_dir")
         shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed", "device",
                                              "ray", "workers")}
-        save_maps = values.pop("save_maps", None)
+        save_maps = out / "maps" / fam.key if values.pop("save_maps", False) else None
         check_writable(out, folder=True)
-        if save_maps is not None:
-            check_writable(save_maps, folder=True, option="--save-maps")
         inputs = {}
         for i, inp in enumerate(fam.inputs):
             value = values.pop(inp.argument or inp.name if i == 0 else inp.name)
@@ -154,9 +162,7 @@ def _analyze_command(fam):
                   + "not needed when every input is a store."), family_max_seq_len=fam.default_max_seq_len),
               *option_params(fam), *executor_params(), QUIET]
     if fam.saves_maps:
-        params.append(_param("save_maps", Path | None, typer.Option(
-            None, "--save-maps", help="Also keep the extracted maps as stores in this folder.",
-            metavar="DIR")))
+        params.append(_param("save_maps", bool, save_maps_option()))
     command.__doc__ = fam.help
     return with_signature(command, params)
 

@@ -35,6 +35,7 @@ SHARED_HELP: dict[str, str] = {
     "--ray": "Run on Ray (the forward passes; and the general and syntax analyses): the cluster at "
              "RAY_ADDRESS or one running here, else a local one (pip install 'attnscope[ray]'; "
              "docs/scale.md).",
+    "--save-maps": "Also keep the attention maps as stores under OUT/maps/<family>/.",
     "--workers": "Ray workers with --ray, each holding one copy of the model.",
     "--device": "Where the model runs: cpu, auto (CUDA when torch sees a GPU, else cpu), cuda, "
                 "cuda:N or mps. The GPU path has not been run on a GPU in this project yet.",
@@ -70,6 +71,10 @@ def seed_option(default: int = 0) -> int:
 
 def ray_option() -> bool:
     return typer.Option(False, "--ray", show_default=False, help=SHARED_HELP["--ray"])
+
+
+def save_maps_option() -> bool:
+    return typer.Option(False, "--save-maps", show_default=False, help=SHARED_HELP["--save-maps"])
 
 
 def workers_option() -> int:

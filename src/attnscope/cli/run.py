@@ -1,7 +1,7 @@
 """``attnscope run``: raw inputs in, every analysis they allow, one HTML report out.
 
 Its family switches (``--text``, ``--deps``, ``--coref``, ...) and family options
-(``--gradients``, ``--window``, ...) come from the families registry.
+(``--general-gradients``, ``--coref-window``, ...) come from the families registry.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from attnscope.cli.families import (
     shared_params,
     with_signature,
 )
-from attnscope.cli.options import MODEL_HELP
+from attnscope.cli.options import MODEL_HELP, save_maps_option
 
 
 def print_outcome(outcome, quiet: bool) -> None:
@@ -38,7 +38,7 @@ def _run_command(families):
     def run_cli(**values) -> None:
         from attnscope.pipeline import RunConfig, run_pipeline
 
-        quiet, out = values.pop("quiet"), values.pop("out")
+        quiet, out = values.pop("quiet"), values.pop("out_dir")
         resume, overwrite = values.pop("resume"), values.pop("overwrite")
         check_writable(out, folder=True)
         where = {"ray": values.pop("ray"), "workers": values.pop("workers")}  # the executor
@@ -51,7 +51,7 @@ def _run_command(families):
         print_outcome(outcome, quiet)
 
     params = shared_params(model_default="default", model_help=MODEL_HELP)
-    params[0] = _param("out", Path, typer.Option(..., "--out", "-o", metavar="DIR", help=(
+    params[0] = _param("out_dir", Path, typer.Option(..., "--out", "-o", metavar="DIR", help=(
         "Folder for the report, tables, figures and results.")))
     seen: dict[str, str] = {}
     for fam in families:
@@ -61,8 +61,7 @@ def _run_command(families):
             seen[p.name] = fam.key
             params.append(p)
     params += [
-        _param("save_maps", bool, typer.Option(False, "--save-maps", show_default=False, help=(
-            "Also keep the attention maps as stores under OUT/maps/."))),
+        _param("save_maps", bool, save_maps_option()),
         _param("resume", bool, typer.Option(False, "--resume", show_default=False,
                                             help="Continue an interrupted run in OUT.")),
         _param("overwrite", bool, typer.Option(False, "--overwrite", show_default=False,

@@ -96,7 +96,7 @@ def _compare(a, b, out: Path | None, *, which, level, n_boot, seed, smoothing, c
              progress, command) -> Comparison:
     t0 = time.perf_counter()
     if n_boot < 100:
-        raise AttnscopeError(f"--n-boot must be at least 100, not {n_boot}")
+        raise AttnscopeError(f"n_boot must be at least 100, not {n_boot}", params=("n_boot",))
     side_a, side_b = open_sides(a, b, which)
     pairing = check_pairing(side_a, side_b, level)
     result = compute(side_a, side_b, pairing, n_boot=n_boot, seed=seed, smoothing=smoothing,
@@ -205,9 +205,10 @@ def check_out_dir(out: Path, *, overwrite: bool) -> None:
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     if not (out / "results" / "compare.json").is_file():
-        raise AttnscopeError(f"{out}: already holds other files (choose another --out)")
+        raise AttnscopeError(f"{out}: already holds other files (choose another out_dir)", params=("out_dir",))
     if not overwrite:
-        raise AttnscopeError(f"{out}: already holds a comparison (use --overwrite to replace it)")
+        raise AttnscopeError(f"{out}: already holds a comparison (use overwrite to replace it)",
+                             params=("overwrite",))
 
 
 def _clear(out: Path) -> None:

@@ -87,12 +87,14 @@ def open_sides(a: str | Path, b: str | Path, which: str | None = None) -> tuple[
         raise AttnscopeError("give two stores or two run folders, not one of each")
     if not runs[0]:
         if which:
-            raise AttnscopeError("--maps is for run folders; A and B are stores")
+            raise AttnscopeError(f"which {which!r}: only run folders have saved maps to choose from; "
+                                 "A and B are stores", params=("which",))
         return Side("A", pa, _open(pa)), Side("B", pb, _open(pb))
     sa, sb = run_stores(pa), run_stores(pb)
     for p, s in ((pa, sa), (pb, sb)):
         if not s:
-            raise AttnscopeError(f"{p}: a run folder without saved maps (run it with --save-maps)")
+            raise AttnscopeError(f"{p}: a run folder without saved maps (keep them with "
+                                 "'attnscope run ... --save-maps')")
     common = [k for k in sa if k in sb]
     if which is None:
         if not common:
@@ -100,15 +102,16 @@ def open_sides(a: str | Path, b: str | Path, which: str | None = None) -> tuple[
                                  f"({', '.join(sa)} vs {', '.join(sb)})")
         which = "general" if "general" in common else common[0]
     elif which not in common:
-        raise AttnscopeError(f"--maps {which!r}: not in both run folders (both have: "
-                             f"{', '.join(common) or 'none'})")
+        raise AttnscopeError(f"which {which!r}: not in both run folders (both have: "
+                             f"{', '.join(common) or 'none'})", params=("which",))
     return (Side("A", pa, _open(sa[which]), pa, which), Side("B", pb, _open(sb[which]), pb, which))
 
 
 def _open(path: Path) -> Store:
     store = open_store(path)
     if not store.complete:
-        raise AttnscopeError(f"{path}: the store is unfinished (run extract again with --resume)")
+        raise AttnscopeError(f"{path}: the store is unfinished (finish it with "
+                             "'attnscope extract ... --resume')")
     return store
 
 
@@ -165,7 +168,7 @@ def check_pairing(a: Side, b: Side, level: str = "auto") -> Pairing:
     tokenizers give the same words.
     """
     if level not in LEVELS:
-        raise AttnscopeError(f"--level must be one of {', '.join(LEVELS)}, not {level!r}")
+        raise AttnscopeError(f"level must be one of {', '.join(LEVELS)}, not {level!r}", params=("level",))
     ia, ib = a.store.manifest.get("input") or {}, b.store.manifest.get("input") or {}
     ha, hb = ia.get("sha256"), ib.get("sha256")
     if ha and hb and ha != hb:
@@ -181,16 +184,16 @@ def check_pairing(a: Side, b: Side, level: str = "auto") -> Pairing:
                                  f"(example {i} differs)")
     fa, fb = a.store.manifest.get("from_word"), b.store.manifest.get("from_word")
     if (fa or "mean") != (fb or "mean"):
-        raise AttnscopeError(f"the stores were converted to words differently (--from-word {fa or 'mean'} "
+        raise AttnscopeError(f"the stores were converted to words differently (from_word {fa or 'mean'} "
                              f"vs {fb or 'mean'}); extract both the same way")
     levels = {a.store.level, b.store.level}
     same_tokens = levels == {"token"} and all(ra[i]["tokens"] == rb[i]["tokens"] for i in both)
     if level == "token":
         if levels != {"token"}:
-            raise AttnscopeError("--level token needs two token-level stores")
+            raise AttnscopeError("level token needs two token-level stores", params=("level",))
         if not same_tokens:
-            raise AttnscopeError("--level token needs the same tokens on both sides (the models "
-                                 "tokenize differently; use --level word)")
+            raise AttnscopeError("level token needs the same tokens on both sides (the models "
+                                 "tokenize differently; use level word)", params=("level",))
         chosen = "token"
     else:
         chosen = "token" if level == "auto" and same_tokens else "word"

@@ -106,7 +106,8 @@ def read_source(path: str | Path, accepts: tuple[str, ...], *, model=None, max_s
         return Source(path, kind, open_input_store(path))
     if model is None and (require_model or kind == "text"):
         what = "sentence-per-line text" if kind == "text" else WHAT[kind]
-        raise AttnscopeError(f"{path}: {what} need a model (--model), or give a store folder")
+        raise AttnscopeError(f"{path}: {what} need a tokenizer: give model, or a store folder",
+                             params=("model",))
     if kind == "examples":
         from attnscope.data.io import read_examples
         from attnscope.data.unlabeled import packing_mismatch

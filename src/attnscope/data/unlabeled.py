@@ -163,17 +163,18 @@ def prepare_unlabeled(path: str | Path, tokenizer, *, max_seq_len: int = 128, se
     ``packed_for``).
     """
     if packing not in PACKINGS:
-        raise InputError(None, f"--packing must be one of {', '.join(PACKINGS)}, not {packing!r}")
+        raise InputError(None, f"packing must be one of {', '.join(PACKINGS)}, not {packing!r}",
+                         params=("packing",))
     stats = stats if stats is not None else UnlabeledStats()
     stats.max_seq_len, stats.packing = max_seq_len, packing
     rng = random.Random(seed)
     pair_extra = _n(tokenizer, "a", "b") - _n(tokenizer, "a") - _n(tokenizer, "b")
     budget = max_seq_len - pair_extra
     if budget < 2:
-        raise InputError(path, f"--max-seq-len {max_seq_len} leaves no room for text")
+        raise InputError(path, f"max_seq_len {max_seq_len} leaves no room for text", params=("max_seq_len",))
     unk = unk_replacement(tokenizer) if unk_marker else None
     if not unk_marker:
-        stats.unk_note = "unknown-word markers left as text (--keep-unk)"
+        stats.unk_note = "unknown-word markers left as text, as asked"
     elif unk is None:
         stats.unk_note = (f"{unk_marker!r} left as text (the tokenizer has no unknown token of its own "
                           "that it produces itself)")
@@ -348,7 +349,8 @@ def prepare_documents(path: str | Path, tokenizer, *, max_seq_len: int, join: bo
     """
     path = Path(path)
     if max_seq_len < 2:
-        raise InputError(path, f"--max-seq-len {max_seq_len} is too short for a document")
+        raise InputError(path, f"max_seq_len {max_seq_len} is too short for a document",
+                         params=("max_seq_len",))
     texts: list[tuple[str, str]] = []  # (source, text)
     if path.suffix.lower() in (".json", ".jsonl"):
         from attnscope.data.io import iter_examples

@@ -63,10 +63,11 @@ class Extractor:
         self.stats = stats if stats is not None else ExtractStats()
         limit = self.lm.max_positions
         if self.options.max_seq_len > limit:
-            raise AttnscopeError(f"--max-seq-len {self.options.max_seq_len} is above the position "
-                                 f"limit of {self.lm.name} ({limit})")
+            raise AttnscopeError(f"max_seq_len {self.options.max_seq_len} is above the position "
+                                 f"limit of {self.lm.name} ({limit})", params=("max_seq_len",))
         if self.options.from_word not in ("mean", "first"):
-            raise AttnscopeError(f"--from-word must be 'mean' or 'first', not {self.options.from_word!r}")
+            raise AttnscopeError(f"from_word must be 'mean' or 'first', not {self.options.from_word!r}",
+                                 params=("from_word",))
         self.encoder = Encoder(self.lm, self.options.casing, warn=self.stats.warnings.append)
 
     # -- planning -------------------------------------------------------------------------

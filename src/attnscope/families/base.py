@@ -11,7 +11,8 @@ A family is the one plug-in path from analyses to every output. Register a subcl
   there too.
 
 Options are a dataclass whose fields carry their help text (and choices) as metadata, made with
-:func:`option`::
+:func:`option`; each field's flag is ``--<family key>-<field>`` in ``run`` and ``analyze``
+alike (``--coref-window`` below; docs/families.md)::
 
     @dataclass
     class Options:
@@ -82,16 +83,13 @@ class CompareTable:
     selection: str | None = "paper"  # rows with a ``selection`` column keep only this one
 
 
-def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, flag: str | None = None,
+def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
            minimum: float | None = None):
     """A field of a family's ``Options`` dataclass: its help text, and the choices or the
-    smallest value it accepts (both checked by :func:`check_options`, naming the flag)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag,
-                                            "minimum": minimum})
-
-
-def option_flag(f: dataclasses.Field) -> str:
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    smallest value it accepts (both checked by :func:`check_options`, naming the field). Its
+    command-line flag follows from the family's key and the field's name
+    (:func:`attnscope.cli.families.option_flag`)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
 
 
 @dataclass

@@ -32,9 +32,9 @@ class Options:
     chunk: int = option(0, "Query rows per tile of the streaming engine (memory ~ heads x chunk x "
                            "length floats; the numbers do not depend on it); 0: tiles of about 4 MB.")
     engine: str = option("auto", "Where the statistics come from: the streaming engine (no n x n maps), "
-                                 "the attention maps, or auto (maps when they fit in --maps-budget-gb).",
+                                 "the attention maps, or auto (maps when they fit in --longctx-maps-budget-gb).",
                          choices=("auto", "streaming", "maps"))
-    maps_budget_gb: float = option(2.0, "Largest size of one batch's attention maps for --engine auto "
+    maps_budget_gb: float = option(2.0, "Largest size of one batch's attention maps for --longctx-engine auto "
                                         "to use them.")
     dtype: str = option("float32", "Precision of the forward pass (bfloat16: autocast; the statistics "
                                    "are always recomputed in float32 from its queries and keys).",

@@ -49,20 +49,16 @@ class PatternsFamily(Family):
 
     @dataclasses.dataclass
     class Options:
-        delimiter: float = option(_D.delimiter, "Label 'delimiter' above this attention to [CLS]/[SEP].",
-                                  flag="--delimiter-threshold", minimum=0)
-        position: float = option(_D.position, "Label 'previous'/'next' above this attention.",
-                                 flag="--position-threshold", minimum=0)
-        repeat: float = option(_D.repeat, "Label a repeat pattern above this mass on repeated tokens.",
-                               flag="--repeat-threshold", minimum=0)
+        delimiter: float = option(_D.delimiter, "Label 'delimiter' above this attention to [CLS]/[SEP].", minimum=0)
+        position: float = option(_D.position, "Label 'previous'/'next' above this attention.", minimum=0)
+        repeat: float = option(_D.repeat, "Label a repeat pattern above this mass on repeated tokens.", minimum=0)
         pieces: float = option(_D.pieces, "Label 'word pieces' above this mass on the word's earlier or "
-                                          "later pieces.", flag="--pieces-threshold", minimum=0)
-        lift: float = option(_D.lift, "Repeat and pieces labels also need this many times the chance level.",
-                             flag="--lift", minimum=0)
+                                          "later pieces.", minimum=0)
+        lift: float = option(_D.lift, "Repeat and pieces labels also need this many times the chance level.", minimum=0)
         bag_within: float = option(_D.bag_within, "Label 'bag of words' above this mass within the own "
-                                                  "segment ...", flag="--bag-within", minimum=0)
+                                                  "segment ...", minimum=0)
         bag_evenness: float = option(_D.bag_evenness, "... and at least this within-segment entropy as a "
-                                                      "share of uniform.", flag="--bag-evenness", minimum=0)
+                                                      "share of uniform.", minimum=0)
 
         def thresholds(self) -> PatternThresholds:
             return PatternThresholds(**dataclasses.asdict(self))

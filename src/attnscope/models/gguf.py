@@ -145,7 +145,7 @@ def load_causal_lm(name: str = SMOLLM2, *, dtype=None):
 
 def causal_lm_for(lm, *, seed: int = 0):
     """The decoder of a :class:`~attnscope.models.loading.LoadedModel` with its language-model
-    head (for ``--generate``), sharing the loaded weights.
+    head (for ``--longctx-generate``), sharing the loaded weights.
 
     attnscope loads decoders without their head (attention needs none). The head is the input
     embedding when the config ties them (SmolLM2, Qwen2, Gemma), else ``lm_head.weight`` from

@@ -169,7 +169,7 @@ def resolve_device(device: str | None) -> str:
     ('cpu', 'cpu')
     >>> resolve_device("gpu")
     Traceback (most recent call last):
-    attnscope.errors.ModelError: --device gpu: not a device; use cpu, auto, cuda, cuda:N or mps
+    attnscope.errors.ModelError: device gpu: not one of cpu, auto, cuda, cuda:N, mps
     """
     import torch
 
@@ -178,21 +178,20 @@ def resolve_device(device: str | None) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     kind, _, index = text.partition(":")
     if kind not in ("cpu", "cuda", "mps") or (index and not index.isdigit()) or (kind == "cpu" and index):
-        raise ModelError(f"--device {device}: not a device; use {', '.join(DEVICE_CHOICES[:-2])}, "
-                         f"cuda:N or mps")
+        raise ModelError(f"device {device}: not one of {', '.join(DEVICE_CHOICES)}", params=("device",))
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise ModelError(f"--device {device}: torch sees no CUDA GPU on this machine "
-                             f"(torch {torch.__version__}); use --device cpu or auto")
+            raise ModelError(f"device {device}: torch sees no CUDA GPU on this machine "
+                             f"(torch {torch.__version__}); use device cpu or auto", params=("device",))
         count = torch.cuda.device_count()
         if index and int(index) >= count:
-            raise ModelError(f"--device {device}: this machine has {count} CUDA device(s) "
-                             f"(cuda:0 to cuda:{count - 1})")
+            raise ModelError(f"device {device}: this machine has {count} CUDA GPU(s) "
+                             f"(cuda:0 to cuda:{count - 1})", params=("device",))
     if kind == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available() or index not in ("", "0"):
-            raise ModelError(f"--device {device}: torch sees no Apple MPS device on this machine; "
-                             "use --device cpu or auto")
+            raise ModelError(f"device {device}: torch sees no Apple MPS GPU on this machine; "
+                             "use device cpu or auto", params=("device",))
     return text
 
 
@@ -305,8 +304,9 @@ def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
                                               output_loading_info=True, **kwargs)
             missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
             if any(k.startswith(("cls.", "lm_head", "vocab_", "generator_", "predictions")) for k in missing):
-                raise ModelError(f"{name}: the weights have no masked-LM head (use --fit-mlm-head "
-                                 "to train one on the frozen encoder)")
+                raise ModelError(f"{name}: the weights have no masked-LM head (load it without one, "
+                                 "and fit one on the frozen encoder: "
+                                 "attnscope.analyses.gradients.fit_mlm_head)")
             has_mlm = True
         else:
             model = AutoModel.from_pretrained(ref, config=config, attn_implementation="eager", **kwargs)

@@ -10,15 +10,15 @@ RAY_EXTRA = "pip install 'attnscope[ray]'"
 
 
 def check_ray(ray: bool, workers: int) -> None:
-    """Refuse ``--workers`` without ``--ray``, a bad count, or ``--ray`` without Ray installed
+    """Refuse ``workers`` without ``ray``, a bad count, or ``ray`` without Ray installed
     (one line naming the extra), before anything is read or written. Ray is not imported."""
     import importlib.util
 
     from attnscope.errors import AttnscopeError
 
     if workers != 1 and not ray:
-        raise AttnscopeError("--workers needs --ray")
+        raise AttnscopeError("workers needs ray", params=("workers", "ray"))
     if not isinstance(workers, int) or workers < 1:
-        raise AttnscopeError(f"--workers must be at least 1, not {workers!r}")
+        raise AttnscopeError(f"workers must be at least 1, not {workers!r}", params=("workers",))
     if ray and importlib.util.find_spec("ray") is None:
-        raise AttnscopeError(f"--ray needs Ray, which is not installed: {RAY_EXTRA}")
+        raise AttnscopeError(f"ray needs Ray, which is not installed: {RAY_EXTRA}", params=("ray",))

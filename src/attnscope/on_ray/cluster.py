@@ -56,13 +56,13 @@ def require_ray():
     try:
         import ray
     except ImportError:
-        raise AttnscopeError(f"--ray needs Ray, which is not installed: {RAY_EXTRA}") from None
+        raise AttnscopeError(f"ray needs Ray, which is not installed: {RAY_EXTRA}", params=("ray",)) from None
     return ray
 
 
 def check_workers(workers: int) -> None:
     if not isinstance(workers, int) or workers < 1:
-        raise AttnscopeError(f"--workers must be at least 1, not {workers!r}")
+        raise AttnscopeError(f"workers must be at least 1, not {workers!r}", params=("workers",))
 
 
 def worker_runtime_env() -> dict[str, Any]:
@@ -353,9 +353,10 @@ def _ray_failure(exc: Exception, where: str, *, store: bool = False) -> Attnscop
     lines = [ln.strip() for ln in str(exc).splitlines()]
     cause = next((ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*: ", ln)
                   and not ln.startswith("ray.")), None) or type(exc).__name__
-    then = ("finished shards are kept: run the same command with --resume" if store
+    then = ("finished shards are kept: run the same command with resume" if store
             else "run the same command again")
-    return RayJobError(f"{where}: the Ray job failed ({cause[:300]}); {then}")
+    return RayJobError(f"{where}: the Ray job failed ({cause[:300]}); {then}",
+                       params=("resume",) if store else ())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -53,8 +53,8 @@ def read_paper_pickle(path: str | Path, *, allow_pickle: bool = False) -> list[d
     """Read a paper-code ``*_attn.pkl`` (only with ``allow_pickle=True``)."""
     path = Path(path)
     if not allow_pickle:
-        raise InputError(path, "is a pickle, and loading a pickle can run code: pass --allow-pickle "
-                               "if you trust where it came from")
+        raise InputError(path, "is a pickle, and loading a pickle can run code: pass allow_pickle "
+                               "if you trust where it came from", params=("allow_pickle",))
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -116,7 +116,7 @@ def import_paper_pickle(path: str | Path, out: str | Path, *, allow_pickle: bool
     root = Path(out)
     if root.exists() and any(root.iterdir()):
         if not overwrite:
-            raise StoreError(f"{root}: already exists (use --overwrite to replace it)")
+            raise StoreError(f"{root}: already exists (use overwrite to replace it)", params=("overwrite",))
         shutil.rmtree(root)
     (root / SHARDS).mkdir(parents=True, exist_ok=True)
     L, H = np.asarray(data[0]["attns"]).shape[:2]

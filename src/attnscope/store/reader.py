@@ -215,7 +215,8 @@ class Store:
         problems = []
         ipath = self.path / INDEX
         if not ipath.is_file():
-            return [f"{self.path}: no index.json: the store is unfinished (run extract again with --resume)"]
+            return [f"{self.path}: no index.json: the store is unfinished (finish it with "
+                    "'attnscope extract ... --resume')"]
         index = _read_json_object(ipath, "index")
         shards = index.get("shards")
         if not isinstance(shards, list):

@@ -48,7 +48,7 @@ def _write_file(root: Path, path: Path, data: bytes) -> None:
         reason = (exc.strerror or type(exc).__name__).lower()
         raise WriteError(f"{root}: cannot write {path.relative_to(root)}: {reason}; the finished "
                          "shards are kept: make room (or fix the folder) and run the same command "
-                         "with --resume") from None
+                         "with resume", params=("resume",)) from None
 
 
 def _leftovers_only(root: Path) -> bool:
@@ -138,10 +138,11 @@ def check_output_folder(root: Path, *, resume: bool = False, overwrite: bool = F
     if not is_store:
         if overwrite and (root / SHARDS).is_dir():
             return  # a store whose manifest was lost: --overwrite may replace it
-        raise StoreError(f"{root}: already holds other files (not a store); choose another --out")
+        raise StoreError(f"{root}: already holds other files (not a store); choose another out",
+                         params=("out",))
     if not (resume or overwrite):
-        raise StoreError(f"{root}: already holds a store (use --resume to continue it or "
-                         "--overwrite to replace it)")
+        raise StoreError(f"{root}: already holds a store (use resume to continue it or "
+                         "overwrite to replace it)", params=("resume", "overwrite"))
 
 
 def extract_to_store(examples: Iterable[Example], out: str | Path, model: LoadedModel | str = "default",
@@ -215,7 +216,7 @@ def open_store_job(examples: Iterable[Example], out: str | Path, model: LoadedMo
     """Check ``out``, load the model, write the first (incomplete) manifest of a fresh store, or
     find the valid shards of a store to resume; see :func:`extract_to_store`."""
     if dtype not in DTYPES:
-        raise StoreError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        raise StoreError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}", params=("dtype",))
     if shard_size < 1:
         raise StoreError("shard size must be at least 1")
     options = options or ExtractOptions()
@@ -248,7 +249,7 @@ def open_store_job(examples: Iterable[Example], out: str | Path, model: LoadedMo
                     and old["model"].get("weights_sha256") == lm.describe()["weights_sha256"])
             if not same:
                 raise StoreError(f"{root}: cannot resume: the store was made from other inputs, "
-                                 "options or weights (use --overwrite to start again)")
+                                 "options or weights (use overwrite to start again)", params=("overwrite",))
             done = _valid_shards(root)
             for tmp in root.glob(".*.tmp"):  # a manifest or index in flight when killed
                 tmp.unlink()
@@ -258,8 +259,8 @@ def open_store_job(examples: Iterable[Example], out: str | Path, model: LoadedMo
             shutil.rmtree(root)
         else:
             what = "a store" if old is not None else "other files"
-            raise StoreError(f"{root}: already holds {what} (use --resume to continue it or "
-                             "--overwrite to replace it)")
+            raise StoreError(f"{root}: already holds {what} (use resume to continue it or "
+                             "overwrite to replace it)", params=("resume", "overwrite"))
     fresh = not done
     if fresh:  # the manifest first: a folder with shards/ always says what it is
         _write_file(root, root / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False).encode())

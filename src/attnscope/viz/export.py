@@ -27,8 +27,8 @@ def find_chromium(path: str | None = None) -> str:
                  shutil.which("chromium"), shutil.which("chromium-browser")):
         if cand and Path(cand).is_file():
             return str(cand)
-    raise AttnscopeError("PNG/SVG export needs Chromium: install it (apt-get install chromium) or "
-                         "pass its path with --chromium")
+    raise AttnscopeError("PNG/SVG export needs Chromium: install it ('apt-get install chromium') or "
+                         "pass its path as chromium", params=("chromium",))
 
 
 def is_local(url: str) -> bool:

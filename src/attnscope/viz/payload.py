@@ -180,14 +180,14 @@ def window_units(n: int, window: int = WINDOW, offset: int | None = None) -> np.
     [0, 1, 2, 3]
     """
     if window < 1:
-        raise AttnscopeError(f"--window {window}: must be at least 1")
+        raise AttnscopeError(f"window {window}: must be at least 1", params=("window",))
     w = min(window, n)
     last = n - w
     if offset is None:
         offset = last
     if not 0 <= offset <= last:
-        raise AttnscopeError(f"--offset {offset}: out of range for {n} units and a window of {w} "
-                             f"(0 .. {last})")
+        raise AttnscopeError(f"offset {offset}: out of range for {n} units and a window of {w} "
+                             f"(0 .. {last})", params=("offset",))
     units = np.arange(offset, offset + w)
     return units if offset == 0 else np.concatenate([[0], units])
 
@@ -291,8 +291,9 @@ def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, head
                "size": min(window, n_full), "num_units": n_full, "long_input": long_input,
                "outside": encode_u8(outside)}
     elif offset is not None:
-        raise AttnscopeError(f"--offset: example {full.index} has {n_full} units, not more than "
-                             f"{long_input}, so the whole input is shown (no window to move)")
+        raise AttnscopeError(f"offset {offset}: example {full.index} has {n_full} units, not more than "
+                             f"{long_input}, so the whole input is shown (no window to move)",
+                             params=("offset",))
     attn = np.asarray(amap.attn, dtype=np.float32)  # [L H m m]
     return {
         "version": PAYLOAD_VERSION,

@@ -34,7 +34,8 @@ def model_for_store(store, model: str | None = None):
     info = store.manifest.get("model", {})
     name = model or info.get("name")
     if not name:
-        raise AttnscopeError(f"{store.path}: the manifest names no model; pass --model")
+        raise AttnscopeError(f"{store.path}: its manifest does not name the weights; pass model",
+                             params=("model",))
     lm = load_model(name, seed=store.manifest.get("seed") or 0)
     warnings = []
     want = info.get("weights_sha256")
@@ -65,8 +66,9 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
         from attnscope.viz.pages import results_view_html
 
         if png is not None or svg is not None:
-            raise AttnscopeError(f"--png/--svg: {store_path} is an analysis output folder; its "
-                                 "figures are already in its figures/ folder as PNG and SVG")
+            raise AttnscopeError(f"png and svg exports: {store_path} is an analysis output folder; its "
+                                 "figures are already in its figures/ folder as PNG and SVG",
+                                 params=("png", "svg"))
         html = results_view_html(store_path, title=f"{Path(store_path).name}: results")
         return {**_finish(html, out, None, None, scale, chromium, []), "view": "results"}
     store = open_store(store_path)
