@@ -22,11 +22,11 @@ def bert_mlm():
     return load_model("debug:bert", mlm_head=True)
 
 
-def _run(key, lm, out, inputs, **opts):
+def _run(key, lm, out, inputs, results=None, **opts):
     load_families()
     fam = FAMILIES[key]()
     options = fam.Options(**opts)
-    ctx = Context(model=lm, out_dir=out, seed=0, max_seq_len=64, batch_size=4)
+    ctx = Context(model=lm, out_dir=out, seed=0, max_seq_len=64, batch_size=4, results=results or {})
     return fam.run(fam.prepare(inputs, options, ctx), options, ctx)
 
 
@@ -38,8 +38,8 @@ def test_family_writes_everything_and_labels_heads_from_general(bert_mlm, tmp_pa
     _run("general", bert_mlm, tmp_path, {"text": DEMO}, num_text_examples=8)
     general = _strict(tmp_path / "results" / "general.json")
     labels = {(r["layer"], r["head"]): r["behaviour"] for r in general["clustering"]["rows"]}
-    sec = _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, attribution_examples=6,
-               attribution_map_examples=3)
+    sec = _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, {"general": general},
+               attribution_examples=6, attribution_map_examples=3)
     data = _strict(tmp_path / "results" / "attribution.json")
     assert data["examples"] == 6
     assert set(data["analyses"]) == {"head-importance", "ablation-zero", "ablation-mean",
@@ -119,3 +119,41 @@ def test_run_switch_runs_after_general_and_reaches_the_report(tmp_path):
     assert {(r["layer"], r["head"]): r["behaviour"] for r in heads} == labels
     assert "ablation-zero" in data["analyses"] and "ablation-mean" not in data["analyses"]
     assert "attribution_importance.png" in (out / "report.html").read_text()
+
+
+def test_a_stale_general_results_file_is_not_read(bert_mlm, tmp_path):
+    """Labels come from the general family of the same job (Context.results), never from a
+    results/general.json that happens to be in the output folder."""
+    _run("general", bert_mlm, tmp_path, {"text": DEMO}, num_text_examples=8)
+    assert (tmp_path / "results" / "general.json").exists()
+    sec = _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, attribution_examples=3,
+               attribution_map_examples=1, attribution_methods="importance")
+    heads = json.loads((tmp_path / "tables" / "attribution_heads.json").read_text())
+    assert all("behaviour" not in r for r in heads)
+    assert not any("(" in f for f in sec.findings if f.startswith("most important heads"))
+
+
+def test_analyze_attribution_alone_has_no_labels_despite_a_stale_file(tmp_path):
+    from attnscope.pipeline import run_family
+
+    stale = {"attnscope_result": 1, "family": "general", "analysis": "general",
+             "clustering": {"rows": [{"layer": 0, "head": 0, "behaviour": "stale"}]}}
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "general.json").write_text(json.dumps(stale))
+    run_family("attribution", {"attribution": DEMO}, tmp_path, model="debug:gpt2", max_seq_len=64,
+               batch_size=4, attribution_examples=3, attribution_methods="importance")
+    heads = json.loads((tmp_path / "tables" / "attribution_heads.json").read_text())
+    assert len(heads) == 4 and all("behaviour" not in r for r in heads)
+
+
+def test_run_order_puts_used_families_first_and_keeps_the_rest():
+    from attnscope.pipeline import run_order
+
+    load_families()
+    general, attribution, patterns = (FAMILIES[k]() for k in ("general", "attribution", "patterns"))
+    assert FAMILIES["attribution"].uses == ("general",)
+    # report order would run attribution before general: the pipeline runs general first
+    got = run_order([attribution, patterns, general])
+    assert [f.key for f in got] == ["general", "attribution", "patterns"]
+    assert [f.key for f in run_order([patterns, attribution])] == ["patterns", "attribution"]
+    assert [f.key for f in run_order([general, patterns, attribution])] == ["general", "patterns", "attribution"]
