@@ -157,3 +157,17 @@ def test_run_order_puts_used_families_first_and_keeps_the_rest():
     assert [f.key for f in got] == ["general", "attribution", "patterns"]
     assert [f.key for f in run_order([patterns, attribution])] == ["patterns", "attribution"]
     assert [f.key for f in run_order([general, patterns, attribution])] == ["general", "patterns", "attribution"]
+
+
+def test_agreement_runs_on_the_first_map_examples_that_fit(debug_gpt2, tmp_path):
+    """A too-long example among the first ones is skipped (and counted) by every pass; the
+    agreement pass still gets attribution_map_examples examples, with their own indices."""
+    long = " ".join(["word"] * 200)
+    path = tmp_path / "ex.json"
+    path.write_text(json.dumps([{"text": long}] + [{"text": f"the cat number {i} sat down"} for i in range(4)]))
+    _run("attribution", debug_gpt2, tmp_path / "out", {"attribution": path}, attribution_examples=5,
+         attribution_map_examples=2, attribution_methods="rollout")
+    data = _strict(tmp_path / "out" / "results" / "attribution.json")
+    assert data["examples"] == 4
+    assert "1 examples longer than 64 tokens were skipped" in data["notes"]
+    assert data["analyses"]["attribution-agreement"]["meta"]["examples"] == 2

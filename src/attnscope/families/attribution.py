@@ -140,10 +140,11 @@ def _arguments(key: str, lm, objective, options: AttributionOptions, ctx: Contex
     return {"lm": lm, "batch_size": bs}  # head-means, norm-shares: the model alone
 
 
-def _run_passes(examples, methods: list[str], objective, options: AttributionOptions,
+def _run_passes(examples, agreement: list, methods: list[str], objective, options: AttributionOptions,
                 ctx: Context) -> dict[str, Any]:
     """Each method's analyses (by registry name, :data:`METHOD_ANALYSES`) handed to the
-    pipeline's passes; returns result key -> Result."""
+    pipeline's passes (the agreement pass on ``agreement``, a head of ``examples``); returns
+    result key -> Result."""
     from attnscope.analyses.base import get_analysis
 
     ablations = {"both": ("ablation-zero", "head-means", "ablation-mean"), "zero": ("ablation-zero",),
@@ -151,7 +152,7 @@ def _run_passes(examples, methods: list[str], objective, options: AttributionOpt
     wanted = [w for m in methods for w in METHOD_ANALYSES[m] if m != "ablation" or w[0] in ablations]
     results: dict[str, Any] = {}
     for p, source, step in ((0, examples, "attribution"), (1, examples, "attribution: ablation and pruning"),
-                            (2, examples[: options.attribution_map_examples], "attribution: agreement")):
+                            (2, agreement, "attribution: agreement")):
         built = []
         for key, name, q in wanted:
             args = _arguments(key, ctx.model, objective, options, ctx, results) if q == p else None
@@ -276,7 +277,9 @@ class Attribution(Family):
         objective = _objective(lm, options, encoded, ctx.seed, notes) if needs_loss else None
         if objective is not None:
             notes.append(f"loss: {objective.describe()['loss']}")
-        results = _run_passes(examples, methods, objective, options, ctx)
+        # the agreement pass: the examples up to the attribution_map_examples-th that fits
+        last = encoded[min(options.attribution_map_examples, len(encoded)) - 1].index
+        results = _run_passes(examples, examples[: last + 1], methods, objective, options, ctx)
         example = example_maps(lm, encoded[pick], methods, options, notes)
         return write_attribution(results, ctx.out_dir, notes=notes, example=example,
                                  general=ctx.results.get("general"),
