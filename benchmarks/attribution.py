@@ -326,8 +326,9 @@ def numbers(lm, objective, encoded, args, fit_note) -> None:
     from attnscope.analyses.importance import HeadImportance
     from attnscope.analyses.norms import SHARE_CLASSES, NormShares
     from attnscope.report.attribution import behaviour_labels
+    from attnscope.report.results import ResultsFolder
 
-    labels = behaviour_labels(args.numbers)
+    labels = behaviour_labels(ResultsFolder(args.numbers).get("general"))
     t0 = time.perf_counter()
     imp = HeadImportance(objective, batch_size=args.batch_size)
     imp.update(encoded)

@@ -22,11 +22,11 @@ def bert_mlm():
     return load_model("debug:bert", mlm_head=True)
 
 
-def _run(key, lm, out, inputs, **opts):
+def _run(key, lm, out, inputs, results=None, **opts):
     load_families()
     fam = FAMILIES[key]()
     options = fam.Options(**opts)
-    ctx = Context(model=lm, out_dir=out, seed=0, max_seq_len=64, batch_size=4)
+    ctx = Context(model=lm, out_dir=out, seed=0, max_seq_len=64, batch_size=4, results=results or {})
     return fam.run(fam.prepare(inputs, options, ctx), options, ctx)
 
 
@@ -38,8 +38,8 @@ def test_family_writes_everything_and_labels_heads_from_general(bert_mlm, tmp_pa
     _run("general", bert_mlm, tmp_path, {"text": DEMO}, num_text_examples=8)
     general = _strict(tmp_path / "results" / "general.json")
     labels = {(r["layer"], r["head"]): r["behaviour"] for r in general["clustering"]["rows"]}
-    sec = _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, attribution_examples=6,
-               attribution_map_examples=3)
+    sec = _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, {"general": general},
+               attribution_examples=6, attribution_map_examples=3)
     data = _strict(tmp_path / "results" / "attribution.json")
     assert data["examples"] == 6
     assert set(data["analyses"]) == {"head-importance", "ablation-zero", "ablation-mean",
@@ -97,7 +97,7 @@ def test_cli_bad_methods_is_one_line_exit_2_and_no_output(tmp_path):
                            "--model", "debug:bert", "--out", str(out), "--attribution-methods",
                            "importance,nope"], capture_output=True, text=True)
     assert proc.returncode == 2
-    assert "--attribution-methods: unknown nope" in proc.stderr
+    assert "--attribution-methods names nope; choose from" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists() or not any(out.rglob("*.json"))
 
@@ -140,3 +140,55 @@ def test_long_methods_announce_their_estimated_time_and_the_option_that_skips_th
     assert [(m[1], int(m[2]), m[4]) for m in got] == [("zero ablation", 4, "ablation"),
                                                       ("value zeroing", n + 1, "value-zeroing")]
     assert int(got[1][3]) == n
+
+
+def test_a_stale_general_results_file_is_not_read(bert_mlm, tmp_path):
+    """Labels come from the general family of the same job (Context.results), never from a
+    results/general.json that happens to be in the output folder."""
+    _run("general", bert_mlm, tmp_path, {"text": DEMO}, num_text_examples=8)
+    assert (tmp_path / "results" / "general.json").exists()
+    sec = _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, attribution_examples=3,
+               attribution_map_examples=1, attribution_methods="importance")
+    heads = json.loads((tmp_path / "tables" / "attribution_heads.json").read_text())
+    assert all("behaviour" not in r for r in heads)
+    assert not any("(" in f for f in sec.findings if f.startswith("most important heads"))
+
+
+def test_analyze_attribution_alone_has_no_labels_despite_a_stale_file(tmp_path):
+    from attnscope.pipeline import run_family
+
+    stale = {"attnscope_result": 1, "family": "general", "analysis": "general",
+             "clustering": {"rows": [{"layer": 0, "head": 0, "behaviour": "stale"}]}}
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "general.json").write_text(json.dumps(stale))
+    run_family("attribution", {"attribution": DEMO}, tmp_path, model="debug:gpt2", max_seq_len=64,
+               batch_size=4, attribution_examples=3, attribution_methods="importance")
+    heads = json.loads((tmp_path / "tables" / "attribution_heads.json").read_text())
+    assert len(heads) == 4 and all("behaviour" not in r for r in heads)
+
+
+def test_run_order_puts_used_families_first_and_keeps_the_rest():
+    from attnscope.pipeline import run_order
+
+    load_families()
+    general, attribution, patterns = (FAMILIES[k]() for k in ("general", "attribution", "patterns"))
+    assert FAMILIES["attribution"].uses == ("general",)
+    # report order would run attribution before general: the pipeline runs general first
+    got = run_order([attribution, patterns, general])
+    assert [f.key for f in got] == ["general", "attribution", "patterns"]
+    assert [f.key for f in run_order([patterns, attribution])] == ["patterns", "attribution"]
+    assert [f.key for f in run_order([general, patterns, attribution])] == ["general", "patterns", "attribution"]
+
+
+def test_agreement_runs_on_the_first_map_examples_that_fit(debug_gpt2, tmp_path):
+    """A too-long example among the first ones is skipped (and counted) by every pass; the
+    agreement pass still gets attribution_map_examples examples, with their own indices."""
+    long = " ".join(["word"] * 200)
+    path = tmp_path / "ex.json"
+    path.write_text(json.dumps([{"text": long}] + [{"text": f"the cat number {i} sat down"} for i in range(4)]))
+    _run("attribution", debug_gpt2, tmp_path / "out", {"attribution": path}, attribution_examples=5,
+         attribution_map_examples=2, attribution_methods="rollout")
+    data = _strict(tmp_path / "out" / "results" / "attribution.json")
+    assert data["examples"] == 4
+    assert "1 examples longer than 64 tokens were skipped" in data["notes"]
+    assert data["analyses"]["attribution-agreement"]["meta"]["examples"] == 2

@@ -54,7 +54,20 @@ def test_the_registry_is_complete_on_import_and_holds_every_analysis_class():
     unregistered = {c.__qualname__ for c in concrete(Analysis) if c.__module__.startswith("attnscope.")
                     and ANALYSES.get(getattr(c, "name", None)) is not c}
     assert not unregistered
-    assert {"figure-1-example", "key-concentration"} <= set(ANALYSIS_NAMES)
+    assert {"figure-1-example", "key-concentration", "streamed-general"} <= set(ANALYSIS_NAMES)
+
+
+def test_every_declared_requirement_is_known_and_a_causal_only_analysis_refuses_an_encoder(mlm_bert):
+    from attnscope.analyses.base import REQUIREMENTS
+    from attnscope.errors import AttnscopeError
+
+    for name, cls in ANALYSES.items():
+        assert cls.requires <= set(REQUIREMENTS), name
+    causal = [name for name, cls in ANALYSES.items() if "causal" in cls.requires]
+    assert "streamed-general" in causal
+    for name in causal:
+        with pytest.raises(AttnscopeError, match="not causal"):
+            _build(name, mlm_bert)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +94,14 @@ def _examples(requires: frozenset, model) -> list:
 
 
 @pytest.fixture(scope="module")
-def batches_for(mlm_bert):
+def model_for(mlm_bert, debug_llama):
+    """The model an analysis is built and fed with: a causal one (debug_llama) when it
+    requires ``causal``, else a BERT with its masked-LM head."""
+    return lambda name: debug_llama if "causal" in ANALYSES[name].requires else mlm_bert
+
+
+@pytest.fixture(scope="module")
+def batches_for(model_for):
     from attnscope.extract import extract
 
     cache: dict = {}
@@ -90,17 +110,18 @@ def batches_for(mlm_bert):
         """What ``update`` of analysis ``name`` consumes, one item per example: maps, or
         encoded examples for analyses that run the model themselves."""
         cls = ANALYSES[name]
+        model = model_for(name)
         word = "word_level" in cls.requires
-        key = (word, "coreference" in cls.requires, cls.consumes)
+        key = (word, "coreference" in cls.requires, cls.consumes, model.name)
         if key not in cache:
-            examples = _examples(cls.requires, mlm_bert)
+            examples = _examples(cls.requires, model)
             if cls.consumes == "encoded":
                 from attnscope.extract.encode import Encoder
 
-                encoder = Encoder(mlm_bert)
+                encoder = Encoder(model)
                 cache[key] = [encoder.encode(ex, i) for i, ex in enumerate(examples)]
             else:
-                cache[key] = [m for b in extract(examples, mlm_bert, word_level=word, batch_size=4,
+                cache[key] = [m for b in extract(examples, model, word_level=word, batch_size=4,
                                                  max_seq_len=128) for m in b]
         return cache[key]
 
@@ -151,12 +172,12 @@ def _build(name, model):
 
 
 @pytest.mark.parametrize("name", ANALYSIS_NAMES)
-def test_empty_input_and_one_example(name, mlm_bert, batches_for):
-    empty = _build(name, mlm_bert).finalize()
+def test_empty_input_and_one_example(name, model_for, batches_for):
+    empty = _build(name, model_for(name)).finalize()
     assert empty.analysis == name
     json.loads(dumps(empty.to_json()))  # serialises even with nothing accumulated
     maps = batches_for(name)
-    one = _build(name, mlm_bert)
+    one = _build(name, model_for(name))
     one.update(_feed(name, maps[:1]))
     res = one.finalize()
     assert res.analysis == name
@@ -164,29 +185,29 @@ def test_empty_input_and_one_example(name, mlm_bert, batches_for):
 
 
 @pytest.mark.parametrize("name", ANALYSIS_NAMES)
-def test_merge_of_halves_and_any_batching_equal_the_whole(name, mlm_bert, batches_for):
+def test_merge_of_halves_and_any_batching_equal_the_whole(name, model_for, batches_for):
     maps = batches_for(name)
-    whole = _build(name, mlm_bert)
+    whole = _build(name, model_for(name))
     whole.update(_feed(name, maps))
     expected = _plain(whole.finalize())
 
-    one_by_one = _build(name, mlm_bert)
+    one_by_one = _build(name, model_for(name))
     for m in maps:
         one_by_one.update(_feed(name, [m]))
     _equal(_plain(one_by_one.finalize()), expected, f"{name} one by one")
 
     half = len(maps) // 2
-    a, b = _build(name, mlm_bert), _build(name, mlm_bert)
+    a, b = _build(name, model_for(name)), _build(name, model_for(name))
     a.update(_feed(name, maps[:half]))
     b.update(_feed(name, maps[half:]))
     _equal(_plain(a.merge(b).finalize()), expected, f"{name} merged")
 
 
 @pytest.mark.parametrize("name", ANALYSIS_NAMES)
-def test_json_round_trip_params_and_seed(name, mlm_bert, batches_for):
+def test_json_round_trip_params_and_seed(name, model_for, batches_for):
     from attnscope.analyses.base import Result
 
-    analysis = _build(name, mlm_bert)
+    analysis = _build(name, model_for(name))
     analysis.update(_feed(name, batches_for(name)[:3]))
     res = analysis.finalize()
     text = dumps(res.to_json())

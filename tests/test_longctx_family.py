@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from attnscope.errors import InputError
+from attnscope.errors import AttnscopeError, InputError
 from attnscope.families import Context, load_families
 from attnscope.families.longctx import LongContext, Options
 from attnscope.models import load_model
@@ -115,10 +115,11 @@ def test_bad_inputs_name_the_file(tmp_path, llama):
     ctx = Context(model=llama, out_dir=tmp_path / "out", max_seq_len=64)
     with pytest.raises(InputError, match="bad.jsonl.*text"):
         fam.prepare({"documents": bad}, Options(), ctx)
-    with pytest.raises(InputError, match="--chunk"):
+    with pytest.raises(AttnscopeError, match="^chunk must be at least 0") as refused:
         fam.prepare({"documents": bad}, Options(chunk=-1), ctx)
+    assert refused.value.params == ("chunk",)
     enc = load_model("debug:bert")
-    with pytest.raises(InputError, match="--max-seq-len"):
+    with pytest.raises(AttnscopeError, match="^max_seq_len 100000 is longer than debug:bert"):
         fam.prepare({"documents": bad}, Options(), Context(model=enc, out_dir=tmp_path, max_seq_len=10 ** 5))
     assert not (tmp_path / "out").exists()
 
@@ -172,7 +173,7 @@ def test_generate_refused_for_an_encoder(tmp_path, capsys):
     code = main(["analyze", "longctx", str(docs), "--model", "debug:bert", "--out", str(tmp_path / "o"),
                  "--longctx-generate", "3", "-q"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and "--generate 3" in err and "encoder" in err
+    assert code == 2 and "--longctx-generate 3" in err and "encoder" in err
     assert len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
@@ -191,8 +192,9 @@ def test_word_level_documents(tmp_path, llama):
 
 
 def test_word_level_with_generate_is_refused(tmp_path, llama):
-    with pytest.raises(InputError, match="--word-level with --generate"):
+    with pytest.raises(AttnscopeError, match="^word_level with generate") as refused:
         _run(tmp_path, llama, word_level=True, generate=3)
+    assert refused.value.params == ("word_level", "generate")
     assert not (tmp_path / "out").exists()
 
 
@@ -269,7 +271,7 @@ def test_sink_metric_option(tmp_path, llama):
     _, pooled, _ = _run(tmp_path / "pooled", llama, induction=0)
     assert "pooled" in pooled.findings[0] and pooled.findings[1].startswith("By Gu et al. 2024's metric")
     enc = load_model("debug:bert")
-    with pytest.raises(InputError, match="--sink-metric gu2024: debug:bert is an encoder"):
+    with pytest.raises(AttnscopeError, match="^sink_metric gu2024: debug:bert is an encoder"):
         _run(tmp_path / "enc", enc, sink_metric="gu2024")
     assert not (tmp_path / "enc" / "out").exists()
 

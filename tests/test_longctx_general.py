@@ -12,12 +12,13 @@ from attnscope.analyses.distances import HeadDistances
 from attnscope.analyses.entropy import Entropy
 from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
+from attnscope.analyses.streamed_general import StreamedGeneral
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.cli.main import main
 from attnscope.data.records import Example
 from attnscope.extract.encode import Encoder
 from attnscope.extract.runner import Extractor
-from attnscope.families.general import run_general, streamed_general
+from attnscope.families.general import run_general
 from attnscope.models import load_model
 
 pytest.importorskip("torch")
@@ -50,7 +51,9 @@ def test_streaming_equals_maps_on_a_decoder(llama):
     classer = TokenClasser.positional()
     maps = _maps_results(llama, encoded, classer)
     # js_rows above every example's length: every row is sampled, so the distances are exact too
-    got = streamed_general(encoded, llama, classer, seed=3, js_rows=64)
+    streamed = StreamedGeneral(llama, classer, seed=3, js_rows=64)
+    streamed.update(encoded)
+    got = streamed.parts()
     checked = 0
     for name, res in maps.items():
         for key, want in res.arrays.items():
@@ -162,8 +165,26 @@ def test_save_maps_needs_the_maps_engine(tmp_path, llama):
     from attnscope.errors import AttnscopeError
 
     examples = [Example(text=t) for t in TEXTS]
-    with pytest.raises(AttnscopeError, match="--save-maps needs the maps engine, not --general-engine"):
+    with pytest.raises(AttnscopeError, match="^save_maps needs the maps engine, not general_engine") as refused:
         run_general(examples, llama, tmp_path / "o", max_seq_len=64, engine="streaming", save_maps=tmp_path / "m")
-    with pytest.raises(AttnscopeError, match="raise --general-maps-budget-gb"):
+    assert refused.value.params == ("save_maps", "general_engine")
+    with pytest.raises(AttnscopeError, match="raise general_maps_budget_gb") as refused:
         run_general(examples, llama, tmp_path / "o", max_seq_len=64, maps_budget_gb=0, save_maps=tmp_path / "m")
+    assert "--general-maps-budget-gb" in refused.value.for_flags({})
     assert not (tmp_path / "m").exists() and not (tmp_path / "o").exists()
+
+
+def test_streaming_runs_a_decoder_past_its_configured_positions(tmp_path, debug_llama):
+    """Rotary positions extrapolate: a decoder runs past max_position_embeddings (512 for the
+    debug Llama), and the findings say so; an encoder is refused at its limit."""
+    from attnscope.errors import AttnscopeError
+
+    text = " ".join(f"word{i % 50}" for i in range(150))  # 721 tokens of the debug tokenizer
+    sec = run_general([Example(text=text)], debug_llama, tmp_path / "d", max_seq_len=1024,
+                      engine="streaming", gradients="off")
+    assert any("past the 512 positions" in f for f in sec.findings), sec.findings
+    with pytest.raises(AttnscopeError, match="above the position limit"):
+        from attnscope.models import load_model
+
+        run_general([Example(text="a b c")], load_model("debug:bert"), tmp_path / "e",
+                    max_seq_len=4096, gradients="off")

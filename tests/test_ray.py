@@ -480,3 +480,57 @@ try:  # the workers cannot import this test module: send these classes by value
     _cp.register_pickle_by_value(sys.modules[__name__])
 except ImportError:
     pass
+
+
+def test_analyze_patterns_on_ray_folds_on_the_workers_and_equals_local(cluster, tmp_path, monkeypatch):
+    """`analyze patterns --ray --workers 2` (debug:llama, so key concentration runs too): the maps
+    analyses fold on the workers through run_pass, key concentration (an encoded analysis that
+    reads the k hook) runs in the driver; results/patterns.json equals the single-process one."""
+    from attnscope.cli.main import main
+    from attnscope.scale import ray as ray_mod
+
+    inp = tmp_path / "in.json"
+    inp.write_text(json.dumps([e.to_dict() for e in corpus(24, seed=5)]))
+    common = [str(inp), "-m", "debug:llama", "--batch-size", "4", "-q"]
+    assert main(["analyze", "patterns", *common, "-o", str(tmp_path / "local")]) == 0
+    calls: dict = {}
+    real_fold = ray_mod.RayBatchRunner.fold
+
+    def fold(self, extractor, examples, analyses, *, on_unit, **kw):
+        calls["on the workers"] = [a.name for a in analyses]
+        return real_fold(self, extractor, examples, analyses, on_unit=on_unit, **kw)
+
+    monkeypatch.setattr(ray_mod.RayBatchRunner, "fold", fold)
+    assert main(["analyze", "patterns", *common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"]) == 0
+    assert calls["on the workers"] and "key-concentration" not in calls["on the workers"]
+    a, b = (json.loads((tmp_path / d / "results" / "patterns.json").read_text()) for d in ("local", "ray"))
+    assert "key-concentration" in json.dumps(a)  # the driver-side analysis ran and was kept
+    # key concentration rides on the maps pass here but runs its own forward pass on Ray: its
+    # float32 keys agree to about 1e-9 relative (1.6e-9 measured), not bit for bit
+    keys = {k for k in a["tables"] if "key" in k}
+    assert keys and "keys" in a and a["analyses"].keys() == b["analyses"].keys()
+    strip = ("tables", "analyses", "summary", "findings", "keys")
+    assert_same_result(_without_times({k: v for k, v in a.items() if k not in strip}),
+                       _without_times({k: v for k, v in b.items() if k not in strip}))
+    for name in a["analyses"]:
+        (_close if name == "key-concentration" else assert_same_result)(
+            a["analyses"][name], b["analyses"][name], name)
+    for name in a["tables"]:
+        (_close if name in keys else assert_same_result)(a["tables"][name], b["tables"][name], name)
+    _close(a["keys"], b["keys"], "keys")
+
+
+def _close(a, b, where: str) -> None:
+    """Equal but for floats, which agree to 1e-7 relative."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            _close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=1e-7, nan_ok=True), where
+    else:
+        assert a == b, where

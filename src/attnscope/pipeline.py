@@ -320,6 +320,27 @@ def _take_out_dir(out_dir: Path, old: dict | None, run_fp: str, *, overwrite: bo
     return old
 
 
+def run_order(families: Sequence[Family]) -> list[Family]:
+    """``families`` (in report order) in the order they run: each after the families it
+    :attr:`~attnscope.families.base.Family.uses` that are among them, otherwise as given."""
+    by_key = {f.key: f for f in families}
+    out: list[Family] = []
+
+    def place(fam: Family, seen: tuple[str, ...]) -> None:
+        if fam in out:
+            return
+        if fam.key in seen:
+            raise ValueError(f"families use each other in a cycle: {' -> '.join(seen + (fam.key,))}")
+        for key in fam.uses:
+            if key in by_key:
+                place(by_key[key], seen + (fam.key,))
+        out.append(fam)
+
+    for fam in families:
+        place(fam, ())
+    return out
+
+
 def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False,
                  overwrite: bool = False, progress: Progress | None = None,
                  command: str | None = None, model=None, ray: bool = False,
@@ -397,7 +418,8 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
         links: dict[str, list[dict]] = {}
         times: dict[str, float] = {}
         counts: dict[str, int] = {}
-        for fam in families:
+        written: dict[str, dict] = {}  # what this job's families wrote, for those that use them
+        for fam in run_order(families):
             counts.update(prepared[fam.key].counts)
             ckpt_path = out_dir / STATE_DIR / f"{fam.key}.json"
             family_fp = _fingerprint({"run": run_fp, "family": fam.key})
@@ -409,10 +431,12 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                 times[fam.key] = old.get("elapsed_s", 0.0)
                 status[fam.key] = "resumed"
                 router.finish(fam.key)
+                written[fam.key] = ResultsFolder(out_dir).get(fam.key)
                 continue
             tf = time.perf_counter()
             ctx = dataclasses.replace(base, progress=router.family_progress(fam.key),
-                                      save_maps=out_dir / "maps" / fam.key if cfg.save_maps else None)
+                                      save_maps=out_dir / "maps" / fam.key if cfg.save_maps else None,
+                                      results={k: written[k] for k in fam.uses if written.get(k) is not None})
             section = fam.run(prepared[fam.key], cfg.options[fam.key], ctx)
             views = write_head_views(section, out_dir)
             times[fam.key] = time.perf_counter() - tf
@@ -422,8 +446,11 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
             links[fam.key] = views
             status[fam.key] = "done"
             router.finish(fam.key)
+            written[fam.key] = ResultsFolder(out_dir).get(fam.key)
 
         say("report", 0, 1)
+        in_report = {f.key: i for i, f in enumerate(families)}
+        sections.sort(key=lambda s: in_report.get(s.key, len(in_report)))
         elapsed = time.perf_counter() - t0
         provenance = {
             "model": model_info, "data": files, "counts": counts,

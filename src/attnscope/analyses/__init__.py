@@ -19,6 +19,7 @@ from attnscope.analyses import (  # noqa: F401  (each module registers its analy
     patterns,
     relative_position,
     special_tokens,
+    streamed_general,
     syntax,
 )
 from attnscope.analyses.base import (

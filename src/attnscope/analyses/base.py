@@ -25,6 +25,7 @@ REQUIREMENTS = {
     "dependencies": "examples with heads and relns (attnscope prepare depparse)",
     "coreference": "examples with coreference mentions and clusters",
     "model": "the model itself (gradients), not only stored maps",
+    "causal": "a causal (decoder) model",
 }
 
 

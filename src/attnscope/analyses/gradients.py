@@ -308,6 +308,35 @@ class FitOptions:
     extra: dict = field(default_factory=dict)
 
 
+def fit_inputs(source, model, max_seq_len: int, limit: int):
+    """A builder of :func:`fit_mlm_head`'s inputs, ``(tokens, special, segment, index)`` of the
+    first ``limit`` token-level examples of ``source`` (examples, encoded with ``model`` and
+    kept when at most ``max_seq_len`` tokens, or an opened store); called only when a head is
+    fitted."""
+    from attnscope.extract.encode import Encoder
+    from attnscope.store import Store
+
+    def build():
+        out = []
+        if isinstance(source, Store):
+            for m in source:
+                if m.level == "token":
+                    out.append((m.tokens, m.special, m.segment, m.index))
+                if len(out) >= limit:
+                    break
+            return out
+        enc = Encoder(model)
+        for i, ex in enumerate(source):
+            e = enc.encode(ex, i)
+            if len(e) <= max_seq_len:
+                out.append((e.tokens, np.asarray(e.special), np.asarray(e.segment), i))
+            if len(out) >= limit:
+                break
+        return out
+
+    return build
+
+
 def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]],
                  options: FitOptions | None = None, progress=None) -> FittedHead:
     """Train a masked-LM output layer on the frozen encoder of ``lm``.

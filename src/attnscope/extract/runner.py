@@ -62,7 +62,8 @@ class Extractor:
         self.options = options or ExtractOptions()
         self.stats = stats if stats is not None else ExtractStats()
         limit = self.lm.max_positions
-        if self.options.max_seq_len > limit:
+        # decoder LLMs (rotary positions) run past their configured length; the families say so
+        if self.options.max_seq_len > limit and not self.lm.family.decoder_llm:
             raise AttnscopeError(f"max_seq_len {self.options.max_seq_len} is above the position "
                                  f"limit of {self.lm.name} ({limit})", params=("max_seq_len",))
         if self.options.from_word not in ("mean", "first"):

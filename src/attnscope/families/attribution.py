@@ -62,8 +62,8 @@ class AttributionOptions:
         chosen = [m.strip() for m in self.attribution_methods.split(",") if m.strip()]
         bad = [m for m in chosen if m not in ALL_METHODS]
         if bad or not chosen:
-            raise AttnscopeError(f"--attribution-methods: unknown {', '.join(bad) or '(none given)'}; "
-                                 f"choose from {', '.join(ALL_METHODS)}")
+            raise AttnscopeError(f"attribution_methods names {', '.join(bad) or 'no method'}; "
+                                 f"choose from {', '.join(ALL_METHODS)}", params=("attribution_methods",))
         if "pruning" in chosen and "importance" not in chosen:
             chosen.insert(0, "importance")
         return [m for m in ALL_METHODS if m in chosen]
@@ -123,122 +123,109 @@ def _forward_seconds_per_token(lm, encoded, batch_size: int, objective=None) -> 
 
 
 def _announce(name: str, method: str, passes: float, tokens: int, per_token: float) -> None:
+    """One line on stderr before a method estimated at :data:`ANNOUNCE_S` seconds or more,
+    naming the option that skips it."""
     seconds = passes * tokens * per_token
     if seconds >= ANNOUNCE_S:
         print(f"attribution: {name} takes about {seconds:.0f} s ({passes:.0f} forward passes of "
               f"{tokens} tokens); --attribution-methods without {method} skips it", file=sys.stderr)
 
 
-def run_attribution(examples, lm, out_dir: Path, options: AttributionOptions, *, seed: int = 0,
-                    max_seq_len: int = 128, batch_size: int = 16, progress=None):
-    """Run the selected methods and write tables, figures and ``results/attribution.json``."""
-    from attnscope.analyses.ablation import (
-        AblationEffect,
-        HeadMeans,
-        PruningCurve,
-        importance_order,
-        random_order,
-    )
-    from attnscope.analyses.agreement import AttributionAgreement
-    from attnscope.analyses.importance import HeadImportance
-    from attnscope.analyses.lm_objective import encode_examples
-    from attnscope.analyses.norms import NormDecomposer, NormShares, example_norm_maps
+#: The analyses each method runs: ``(result key, registry name, pass)``. Pass 0 needs nothing;
+#: pass 1 reads pass 0's results (the heads' mean outputs, the importance order); pass 2 runs
+#: on the first ``attribution_map_examples`` examples. Which ablations run follows ``ablation``.
+METHOD_ANALYSES: dict[str, tuple[tuple[str, str, int], ...]] = {
+    "importance": (("head-importance", "head-importance", 0),),
+    "ablation": (("ablation-zero", "ablation", 0), ("head-means", "head-means", 0),
+                 ("ablation-mean", "ablation", 1)),
+    "pruning": (("pruning-curve", "pruning-curve", 1),),
+    "rollout": (("attribution-agreement", "attribution-agreement", 2),),
+    "norms": (("norm-shares", "norm-shares", 0),),
+    "value-zeroing": (),
+}
+#: Results that feed a later pass only (not reported).
+INTERMEDIATE = ("head-means",)
+
+
+def _arguments(key: str, lm, objective, options: AttributionOptions, ctx: Context,
+               earlier: dict[str, Any]) -> dict[str, Any] | None:
+    """The constructor arguments of the analysis behind result ``key`` (None: it cannot run,
+    because it needs a loss and the model has none)."""
+    from attnscope.analyses.ablation import importance_order, random_order
+
+    bs = ctx.batch_size
+    loss = {
+        "head-importance": lambda: dict(batch_size=max(1, bs // 2), norm=options.importance_norm),
+        "ablation-zero": lambda: dict(mode="zero", batch_size=bs),
+        "ablation-mean": lambda: dict(mode="mean", means=earlier["head-means"].arrays["mean"], batch_size=bs),
+        "pruning-curve": lambda: dict(batch_size=bs, orders={
+            "importance": importance_order(earlier["head-importance"].arrays["importance"]),
+            "random": random_order(lm.num_layers, lm.num_heads, ctx.seed)}),
+        "attribution-agreement": lambda: dict(max_flow_tokens=options.flow_max_tokens),
+    }
+    if key in loss:
+        return None if objective is None else {"objective": objective, **loss[key]()}
+    return {"lm": lm, "batch_size": bs}  # head-means, norm-shares: the model alone
+
+
+def _run_passes(examples, agreement: list, methods: list[str], objective, options: AttributionOptions,
+                ctx: Context, encoded: list) -> dict[str, Any]:
+    """Each method's analyses (by registry name, :data:`METHOD_ANALYSES`) handed to the
+    pipeline's passes (the agreement pass on ``agreement``, a head of ``examples``); returns
+    result key -> Result."""
+    from attnscope.analyses.base import get_analysis
+
+    ablations = {"both": ("ablation-zero", "head-means", "ablation-mean"), "zero": ("ablation-zero",),
+                 "mean": ("head-means", "ablation-mean")}[options.ablation]
+    wanted = [w for m in methods for w in METHOD_ANALYSES[m] if m != "ablation" or w[0] in ablations]
+    results: dict[str, Any] = {}
+    for p, source, step in ((0, examples, "attribution"), (1, examples, "attribution: ablation and pruning"),
+                            (2, agreement, "attribution: agreement")):
+        built = []
+        for key, name, q in wanted:
+            args = _arguments(key, ctx.model, objective, options, ctx, results) if q == p else None
+            if args is not None:
+                built.append((key, get_analysis(name)(**args)))
+        for key, a in built:
+            if key.startswith("ablation-"):
+                _announce(key.split("-", 1)[1] + " ablation", "ablation", a.forward_passes(),
+                          sum(len(e) for e in encoded),
+                          _forward_seconds_per_token(ctx.model, encoded, ctx.batch_size, objective))
+        if built:
+            out = ctx.run_pass(source, [a for _, a in built], step=step)
+            results.update({key: out.results[a.name] for key, a in built})
+    return {k: r for k, r in results.items() if k not in INTERMEDIATE}
+
+
+def example_maps(lm, e, methods: list[str], options: AttributionOptions, notes: list[str]) -> dict | None:
+    """The maps of one encoded example ``e`` by every method that draws one (rollout, flow,
+    norms, value zeroing), or None when none was chosen; what is skipped goes to ``notes``."""
+    from attnscope.analyses.norms import NormDecomposer, example_norm_maps
     from attnscope.analyses.rollout import attention_flow, attention_rollout
     from attnscope.analyses.value_zeroing import MAX_VZ_TOKENS, forward_passes, value_zeroing
-    from attnscope.models.loading import seed_everything
-    from attnscope.report.attribution import write_attribution
-    from attnscope.report.results import family_results, write_json
 
-    def step(name, done, total):
-        if progress is not None:
-            progress(name, done, total)
-
-    seed_everything(seed)
-    methods, skipped = hook_free(lm, options.method_list())
-    notes: list[str] = [skipped] if skipped else []
-    encoded, dropped = encode_examples(lm, list(examples)[: options.attribution_examples], max_len=max_seq_len)
-    if dropped:
-        notes.append(f"{dropped} examples longer than {max_seq_len} tokens were skipped")
-    if not encoded:
-        raise AttnscopeError("no examples to analyse (all were longer than --max-seq-len)")
-    pick = options.attribution_example
-    if pick == -1:
-        pick = min(range(len(encoded)), key=lambda i: (len(encoded[i]), i))
-    if not 0 <= pick < len(encoded):
-        raise AttnscopeError(f"--attribution-example {options.attribution_example}: only {len(encoded)} examples were analysed")
-    tokens = sum(len(e) for e in encoded)
-    needs_loss = any(m in methods for m in LOSS_METHODS) or "rollout" in methods
-    objective = _objective(lm, options, encoded, seed, notes) if needs_loss else None
-    results: dict[str, Any] = {}
-    if objective is not None:
-        notes.append(f"loss: {objective.describe()['loss']}")
-        if "importance" in methods:
-            imp = HeadImportance(objective, batch_size=max(1, batch_size // 2), norm=options.importance_norm)
-            imp.update(encoded)
-            results["head-importance"] = imp.finalize()
-            step("attribution: importance", 1, 1)
-        if "ablation" in methods:
-            modes = ["zero", "mean"] if options.ablation == "both" else [options.ablation]
-            means = None
-            if "mean" in modes:
-                hm = HeadMeans(lm, batch_size=batch_size)
-                hm.update(encoded)
-                means = hm.finalize().arrays["mean"]
-            for mode in modes:
-                ab = AblationEffect(objective, mode=mode, means=means, batch_size=batch_size)
-                _announce(f"{mode} ablation", "ablation", ab.forward_passes(), tokens,
-                          _forward_seconds_per_token(lm, encoded, batch_size, objective))
-                ab.update(encoded)
-                results[f"ablation-{mode}"] = ab.finalize()
-                step(f"attribution: {mode} ablation", 1, 1)
-        if "pruning" in methods and "head-importance" in results:
-            orders = {"importance": importance_order(results["head-importance"].arrays["importance"]),
-                      "random": random_order(lm.num_layers, lm.num_heads, seed)}
-            pc = PruningCurve(objective, orders, batch_size=batch_size)
-            pc.update(encoded)
-            results["pruning-curve"] = pc.finalize()
-            step("attribution: pruning", 1, 1)
-        if "rollout" in methods:
-            ag = AttributionAgreement(objective, max_flow_tokens=options.flow_max_tokens)
-            ag.update(encoded[: options.attribution_map_examples])
-            results["attribution-agreement"] = ag.finalize()
-    if "norms" in methods:
-        ns = NormShares(lm, batch_size=batch_size)
-        ns.update(encoded)
-        results["norm-shares"] = ns.finalize()
-        step("attribution: norms", 1, 1)
-    example = None
-    if any(m in methods for m in ("rollout", "norms", "value-zeroing")):
-        e = encoded[pick]
-        maps = example_norm_maps(NormDecomposer(lm), e) if "norms" in methods else None
-        weights = maps["weights"] if maps is not None else _example_attention(lm, e)  # [L H n n]
-        example = {"index": e.index, "tokens": list(e.tokens), "weights": weights.mean(1),
-                   "norms": maps["layer_norms"] if maps is not None else None}
-        if "rollout" in methods:
-            example["rollout"] = attention_rollout(weights)
-            if len(e) <= options.flow_max_tokens:
-                example["flow"] = attention_flow(weights, max_tokens=options.flow_max_tokens)
-            else:
-                notes.append(f"attention flow of example {e.index} skipped: {len(e)} tokens is above "
-                             f"--flow-max-tokens {options.flow_max_tokens}")
-        if "value-zeroing" in methods:
-            if len(e) <= MAX_VZ_TOKENS:
-                _announce("value zeroing", "value-zeroing", forward_passes(lm, len(e)), len(e),
-                          _forward_seconds_per_token(lm, [e], 1))
-                example["value_zeroing"] = value_zeroing(lm, e)
-            else:
-                notes.append(f"value zeroing of example {e.index} skipped: {len(e)} tokens is above "
-                             f"{MAX_VZ_TOKENS}")
-    sec = write_attribution(results, out_dir, model_name=lm.name, notes=notes, example=example)
-    payload = family_results(
-        "attribution", sec, {"seed": seed, **dataclasses.asdict(options)},
-        family="attribution", model=lm.describe(), seed=seed, methods=methods, examples=len(encoded),
-        notes=notes, findings=sec.findings, analyses={k: r.to_json() for k, r in results.items()},
-        example=None if example is None else
-        {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in example.items()})
-    (Path(out_dir) / "results").mkdir(parents=True, exist_ok=True)
-    write_json(Path(out_dir) / "results" / "attribution.json", payload)
-    return sec
+    if not any(m in methods for m in ("rollout", "norms", "value-zeroing")):
+        return None
+    maps = example_norm_maps(NormDecomposer(lm), e) if "norms" in methods else None
+    weights = maps["weights"] if maps is not None else _example_attention(lm, e)  # [L H n n]
+    example = {"index": e.index, "tokens": list(e.tokens), "weights": weights.mean(1),
+               "norms": maps["layer_norms"] if maps is not None else None}
+    if "rollout" in methods:
+        example["rollout"] = attention_rollout(weights)
+        if len(e) <= options.flow_max_tokens:
+            example["flow"] = attention_flow(weights, max_tokens=options.flow_max_tokens)
+        else:
+            notes.append(f"attention flow of example {e.index} skipped: {len(e)} tokens is above "
+                         f"--attribution-flow-max-tokens {options.flow_max_tokens}")
+    if "value-zeroing" in methods:
+        if len(e) <= MAX_VZ_TOKENS:
+            _announce("value zeroing", "value-zeroing", forward_passes(lm, len(e)), len(e),
+                      _forward_seconds_per_token(lm, [e], 1))
+            example["value_zeroing"] = value_zeroing(lm, e)
+        else:
+            notes.append(f"value zeroing of example {e.index} skipped: {len(e)} tokens is above "
+                         f"{MAX_VZ_TOKENS}")
+    return example
 
 
 def _example_attention(lm, encoded) -> np.ndarray:
@@ -260,6 +247,7 @@ class Attribution(Family):
     Options = AttributionOptions
     default_model = "default"
     order = 60
+    uses = ("general",)  # each head's behaviour label, when the general family runs in the same job
     demo = False  # beyond the paper; the demo reproduces the paper's analyses
 
     def wants_mlm_head(self, options: AttributionOptions) -> bool:
@@ -267,7 +255,7 @@ class Attribution(Family):
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
         """One example's maps by every method that ran, side by side."""
-        from attnscope.viz.results_views import attribution_payload
+        from attnscope.viz.results import attribution_payload
 
         return {"attribution": attribution_payload(results, source, problems)}
 
@@ -279,9 +267,9 @@ class Attribution(Family):
         methods = options.method_list()  # refuse a bad --attribution-methods before anything runs
         for name in ("attribution_examples", "attribution_map_examples", "flow_max_tokens"):
             if getattr(options, name) < 1:
-                raise AttnscopeError(f"--{name.replace('_', '-')} must be at least 1")
+                raise AttnscopeError(f"{name} must be at least 1", params=(name,))
         if ctx.model is None:
-            raise AttnscopeError("the attribution family needs --model (it runs the model)")
+            raise AttnscopeError("the attribution family needs model (it runs the model)", params=("model",))
         if not hook_free(ctx.model, methods)[0]:
             raise AttnscopeError(f"{ctx.model.name} does not route attention through transformers' "
                                  f"AttentionInterface, so none of the chosen methods ({', '.join(methods)}) "
@@ -298,6 +286,37 @@ class Attribution(Family):
                         counts={"attribution examples": len(examples)})
 
     def run(self, prepared: Prepared, options: AttributionOptions, ctx: Context):
-        return run_attribution(prepared.data["examples"], ctx.model, ctx.out_dir, options, seed=ctx.seed,
-                               max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size,
-                               progress=ctx.progress)
+        """Hand the chosen methods' analyses to the pipeline's passes, draw one example's maps,
+        and write tables, figures and ``results/attribution.json``."""
+        from attnscope.analyses.lm_objective import encode_examples
+        from attnscope.models.loading import seed_everything
+        from attnscope.report.attribution import write_attribution
+
+        lm, examples = ctx.model, prepared.data["examples"]
+        seed_everything(ctx.seed)
+        methods, skipped = hook_free(lm, options.method_list())
+        notes: list[str] = [skipped] if skipped else []
+        encoded, dropped = encode_examples(lm, examples, max_len=ctx.max_seq_len)  # to pick and fit on
+        if dropped:
+            notes.append(f"{dropped} examples longer than {ctx.max_seq_len} tokens were skipped")
+        if not encoded:
+            raise AttnscopeError(f"no examples to analyse (all were longer than max_seq_len {ctx.max_seq_len})",
+                                 params=("max_seq_len",))
+        pick = options.attribution_example
+        if pick == -1:
+            pick = min(range(len(encoded)), key=lambda i: (len(encoded[i]), i))
+        if not 0 <= pick < len(encoded):
+            raise AttnscopeError(f"attribution_example {options.attribution_example}: only {len(encoded)} "
+                                 "examples were analysed", params=("attribution_example",))
+        needs_loss = any(m in methods for m in LOSS_METHODS) or "rollout" in methods
+        objective = _objective(lm, options, encoded, ctx.seed, notes) if needs_loss else None
+        if objective is not None:
+            notes.append(f"loss: {objective.describe()['loss']}")
+        # the agreement pass: the examples up to the attribution_map_examples-th that fits
+        last = encoded[min(options.attribution_map_examples, len(encoded)) - 1].index
+        results = _run_passes(examples, examples[: last + 1], methods, objective, options, ctx, encoded)
+        example = example_maps(lm, encoded[pick], methods, options, notes)
+        return write_attribution(results, ctx.out_dir, notes=notes, example=example,
+                                 general=ctx.results.get("general"),
+                                 params={"seed": ctx.seed, **dataclasses.asdict(options)},
+                                 model=lm.describe(), seed=ctx.seed, methods=methods, examples=len(encoded))

@@ -126,6 +126,10 @@ class Context:
     progress: Progress | None = None
     save_maps: Path | None = None  # keep the family's maps in a store under this folder
     executor: Any = None  # attnscope.executor.LocalExecutor (None: local) or RayExecutor
+    #: results of the families this one :attr:`~Family.uses` that ran in the same job, by key
+    #: (read back through :class:`~attnscope.report.results.ResultsFolder`); never a file that
+    #: happens to be in the output folder
+    results: dict[str, dict] = field(default_factory=dict)
 
     def step(self, name: str, done: int, total: int | None) -> None:
         if self.progress is not None:
@@ -194,6 +198,9 @@ class Family(ABC):
     order: ClassVar[int] = 100  # position in the report and in ``attnscope run``
     demo: ClassVar[bool] = True  # ``attnscope demo`` runs it on its inputs' packaged samples
     compare_tables: ClassVar[tuple[CompareTable, ...]] = ()  # set side by side by ``compare``
+    #: keys of families whose results this one reads when they run in the same job: the
+    #: pipeline runs those first and hands their results in :attr:`Context.results`
+    uses: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def prepare(self, inputs: dict[str, Any], options: Any, ctx: Context) -> Prepared:

@@ -12,17 +12,20 @@ driver merges them (:func:`_fold_on_workers`); the maps stay on the workers.
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from attnscope.analyses.distances import HeadDistances
 from attnscope.analyses.entropy import Entropy
 from attnscope.analyses.figure_example import Figure1Example
-from attnscope.analyses.gradients import FitOptions, GradientImportance, MlmScorer, fit_mlm_head
+from attnscope.analyses.gradients import (
+    FitOptions,
+    GradientImportance,
+    MlmScorer,
+    fit_inputs,
+    fit_mlm_head,
+)
 from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.streaming import ENGINES
@@ -61,14 +64,16 @@ def general_analyses(*, classer: TokenClasser, causal: bool, scorer: MlmScorer |
 def _scorer_for(model, gradients: str, source, classer_examples, seed: int, notes: list[str],
                 progress: Progress, max_seq_len: int) -> MlmScorer | None:
     if gradients not in GRADIENT_MODES:
-        raise AttnscopeError(f"--gradients must be one of {', '.join(GRADIENT_MODES)}, not {gradients!r}")
+        raise AttnscopeError(f"gradients must be one of {', '.join(GRADIENT_MODES)}, not {gradients!r}",
+                             params=("gradients",))
     if gradients == "off":
         notes.append("gradient importance (Figure 3) was turned off")
         return None
     if model is None:
         notes.append("gradient importance (Figure 3) needs the model; a store alone has only the maps")
         if gradients == "on":
-            raise AttnscopeError("gradient importance needs --model (a store holds only the maps)")
+            raise AttnscopeError("gradient importance needs model (a store holds only the maps)",
+                                 params=("model",))
         return None
     if model.family.causal:
         msg = f"{model.name} is causal: no masked-LM objective, so no gradient importance (Figure 3)"
@@ -85,8 +90,8 @@ def _scorer_for(model, gradients: str, source, classer_examples, seed: int, note
                      "skipped; --fit-mlm-head trains an output layer on the frozen encoder first")
         return None
     if gradients == "on":
-        raise AttnscopeError(f"{model.name}: the model has no masked-LM head; use --fit-mlm-head "
-                             "to train one on the frozen encoder")
+        raise AttnscopeError(f"{model.name}: the model has no masked-LM head; use fit_mlm_head "
+                             "to train one on the frozen encoder", params=("fit_mlm_head",))
     head = fit_mlm_head(model, classer_examples(), FitOptions(seed=seed), progress=progress)
     rep = head.report
     notes.append(f"{model.name} has no masked-LM head: an output layer was trained on the frozen "
@@ -96,114 +101,12 @@ def _scorer_for(model, gradients: str, source, classer_examples, seed: int, note
     return MlmScorer(model, head)
 
 
-def _token_inputs(source, model, max_seq_len: int, limit: int):
-    """``(tokens, special, segment, index)`` of the first ``limit`` examples, for head fitting."""
-    from attnscope.extract.encode import Encoder
-
-    def build():
-        out = []
-        if isinstance(source, Store):
-            for m in source:
-                if m.level == "token":
-                    out.append((m.tokens, m.special, m.segment, m.index))
-                if len(out) >= limit:
-                    break
-            return out
-        enc = Encoder(model)
-        for i, ex in enumerate(source):
-            e = enc.encode(ex, i)
-            if len(e) <= max_seq_len:
-                out.append((e.tokens, np.asarray(e.special), np.asarray(e.segment), i))
-            if len(out) >= limit:
-                break
-        return out
-
-    return build
-
-
 # -- the streaming engine (no maps) ------------------------------------------------------------
-#: Query rows sampled per example (seeded) for the head distances when no maps are made.
-STREAM_JS_ROWS = 16
-
 #: Outputs of the maps path that need whole maps; the streaming engine lists them as skipped.
 NEEDS_MAPS = (
     "Figure 1 (token-to-token lines of example heads: needs one whole map)",
     "saving the maps (--save-maps)",
 )
-
-
-def _encode_for_streaming(source, model, max_seq_len: int, stats) -> list:
-    """The examples' token ids (``Encoded``), skipping (and counting) those over ``max_seq_len``."""
-    from attnscope.extract.encode import Encoder
-
-    enc = Encoder(model, warn=stats.warnings.append)
-    out = []
-    for index, ex in enumerate(source):
-        stats.examples_in += 1
-        e = enc.encode(ex, index)
-        if len(e) > max_seq_len:
-            stats.skipped.append({"index": index, "reason": "too long", "tokens": len(e)})
-            continue
-        out.append(e)
-    return out
-
-
-def streamed_general(encoded: list, model, classer: TokenClasser, *, seed: int = 0,
-                     js_rows: int = STREAM_JS_ROWS, progress: Progress = None) -> dict:
-    """The general analyses' results from the streaming engine, without ``[n n]`` maps.
-
-    Causal models only. Each example's per-head sums come from
-    :func:`~attnscope.analyses.streaming.stream_stats` (rows 1 .. n-1; row 0 of a causal model
-    attends to itself with weight 1, which is added exactly); they are turned into the
-    per-example means the maps path computes (relative position, special tokens and
-    punctuation, entropy, maximum weight) and averaged over examples by the same analyses'
-    accumulators, so the returned ``{name: Result}`` has the maps path's shape. Head distances:
-    Jensen-Shannon over ``js_rows`` seeded rows per example, each smoothed over the example's
-    ``n`` keys as the maps path does; scaled by ``(n - 1) / rows`` per example (exact when
-    every row is sampled, as for examples of at most ``js_rows + 1`` tokens).
-    """
-    from attnscope.analyses.longctx import LongContextStats
-    from attnscope.analyses.streaming import stream_stats
-
-    if not model.family.causal:
-        raise AttnscopeError(f"{model.name} is not causal: the streaming engine of the general family "
-                             "handles decoders only (use the maps engine)")
-    rel, spec, ent = RelativePosition(), SpecialTokens(classer), Entropy(causal=True)
-    dist = HeadDistances()
-    L, H = model.num_layers, model.num_heads
-    names = ("first", "separator", "period", "comma", "punct")
-    for done, e in enumerate(encoded, 1):
-        n = len(e)
-        special = np.asarray(e.special, dtype=bool)
-        k = classer.classify(list(e.tokens), special)
-        cls = {name: k.mask(name).astype(np.float32) for name in names}
-        sep = k.separator
-        doc = LongContextStats(js_rows=js_rows, seed=seed, causal=True, js_width="sequence")
-        stream_stats(model, [e.input_ids], doc, extras=[{"classes": cls, "from": {"separator": sep},
-                                                          "max_below": ent.max_weight_threshold}])
-        sums = doc.sums
-
-        def get(key, sums=sums):
-            return sums.get(key, np.zeros((L, H)))
-
-        # row 0 sees only key 0, with weight 1: it adds 1 to current, max and key 0's classes
-        cur, prev = (get("current") + 1.0) / n, get("previous") / max(n - 1, 1)
-        rel.add_means(np.stack([cur, prev, np.zeros((L, H))]), np.array([n > 0, n > 1, n > 1]))
-        to = {name: get(f"to_{name}") + float(cls[name][0]) for name in names}
-        n_sep = int(sep.sum())
-        sep_sep = get("from_separator_to_separator") + float(sep[0])
-        values = np.stack([to[name] / n for name in names]
-                          + [sep_sep / max(n_sep, 1), (to["separator"] - sep_sep) / max(n - n_sep, 1)])
-        spec.add_means(values, np.array([True] * 5 + [n_sep > 0, n_sep > 0 and n - n_sep > 0]), k)
-        uniform = np.full((L, H), np.log(np.arange(1, n + 1)).mean())
-        ent.add_means(np.stack([get("entropy") / n, np.zeros((L, H)), (get("max") + 1.0) / n,
-                                get("rows_max_below") / n, uniform]), n)
-        js = (doc.js_sums * ((n - 1) / doc.js_count) if doc.js_sums is not None and doc.js_count
-              else np.zeros((L * H, L * H)))
-        dist.add_sums(js, (L, H), n)
-        if progress is not None:
-            progress("general", done, len(encoded))
-    return {a.name: a.finalize() for a in (rel, spec, ent, dist)}
 
 
 def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_seq_len: int = 128,
@@ -219,7 +122,8 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
     layer on the frozen encoder when there is no head). ``save_maps``: also write the maps to
     this store folder (the analyses then read them back from it). ``engine``: where the
     statistics come from: "maps" (the attention maps, as the paper), "streaming" (computed
-    inside attention without ``[n n]`` maps, :func:`streamed_general`; decoders only) or "auto"
+    inside attention without ``[n n]`` maps,
+    :class:`~attnscope.analyses.streamed_general.StreamedGeneral`; decoders only) or "auto"
     (streaming when one batch's maps would take more than ``maps_budget_gb``). ``text``: how
     sentence-per-line text became the examples (recorded in the results and the findings).
     ``input_note``: one line about the examples (that they were packed for another tokenizer:
@@ -243,20 +147,18 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
     model, engine, notes = ctx.model, options.general_engine, [note] if note else []
     is_store = isinstance(source, Store)
     if is_store and engine == "streaming":
-        raise AttnscopeError("--general-engine streaming needs --model and text: a store already "
-                             "holds the maps")
+        raise AttnscopeError("general_engine streaming needs model and text: a store already "
+                             "holds the maps", params=("general_engine", "model"))
     if not is_store:
         if model is None:
             raise AttnscopeError("run_general: examples need a model (or pass a store)")
         source = list(source)
         if engine == "streaming" or (engine == "auto" and model.family.causal):  # encoders: maps only
-            chosen, line, encoded, stats = _pick_engine(source, model, engine, ctx, options,
-                                                        saving=ctx.save_maps is not None)
+            chosen, line = _pick_engine(source, model, engine, ctx, options, saving=ctx.save_maps is not None)
             if chosen == "streaming":
                 if ctx.progress is not None:  # one line on the console (a rich display shows it above its bars)
                     print(line, file=sys.stderr)
-                return _run_streaming(encoded, ctx, options, line=line, stats=stats, source=source,
-                                      text=text, note=note)
+                return _run_streaming(source, ctx, options, line=line, text=text, note=note)
             notes.append(line)
         if ctx.save_maps is not None:
             extract_to_store(source, ctx.save_maps, model, options=ctx.extract_options(),
@@ -270,7 +172,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
     classer, classes_note = TokenClasser.for_model(model)
     notes += [classes_note] if classes_note else []
     scorer = _scorer_for(model, options.gradient_mode, source,
-                         _token_inputs(source, model, ctx.max_seq_len, 512), ctx.seed, notes,
+                         fit_inputs(source, model, ctx.max_seq_len, 512), ctx.seed, notes,
                          ctx.progress, ctx.max_seq_len)
     keeper = Figure1Example()
     analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=ctx.seed) + [keeper]
@@ -289,69 +191,64 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
 
 
 def _pick_engine(source, model, engine: str, ctx: Context, options: "GeneralOptions", *,
-                 saving: bool) -> tuple[str, str, list, Any]:
-    """``(engine, one line saying which and why, encoded examples, their extraction counts)``
-    for ``engine`` auto or streaming."""
+                 saving: bool) -> tuple[str, str]:
+    """``(engine, one line saying which and why)`` for ``engine`` auto or streaming."""
     from attnscope.analyses.streaming import choose_engine, maps_bytes
-    from attnscope.extract.runner import ExtractStats
+    from attnscope.extract.runner import Extractor
 
     max_seq_len, batch_size, budget_gb = ctx.max_seq_len, ctx.batch_size, options.general_maps_budget_gb
-    stats = ExtractStats()  # its own counts: the maps path encodes the examples again
-
-    if not model.family.decoder_llm and max_seq_len > model.max_positions:
-        raise AttnscopeError(f"--max-seq-len {max_seq_len} is above the position limit of "
-                             f"{model.name} ({model.max_positions})")
-    encoded = _encode_for_streaming(source, model, max_seq_len, stats)
-    longest = max((len(e) for e in encoded), default=0)
-    bs = max(1, min(batch_size, len(encoded)))
+    lengths = [len(e) for e in Extractor(model, ctx.extract_options()).encode_all(source)]
+    longest = max(lengths, default=0)
+    bs = max(1, min(batch_size, len(lengths)))
     gb = maps_bytes(model, longest, bs) / 2 ** 30
     why = (f"the attention maps of a batch of {bs} examples of up to {longest} tokens would take "
            f"{gb:.2f} GB (--general-maps-budget-gb {budget_gb:g})")
     chosen = choose_engine(model, longest, bs, int(budget_gb * 2 ** 30), engine)
     if chosen == "streaming" and not model.family.causal:
-        raise AttnscopeError(f"--general-engine streaming: {model.name} is not causal; the streaming "
-                             "engine of the general family handles decoders only")
+        raise AttnscopeError(f"general_engine streaming: {model.name} is not causal; the streaming "
+                             "engine of the general family handles decoders only", params=("general_engine",))
     if chosen == "streaming" and saving:
         if engine == "streaming":
-            raise AttnscopeError("--save-maps needs the maps engine, not --general-engine streaming")
-        raise AttnscopeError(f"--save-maps needs the maps engine, but {why}; raise "
-                             "--general-maps-budget-gb or drop --save-maps")
+            raise AttnscopeError("save_maps needs the maps engine, not general_engine streaming",
+                                 params=("save_maps", "general_engine"))
+        raise AttnscopeError(f"save_maps needs the maps engine, but {why}; raise "
+                             "general_maps_budget_gb or drop save_maps",
+                             params=("save_maps", "general_maps_budget_gb"))
     how = "forced" if engine == "streaming" else "chosen"
     what = ("statistics computed inside attention, no n x n maps" if chosen == "streaming"
             else "attention maps")
-    return chosen, f"Engine: {chosen} ({how}: {why}; {what}).", encoded, stats
+    return chosen, f"Engine: {chosen} ({how}: {why}; {what})."
 
 
-def _run_streaming(encoded: list, ctx: Context, options: "GeneralOptions", *, line: str, stats, source,
-                   text=None, note: str | None = None) -> Section:
-    model, max_seq_len, seed, progress = ctx.model, ctx.max_seq_len, ctx.seed, ctx.progress
-    gradients = options.gradient_mode
-    if not encoded:
-        raise AttnscopeError("no examples to analyse (all were empty or longer than --max-seq-len "
-                             f"{max_seq_len})" + (f"; {note}" if note else ""))
+def _run_streaming(source: list, ctx: Context, options: "GeneralOptions", *, line: str, text=None,
+                   note: str | None = None) -> Section:
+    """The general statistics of a decoder from the streaming engine (no ``[n n]`` maps):
+    :class:`~attnscope.analyses.streamed_general.StreamedGeneral` handed to the pass."""
+    from attnscope.analyses.streamed_general import STREAM_JS_ROWS, StreamedGeneral
+
+    model, max_seq_len, seed, gradients = ctx.model, ctx.max_seq_len, ctx.seed, options.gradient_mode
     notes = ([note] if note else []) + [line]
     classer, classes_note = TokenClasser.for_model(model)
     notes += [classes_note] if classes_note else []
-    _scorer_for(model, gradients, source, lambda: [], seed, notes, progress, max_seq_len)
-    t0 = time.perf_counter()
-    results = streamed_general(encoded, model, classer, seed=seed, progress=progress)
-    elapsed = time.perf_counter() - t0
+    _scorer_for(model, gradients, source, lambda: [], seed, notes, ctx.progress, max_seq_len)
+    streamed = StreamedGeneral(model, classer, seed=seed, js_rows=STREAM_JS_ROWS)
+    out = ctx.run_pass(source, [streamed], step="general", note=note)
     skipped = list(NEEDS_MAPS) + [
         f"head distances over every row (here: {STREAM_JS_ROWS} seeded rows per example, scaled to "
         "the example's rows)"]
     notes.append("Streaming engine: not computed, because they need whole attention maps: "
                  + "; ".join(skipped) + ".")
     limit = getattr(model.model.config, "max_position_embeddings", None)
-    longest = max(len(e) for e in encoded)
+    longest = out.results[streamed.name].meta["longest"]
     if limit and longest > limit:
         notes.append(f"Inputs run to {longest} tokens, past the {limit} positions the model was "
                      "configured for; statistics beyond that length describe extrapolation.")
-    if stats.skipped:
-        notes.append(f"{len(stats.skipped)} examples longer than {max_seq_len} tokens were skipped")
-    return write_general(results, ctx.out_dir, model_desc=model.describe(), example_map=None,
+    if out.skipped:
+        notes.append(f"{out.skipped} examples longer than {max_seq_len} tokens were skipped")
+    return write_general(streamed.parts(), ctx.out_dir, model_desc=model.describe(), example_map=None,
                          notes=notes, seed=seed,
-                         run={"examples": len(encoded), "seconds": elapsed, "analysis_seconds": {},
-                              "skipped": len(stats.skipped), "max_seq_len": max_seq_len,
+                         run={"examples": out.analysed, "seconds": out.seconds, "analysis_seconds": {},
+                              "skipped": out.skipped, "max_seq_len": max_seq_len,
                               "batch_size": ctx.batch_size, "gradients": gradients, "engine": "streaming",
                               "js_rows": STREAM_JS_ROWS, "skipped_outputs": skipped, **_text_run(text)})
 

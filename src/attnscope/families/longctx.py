@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from attnscope.errors import InputError
+from attnscope.errors import AttnscopeError
 from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
 
 #: Tokens per forward pass: long inputs go one (or a few) at a time whatever --batch-size says.
@@ -87,33 +87,33 @@ class LongContext(Family):
 
         path = inputs.get("documents")
         if path is None:
-            raise InputError(None, "--documents: no file given")
+            raise AttnscopeError("documents: no file given", params=("documents",))
         lm = ctx.model
         for name in ("chunk", "js_rows", "induction", "induction_length", "num_docs"):
             if getattr(options, name) < (1 if name == "induction_length" else 0):
-                raise InputError(None, f"--{name.replace('_', '-')} must be at least "
-                                       f"{1 if name == 'induction_length' else 0}")
+                raise AttnscopeError(f"{name} must be at least {1 if name == 'induction_length' else 0}",
+                                     params=(name,))
         if options.sink_metric == "gu2024" and not lm.family.causal:
-            raise InputError(None, f"--sink-metric gu2024: {lm.name} is an encoder; Gu et al.'s metric "
-                                   "is defined for decoder (causal) models")
+            raise AttnscopeError(f"sink_metric gu2024: {lm.name} is an encoder; Gu et al.'s metric "
+                                 "is defined for decoder (causal) models", params=("sink_metric",))
         if options.generate and not lm.family.causal:
-            raise InputError(None, f"--generate {options.generate}: {lm.name} is an encoder; only a "
-                                   "decoder (causal) model can continue a prompt")
+            raise AttnscopeError(f"generate {options.generate}: {lm.name} is an encoder; only a "
+                                 "decoder (causal) model can continue a prompt", params=("generate",))
         if options.generate and options.generate > ctx.max_seq_len - 2:
-            raise InputError(None, f"--generate {options.generate} leaves fewer than 2 prompt tokens "
-                                   f"within --max-seq-len {ctx.max_seq_len}")
+            raise AttnscopeError(f"generate {options.generate} leaves fewer than 2 prompt tokens "
+                                 f"within max_seq_len {ctx.max_seq_len}", params=("generate", "max_seq_len"))
         if options.generate and options.word_level:
-            raise InputError(None, "--word-level with --generate: generated tokens have no words from "
-                                   "the text; use one or the other")
+            raise AttnscopeError("word_level with generate: generated tokens have no words from "
+                                 "the text; use one or the other", params=("word_level", "generate"))
         if not lm.family.decoder_llm and ctx.max_seq_len > lm.max_positions:
-            raise InputError(None, f"--max-seq-len {ctx.max_seq_len} is longer than {lm.name} allows "
-                                   f"({lm.max_positions} positions)")
+            raise AttnscopeError(f"max_seq_len {ctx.max_seq_len} is longer than {lm.name} allows "
+                                 f"({lm.max_positions} positions)", params=("max_seq_len",))
         docs = prepare_documents(path, lm.tokenizer, max_seq_len=ctx.max_seq_len - options.generate,
                                  join=options.join,
                                  num_docs=options.num_docs or None)
         if options.word_level and any(d.word_ids is None for d in docs):
-            raise InputError(path, f"--word-level needs a fast tokenizer (word alignment); {lm.name}'s "
-                                   "has none")
+            raise AttnscopeError(f"{path}: word_level needs a fast tokenizer (word alignment); "
+                                 f"{lm.name}'s has none", params=("word_level",))
         return Prepared({"documents": docs}, weight=sum(len(d.ids) for d in docs) // 128 + 1,
                         counts={"documents": len(docs), "tokens": sum(len(d.ids) for d in docs),
                                 "cut": sum(d.cut for d in docs)})
@@ -124,45 +124,18 @@ class LongContext(Family):
         import torch
 
         from attnscope.analyses.longctx import LongContextStats
-        from attnscope.analyses.streaming import (
-            choose_engine,
-            induction_sequences,
-            maps_bytes,
-            maps_update,
-        )
-        from attnscope.report.longctx import counted, write_section
+        from attnscope.analyses.streaming import choose_engine, maps_bytes, maps_update
+        from attnscope.report.longctx import run_findings, write_section
+        from attnscope.report.results import write_results
 
-        lm = ctx.model
-        docs = prepared.data["documents"]
-        seqs = [d.ids for d in docs]
-        notes: list[str] = []
-        generated: list[dict[str, Any]] = []
+        lm, docs = ctx.model, prepared.data["documents"]
+        seqs, notes, generated = [d.ids for d in docs], [], []
         if options.generate:
             seqs, generated, line = self._continue(lm, seqs, options.generate, ctx)
             notes.append(line)
-        units = None
-        if options.word_level:
-            import numpy as np
-
-            from attnscope.extract.encode import word_units
-
-            units = [word_units(np.asarray(d.word_ids), np.asarray(d.word_ids) < 0) for d in docs]
-            notes.append("Word level: attention TO a word is the sum over its pieces, FROM a word the mean "
-                         "of its pieces' rows (paper section 4.1); positions, distances and row lengths "
-                         f"count words ({sum(int(u[-1]) + 1 for u in units)} words in "
-                         f"{sum(len(d.ids) for d in docs)} tokens)"
-                         + ("; the induction sequences (random tokens, not words) were not run."
-                            if options.induction else "."))
-        probes, probe_targets = [], []
-        if options.induction and not options.word_level:
-            # a copy draws distinct ordinary tokens and both copies must fit the model's positions
-            tok = lm.tokenizer
-            ordinary = len(tok) - len(set(getattr(tok, "all_special_ids", []) or []))
-            half = min(options.induction_length, ordinary - 1, (lm.max_positions - 1) // 2)
-            if half < options.induction_length:
-                notes.append(f"Induction sequences use {half} random tokens per copy, not "
-                             f"{options.induction_length}: the model's vocabulary or positions allow no more.")
-            probes, probe_targets = induction_sequences(lm, options.induction, half, seed=ctx.seed)
+        units = _word_units(docs, options.induction, notes) if options.word_level else None
+        probes, probe_targets = (_induction_probes(lm, options, ctx.seed, notes)
+                                 if options.induction and not options.word_level else ([], []))
         # documents and induction sequences run in batches of their own; the sequences with
         # targets (the probes) feed the induction and duplicate scores only, never the
         # document statistics (LongContextStats keeps them apart)
@@ -180,45 +153,25 @@ class LongContext(Family):
                                  sink_metric=options.sink_metric)
         autocast = (torch.autocast(device_type=lm.model.device.type, dtype=torch.bfloat16)
                     if options.dtype == "bfloat16" else contextlib.nullcontext())
-        here = options.dtype != "float32"  # autocast applies in this process only
         total, done, on_workers = sum(len(g) for g, _, _ in groups), 0, 0
         with autocast:
             for (group, targets, _), (_, size) in zip(groups, plans):
-                if engine == "streaming":
+                if engine == "streaming":  # autocast applies in this process only: here
                     on_workers = ctx.stream(group, stats, step="longctx", chunk=options.chunk,
                                             batch_size=size, targets=None if units else targets,
-                                            units=units, here=here, start=done, total=total)
+                                            units=units, here=options.dtype != "float32", start=done,
+                                            total=total)
                 else:
                     maps_update(lm, group, stats, batch_size=size, targets=None if units else targets,
                                 keep_all=False, units=units)
                 done += len(group)
         res = stats.finalize()
-        doc_longest = plans[0][0]
-        maps_gb = maps_bytes(lm, longest, batch_size) / 2 ** 30
-        res.meta.update({"engine": engine, "ray_workers": on_workers,
-                         "dtype": options.dtype, "longest": doc_longest, "max_seq_len": ctx.max_seq_len,
-                         "induction_sequences": len(probes),
-                         "model": lm.describe(), "generate": options.generate,
-                         "level": "word" if options.word_level else "token",
-                         # per document: its tokens from generated_from on are the model's own
-                         # greedy continuation (statistics cover prompt + continuation)
-                         "generated": generated})
-        kind = groups[widest][2]
-        why = (f"the maps of a batch of {counted(batch_size, kind)} of up to {longest} tokens would take "
-               f"{maps_gb:.1f} GB"
-               + (" (more than --maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
-        extra = notes + [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
-                 f"forward pass in {options.dtype}; {counted(len(docs), 'document')}, longest "
-                 f"{doc_longest} tokens"
-                 + (f"; {counted(len(probes), 'induction sequence')} of {len(probes[0])} tokens, "
-                    "run apart (they give the induction and duplicate scores only)." if probes else ".")]
-        limit = getattr(lm.model.config, "max_position_embeddings", None)
-        if limit and doc_longest > limit:
-            extra.append(f"Documents run to {doc_longest} tokens, past the {limit} positions the model was "
-                         "configured for; statistics beyond that length describe extrapolation.")
-        out = ctx.out_dir
-        res.save(out / "results" / f"{self.key}.json")  # strict JSON (report.results)
-        return write_section(res, out, title=self.title, key=self.key, extra_findings=extra)
+        extra = notes + run_findings(res, options, engine=engine, ray_workers=on_workers, model=lm,
+                                     documents=len(docs), doc_longest=plans[0][0], probes=probes,
+                                     batch=(batch_size, longest, groups[widest][2]),
+                                     max_seq_len=ctx.max_seq_len, generated=generated)
+        write_results(ctx.out_dir, self.key, res)  # strict JSON (report.results)
+        return write_section(res, ctx.out_dir, title=self.title, key=self.key, extra_findings=extra)
 
     @staticmethod
     def _continue(lm, seqs: list[list[int]], new_tokens: int, ctx: Context):
@@ -241,3 +194,33 @@ class LongContext(Family):
                    if shortest < new_tokens else "") + "); statistics cover prompt and continuation; "
                 f"document 1 goes on: {first[:120]!r}.")
         return out, records, line
+
+
+def _word_units(docs, induction: int, notes: list[str]) -> list:
+    """Each document's word units (paper section 4.1), with one line for ``notes``."""
+    import numpy as np
+
+    from attnscope.extract.encode import word_units
+
+    units = [word_units(np.asarray(d.word_ids), np.asarray(d.word_ids) < 0) for d in docs]
+    notes.append("Word level: attention TO a word is the sum over its pieces, FROM a word the mean "
+                 "of its pieces' rows (paper section 4.1); positions, distances and row lengths "
+                 f"count words ({sum(int(u[-1]) + 1 for u in units)} words in "
+                 f"{sum(len(d.ids) for d in docs)} tokens)"
+                 + ("; the induction sequences (random tokens, not words) were not run."
+                    if induction else "."))
+    return units
+
+
+def _induction_probes(lm, options: Options, seed: int, notes: list[str]) -> tuple[list, list]:
+    """The seeded repeated-random-token sequences and their targets; a copy draws distinct
+    ordinary tokens and both copies must fit the model's positions (a shorter copy is noted)."""
+    from attnscope.analyses.streaming import induction_sequences
+
+    tok = lm.tokenizer
+    ordinary = len(tok) - len(set(getattr(tok, "all_special_ids", []) or []))
+    half = min(options.induction_length, ordinary - 1, (lm.max_positions - 1) // 2)
+    if half < options.induction_length:
+        notes.append(f"Induction sequences use {half} random tokens per copy, not "
+                     f"{options.induction_length}: the model's vocabulary or positions allow no more.")
+    return induction_sequences(lm, options.induction, half, seed=seed)

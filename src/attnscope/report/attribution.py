@@ -1,7 +1,7 @@
 """The attribution family's tables and figures (pure: results in, files and a Section out).
 
-Tables: per-head importance with zero/mean ablation loss changes and, when the general family's
-results are there, each head's behaviour label; the pruning curves; weight share vs norm share
+Tables: per-head importance with zero/mean ablation loss changes and, when the general family
+ran in the same job, each head's behaviour label; the pruning curves; weight share vs norm share
 per layer; rollout/flow agreement. Figures: the ``[layer, head]`` importance heatmap, the pruning
 curves, weight vs norm share of the special tokens per layer, and the maps of one example.
 Heads are 1-indexed ``layer-head`` in tables and figures, 0-indexed in the JSON.
@@ -35,12 +35,10 @@ METHODS = [
 ]
 
 
-def behaviour_labels(out_dir: Path) -> dict[tuple[int, int], str]:
-    """``(layer, head) -> behaviour`` from ``results/general.json`` when present (else empty)."""
-    from attnscope.report.results import read_json
-
-    data = read_json(Path(out_dir) / "results" / "general.json") or {}
-    rows = (data.get("clustering") or {}).get("rows") or []
+def behaviour_labels(general: dict | None) -> dict[tuple[int, int], str]:
+    """``(layer, head) -> behaviour`` from the general family's results (its ``clustering``
+    rows) when that family ran in the same job (else empty)."""
+    rows = ((general or {}).get("clustering") or {}).get("rows") or []
     out = {}
     for r in rows:
         try:
@@ -62,15 +60,33 @@ def _heatmap(ax, m, title, xlabels=None, ylabels=None, cmap="viridis"):
     return im
 
 
-def write_attribution(results: dict[str, Any], out_dir: Path, *, model_name: str,
-                      notes: list[str], example: dict[str, Any] | None) -> Section:
-    """Write tables and figures under ``out_dir`` and return the report Section.
+def write_attribution(results: dict[str, Any], out_dir: Path, *, notes: list[str],
+                      example: dict[str, Any] | None, general: dict | None = None,
+                      params: dict[str, Any], **extra: Any) -> Section:
+    """Write tables, figures and ``results/attribution.json`` under ``out_dir`` and return the
+    report Section.
 
     ``results``: analysis name -> :class:`~attnscope.analyses.base.Result` (any subset of
     ``head-importance``, ``ablation-zero``, ``ablation-mean``, ``pruning-curve``,
     ``norm-shares``, ``attribution-agreement``). ``example``: ``{"tokens", "rollout", "flow",
     "norms" [L n n], "weights" [L n n], "value_zeroing" [L n n]}`` of one example, or None.
+    ``general``: the general family's results from the same job (each head's behaviour
+    label), or None. ``params`` and ``extra`` (model, seed, methods, examples) go into the
+    results file.
     """
+    from attnscope.report.results import family_results, write_results
+
+    sec = _section(results, Path(out_dir), notes, example, behaviour_labels(general))
+    write_results(out_dir, "attribution", family_results(
+        "attribution", sec, params, family="attribution", **extra, notes=notes,
+        findings=sec.findings, analyses={k: r.to_json() for k, r in results.items()},
+        example=None if example is None else
+        {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in example.items()}))
+    return sec
+
+
+def _section(results: dict[str, Any], out_dir: Path, notes: list[str], example: dict[str, Any] | None,
+             labels: dict[tuple[int, int], str]) -> Section:
     out_dir = Path(out_dir)
     tables_dir, figures_dir = out_dir / "tables", out_dir / "figures"
     tables_dir.mkdir(parents=True, exist_ok=True)
@@ -78,7 +94,6 @@ def write_attribution(results: dict[str, Any], out_dir: Path, *, model_name: str
     sec = Section(key="attribution", title="Beyond attention weights: importance, ablation, "
                   "rollout, norms", methods=list(METHODS))
     sec.findings.extend(notes)
-    labels = behaviour_labels(out_dir)
     imp = results.get("head-importance")
     if imp is not None and "importance" in imp.arrays:
         _head_table(sec, results, labels, tables_dir)

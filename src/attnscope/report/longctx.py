@@ -212,6 +212,40 @@ def _cluster_figure(res: Result, stem: Path, tables_dir: Path, sec: Section) -> 
                                     write_table(out["rows"], tables_dir / "longctx_clusters", columns=cols)))
 
 
+def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, model: Any,
+                 documents: int, doc_longest: int, probes: list, batch: tuple[int, int, str],
+                 max_seq_len: int, generated: list[dict]) -> list[str]:
+    """Record how the long-context statistics were computed in ``res.meta`` and say it in
+    findings: the engine (chosen or forced, and why: the maps of ``batch`` = ``(size, longest,
+    kind)`` in GB), the forward precision, the documents and induction sequences, and whether
+    documents ran past the positions ``model`` was configured for."""
+    from attnscope.analyses.streaming import maps_bytes
+
+    size, longest, kind = batch
+    res.meta.update({"engine": engine, "ray_workers": ray_workers,
+                     "dtype": options.dtype, "longest": doc_longest, "max_seq_len": max_seq_len,
+                     "induction_sequences": len(probes),
+                     "model": model.describe(), "generate": options.generate,
+                     "level": "word" if options.word_level else "token",
+                     # per document: its tokens from generated_from on are the model's own
+                     # greedy continuation (statistics cover prompt + continuation)
+                     "generated": generated})
+    maps_gb = maps_bytes(model, longest, size) / 2 ** 30
+    why = (f"the maps of a batch of {counted(size, kind)} of up to {longest} tokens would take "
+           f"{maps_gb:.1f} GB"
+           + (" (more than --maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
+    out = [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
+           f"forward pass in {options.dtype}; {counted(documents, 'document')}, longest "
+           f"{doc_longest} tokens"
+           + (f"; {counted(len(probes), 'induction sequence')} of {len(probes[0])} tokens, "
+              "run apart (they give the induction and duplicate scores only)." if probes else ".")]
+    limit = getattr(model.model.config, "max_position_embeddings", None)
+    if limit and doc_longest > limit:
+        out.append(f"Documents run to {doc_longest} tokens, past the {limit} positions the model was "
+                   "configured for; statistics beyond that length describe extrapolation.")
+    return out
+
+
 def write_section(res: Result, out_dir: Path, *, title: str = "Long-context attention",
                   key: str = "longctx", extra_findings: list[str] | None = None) -> Section:
     """Write the tables and figures of ``res`` under ``out_dir`` and describe them."""
