@@ -309,6 +309,53 @@ def test_analyze_syntax_on_ray_scores_the_heads_on_the_workers(cluster, debug_be
     assert_same_result(_without_times(a), _without_times(b))
 
 
+def test_analyze_coref_on_ray_folds_the_antecedents_on_the_workers(cluster, tmp_path, monkeypatch):
+    """`analyze coref --ray --workers 2`: CorefAntecedents folds on the workers (one fold over
+    4 units; no map of the pass comes back), the examples figure's few windows are made there
+    too (one request for maps, none run in the driver); results/coref.json, its figure panels
+    included, equals the single-process one."""
+    from attnscope.cli.main import main
+    from attnscope.extract.runner import Extractor
+    from attnscope.pipeline import demo_inputs
+    from attnscope.scale import ray as ray_mod
+
+    text = demo_inputs()["coref"].read_text(encoding="utf-8")
+    corpus_file = tmp_path / "coref.conllu"  # 4 copies of the 2 demo documents: 8 windows
+    corpus_file.write_text("".join(text.replace("newdoc id = ", f"newdoc id = copy{k}-").rstrip("\n") + "\n\n"
+                                   for k in range(4)), encoding="utf-8")
+    common = ["analyze", "coref", str(corpus_file), "-m", "debug:bert", "--batch-size", "2", "-q"]
+    assert main([*common, "-o", str(tmp_path / "local")]) == 0
+    calls = {"fold": 0, "maps": 0, "run_batch": 0}
+    real_fold, real_maps, real_run = ray_mod.RayBatchRunner.fold, ray_mod.RayBatchRunner.maps, Extractor.run_batch
+    monkeypatch.setattr(ray_mod, "UNIT_EXAMPLES", 2)
+
+    def fold(self, extractor, examples, analyses, *, on_unit, **kw):
+        calls["fold"] += 1
+        calls["on the workers"] = [a.name for a in analyses]
+
+        def each(batches):
+            calls["units"] = calls.get("units", 0) + 1
+            on_unit(batches)
+        return real_fold(self, extractor, examples, analyses, on_unit=each, **kw)
+
+    def count(name, fn):
+        def spy(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return spy
+
+    monkeypatch.setattr(ray_mod.RayBatchRunner, "fold", fold)
+    monkeypatch.setattr(ray_mod.RayBatchRunner, "maps", count("maps", real_maps))
+    monkeypatch.setattr(Extractor, "run_batch", count("run_batch", real_run))
+    assert main([*common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"]) == 0
+    assert calls == {"fold": 1, "on the workers": ["coref-antecedents"], "units": 4, "maps": 1,
+                     "run_batch": 0}
+    a, b = (json.loads((tmp_path / d / "results" / "coref.json").read_text()) for d in ("local", "ray"))
+    assert a["meta"]["extract"]["examples_out"] == 8 and a["meta"]["windows"]["documents"] == 8
+    assert len(a["meta"]["examples"]) == 3  # the figure's panels, from maps made on the workers
+    assert_same_result(_without_times(a), _without_times(b))
+
+
 def test_the_ray_executor_returns_the_maps_of_any_extractor_in_plan_order(cluster, debug_bert):
     """Maps that come back (a store written under --ray): the forward passes run on the workers
     and the maps come back in plan order (``RayExecutor.batches``), the same as a local run's."""
