@@ -114,7 +114,7 @@ def _table2(best: list[int], rules: list[int]) -> list[dict]:
 def test_few_mentions_get_a_caution_and_no_comparison_with_the_rules():
     """The README's cut-down run: the best head right on all of 7 mentions, the rule-based
     system too; a bootstrap of 7 identical outcomes spans 0 points, so only the count can warn."""
-    from attnscope.families.coref import against_rules
+    from attnscope.report.coref import against_rules
     from attnscope.report.section import small_sample_caution
 
     rows = _table2(best=[1] * 7, rules=[1] * 7)

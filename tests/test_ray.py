@@ -228,31 +228,15 @@ def test_cli_extract_on_ray_equals_local_and_bad_input_is_the_same_line(cluster,
     assert lines[0] == lines[1] and len(lines[0]) == 1 and str(bad) in lines[0][0]
 
 
-def test_analyze_general_on_ray_folds_on_the_workers_and_equals_local(cluster, tmp_path, monkeypatch):
-    """`analyze general --ray --workers 2`: the maps analyses and Figure 1's keeper fold on the
-    workers, gradient importance (debug:bert has a masked-LM head) runs in the driver over the
-    token lists; results/general.json equals the single-process one, and no map came back
-    (the driver's extractor never ran a batch nor asked the workers for maps)."""
-    from attnscope.cli.main import main
+def spy_on_ray(monkeypatch) -> dict:
+    """Counts, filled in as a run goes: ``fold`` (passes folded on the Ray workers), ``on the
+    workers`` (the analyses of the last one), ``units`` (merged units), ``maps`` (requests for
+    maps to come back) and ``run_batch`` (batches run by an extractor in this process)."""
     from attnscope.extract.runner import Extractor
-    from attnscope.families import general
     from attnscope.on_ray import cluster as ray_mod
 
-    inp = tmp_path / "in.json"
-    inp.write_text(json.dumps([e.to_dict() for e in corpus(40, seed=2)]))
-    common = [str(inp), "-m", "debug:bert", "--batch-size", "4", "-q"]
-    drawn = []  # Figure 1's example, as each run hands it to the report
-    real_write = general.write_general
-
-    def write_general(results, out_dir, *, example_map, **kw):
-        drawn.append(example_map)
-        return real_write(results, out_dir, example_map=example_map, **kw)
-
-    monkeypatch.setattr(general, "write_general", write_general)
-    assert main(["analyze", "general", *common, "-o", str(tmp_path / "local")]) == 0
     calls = {"maps": 0, "run_batch": 0, "fold": 0}
     real_maps, real_run, real_fold = ray_mod.RayBatchRunner.maps, Extractor.run_batch, ray_mod.RayBatchRunner.fold
-    monkeypatch.setattr(ray_mod, "UNIT_EXAMPLES", 8)  # 5 units of 2 batches: merged in unit order
 
     def count(name, fn):
         def spy(*args, **kwargs):
@@ -272,6 +256,32 @@ def test_analyze_general_on_ray_folds_on_the_workers_and_equals_local(cluster, t
     monkeypatch.setattr(ray_mod.RayBatchRunner, "maps", count("maps", real_maps))
     monkeypatch.setattr(Extractor, "run_batch", count("run_batch", real_run))
     monkeypatch.setattr(ray_mod.RayBatchRunner, "fold", fold)
+    return calls
+
+
+def test_analyze_general_on_ray_folds_on_the_workers_and_equals_local(cluster, tmp_path, monkeypatch):
+    """`analyze general --ray --workers 2`: the maps analyses and Figure 1's keeper fold on the
+    workers, gradient importance (debug:bert has a masked-LM head) runs in the driver over the
+    token lists; results/general.json equals the single-process one, and no map came back
+    (the driver's extractor never ran a batch nor asked the workers for maps)."""
+    from attnscope.cli.main import main
+    from attnscope.families import general
+    from attnscope.on_ray import cluster as ray_mod
+
+    inp = tmp_path / "in.json"
+    inp.write_text(json.dumps([e.to_dict() for e in corpus(40, seed=2)]))
+    common = [str(inp), "-m", "debug:bert", "--batch-size", "4", "-q"]
+    drawn = []  # Figure 1's example, as each run hands it to the report
+    real_write = general.write_general
+
+    def write_general(results, out_dir, *, example_map, **kw):
+        drawn.append(example_map)
+        return real_write(results, out_dir, example_map=example_map, **kw)
+
+    monkeypatch.setattr(general, "write_general", write_general)
+    assert main(["analyze", "general", *common, "-o", str(tmp_path / "local")]) == 0
+    monkeypatch.setattr(ray_mod, "UNIT_EXAMPLES", 8)  # 5 units of 2 batches: merged in unit order
+    calls = spy_on_ray(monkeypatch)
     assert main(["analyze", "general", *common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"]) == 0
     assert calls == {"maps": 0, "run_batch": 0, "fold": 1, "units": 5,
                      "on the workers": ["relative-position", "special-tokens", "entropy",
@@ -306,6 +316,32 @@ def test_analyze_syntax_on_ray_scores_the_heads_on_the_workers(cluster, debug_be
     run_family("syntax", deps, tmp_path / "ray", model=debug_bert, ray=True, workers=2)
     assert folds == [["dependency-heads"]]
     a, b = (json.loads((tmp_path / d / "results" / "syntax.json").read_text()) for d in ("local", "ray"))
+    assert_same_result(_without_times(a), _without_times(b))
+
+
+def test_analyze_coref_on_ray_folds_the_antecedents_on_the_workers(cluster, tmp_path, monkeypatch):
+    """`analyze coref --ray --workers 2`: CorefAntecedents folds on the workers (one fold over
+    4 units; no map of the pass comes back), the examples figure's few windows are made there
+    too (one request for maps, none run in the driver); results/coref.json, its figure panels
+    included, equals the single-process one."""
+    from attnscope.cli.main import main
+    from attnscope.on_ray import cluster as ray_mod
+    from attnscope.pipeline import demo_inputs
+
+    text = demo_inputs()["coref"].read_text(encoding="utf-8")
+    corpus_file = tmp_path / "coref.conllu"  # 4 copies of the 2 demo documents: 8 windows
+    corpus_file.write_text("".join(text.replace("newdoc id = ", f"newdoc id = copy{k}-").rstrip("\n") + "\n\n"
+                                   for k in range(4)), encoding="utf-8")
+    common = ["analyze", "coref", str(corpus_file), "-m", "debug:bert", "--batch-size", "2", "-q"]
+    assert main([*common, "-o", str(tmp_path / "local")]) == 0
+    monkeypatch.setattr(ray_mod, "UNIT_EXAMPLES", 2)
+    calls = spy_on_ray(monkeypatch)
+    assert main([*common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"]) == 0
+    assert calls == {"fold": 1, "on the workers": ["coref-antecedents"], "units": 4, "maps": 1,
+                     "run_batch": 0}
+    a, b = (json.loads((tmp_path / d / "results" / "coref.json").read_text()) for d in ("local", "ray"))
+    assert a["meta"]["extract"]["examples_out"] == 8 and a["meta"]["windows"]["documents"] == 8
+    assert len(a["meta"]["examples"]) == 3  # the figure's panels, from maps made on the workers
     assert_same_result(_without_times(a), _without_times(b))
 
 
@@ -487,7 +523,7 @@ def test_analyze_patterns_on_ray_folds_on_the_workers_and_equals_local(cluster, 
     analyses fold on the workers through run_pass, key concentration (an encoded analysis that
     reads the k hook) runs in the driver; results/patterns.json equals the single-process one."""
     from attnscope.cli.main import main
-    from attnscope.scale import ray as ray_mod
+    from attnscope.on_ray import cluster as ray_mod
 
     inp = tmp_path / "in.json"
     inp.write_text(json.dumps([e.to_dict() for e in corpus(24, seed=5)]))

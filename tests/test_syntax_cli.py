@@ -84,7 +84,7 @@ def test_examples_without_trees_are_refused(tmp_path, capsys):
     assert rc == 2 and "example 0 has no dependency tree" in capsys.readouterr().err
 
 
-def test_run_syntax_from_stores_and_section(tmp_path, debug_bert):
+def test_run_syntax_from_stores_and_section(tmp_path, debug_bert, capsys):
     from attnscope.data.depparse import iter_depparse
     from attnscope.errors import AttnscopeError
     from attnscope.extract.runner import ExtractOptions
@@ -101,9 +101,19 @@ def test_run_syntax_from_stores_and_section(tmp_path, debug_bert):
     for layer, head, idx, _label in section.best_heads:
         assert section.maps[idx].index == idx and 0 <= layer < 2 and 0 <= head < 2
     assert any(r["what"].startswith("Table 1 best head, det") for r in section.paper)
-    with pytest.raises(AttnscopeError, match="word-level"):
-        run_syntax(open_store(tmp_path / "tok"), None, tmp_path / "out2")
-    assert not (tmp_path / "out2").exists()  # refused before any folder is made
+    # the library names the parameter, the command line shows its flag; refused before any
+    # folder is made
+    tok = tmp_path / "tok"
+    said = f"{tok}: dev store holds token-level maps; syntax needs word-level maps (a store extracted with "
+    with pytest.raises(AttnscopeError) as refused:
+        run_syntax(open_store(tok), None, tmp_path / "out2")
+    assert str(refused.value) == said + "word_level)"
+    assert main(["analyze", "syntax", str(tok), "--out", str(tmp_path / "out2"), "-q"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: " + said + "--word-level)"]
+    assert not (tmp_path / "out2").exists()
+    with pytest.raises(AttnscopeError, match="^dev examples need a model") as refused:
+        run_syntax(examples, None, tmp_path / "out3")
+    assert refused.value.params == ("model",) and not (tmp_path / "out3").exists()
 
 
 def _row(relation, accuracy, offset_accuracy, count=8):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -153,6 +153,21 @@ class Context:
 
         return run_pass(source, analyses, model=self.model, options=self.extract_options(**overrides),
                         executor=self.executor, step=step, progress=self.progress, note=note)
+
+    def maps(self, examples: Sequence, indices: Sequence[int], **overrides: Any) -> list:
+        """The maps of the few ``examples[i]`` for ``i`` in ``indices`` that a figure draws, made
+        on the job's executor with the job's options and ``overrides``, in the order of
+        ``indices``; each map's ``index`` is its ``i``. Examples over the maximum length have no
+        map."""
+        from attnscope.executor import LocalExecutor
+        from attnscope.extract.runner import Extractor, small_matrix_threads
+
+        indices = list(indices)
+        extractor = Extractor(self.model, self.extract_options(**overrides))
+        with small_matrix_threads():
+            maps = [m for _, batch in (self.executor or LocalExecutor()).batches(
+                extractor, [examples[i] for i in indices]) for m in batch]
+        return [dataclasses.replace(m, index=indices[m.index]) for m in sorted(maps, key=lambda m: m.index)]
 
     def stream(self, sequences, stats, *, step: str, here: bool = False, start: int = 0,
                total: int | None = None, **kwargs: Any) -> int:

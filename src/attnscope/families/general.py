@@ -196,7 +196,7 @@ def _pick_engine(source, model, engine: str, ctx: Context, options: "GeneralOpti
     from attnscope.analyses.streaming import choose_engine, maps_bytes
     from attnscope.extract.runner import Extractor
 
-    max_seq_len, batch_size, budget_gb = ctx.max_seq_len, ctx.batch_size, options.general_maps_budget_gb
+    batch_size, budget_gb = ctx.batch_size, options.general_maps_budget_gb
     lengths = [len(e) for e in Extractor(model, ctx.extract_options()).encode_all(source)]
     longest = max(lengths, default=0)
     bs = max(1, min(batch_size, len(lengths)))

@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from attnscope.analyses.base import Result
-from attnscope.analyses.syntax import (
-    ALL,
-    DependencyHeads,
-    table1_rows,
-)
+from attnscope.analyses.syntax import DependencyHeads
 from attnscope.analyses.units import TIE_RULES
 from attnscope.data.records import Example
-from attnscope.data.sources import open_input_store
+from attnscope.data.sources import read_source
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.families.base import (
     CompareTable,
@@ -32,25 +27,8 @@ from attnscope.families.base import (
     option,
     register_family,
 )
-from attnscope.report.results import write_results
-from attnscope.report.section import Section, TableArtifact, small_sample_caution
-from attnscope.report.syntax import (
-    METHODS,
-    TABLE1_COLUMNS,
-    TABLE3_COLUMNS,
-    Progress,
-    _findings,
-    _paper_rows,
-    _pick_examples,
-    _table3_row,
-    _write,
-    heatmap_figures,
-)
-
-
-def _notify(progress: Progress, step: str, done: int, total: int | None) -> None:
-    if progress is not None:
-        progress(step, done, total)
+from attnscope.report.section import Section
+from attnscope.report.syntax import Progress, _table3_row, write_syntax
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -73,28 +51,22 @@ def _check_examples(examples: list[Example], what: str) -> None:
 
 def _check_store(store, what: str) -> None:
     if store.level != "word":
-        raise AttnscopeError(f"{store.path}: {what} store holds token-level maps; syntax needs a "
-                             "word-level store (attnscope extract --word-level)")
+        raise AttnscopeError(f"{store.path}: {what} store holds token-level maps; syntax needs "
+                             "word-level maps (a store extracted with word_level)", params=("word_level",))
 
 
-def _extract_options(max_seq_len: int, batch_size: int, seed: int):
-    from attnscope.extract.runner import ExtractOptions
-
-    return ExtractOptions(max_seq_len=max_seq_len, batch_size=batch_size, word_level=True, seed=seed)
-
-
-def _to_store(examples: list[Example], lm, path: Path, *, options, dtype: str, progress: Progress,
-              step: str, executor=None):
+def _to_store(examples: list[Example], lm, path: Path, ctx: Context, *, dtype: str, step: str):
+    """The word-level maps of ``examples`` by ``lm`` in a store at ``path`` (on the job's executor)."""
     from attnscope.store import extract_to_store, open_store
 
-    total = len(examples)
-    extract_to_store(examples, path, lm, options=options, dtype=dtype, executor=executor,
-                     progress=lambda done, tokens: _notify(progress, step, done, total))
+    extract_to_store(examples, path, lm, options=ctx.extract_options(word_level=True), dtype=dtype,
+                     executor=ctx.executor, progress=lambda done, tokens: ctx.step(step, done, len(examples)))
     return open_store(path)
 
 
-def _store_examples(store) -> list[Example]:
-    return [m.example for m in store]
+def _store_examples(store) -> list[tuple[int, Example]]:
+    """``(input index, example)`` of every map in ``store``."""
+    return [(m.index, m.example) for m in store]
 
 
 def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_dev=None,
@@ -137,23 +109,9 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
     return rows, details
 
 
-# -- the family entry point -----------------------------------------------------------------
+# -- the family's job ------------------------------------------------------------------------
 #: Prefix of the temporary folder that holds extracted maps while the family runs.
 TMP_PREFIX = "attnscope-syntax-"
-
-
-def table1_min_count(min_count: int | None, dependents: int) -> tuple[int, str]:
-    """The smallest relation Table 1 shows, and how it was chosen. None adapts to the data: 1%
-    of the scored dependents, at least 5 and at most 100 (the paper's cut-off), so a small
-    sample still shows its frequent relations and a corpus gets the paper's table.
-
-    >>> table1_min_count(None, 23146), table1_min_count(None, 180)[0], table1_min_count(20, 180)
-    ((100, "the paper's cut-off"), 5, (20, 'as asked'))
-    """
-    if min_count is not None:
-        return int(min_count), "as asked"
-    m = min(100, max(5, dependents // 100))
-    return m, "the paper's cut-off" if m == 100 else f"1% of the {dependents} scored dependents, at least 5"
 
 
 def _checked_split(split, name: str, model):
@@ -164,7 +122,7 @@ def _checked_split(split, name: str, model):
     split = list(split)
     _check_examples(split, name)
     if model is None:
-        raise AttnscopeError(f"{name} examples need a model to extract their attention")
+        raise AttnscopeError(f"{name} examples need a model to extract their attention", params=("model",))
     return split
 
 
@@ -191,192 +149,101 @@ def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | Non
     argmax, which takes the lowest other word. ``executor``: where the forward passes run
     (:mod:`attnscope.executor`; default here).
     """
-    from attnscope.analyses.probes.training import TrainConfig
-    from attnscope.executor import run_pass
+    ctx = Context(model=model, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
+                  batch_size=batch_size, progress=progress, save_maps=save_maps, executor=executor)
+    options = SyntaxOptions(glove=glove, min_count=min_count, collapse_subtypes=collapse_subtypes,
+                            syntax_ties=ties)
+    return _syntax(dev, train, options, ctx, n_boot=n_boot, probe_config=probe_config, root=root,
+                   random_baseline=random_baseline)
 
-    out_dir = Path(out_dir)
-    options = _extract_options(max_seq_len, batch_size, seed)
-    probes = train is not None
-    dev = _checked_split(dev, "dev", model)
-    if probes:
-        train = _checked_split(train, "train", model)
-    tables_dir, fig_dir, res_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
-    for d in (tables_dir, fig_dir, res_dir):  # only once the inputs are known to be usable
-        d.mkdir(parents=True, exist_ok=True)
-    notes: list[str] = []
-    for stale in out_dir.glob(f"{TMP_PREFIX}*"):  # left by a run that was killed
+
+def _syntax(dev, train, options: "SyntaxOptions", ctx: Context, *, n_boot: int = 1000, probe_config=None,
+            root: str = "special", random_baseline: bool = True) -> Section:
+    """The syntax family's job (see :func:`run_syntax`): score the heads on dev (and train),
+    train the probes when there is a train split, then :func:`~attnscope.report.syntax.write_syntax`."""
+    dev = _checked_split(dev, "dev", ctx.model)
+    train = None if train is None else _checked_split(train, "train", ctx.model)
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be usable
+    for stale in ctx.out_dir.glob(f"{TMP_PREFIX}*"):  # left by a run that was killed
         shutil.rmtree(stale, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=out_dir) as tmp:
-        maps_root = Path(save_maps) if save_maps is not None else Path(tmp)
-        # -- dev maps: a store when they are read more than once ------------------------------
-        if _is_store(dev):
-            dev_store = dev
-        elif probes or save_maps is not None:
-            dev_store = _to_store(dev, model, maps_root / "dev", options=options, dtype="float32",
-                                  progress=progress, step="extract dev", executor=executor)
-        else:
-            dev_store = None
-        heads_dev = DependencyHeads(collapse_subtypes=collapse_subtypes, ties=ties)
-        run_pass(dev_store if dev_store is not None else dev, [heads_dev], model=model, options=options,
-                 executor=executor, step="score heads (dev)", progress=progress)
-        if _is_store(dev):
-            skipped = len(dev.manifest.get("summary", {}).get("skipped", []))
-        else:
-            skipped = len(dev) - heads_dev.examples
+    heads_dev, heads_train = (DependencyHeads(collapse_subtypes=options.collapse_subtypes,
+                                              ties=options.syntax_ties) for _ in range(2))
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=ctx.out_dir) as tmp:
+        maps_root = ctx.save_maps if ctx.save_maps is not None else Path(tmp)
+        # dev maps: a store when they are read more than once (the probes, or kept maps)
+        dev_store = dev if _is_store(dev) else None
+        if dev_store is None and (train is not None or ctx.save_maps is not None):
+            dev_store = _to_store(dev, ctx.model, maps_root / "dev", ctx, dtype="float32", step="extract dev")
+        ctx.run_pass(dev if dev_store is None else dev_store, [heads_dev], step="score heads (dev)",
+                     word_level=True)
+        skipped = (len(dev.manifest.get("summary", {}).get("skipped", [])) if _is_store(dev)
+                   else len(dev) - heads_dev.examples)
         if skipped:
-            notes.append(f"{skipped} dev sentences longer than {max_seq_len} tokens were skipped "
+            notes.append(f"{skipped} dev sentences longer than {ctx.max_seq_len} tokens were skipped "
                          "(raise max_seq_len to keep them).")
-        heads_train = None
-        train_store = None
-        if probes:
-            train_store = train if _is_store(train) else _to_store(
-                train, model, maps_root / "train", options=options, dtype="float16",
-                progress=progress, step="extract train", executor=executor)
-            heads_train = DependencyHeads(collapse_subtypes=collapse_subtypes, ties=ties)
-            run_pass(train_store, [heads_train], step="score heads (train)", progress=progress)
-        # -- Table 1 ------------------------------------------------------------------------
-        score = heads_dev.counts()
-        min_count, min_how = table1_min_count(min_count, int(score.total[-1]))
-        rows_paper = table1_rows(score, None, min_count=min_count, n_boot=n_boot, seed=seed)
-        if heads_train is not None:
-            rows_held = table1_rows(score, heads_train.counts(), min_count=min_count, n_boot=n_boot,
-                                    seed=seed)
-            held_how = "heads and offsets chosen on the train split, scored on dev"
-        else:
-            folds = [(heads_dev.counts((1,)), heads_dev.counts((0,))),
-                     (heads_dev.counts((0,)), heads_dev.counts((1,)))]
-            rows_held = table1_rows(score, folds, min_count=min_count, n_boot=n_boot, seed=seed)
-            held_how = ("cross-fitted on dev: chosen on the odd-indexed examples and scored on the "
-                        "even ones, and vice versa, pooled")
-        for r in rows_paper:
-            r["selection"] = "paper"
-        for r in rows_held:
-            r["selection"] = "held-out"
-        cap1 = ("Table 1: best attention head per dependency relation (1-indexed layer-head) and "
-                "the best fixed-offset baseline, accuracy % with 95% bootstrap intervals; relations "
-                f"with at least {min_count} scored dependents ({min_how}); ")
-        t1 = TableArtifact("table1_syntax", cap1 + "heads chosen on the scored data (as the paper).",
-                           rows_paper, TABLE1_COLUMNS)
-        t1.paths = _write(rows_paper, tables_dir / t1.name, t1.caption)
-        t1h = TableArtifact("table1_syntax_heldout", cap1 + held_how + ".", rows_held, TABLE1_COLUMNS)
-        t1h.paths = _write(rows_held, tables_dir / t1h.name, t1h.caption)
-        # -- figures --------------------------------------------------------------------------
-        rels = [r["relation"] for r in rows_paper]
-        figures = heatmap_figures(score, rels, fig_dir)
-        if dev_store is not None:
-            dev_examples = [(m_index, ex) for m_index, ex in _indexed_store_examples(dev_store)]
-
-            def get_maps(idx):
-                return [dev_store.by_index(i) for i in idx]
-        else:
-            dev_examples = list(enumerate(dev))
-
-            def get_maps(idx):
-                if not idx:
-                    return []
-                from attnscope.extract.runner import extract
-
-                maps = [m for b in extract([dev[i] for i in idx], model, options=options) for m in b]
-                return [replace(m, index=idx[m.index]) for m in sorted(maps, key=lambda m: m.index)]
-        ex_figs, best_heads, maps = _pick_examples(rows_paper, dev_examples, get_maps, fig_dir,
-                                                   collapse_subtypes, ties=ties)
-        figures = ex_figs + figures
-        # -- Table 3 --------------------------------------------------------------------------
-        tables = [t1, t1h]
-        probe_details: dict = {}
         rows3: list[dict] = []
-        if probes:
-            config = probe_config or TrainConfig(seed=seed)
-            rtrain = rdev = None
-            if random_baseline and model is not None:
-                from attnscope.analyses.probes.random_init import random_init_model
+        probe_details: dict = {}
+        if train is not None:
+            train_store = train if _is_store(train) else _to_store(
+                train, ctx.model, maps_root / "train", ctx, dtype="float16", step="extract train")
+            ctx.run_pass(train_store, [heads_train], step="score heads (train)")
+            rows3, probe_details = _probes(dev, train, dev_store, train_store, options, ctx, maps_root,
+                                           notes, n_boot=n_boot, config=probe_config, root=root,
+                                           random_baseline=random_baseline)
 
-                rlm = random_init_model(model, seed)
-                rtrain = _to_store(train if not _is_store(train) else _store_examples(train), rlm,
-                                   maps_root / "train-random-init", options=options, dtype="float16",
-                                   progress=progress, step="extract train (random init)",
-                                  executor=executor)
-                rdev = _to_store(dev if not _is_store(dev) else _store_examples(dev), rlm,
-                                 maps_root / "dev-random-init", options=options, dtype="float16",
-                                 progress=progress, step="extract dev (random init)",
-                                 executor=executor)
-            elif random_baseline:
-                notes.append("random-init baseline skipped: it needs the model, and only stores were given")
-            rows3, probe_details = run_probes(train_store, dev_store, glove=glove, random_train=rtrain,
-                                              random_dev=rdev, config=config, root=root,
-                                              n_boot=n_boot, progress=progress)
-            probe_details["config"] = config.as_dict()
-            probe_details["root"] = root
-            cap3 = ("Table 3: UAS (%, punctuation excluded) of probing classifiers on the dev split "
-                    "(early stopping on the same split), 95% bootstrap intervals over dependents; "
-                    "seconds_per_epoch is each probe's own training time per epoch (the probes "
-                    "share the batches, whose reading is not counted).")
-            t3 = TableArtifact("table3_probes", cap3, rows3, TABLE3_COLUMNS + ["paper_bert_base"])
-            t3.paths = _write(rows3, tables_dir / t3.name, t3.caption, digits=1)
-            tables.append(t3)
-    # -- results and section ----------------------------------------------------------------
-    res = heads_dev.finalize()
-    if heads_dev.empty_words:
-        notes.append(f"{heads_dev.empty_words} dev words became zero tokens (e.g. a zero-width space): "
-                     "they have no unit, are never a prediction, and neither they nor the "
-                     "dependents whose head they are were scored.")
-    result = Result(
-        analysis="syntax",
-        params={"min_count": min_count, "collapse_subtypes": collapse_subtypes, "n_boot": n_boot,
-                "seed": seed, "max_seq_len": max_seq_len, "root": root, **res.params},
-        tables={"table1": rows_paper, "table1_heldout": rows_held, "table3": rows3},
-        arrays={"accuracy": res.arrays["accuracy"], "offset_accuracy": res.arrays["offset_accuracy"],
-                "total": res.arrays["total"]},
-        summary=[], meta={**res.meta, "probes": probe_details, "notes": notes,
-                          "heldout_selection": held_how,
-                          "heads": "layer-head names are 1-indexed; layer/head_index columns 0-indexed"})
-    section = Section(key="syntax", title="Syntax: heads and dependency relations")
-    section.tables = tables
-    section.figures = figures
-    section.best_heads = best_heads
-    section.maps = maps
-    section.findings = _findings(rows_paper, rows_held, rows3) + notes
-    overall = next((r for r in rows_paper if r["relation"] == ALL), None)
-    caution = overall and small_sample_caution("Table 1 (all relations)", overall["count"],
-                                               overall["ci_low"], overall["ci_high"])
-    if caution:
-        section.findings.insert(0, caution)
-    result.summary = list(section.findings)
-    write_results(out_dir, "syntax", result)
-    section.methods = list(METHODS)
-    if ties != "none":
-        section.methods.append("This run scored ties and rows without information with "
-                               f"--syntax-ties {ties}: the lowest other word (the paper code's argmax).")
-    if probe_details.get("glove"):
-        section.methods.append(f"Word vectors of the probes: {probe_details['glove']} "
-                               f"({probe_details.get('glove_dim')} dimensions).")
-    section.paper = _paper_rows(rows_paper, rows3)
-    return section
+        def maps_of(indices: list[int]) -> list:
+            if dev_store is not None:
+                return [dev_store.by_index(i) for i in indices]
+            return ctx.maps(dev, indices, word_level=True)
+
+        return write_syntax(ctx.out_dir, heads_dev, heads_train if train is not None else None,
+                            dev_examples=_store_examples(dev_store) if dev_store is not None
+                            else list(enumerate(dev)), maps_of=maps_of, rows3=rows3,
+                            probe_details=probe_details, notes=notes, min_count=options.min_count,
+                            collapse_subtypes=options.collapse_subtypes, n_boot=n_boot, seed=ctx.seed,
+                            max_seq_len=ctx.max_seq_len, root=root, ties=options.syntax_ties)
 
 
-def _indexed_store_examples(store) -> list[tuple[int, Example]]:
-    return [(m.index, m.example) for m in store]
+def _probes(dev, train, dev_store, train_store, options: "SyntaxOptions", ctx: Context, maps_root: Path,
+            notes: list[str], *, n_boot: int, config, root: str, random_baseline: bool
+            ) -> tuple[list[dict], dict]:
+    """Table 3: the probes on the dev and train maps, and the random-init baseline's maps
+    (extracted with a copy of the model whose weights are random but the embeddings)."""
+    from attnscope.analyses.probes.training import TrainConfig
+
+    config = config or TrainConfig(epochs=options.epochs, patience=options.patience, lr=options.lr,
+                                   attn_lr=options.attn_lr, seed=ctx.seed)
+    rtrain = rdev = None
+    if random_baseline and ctx.model is not None:
+        from attnscope.analyses.probes.random_init import random_init_model
+
+        rlm = random_init_model(ctx.model, ctx.seed)
+        rtrain, rdev = (_to_store(split if not _is_store(split) else [ex for _, ex in _store_examples(split)],
+                                  rlm, maps_root / f"{name}-random-init", ctx, dtype="float16",
+                                  step=f"extract {name} (random init)")
+                        for name, split in (("train", train), ("dev", dev)))
+    elif random_baseline:
+        notes.append("random-init baseline skipped: it needs the model, and only stores were given")
+    rows3, details = run_probes(train_store, dev_store, glove=options.glove, random_train=rtrain,
+                                random_dev=rdev, config=config, root=root, n_boot=n_boot,
+                                progress=ctx.progress)
+    return rows3, {**details, "config": config.as_dict(), "root": root}
 
 
 # -- the family ------------------------------------------------------------------------------
 def read_syntax_input(path: Path):
     """A word-level store folder, or examples with trees: CoNLL-U, the paper's
-    ``word head-relation`` format, or examples JSON (``attnscope prepare depparse``)."""
-    from attnscope.data.depparse import iter_depparse
-    from attnscope.data.io import read_examples
-    if path.is_dir():
-        return open_input_store(path)
-    if path.suffix.lower() in (".json", ".jsonl"):
-        examples = read_examples(path)
-    else:
-        examples = list(iter_depparse(path))
-    if not examples:
-        raise InputError(path, "holds no sentences")
-    for i, ex in enumerate(examples):
+    ``word head-relation`` format, or examples JSON (``attnscope prepare depparse``), read by
+    :func:`~attnscope.data.sources.read_source`."""
+    source = read_source(path, ("store", "examples", "trees"))
+    if source.is_store:
+        return source.data
+    for i, ex in enumerate(source.data):
         if ex.heads is None or ex.relns is None:
             raise InputError(path, f"example {i} has no dependency tree (needs heads and relns)",
                              line=ex.fields.get("source_line"))
-    return examples
+    return source.data
 
 
 @dataclass
@@ -426,27 +293,21 @@ class Syntax(Family):
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
         """Every head's accuracy per relation and direction, the overall ('all') grids first."""
+        from attnscope.analyses.syntax import ALL
         from attnscope.viz.results_views import relation_grids
 
         return {"grids": relation_grids(results, "accuracy", source, problems, first=ALL)}
 
     def prepare(self, inputs, options: SyntaxOptions, ctx: Context) -> Prepared:
-        dev = read_syntax_input(Path(inputs["deps"]))
-        train = read_syntax_input(Path(inputs["deps_train"])) if inputs.get("deps_train") else None
+        dev = _checked_split(read_syntax_input(Path(inputs["deps"])), "dev", ctx.model)
+        train = None
         counts = {"dependency sentences (scored)": len(dev)}
         weight = len(dev)
-        if train is not None:
+        if inputs.get("deps_train"):
+            train = _checked_split(read_syntax_input(Path(inputs["deps_train"])), "train", ctx.model)
             counts["dependency sentences (train)"] = len(train)
             weight += 2 * len(train)  # extraction plus the probes' training
         return Prepared({"dev": dev, "train": train}, weight=weight, counts=counts)
 
     def run(self, prepared: Prepared, options: SyntaxOptions, ctx: Context) -> Section:
-        from attnscope.analyses.probes.training import TrainConfig
-
-        config = TrainConfig(epochs=options.epochs, patience=options.patience, lr=options.lr,
-                             attn_lr=options.attn_lr, seed=ctx.seed)
-        return run_syntax(prepared.data["dev"], ctx.model, ctx.out_dir, train=prepared.data["train"],
-                          glove=options.glove, max_seq_len=ctx.max_seq_len, batch_size=ctx.batch_size,
-                          seed=ctx.seed, progress=ctx.progress, save_maps=ctx.save_maps,
-                          min_count=options.min_count, collapse_subtypes=options.collapse_subtypes,
-                          probe_config=config, ties=options.syntax_ties, executor=ctx.executor)
+        return _syntax(prepared.data["dev"], prepared.data["train"], options, ctx)

@@ -1,9 +1,9 @@
-"""The coreference family: Table 2, the layer x head heatmap and Figure 5 style examples.
+"""The coreference family's outputs: Table 2, the layer x head heatmap and Figure 5 style examples.
 
-:func:`run_coref` reads coreference files, cuts the documents into model windows, extracts
-word-level attention, runs :class:`~attnscope.analyses.coref.CorefAntecedents` and writes
-everything under ``out_dir`` (``tables/``, ``figures/``, ``results/coref.json``). It returns
-the :class:`~attnscope.report.section.Section` that the HTML report assembles.
+:func:`write_coref` turns the result of :class:`~attnscope.analyses.coref.CorefAntecedents`
+into everything under ``out_dir`` (``tables/``, ``figures/``, ``results/coref.json``) and
+returns the :class:`~attnscope.report.section.Section` that the HTML report assembles
+(:func:`attnscope.families.coref.run_coref` runs the job).
 """
 
 from __future__ import annotations
@@ -14,13 +14,21 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.coref import (
-    WindowStats,
-)
+from attnscope.analyses.base import Result
+from attnscope.analyses.coref import BASELINES, WindowStats, head_choices
+from attnscope.data.coref import MENTION_TYPES
 from attnscope.data.io import atomic_write_text
-from attnscope.data.records import HeadId
-from attnscope.report.results import dumps
-from attnscope.report.section import Section
+from attnscope.data.records import Example, HeadId
+from attnscope.maps import AttentionMap
+from attnscope.report.results import dumps, write_results
+from attnscope.report.section import (
+    MIN_ITEMS,
+    FigureArtifact,
+    Section,
+    TableArtifact,
+    small_sample_caution,
+)
+from attnscope.report.tables import write_table
 
 #: Table 2 of the paper (BERT-base, CoNLL-2012, documents truncated to 128 tokens), column "All".
 PAPER_TABLE2 = {"nearest": 27, "head-match": 52, "rule-based": 69, "best-head": 65}
@@ -163,10 +171,6 @@ def _snippet(words: list[str], choice: dict, max_words: int = 60) -> dict:
             "weights": choice["weights"][lo:hi]}
 
 
-
-
-
-
 def _methods(candidates: str, ties: str = "none") -> list[str]:
     cand = {"mentions": "C = head words of the mentions whose head word precedes q in the window",
             "words": "C = all words before q in the window",
@@ -187,6 +191,168 @@ def _methods(candidates: str, ties: str = "none") -> list[str]:
         "95% intervals: percentile bootstrap over scored mentions, seeded. The best heads are selected "
         "on the scored data itself, as in the paper.",
     ]
+
+
+def write_coref(result: Result, out_dir: Path, *, wstats: WindowStats, examples: Sequence[Example],
+                maps_of: Callable[[list[int]], list[AttentionMap]], n_examples: int = 3) -> Section:
+    """Table 2 (with the paper's candidates and held out), the per-head table, the heatmap,
+    the examples figure, ``results/coref.json`` and the Section, from the finalized ``result``
+    of :class:`~attnscope.analyses.coref.CorefAntecedents` (its params also carry ``window``
+    and ``max_seq_len``, its meta the extraction's ``skipped`` windows). ``examples``: the
+    windows that were scored, and ``maps_of(indices)`` their word-level maps, for the figure."""
+    params = result.params
+    candidates, window, max_seq_len = params["candidates"], params["window"], params["max_seq_len"]
+    note = _window_note(wstats, candidates)
+    result.meta["window_note"] = note
+    tables_dir, figures_dir = out_dir / "tables", out_dir / "figures"
+    section = Section(key="coref", title="Coreference: which heads find antecedents (Table 2)")
+    rows = result.tables["table2"]
+    caption = (f"Antecedent selection accuracy (%) with 95% bootstrap CIs ({params['n_boot']} resamples, "
+               f"seed {params['seed']}) on {wstats.documents} documents; {note}. Heads are 1-indexed "
+               f"layer-head; the best heads are chosen on the same mentions they are scored on (as the "
+               f"paper; the held-out table below chooses them on other mentions).")
+    t2 = write_table2(rows, tables_dir / "table2_coref", caption=caption, window=window,
+                      max_seq_len=max_seq_len, candidates=candidates)
+    shown, shown_cols = table2_display(rows)
+    section.tables.append(TableArtifact("table2_coref", caption, shown, shown_cols, t2))
+    paper_rows = result.tables.get("table2_all_words") or []
+    if paper_rows and candidates != "all-words":
+        # The paper's definition (section 4.1): a head predicts whichever other word gets the most
+        # attention; the baselines still choose among preceding mentions.
+        cap_p = (f"Table 2 with the paper's definition of a head's prediction: every other word of the "
+                 f"window is a candidate (baselines as above). Accuracy (%) with 95% bootstrap CIs; "
+                 f"{note}.")
+        tp = write_table2(paper_rows, tables_dir / "table2_coref_all_words", caption=cap_p,
+                          window=window, max_seq_len=max_seq_len, candidates="all-words")
+        shown_p, cols_p = table2_display(paper_rows)
+        section.tables.append(TableArtifact("table2_coref_all_words", cap_p, shown_p, cols_p, tp))
+    held = result.tables.get("table2_heldout") or []
+    if held:
+        cap_h = ("Held-out head selection: the best head chosen on one part of the mentions "
+                 "(selected_on) and scored on another (scored_on); same_data_best is the best head's "
+                 "accuracy when chosen on the scored part itself, as in the paper. Fractions; "
+                 f"accuracy_lo/hi is the 95% bootstrap interval. {note}.")
+        cols_h = ["candidates", "selected_on", "scored_on", "name", "select_accuracy", "accuracy",
+                  "accuracy_lo", "accuracy_hi", "n", "same_data_best", "nearest", "head-match",
+                  "rule-based"]
+        hh = write_table(held, tables_dir / "table2_coref_heldout", columns=cols_h, caption=cap_h)
+        section.tables.append(TableArtifact("table2_coref_heldout", cap_h, held, cols_h, hh))
+    head_cols = ["name", "layer", "head", "all", *MENTION_TYPES]
+    head_caption = f"Antecedent accuracy of every head (layer, head 0-indexed; name 1-indexed); {note}."
+    hp = write_table(result.tables["heads"], tables_dir / "coref_heads", columns=head_cols,
+                     caption=head_caption)
+    section.tables.append(TableArtifact("coref_heads", head_caption, result.tables["heads"], head_cols, hp))
+    acc = result.arrays["accuracy"]
+    if acc.size:
+        hm_caption = f"Antecedent selection accuracy per head (red: best). {note}."
+        section.figures.append(FigureArtifact("coref_heatmap", hm_caption, heatmap_figure(
+            acc, figures_dir / "coref_heatmap", title="coreference: antecedent accuracy per head")))
+    if rows:
+        _best_head_examples(section, result, examples, maps_of, n_examples, figures_dir, note)
+    best_row = rows[len(BASELINES)] if len(rows) > len(BASELINES) else None
+    caution = best_row and small_sample_caution(
+        "Table 2", best_row.get("all_n") or 0, *(None if best_row.get(k) is None else 100 * best_row[k]
+                                                for k in ("all_lo", "all_hi")))
+    section.findings = ([caution] if caution else []) + list(result.summary) + [
+        against_rules(result.tables.get(key) or [], what) for key, what in (
+            ("table2", f"with {candidates} as candidates"),
+            ("table2_all_words", "with the paper's definition (every other word a candidate)"))
+        if result.tables.get(key)] + [
+        f"{wstats.scored} of {wstats.anaphoric} mentions that have an antecedent were scored "
+        f"({window} windows of {max_seq_len} tokens, {wstats.windows} windows over "
+        f"{wstats.documents} documents)"]
+    skipped = result.meta["extract"]["skipped"]
+    if skipped:
+        section.findings.append(f"{len(skipped)} windows were longer than {max_seq_len} tokens "
+                                f"and skipped")
+    section.methods = _methods(candidates, params["ties"])
+    write_results(out_dir, "coref", result)
+    return section
+
+
+def _best_head_examples(section: Section, result: Result, examples: Sequence[Example], maps_of,
+                        n_examples: int, figures_dir: Path, note: str) -> None:
+    """The best head's examples figure, its maps and the paper's Table 2 beside ours, in ``section``."""
+    rows = result.tables["table2"]
+    best = rows[len(BASELINES)]
+    head = HeadId(best["layer"], best["head"])
+    panels, maps = _example_panels(examples, maps_of, head, result.params["candidates"], n_examples,
+                                   result.params["ties"])
+    if panels:
+        ex_caption = (f"Head {head} on real text: shading is its attention from the head word of a "
+                      f"mention (black box); green underlines are gold antecedent head words; the "
+                      f"head's choice is boxed (green: correct, orange: wrong). {note}.")
+        section.figures.append(FigureArtifact("figure5_coref_examples", ex_caption, examples_figure(
+            panels, figures_dir / "figure5_coref_examples", head=head)))
+    for p in panels:
+        section.best_heads.append((head.layer, head.head, p["example_index"],
+                                   f"coref {head}: {p['words'][p['query']]} -> {p['words'][p['pred']]}"))
+    section.maps.update(maps)
+    result.meta["examples"] = [{k: v for k, v in p.items() if k != "weights"} for p in panels]
+    by_kind = dict(zip(BASELINES, rows))
+    section.paper = [
+        {"what": "Table 2, nearest mention (all)", "paper": PAPER_TABLE2["nearest"],
+         "ours": round(100 * by_kind["nearest"]["all"], 1)},
+        {"what": "Table 2, same head word (all)", "paper": PAPER_TABLE2["head-match"],
+         "ours": round(100 * by_kind["head-match"]["all"], 1)},
+        {"what": "Table 2, rule-based (all)", "paper": PAPER_TABLE2["rule-based"],
+         "ours": round(100 * by_kind["rule-based"]["all"], 1)},
+        {"what": f"Table 2, best head (paper {PAPER_BEST_HEAD}, ours {head})",
+         "paper": PAPER_TABLE2["best-head"], "ours": round(100 * best["all"], 1)},
+    ]
+
+
+def _example_panels(examples: Sequence[Example], maps_of, head: HeadId, candidates: str, n: int,
+                    ties: str = "none") -> tuple[list[dict], dict]:
+    """A few windows (distinct documents, their maps from ``maps_of``) and the best head's
+    choices in them: at most ``n`` panels, and their maps by window index."""
+    chosen, seen_docs = [], set()
+    for i, ex in enumerate(examples):
+        info = ex.fields["coref"]
+        if info["doc_index"] in seen_docs or not any(info["mentions"]["score"]):
+            continue
+        chosen.append(i)
+        seen_docs.add(info["doc_index"])
+        if len(chosen) >= 4 * n:
+            break
+    panels, maps = [], {}
+    for amap in maps_of(chosen):
+        if len(panels) >= n:
+            break
+        i = amap.index
+        info = examples[i].fields["coref"]
+        choices = head_choices(amap, info, head.layer, head.head, candidates, ties)
+        # prefer a correct choice at some distance, as the paper's figure shows
+        good = [c for c in choices if c["correct"] and 0 <= c["pred"] and c["query"] - c["pred"] <= 50]
+        if not good:
+            continue
+        pick = max(good, key=lambda c: (c["query"] - c["pred"], -c["query"]))
+        snip = _snippet(examples[i].words, pick)
+        snip.update({"doc": info["doc"], "example_index": i, "window": info["window"]})
+        panels.append(snip)
+        maps[i] = amap
+    return panels, maps
+
+
+def against_rules(rows: list[dict], what: str) -> str:
+    """Whether the best head comes close to the rule-based system: said only when its accuracy
+    lies within the rule-based system's 95% interval (or above it), and never from fewer than
+    :data:`~attnscope.report.section.MIN_ITEMS` mentions."""
+    by_kind = dict(zip(BASELINES, rows))
+    rb, best = by_kind["rule-based"], rows[len(BASELINES)]
+    what = f"{what[:1].upper()}{what[1:]}"
+    if best["all"] is None or rb["all"] is None:
+        return f"{what}: too few mentions to compare the best head with the rule-based system"
+    head = f"the best head ({best['name']}, {100 * best['all']:.1f}%)"
+    rules = (f"the rule-based system ({100 * rb['all']:.1f}% [{100 * rb['all_lo']:.1f}, "
+             f"{100 * rb['all_hi']:.1f}])")
+    n = best.get("all_n")
+    if n is not None and n < MIN_ITEMS:
+        return f"{what}, {head} is not compared with {rules}: {n} mentions are fewer than {MIN_ITEMS}."
+    verdict = ("comes close to" if best["all"] >= rb["all_lo"] else "falls short of")
+    if best["all"] > rb["all_hi"]:
+        verdict = "beats"
+    return f"{what}, {head} {verdict} {rules}."
 
 
 def coref_paths_info(section: Section) -> dict[str, Any]:

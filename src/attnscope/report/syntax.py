@@ -1,10 +1,10 @@
-"""The syntax family: Table 1 (every head against every relation) and Table 3 (probes).
+"""The syntax family's outputs: Table 1 (every head against every relation), Table 3 (probes).
 
-:func:`run_syntax` does the whole job for ``attnscope analyze syntax`` and ``attnscope run``:
-extracts word-level maps (or reads a word-level store), scores every head, writes Table 1
-in two selection modes, per-relation heatmaps and Figure 5 style examples, and, when a train
-split is given, trains the probes of section 5 and writes Table 3. It returns a
-:class:`~attnscope.report.section.Section`.
+:func:`write_syntax` turns the scored heads (:class:`~attnscope.analyses.syntax.DependencyHeads`)
+and the probes' rows into Table 1 in two selection modes, Table 3, the per-relation heatmaps,
+Figure 5 style examples and ``results/syntax.json``, and returns the
+:class:`~attnscope.report.section.Section` (:func:`attnscope.families.syntax.run_syntax` runs
+the job).
 """
 
 from __future__ import annotations
@@ -15,16 +15,20 @@ from pathlib import Path
 
 import numpy as np
 
+from attnscope.analyses.base import Result
 from attnscope.analyses.syntax import (
     ALL,
     DIRECTIONS,
+    DependencyHeads,
     HeadCounts,
     binary_bootstrap_ci,
     score_map,
+    table1_rows,
 )
 from attnscope.data.records import Example
 from attnscope.maps import AttentionMap
-from attnscope.report.section import FigureArtifact
+from attnscope.report.results import write_results
+from attnscope.report.section import FigureArtifact, Section, TableArtifact, small_sample_caution
 
 Progress = Callable[[str, int, "int | None"], None] | None
 
@@ -40,23 +44,6 @@ PAPER_TABLE1 = [("det", "det", 94.3, 51.7), ("dobj", "obj", 86.8, 40.0),
                 ("poss", "nmod:poss", 80.5, 47.7), ("all", ALL, 34.5, 26.3)]
 PAPER_TABLE3 = {"right-branching": 26, "distance+glove": 58, "random-init attn+glove": 30,
                 "attn": 61, "attn+glove": 77}
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 # -- Table 1 --------------------------------------------------------------------------------
 def _slug(s: str) -> str:
@@ -168,15 +155,6 @@ def _table3_row(name: str, run, n_boot: int, seed: int) -> dict:
             "seconds_per_epoch": run.seconds_per_epoch if run.epochs_run else None,
             "parameters": run.parameters, "paper_bert_base": PAPER_TABLE3.get(name)}
 
-
-
-
-
-
-
-
-
-
 def _write(rows, stem: Path, caption: str, digits: int = 1) -> list[Path]:
     from attnscope.report.tables import write_table
 
@@ -244,3 +222,103 @@ METHODS = [
     "special tokens (to ROOT: sum, from ROOT: mean). Trained with Adam, minibatches of "
     "sentences, early stopping on dev UAS; UAS excludes punctuation.",
 ]
+
+
+def table1_min_count(min_count: int | None, dependents: int) -> tuple[int, str]:
+    """The smallest relation Table 1 shows, and how it was chosen. None adapts to the data: 1%
+    of the scored dependents, at least 5 and at most 100 (the paper's cut-off), so a small
+    sample still shows its frequent relations and a corpus gets the paper's table.
+
+    >>> table1_min_count(None, 23146), table1_min_count(None, 180)[0], table1_min_count(20, 180)
+    ((100, "the paper's cut-off"), 5, (20, 'as asked'))
+    """
+    if min_count is not None:
+        return int(min_count), "as asked"
+    m = min(100, max(5, dependents // 100))
+    return m, "the paper's cut-off" if m == 100 else f"1% of the {dependents} scored dependents, at least 5"
+
+
+def write_syntax(out_dir: Path, heads_dev: DependencyHeads, heads_train: DependencyHeads | None, *,
+                 dev_examples: list[tuple[int, Example]], maps_of: Callable[[list[int]], list[AttentionMap]],
+                 rows3: list[dict], probe_details: dict, notes: list[str], min_count: int | None,
+                 collapse_subtypes: bool, n_boot: int, seed: int, max_seq_len: int, root: str,
+                 ties: str) -> Section:
+    """Tables 1 and 3, the heatmaps, Figure 5's examples, ``results/syntax.json`` and the Section.
+
+    ``heads_dev``: the heads scored on dev; ``heads_train``: scored on train (Table 1's
+    held-out selection chooses there; None: cross-fitted on the two halves of dev).
+    ``dev_examples``: ``(index, example)`` of dev, and ``maps_of(indices)`` their word-level
+    maps, for Figure 5. ``rows3`` / ``probe_details``: Table 3 (empty without probes).
+    ``notes`` go among the findings and into the results.
+    """
+    tables_dir, fig_dir, res_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
+    for d in (tables_dir, fig_dir, res_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    notes = list(notes)
+    score = heads_dev.counts()
+    min_count, min_how = table1_min_count(min_count, int(score.total[-1]))
+    rows_paper = table1_rows(score, None, min_count=min_count, n_boot=n_boot, seed=seed)
+    if heads_train is not None:
+        rows_held = table1_rows(score, heads_train.counts(), min_count=min_count, n_boot=n_boot, seed=seed)
+        held_how = "heads and offsets chosen on the train split, scored on dev"
+    else:
+        folds = [(heads_dev.counts((1,)), heads_dev.counts((0,))),
+                 (heads_dev.counts((0,)), heads_dev.counts((1,)))]
+        rows_held = table1_rows(score, folds, min_count=min_count, n_boot=n_boot, seed=seed)
+        held_how = ("cross-fitted on dev: chosen on the odd-indexed examples and scored on the "
+                    "even ones, and vice versa, pooled")
+    for r in rows_paper:
+        r["selection"] = "paper"
+    for r in rows_held:
+        r["selection"] = "held-out"
+    cap1 = ("Table 1: best attention head per dependency relation (1-indexed layer-head) and "
+            "the best fixed-offset baseline, accuracy % with 95% bootstrap intervals; relations "
+            f"with at least {min_count} scored dependents ({min_how}); ")
+    t1 = TableArtifact("table1_syntax", cap1 + "heads chosen on the scored data (as the paper).",
+                       rows_paper, TABLE1_COLUMNS)
+    t1.paths = _write(rows_paper, tables_dir / t1.name, t1.caption)
+    t1h = TableArtifact("table1_syntax_heldout", cap1 + held_how + ".", rows_held, TABLE1_COLUMNS)
+    t1h.paths = _write(rows_held, tables_dir / t1h.name, t1h.caption)
+    section = Section(key="syntax", title="Syntax: heads and dependency relations")
+    section.tables = [t1, t1h]
+    figures = heatmap_figures(score, [r["relation"] for r in rows_paper], fig_dir)
+    ex_figs, section.best_heads, section.maps = _pick_examples(rows_paper, dev_examples, maps_of, fig_dir,
+                                                               collapse_subtypes, ties=ties)
+    section.figures = ex_figs + figures
+    if rows3:
+        cap3 = ("Table 3: UAS (%, punctuation excluded) of probing classifiers on the dev split "
+                "(early stopping on the same split), 95% bootstrap intervals over dependents; "
+                "seconds_per_epoch is each probe's own training time per epoch (the probes "
+                "share the batches, whose reading is not counted).")
+        t3 = TableArtifact("table3_probes", cap3, rows3, TABLE3_COLUMNS + ["paper_bert_base"])
+        t3.paths = _write(rows3, tables_dir / t3.name, t3.caption, digits=1)
+        section.tables.append(t3)
+    res = heads_dev.finalize()
+    if heads_dev.empty_words:
+        notes.append(f"{heads_dev.empty_words} dev words became zero tokens (e.g. a zero-width space): "
+                     "they have no unit, are never a prediction, and neither they nor the "
+                     "dependents whose head they are were scored.")
+    section.findings = _findings(rows_paper, rows_held, rows3) + notes
+    overall = next((r for r in rows_paper if r["relation"] == ALL), None)
+    caution = overall and small_sample_caution("Table 1 (all relations)", overall["count"],
+                                               overall["ci_low"], overall["ci_high"])
+    if caution:
+        section.findings.insert(0, caution)
+    write_results(out_dir, "syntax", Result(
+        analysis="syntax",
+        params={"min_count": min_count, "collapse_subtypes": collapse_subtypes, "n_boot": n_boot,
+                "seed": seed, "max_seq_len": max_seq_len, "root": root, **res.params},
+        tables={"table1": rows_paper, "table1_heldout": rows_held, "table3": rows3},
+        arrays={k: res.arrays[k] for k in ("accuracy", "offset_accuracy", "total")},
+        summary=list(section.findings),
+        meta={**res.meta, "probes": probe_details, "notes": notes, "heldout_selection": held_how,
+              "heads": "layer-head names are 1-indexed; layer/head_index columns 0-indexed"}))
+    section.methods = list(METHODS)
+    if ties != "none":
+        section.methods.append("This run scored ties and rows without information with "
+                               f"--syntax-ties {ties}: the lowest other word (the paper code's argmax).")
+    if probe_details.get("glove"):
+        section.methods.append(f"Word vectors of the probes: {probe_details['glove']} "
+                               f"({probe_details.get('glove_dim')} dimensions).")
+    section.paper = _paper_rows(rows_paper, rows3)
+    return section
