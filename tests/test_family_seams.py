@@ -62,7 +62,7 @@ def test_run_without_a_head_says_why_figure3_is_missing(tmp_path):
                  "--quiet"]) == 0
     assert not (out / "figures" / "figure3_gradients.png").exists()
     findings = json.loads((out / "results" / "general.json").read_text())["findings"]
-    assert any("no masked-LM head" in f and "--fit-mlm-head" in f for f in findings)
+    assert any("no masked-LM head" in f and "--general-gradients fit-head" in f for f in findings)
 
 
 def test_results_files_are_strict_json(run_with_head):

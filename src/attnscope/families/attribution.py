@@ -3,7 +3,7 @@
 Inputs: sentence-per-line text (built into pairs as for the general family) or examples JSON /
 JSON Lines. Over the first ``--attribution-examples`` examples it runs the selected methods:
 
-- ``importance``: head importance (Michel et al. 2019; ``--importance-norm`` picks the paper's
+- ``importance``: head importance (Michel et al. 2019; ``importance_norm`` picks the paper's
   equation or their released code's normalisation), :mod:`attnscope.analyses.importance`;
 - ``ablation``: per-head zero and mean ablation, :mod:`attnscope.analyses.ablation`;
 - ``pruning``: pruning curves by importance vs a seeded random order (needs ``importance``);
@@ -26,11 +26,11 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from attnscope.data.sources import read_source
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
 
@@ -243,7 +243,7 @@ class Attribution(Family):
     help = "Head importance and ablation, attention rollout and flow, norm-based and value-zeroing maps."
     inputs = (Input("attribution", "Sentence-per-line text (blank lines between documents; built into "
                     "pairs) or examples JSON / JSON Lines: the attribution analyses.", argument="input",
-                    sample="text.txt"),)
+                    kinds=("examples", "text"), sample="text.txt"),)
     Options = AttributionOptions
     default_model = "default"
     order = 60
@@ -260,9 +260,6 @@ class Attribution(Family):
         return {"attribution": attribution_payload(results, source, problems)}
 
     def prepare(self, inputs, options: AttributionOptions, ctx: Context) -> Prepared:
-        from attnscope.data.io import read_examples
-        from attnscope.data.unlabeled import prepare_unlabeled
-        from attnscope.errors import InputError
 
         methods = options.method_list()  # refuse a bad --attribution-methods before anything runs
         for name in ("attribution_examples", "attribution_map_examples", "flow_max_tokens"):
@@ -274,14 +271,10 @@ class Attribution(Family):
             raise AttnscopeError(f"{ctx.model.name} does not route attention through transformers' "
                                  f"AttentionInterface, so none of the chosen methods ({', '.join(methods)}) "
                                  "can run on it; rollout uses its attention maps")
-        path = Path(inputs["attribution"])
-        if path.is_dir():
-            raise InputError(path, "is a folder; the attribution family reads text or examples JSON")
-        if path.suffix.lower() in (".json", ".jsonl"):
-            examples = read_examples(path)[: options.attribution_examples]
-        else:
-            examples = prepare_unlabeled(path, ctx.model.tokenizer, max_seq_len=ctx.max_seq_len,
-                                         seed=ctx.seed, num_examples=options.attribution_examples)
+        source = read_source(inputs["attribution"], self.inputs[0].kinds, model=ctx.model,
+                             max_seq_len=ctx.max_seq_len, seed=ctx.seed,
+                             num_examples=options.attribution_examples, limit=options.attribution_examples)
+        examples = source.data
         return Prepared({"examples": examples}, weight=len(examples),
                         counts={"attribution examples": len(examples)})
 

@@ -87,7 +87,7 @@ def _scorer_for(model, gradients: str, source, classer_examples, seed: int, note
         return MlmScorer(model)
     if gradients == "auto":
         notes.append(f"{model.name} has no masked-LM head, so gradient importance (Figure 3) was "
-                     "skipped; --fit-mlm-head trains an output layer on the frozen encoder first")
+                     "skipped; --general-gradients fit-head trains an output layer on the frozen encoder first")
         return None
     if gradients == "on":
         raise AttnscopeError(f"{model.name}: the model has no masked-LM head; use fit_mlm_head "
@@ -283,7 +283,7 @@ class GeneralOptions:
                                            "--general-engine auto to use them.", minimum=0.0)
 
     @property
-    def gradient_mode(self) -> str:  # one spelling since --fit-mlm-head went (kept for its callers)
+    def gradient_mode(self) -> str:  # one spelling of fit-head now (kept for its callers)
         return self.gradients
 
 

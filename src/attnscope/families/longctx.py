@@ -1,10 +1,10 @@
 """The long-context family: what a (decoder) model looks at over long documents.
 
 Inputs: long documents (text with a blank line between documents, or JSON / JSON Lines with
-``text``), each kept whole up to the run's ``max_seq_len`` (``--join`` joins consecutive
+``text``), each kept whole up to the run's ``max_seq_len`` (option ``join`` joins consecutive
 documents to reach it). The statistics (:mod:`attnscope.analyses.longctx`) come from the
 streaming engine (:mod:`attnscope.analyses.streaming`) whenever the ``[L H n n]`` maps would not
-fit in ``--maps-budget-gb``, or from the maps otherwise; ``--engine`` forces either. Induction
+fit in ``maps_budget_gb``, or from the maps otherwise; ``engine`` forces either. Induction
 and duplicate-token scores come from extra sequences of random tokens repeated once.
 """
 

@@ -131,13 +131,5 @@ def _map_getter(source, model, ctx: Context, wanted: list[int]):
             except KeyError:
                 return None
         return get
-    from attnscope.extract.runner import Extractor
-
-    extractor = Extractor(model, ctx.extract_options())
-    maps = {}
     valid = [i for i in wanted if 0 <= i < len(source)]
-    for planned in extractor.plan([source.data[i] for i in valid]):
-        for m in extractor.run_batch(planned):
-            real = valid[m.index]
-            maps[real] = dataclasses.replace(m, index=real)
-    return maps.get
+    return {m.index: m for m in ctx.maps(source.data, valid)}.get

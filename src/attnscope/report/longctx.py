@@ -233,7 +233,7 @@ def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, mo
     maps_gb = maps_bytes(model, longest, size) / 2 ** 30
     why = (f"the maps of a batch of {counted(size, kind)} of up to {longest} tokens would take "
            f"{maps_gb:.1f} GB"
-           + (" (more than --maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
+           + (" (more than --longctx-maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
     out = [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
            f"forward pass in {options.dtype}; {counted(documents, 'document')}, longest "
            f"{doc_longest} tokens"
@@ -266,7 +266,7 @@ def write_section(res: Result, out_dir: Path, *, title: str = "Long-context atte
             f"Emerges': {GU_METRIC.format(thr=thr)})" if gu else
             f"mean sink mass over the pooled rows > {thr} (the threshold of Gu et al. 2024, 'When "
             "Attention Sink Emerges', who average each document's rows, row 0 included, and count "
-            "per document: --sink-metric gu2024)") + ".",
+            "per document: --longctx-sink-metric gu2024)") + ".",
         "Entropy in nats; normalised entropy divides each row's entropy by ln of the number of keys "
         "the row can see (1 = uniform).",
         "Distance buckets: 0, 1, 2, 3-4, 5-8, ...; 'mean weight per key' divides a bucket's mass by "
