@@ -182,8 +182,14 @@ def test_serve_shows_the_longctx_arrays_per_head(longctx):
 
     store, out = longctx
     got = create_app(store, out).test_client().get("/api/results").get_json()
-    assert got["problems"] == [] and got["scatter"] is None
+    assert got["problems"] == []
     stats = {s["name"]: np.asarray(s["values"], dtype=float) for s in got["stats"]}
+    # the heads' MDS placement the family writes among its results is the viewer's scatter
+    rows = json.loads((out / "results" / "longctx.json").read_text())["tables"]["clusters"]
+    assert len(rows) == len(got["scatter"]["points"]) == stats["longctx-stats: sink"].size
+    assert [(p["layer"], p["head"], p["x"], p["y"], p["label"]) for p in got["scatter"]["points"]] == [
+        (r["layer"], r["head"], r["x"], r["y"], r["behaviour"]) for r in rows]
+    assert not any(name.startswith("longctx-stats: clusters.") and name.endswith((".x", ".y")) for name in stats)
     attn = open_store(store)[0].attn.astype(float)  # [L H n n], float32 maps
     np.testing.assert_allclose(stats["longctx-stats: sink"], attn[:, :, 1:, 0].mean(-1), atol=1e-6)
     np.testing.assert_allclose(stats["longctx-stats: heads.sink"], stats["longctx-stats: sink"])

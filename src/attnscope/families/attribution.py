@@ -255,7 +255,7 @@ class Attribution(Family):
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
         """One example's maps by every method that ran, side by side."""
-        from attnscope.viz.results import attribution_payload
+        from attnscope.viz.results_views import attribution_payload
 
         return {"attribution": attribution_payload(results, source, problems)}
 

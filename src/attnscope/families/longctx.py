@@ -76,11 +76,12 @@ class LongContext(Family):
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
         """Distance and position profiles per head, and the sink-mass heatmap."""
-        from attnscope.viz.results_views import profiles_from_result, sink_heatmap
+        from attnscope.viz.results_views import head_scatter, profiles_from_result, sink_heatmap
 
         sink = sink_heatmap(results, source)
         return {"profiles": profiles_from_result(results, source, problems),
-                "sinks": [sink] if sink is not None else []}
+                "sinks": [sink] if sink is not None else [],
+                "scatter": head_scatter(results, "clusters", "x", "y", "behaviour", source)}
 
     def prepare(self, inputs: dict[str, Any], options: Options, ctx: Context) -> Prepared:
         from attnscope.data.unlabeled import prepare_documents
@@ -170,8 +171,12 @@ class LongContext(Family):
                                      documents=len(docs), doc_longest=plans[0][0], probes=probes,
                                      batch=(batch_size, longest, groups[widest][2]),
                                      max_seq_len=ctx.max_seq_len, generated=generated)
+        sec = write_section(res, ctx.out_dir, title=self.title, key=self.key, extra_findings=extra)
+        clusters = next((t for t in sec.tables if t.name == "longctx_clusters"), None)
+        if clusters is not None:  # the MDS placement the viewer's scatter draws
+            res.tables["clusters"] = clusters.rows
         write_results(ctx.out_dir, self.key, res)  # strict JSON (report.results)
-        return write_section(res, ctx.out_dir, title=self.title, key=self.key, extra_findings=extra)
+        return sec
 
     @staticmethod
     def _continue(lm, seqs: list[list[int]], new_tokens: int, ctx: Context):
