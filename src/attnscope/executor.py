@@ -181,7 +181,7 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
     if isinstance(source, Store):  # the maps are on disk
         if encoded_side and model is None:
             raise AttnscopeError(f"analysis '{encoded_side[0].name}' runs the model; a store holds "
-                                 "only the maps (give model)")
+                                 "only the maps (give model)", params=("model",))
         encoder = _encoder(model) if encoded_side else None
         for batch in source.batches():
             feed(maps_side, batch)
@@ -191,12 +191,13 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
         stats = None
     else:
         if model is None:
-            raise AttnscopeError("examples need a model (or pass a store)")
+            raise AttnscopeError("examples need a model (or pass a store)", params=("model",))
         stats = ExtractStats()
         extractor = Extractor(model, options or ExtractOptions(), stats)
         # an encoded analysis that reads the forward pass through hook points rides along on the
         # maps pass where the maps are made here; elsewhere it runs its own pass in on_unit
-        riders = [a for a in encoded_side if hasattr(a, "hooks")] if not executor.remote else []
+        riders = ([a for a in encoded_side if hasattr(a, "hooks")]
+                  if maps_side and not executor.remote else [])
         rest = [a for a in encoded_side if a not in riders]
 
         def on_unit(batches: list[list]) -> None:
