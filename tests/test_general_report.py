@@ -108,8 +108,11 @@ def test_gpt2_and_roberta_run(tmp_path, debug_gpt2, debug_roberta):
 def test_gradients_on_without_head_is_an_error(tmp_path, debug_bert):
     from attnscope.errors import AttnscopeError
 
-    with pytest.raises(AttnscopeError, match="no masked-LM head"):
+    with pytest.raises(AttnscopeError, match="no masked-LM head; gradients fit-head trains one") as e:
         run_general(TEXTS, debug_bert, tmp_path / "x", max_seq_len=256, gradients="on")
+    # the command line names the flag that exists: --general-gradients fit-head
+    assert e.value.for_flags({"gradients": "--general-gradients"}).endswith(
+        "no masked-LM head; --general-gradients fit-head trains one on the frozen encoder")
 
 
 def test_cli_general(tmp_path, capsys):

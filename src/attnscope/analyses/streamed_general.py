@@ -54,6 +54,7 @@ class StreamedGeneral(EncodedAnalysis):
         self.rel, self.spec, self.ent = RelativePosition(), SpecialTokens(classer), Entropy(causal=True)
         self.dist = HeadDistances()
         self.longest = 0  # tokens of the longest example added
+        self.finalized_parts: dict[str, Result] | None = None  # parts() as of the last finalize
 
     def params(self) -> dict[str, Any]:
         return {"model": self.model.name, "seed": self.seed, "js_rows": self.js_rows}
@@ -113,7 +114,8 @@ class StreamedGeneral(EncodedAnalysis):
     def finalize(self) -> Result:
         """The parts in one result: each part's tables and arrays under ``<part>/<name>``."""
         res = Result(self.name, params=self.params(), meta={"longest": self.longest})
-        for name, part in self.parts().items():
+        self.finalized_parts = parts = self.parts()  # kept: the general family's report reads them
+        for name, part in parts.items():
             res.tables.update({f"{name}/{k}": v for k, v in part.tables.items()})
             res.arrays.update({f"{name}/{k}": v for k, v in part.arrays.items()})
             res.summary.extend(part.summary)

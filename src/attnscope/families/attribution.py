@@ -179,6 +179,7 @@ def _run_passes(examples, agreement: list, methods: list[str], objective, option
                  "mean": ("head-means", "ablation-mean")}[options.ablation]
     wanted = [w for m in methods for w in METHOD_ANALYSES[m] if m != "ablation" or w[0] in ablations]
     results: dict[str, Any] = {}
+    tokens, per_token = sum(len(e) for e in encoded), None  # per_token: measured once, when needed
     for p, source, step in ((0, examples, "attribution"), (1, examples, "attribution: ablation and pruning"),
                             (2, agreement, "attribution: agreement")):
         built = []
@@ -188,9 +189,10 @@ def _run_passes(examples, agreement: list, methods: list[str], objective, option
                 built.append((key, get_analysis(name)(**args)))
         for key, a in built:
             if key.startswith("ablation-"):
-                _announce(key.split("-", 1)[1] + " ablation", "ablation", a.forward_passes(),
-                          sum(len(e) for e in encoded),
-                          _forward_seconds_per_token(ctx.model, encoded, ctx.batch_size, objective))
+                if per_token is None:
+                    per_token = _forward_seconds_per_token(ctx.model, encoded, ctx.batch_size, objective)
+                _announce(key.split("-", 1)[1] + " ablation", "ablation", a.forward_passes(), tokens,
+                          per_token)
         if built:
             out = ctx.run_pass(source, [a for _, a in built], step=step)
             results.update({key: out.results[a.name] for key, a in built})

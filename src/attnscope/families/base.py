@@ -54,11 +54,6 @@ class Input:
     analyze_flag: str | None = None  # flag in ``attnscope analyze`` when it differs from ``flag``
 
     @property
-    def store(self) -> bool:
-        """Whether a store folder written by ``attnscope extract`` is accepted."""
-        return "store" in self.kinds
-
-    @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 

@@ -61,8 +61,8 @@ def general_analyses(*, classer: TokenClasser, causal: bool, scorer: MlmScorer |
     return out
 
 
-def _scorer_for(model, gradients: str, source, classer_examples, seed: int, notes: list[str],
-                progress: Progress, max_seq_len: int) -> MlmScorer | None:
+def _scorer_for(model, gradients: str, classer_examples, seed: int, notes: list[str],
+                progress: Progress) -> MlmScorer | None:
     if gradients not in GRADIENT_MODES:
         raise AttnscopeError(f"gradients must be one of {', '.join(GRADIENT_MODES)}, not {gradients!r}",
                              params=("gradients",))
@@ -90,8 +90,8 @@ def _scorer_for(model, gradients: str, source, classer_examples, seed: int, note
                      "skipped; --general-gradients fit-head trains an output layer on the frozen encoder first")
         return None
     if gradients == "on":
-        raise AttnscopeError(f"{model.name}: the model has no masked-LM head; use fit_mlm_head "
-                             "to train one on the frozen encoder", params=("fit_mlm_head",))
+        raise AttnscopeError(f"{model.name}: the model has no masked-LM head; gradients fit-head "
+                             "trains one on the frozen encoder", params=("gradients",))
     head = fit_mlm_head(model, classer_examples(), FitOptions(seed=seed), progress=progress)
     rep = head.report
     notes.append(f"{model.name} has no masked-LM head: an output layer was trained on the frozen "
@@ -171,9 +171,8 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
     causal = bool(source.manifest["model"].get("causal", False)) if is_store else bool(model.family.causal)
     classer, classes_note = TokenClasser.for_model(model)
     notes += [classes_note] if classes_note else []
-    scorer = _scorer_for(model, options.gradient_mode, source,
-                         fit_inputs(source, model, ctx.max_seq_len, 512), ctx.seed, notes,
-                         ctx.progress, ctx.max_seq_len)
+    scorer = _scorer_for(model, options.gradient_mode, fit_inputs(source, model, ctx.max_seq_len, 512),
+                         ctx.seed, notes, ctx.progress)
     keeper = Figure1Example()
     analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=ctx.seed) + [keeper]
     out = ctx.run_pass(source, analyses, step="general", note=note)
@@ -230,7 +229,7 @@ def _run_streaming(source: list, ctx: Context, options: "GeneralOptions", *, lin
     notes = ([note] if note else []) + [line]
     classer, classes_note = TokenClasser.for_model(model)
     notes += [classes_note] if classes_note else []
-    _scorer_for(model, gradients, source, lambda: [], seed, notes, ctx.progress, max_seq_len)
+    _scorer_for(model, gradients, lambda: [], seed, notes, ctx.progress)
     streamed = StreamedGeneral(model, classer, seed=seed, js_rows=STREAM_JS_ROWS)
     out = ctx.run_pass(source, [streamed], step="general", note=note)
     skipped = list(NEEDS_MAPS) + [
@@ -239,13 +238,13 @@ def _run_streaming(source: list, ctx: Context, options: "GeneralOptions", *, lin
     notes.append("Streaming engine: not computed, because they need whole attention maps: "
                  + "; ".join(skipped) + ".")
     limit = getattr(model.model.config, "max_position_embeddings", None)
-    longest = out.results[streamed.name].meta["longest"]
+    longest = streamed.longest
     if limit and longest > limit:
         notes.append(f"Inputs run to {longest} tokens, past the {limit} positions the model was "
                      "configured for; statistics beyond that length describe extrapolation.")
     if out.skipped:
         notes.append(f"{out.skipped} examples longer than {max_seq_len} tokens were skipped")
-    return write_general(streamed.parts(), ctx.out_dir, model_desc=model.describe(), example_map=None,
+    return write_general(streamed.finalized_parts, ctx.out_dir, model_desc=model.describe(), example_map=None,
                          notes=notes, seed=seed,
                          run={"examples": out.analysed, "seconds": out.seconds, "analysis_seconds": {},
                               "skipped": out.skipped, "max_seq_len": max_seq_len,
