@@ -42,6 +42,8 @@ from attnscope.report.section import FigureArtifact, Section, TableArtifact
 #: Name of the folder (inside the output folder) holding the run's state and checkpoints.
 STATE_DIR = "run"
 STATE_FILE = "state.json"
+#: The shortest maximum length accepted: room for the special tokens and a few words.
+MIN_MAX_SEQ_LEN = 8
 
 Progress = Callable[[str, int, "int | None"], None]
 
@@ -145,8 +147,8 @@ def check_config(cfg: RunConfig) -> None:
         raise AttnscopeError(f"nothing to do: give at least one of {flags}")
     for fam in cfg.families:  # a bad value is refused even for a family that will not run
         check_options(cfg.options[fam.key])
-    if cfg.max_seq_len < 8:
-        raise AttnscopeError(f"max_seq_len must be at least 8, not {cfg.max_seq_len}",
+    if cfg.max_seq_len < MIN_MAX_SEQ_LEN:
+        raise AttnscopeError(f"max_seq_len must be at least {MIN_MAX_SEQ_LEN}, not {cfg.max_seq_len}",
                              params=("max_seq_len",))
     if cfg.batch_size < 1:
         raise AttnscopeError(f"batch_size must be at least 1, not {cfg.batch_size}", params=("batch_size",))

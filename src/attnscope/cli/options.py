@@ -42,14 +42,13 @@ SHARED_HELP: dict[str, str] = {
 }
 
 
-#: The shortest ``--max-seq-len`` any command accepts (``run`` refuses less in
-#: ``pipeline.check_config``): room for the special tokens and a few words.
-MIN_MAX_SEQ_LEN = 8
-
 
 def max_seq_len_option(default: int = 128, help: str = SHARED_HELP["--max-seq-len"]) -> int:
     """``--max-seq-len``, checked the same way by every command (a value below
-    :data:`MIN_MAX_SEQ_LEN` is a usage error, before anything is read)."""
+    :data:`attnscope.pipeline.MIN_MAX_SEQ_LEN`, the library's own bound, is a usage error,
+    before anything is read)."""
+    from attnscope.pipeline import MIN_MAX_SEQ_LEN
+
     return typer.Option(default, "--max-seq-len", min=MIN_MAX_SEQ_LEN, help=help)
 
 
