@@ -234,7 +234,7 @@ def _sample(inp):
 
 
 @pytest.mark.parametrize("key", FAMILY_KEYS)
-def test_family_runs_on_its_sample_and_writes_strict_results(key, tmp_path, mlm_bert):
+def test_family_runs_on_its_sample_and_writes_strict_results(key, tmp_path, mlm_bert, debug_llama):
     from attnscope.analyses.base import Result
     from attnscope.families import FAMILIES
     from attnscope.pipeline import run_family
@@ -248,7 +248,8 @@ def test_family_runs_on_its_sample_and_writes_strict_results(key, tmp_path, mlm_
 
     outs = []
     for run in ("a", "b"):
-        section = run_family(key, inputs, tmp_path / run, model=mlm_bert, seed=0)
+        model = debug_llama if fam.causal_only else mlm_bert
+        section = run_family(key, inputs, tmp_path / run, model=model, seed=0, **fam.sample_options)
         assert section.key == key and section.title
         path = tmp_path / run / "results" / f"{key}.json"
         d = json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)

@@ -211,6 +211,11 @@ class Family(ABC):
     #: keys of families whose results this one reads when they run in the same job: the
     #: pipeline runs those first and hands their results in :attr:`Context.results`
     uses: ClassVar[tuple[str, ...]] = ()
+    #: runs on decoder (causal) models only (the contract test gives it a tiny decoder)
+    causal_only: ClassVar[bool] = False
+    #: options of a quick run on the packaged samples (the contract test's), where the defaults
+    #: are sized for real corpora
+    sample_options: ClassVar[dict[str, Any]] = {}
 
     @abstractmethod
     def prepare(self, inputs: dict[str, Any], options: Any, ctx: Context) -> Prepared:

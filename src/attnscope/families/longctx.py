@@ -135,7 +135,8 @@ class LongContext(Family):
             seqs, generated, line = self._continue(lm, seqs, options.generate, ctx)
             notes.append(line)
         units = _word_units(docs, options.induction, notes) if options.word_level else None
-        probes, probe_targets = (_induction_probes(lm, options, ctx.seed, notes)
+        probes, probe_targets = (induction_probes(lm, options.induction, options.induction_length,
+                                                  ctx.seed, notes)
                                  if options.induction and not options.word_level else ([], []))
         # documents and induction sequences run in batches of their own; the sequences with
         # targets (the probes) feed the induction and duplicate scores only, never the
@@ -217,15 +218,16 @@ def _word_units(docs, induction: int, notes: list[str]) -> list:
     return units
 
 
-def _induction_probes(lm, options: Options, seed: int, notes: list[str]) -> tuple[list, list]:
-    """The seeded repeated-random-token sequences and their targets; a copy draws distinct
-    ordinary tokens and both copies must fit the model's positions (a shorter copy is noted)."""
+def induction_probes(lm, count: int, length: int, seed: int, notes: list[str]) -> tuple[list, list]:
+    """``count`` seeded sequences of ``length`` random tokens repeated once, and their targets
+    (:func:`~attnscope.analyses.streaming.induction_sequences`); a copy draws distinct ordinary
+    tokens and both copies must fit the model's positions (a shorter copy is noted)."""
     from attnscope.analyses.streaming import induction_sequences
 
     tok = lm.tokenizer
     ordinary = len(tok) - len(set(getattr(tok, "all_special_ids", []) or []))
-    half = min(options.induction_length, ordinary - 1, (lm.max_positions - 1) // 2)
-    if half < options.induction_length:
-        notes.append(f"Induction sequences use {half} random tokens per copy, not "
-                     f"{options.induction_length}: the model's vocabulary or positions allow no more.")
-    return induction_sequences(lm, options.induction, half, seed=seed)
+    half = min(length, ordinary - 1, (lm.max_positions - 1) // 2)
+    if half < length:
+        notes.append(f"Induction sequences use {half} random tokens per copy, not {length}: the "
+                     "model's vocabulary or positions allow no more.")
+    return induction_sequences(lm, count, half, seed=seed)

@@ -140,6 +140,7 @@ class _Pass:
     attentions: list | None = None
     extra: dict = field(default_factory=dict)
     lean_mask: bool = False
+    wrap: int = 0  # hooked(): several model calls, so layers count modulo this (0: one call)
 
     @property
     def needs_probs(self) -> bool:
@@ -257,6 +258,29 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
     return ForwardOutput(out, state.attentions)
 
 
+@contextlib.contextmanager
+def hooked(lm, hooks: dict[str, Hook | Sequence[Hook]] | None = None, *, lean_mask: bool = True):
+    """Keep ``hooks`` active for every call of ``lm``'s layers inside the block, whatever module
+    makes the call (the model itself, or a wrapper with a language-model head sharing its
+    layers): a prefill and the decoding steps that follow it with a key/value cache are one
+    pass, and :attr:`Site.layer` counts modulo the model's layers. Under a cache a layer's
+    ``"k"``/``"v"`` are the whole cache (the keys so far) and ``"q"`` only the new rows. Without
+    hooks, attention is torch's fused ``scaled_dot_product_attention`` (outside any pass it is
+    the family's eager code). The caller chooses autograd (e.g. ``torch.no_grad()``)."""
+    if not supports_hooks(lm):
+        raise AttnscopeError(f"{lm.name}: its transformers code does not route attention through "
+                             "AttentionInterface, so attnscope cannot hook its heads")
+    hooks = {k: ([v] if callable(v) else list(v)) for k, v in (hooks or {}).items()}
+    unknown = set(hooks) - set(HOOK_POINTS)
+    if unknown:
+        raise ValueError(f"unknown hook points {sorted(unknown)}; known: {', '.join(HOOK_POINTS)}")
+    token = _ACTIVE.set(_Pass(hooks=hooks, lean_mask=lean_mask, wrap=lm.num_layers))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
 def layer_modules(lm) -> list:
     """The model's ``L`` transformer layers in order (transformers' ``GradientCheckpointingLayer``)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -314,7 +338,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
                                      dropout=dropout, **kwargs)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    site = Site(state.layer, module, query, key, value, attention_mask, float(scaling))
+    layer = state.layer % state.wrap if state.wrap else state.layer
+    site = Site(layer, module, query, key, value, attention_mask, float(scaling))
     for point, tensor in (("q", query), ("k", key), ("v", value)):
         for hook in state.hooks.get(point, ()):
             hook(site, tensor)
@@ -337,9 +362,9 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
                                             dropout=dropout, **kwargs)
     if state.gates is not None:
         if state.gates.dim() == 3:  # [B L H]: per-sequence gates
-            out = out * state.gates[:, state.layer].to(out.device, out.dtype)[:, None, :, None]
+            out = out * state.gates[:, layer].to(out.device, out.dtype)[:, None, :, None]
         else:
-            out = out * state.gates[state.layer].to(out.device, out.dtype)[None, None, :, None]
+            out = out * state.gates[layer].to(out.device, out.dtype)[None, None, :, None]
     for hook in state.hooks.get("head_out", ()):
         replaced = hook(site, out)
         if replaced is not None:

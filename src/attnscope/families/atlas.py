@@ -1,0 +1,292 @@
+"""The head atlas family: label every head of a decoder LLM, then prove what the labels are
+worth by compressing its KV cache with them (``attnscope analyze atlas``, ``run --atlas``,
+:func:`attnscope.atlas`).
+
+Input: a text file, whose lines are the haystack of generated tasks (passkey, needle in a
+haystack with one key, several keys or several values, variable tracking), or a JSON Lines
+task file (``context``, ``question``, ``answer``, optional ``needle``). Head scores come from
+calibration tasks kept apart from the evaluated ones; the sweep evaluates every ranking of the
+KV heads on the evaluated tasks (:mod:`attnscope.analyses.atlas`; docs/atlas.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnscope.analyses.atlas import DEFAULT_KINDS, KINDS, REDUCTIONS, SCORES
+from attnscope.errors import AttnscopeError
+from attnscope.families.base import (
+    CompareTable,
+    Context,
+    Family,
+    Input,
+    Prepared,
+    option,
+    register_family,
+)
+
+TASK_SUFFIXES = (".jsonl", ".json")
+QUESTION_ROOM = 128  # positions left after a generated context for its question and answer
+
+
+@dataclass
+class Options:
+    atlas_tasks: int = option(60, "Evaluated tasks to generate (a task file: its tasks but the "
+                                  "calibration ones).", minimum=1)
+    atlas_kinds: str = option(",".join(DEFAULT_KINDS), "Task kinds to generate, in turn (comma-separated; "
+                                                       f"known: {', '.join(KINDS)}).")
+    atlas_haystack: str = option("text", "Haystack of the needle and variable-tracking tasks: the "
+                                         "input's lines, or a fixed filler (passkey always uses the "
+                                         "filler).", choices=("text", "filler"))
+    atlas_depth: float = option(-1.0, "Needle depth, 0 (start of the context) to 1 (end); -1: "
+                                      "spread evenly over the tasks.", minimum=-1.0)
+    atlas_calibration: int = option(20, "Tasks the head scores come from, kept apart from the "
+                                        "evaluated ones (generated with the next seed; from a task "
+                                        "file, a seeded draw of its tasks); 0: the evaluated tasks "
+                                        "themselves.", minimum=0)
+    atlas_sink: int = option(4, "First context tokens a streaming KV head keeps.", minimum=0)
+    atlas_window: int = option(64, "Last context tokens a streaming KV head keeps.", minimum=1)
+    atlas_fractions: str = option("0,0.1,0.25,0.5,0.75,1", "Fractions of the KV heads that keep "
+                                                           "their whole cache (comma-separated).")
+    atlas_scores: str = option(",".join(SCORES), "Scores whose rankings the sweep follows "
+                                                 "(comma-separated).")
+    atlas_reversed: str = option("retrieval", "The score whose reversed ranking the sweep follows "
+                                              "too ('none': no reversed ranking).")
+    atlas_random: int = option(3, "Seeded random rankings of the KV heads.", minimum=0)
+    atlas_reduce: str = option("max", "A KV head's score from its query heads' (grouped-query "
+                                      "attention): max (RazorAttention) or mean.", choices=REDUCTIONS)
+    atlas_probes: int = option(4, "Sequences of repeated random tokens for the echo and induction "
+                                  "scores.", minimum=0)
+    atlas_probe_length: int = option(256, "Random tokens per copy in those sequences.", minimum=1)
+    atlas_bootstrap: int = option(1000, "Bootstrap resamples over tasks for the intervals.", minimum=100)
+    atlas_batch: int = option(64, "Sweep rows answered together on one prefill.", minimum=1)
+
+
+def _names(value: str, known: tuple[str, ...], field: str, *, allow_none: bool = False) -> list[str]:
+    names = [x.strip() for x in value.split(",") if x.strip()]
+    if allow_none and names == ["none"]:
+        return []
+    bad = [x for x in names if x not in known]
+    if bad or not names:
+        raise AttnscopeError(f"{field} must list names from {', '.join(known)}; not "
+                             f"{', '.join(bad) or 'nothing'}", params=(field,))
+    return names
+
+
+def _fractions(value: str) -> list[float]:
+    try:
+        fs = sorted({float(x) for x in value.split(",") if x.strip()})
+    except ValueError:
+        raise AttnscopeError(f"atlas_fractions must be comma-separated numbers, not {value!r}",
+                             params=("atlas_fractions",)) from None
+    if not fs or fs[0] != 0.0 or fs[-1] != 1.0 or len(fs) < 3:
+        raise AttnscopeError("atlas_fractions must hold 0, 1 and at least one fraction between, "
+                             f"not {value!r}", params=("atlas_fractions",))
+    return fs
+
+
+@register_family
+class Atlas(Family):
+    key = "atlas"
+    title = "Head atlas: what each head is worth to the KV cache"
+    help = "Retrieval, streaming, echo and induction heads of a decoder, proven by compressing its KV cache"
+    inputs = (Input("atlas", "A text file whose lines are the haystack of generated tasks, or a "
+                             "JSON Lines task file (context, question, answer[, needle]).",
+                    sample="text.txt", argument="tasks_or_haystack"),)
+    Options = Options
+    default_model = "smollm2"
+    default_max_seq_len = 2048  # context tokens of a generated task
+    order = 75
+    demo = False  # beyond the paper
+    causal_only = True
+    sample_options = {"atlas_tasks": 6, "atlas_calibration": 3, "atlas_bootstrap": 100}
+    compare_tables = (
+        CompareTable("atlas_areas", "areas", "ranking", ("area", "acc_25", "acc_50"),
+                     "Area under accuracy vs KV heads kept, and accuracy at 25% and 50% kept, per ranking."),
+        CompareTable("atlas_heads", "heads", "name", ("retrieval", "streaming", "snapkv", "echo", "induction"),
+                     "Per query head scores of the two atlases."),
+    )
+
+    def view(self, results: dict, source: str, problems: list[str]) -> dict:
+        """Every score per head (grids), and the heads placed by streaming share and SnapKV mass."""
+        from attnscope.viz.results_views import head_scatter, relation_grids
+
+        return {"grids": relation_grids(results, "scores", source, problems),
+                "scatter": head_scatter(results, "heads", "streaming", "snapkv", "label", source)}
+
+    def prepare(self, inputs: dict[str, Any], options: Options, ctx: Context) -> Prepared:
+        from attnscope.analyses.atlas import (
+            encode_task,
+            generate_tasks,
+            haystack_sentences,
+            read_tasks,
+        )
+        from attnscope.data.io import read_text
+        from attnscope.models.forward import supports_hooks
+
+        path = inputs.get("atlas")
+        if path is None:
+            raise AttnscopeError("atlas: no file given", params=("atlas",))
+        lm = ctx.model
+        if not lm.family.causal:
+            raise AttnscopeError(f"{lm.name} is an encoder; the atlas compresses a decoder's KV cache "
+                                 "(give a decoder, e.g. --model smollm2)", params=("model",))
+        if not supports_hooks(lm):
+            raise AttnscopeError(f"{lm.name}: attnscope cannot compute its attention itself "
+                                 "(its transformers code bypasses AttentionInterface)", params=("model",))
+        if getattr(lm.model.config, "sliding_window", None) and lm.model.config.sliding_window < ctx.max_seq_len:
+            raise AttnscopeError(f"{lm.name} attends within a sliding window of "
+                                 f"{lm.model.config.sliding_window} tokens; the atlas's press assumes "
+                                 "full attention", params=("model",))
+        _names(options.atlas_scores, SCORES, "atlas_scores")
+        _names(options.atlas_reversed, SCORES, "atlas_reversed", allow_none=True)
+        _fractions(options.atlas_fractions)
+        if options.atlas_depth > 1:
+            raise AttnscopeError(f"atlas_depth must be at most 1, not {options.atlas_depth}",
+                                 params=("atlas_depth",))
+        notes: list[str] = []
+        path = Path(path)
+        if path.suffix.lower() in TASK_SUFFIXES:
+            pool = read_tasks(path)
+            fits = [t for t in pool if len(lm.tokenizer(t.context)["input_ids"]) <= ctx.max_seq_len]
+            if len(fits) < len(pool):
+                notes.append(f"{len(pool) - len(fits)} of {len(pool)} tasks of {path.name} have a context "
+                             f"over --max-seq-len {ctx.max_seq_len} tokens and were left out.")
+            if not fits:
+                raise AttnscopeError(f"{path}: no task's context fits in max_seq_len {ctx.max_seq_len}",
+                                     params=("max_seq_len",))
+            calib, tasks = self._split(fits, options.atlas_calibration, ctx.seed, path)
+            source = f"task file {path.name} ({len(fits)} tasks)"
+        else:
+            kinds = _names(options.atlas_kinds, KINDS, "atlas_kinds")
+            hay = haystack_sentences(read_text(path)) if options.atlas_haystack == "text" else None
+            if hay is not None and not hay:
+                raise AttnscopeError(f"{path}: no text for the haystack (the file has no non-blank line)",
+                                     params=("atlas",))
+            depth = None if options.atlas_depth < 0 else options.atlas_depth
+            length = min(ctx.max_seq_len, lm.max_positions - QUESTION_ROOM)
+            if length < ctx.max_seq_len:
+                notes.append(f"Contexts of {length} tokens, not {ctx.max_seq_len}: {lm.name} has "
+                             f"{lm.max_positions} positions and the question and answer need room.")
+            make = lambda count, seed: generate_tasks(  # noqa: E731
+                lm.tokenizer, count=count, length=length, kinds=kinds, haystack=hay,
+                depth=depth, seed=seed)
+            tasks = make(options.atlas_tasks, ctx.seed)
+            calib = make(options.atlas_calibration, ctx.seed + 1) if options.atlas_calibration else []
+            source = (f"{len(tasks)} generated tasks ({', '.join(kinds)}), haystack: "
+                      + (f"lines of {path.name}" if hay is not None else "fixed filler"))
+        encs = [encode_task(lm.tokenizer, t) for t in tasks]
+        calib_encs = [encode_task(lm.tokenizer, t) for t in calib] if calib else encs
+        longest = max(len(e.context) + len(e.question) + e.max_new for e in encs + calib_encs)
+        if longest > lm.max_positions:
+            raise AttnscopeError(f"a task needs {longest} positions, more than {lm.name} has "
+                                 f"({lm.max_positions}); lower --max-seq-len", params=("max_seq_len",))
+        if not calib:
+            notes.append("No calibration tasks (--atlas-calibration 0): the head scores come from the "
+                         "evaluated tasks themselves, so the rankings are tested in-sample.")
+        tokens = sum(len(e.context) for e in encs)
+        return Prepared({"tasks": encs, "calibration": calib_encs, "notes": notes, "source": source},
+                        weight=(tokens + sum(len(e.context) for e in calib_encs)) // 128 + 1,
+                        counts={"tasks": len(encs), "calibration_tasks": len(calib) if calib else 0,
+                                "context_tokens": tokens})
+
+    @staticmethod
+    def _split(pool: list, calibration: int, seed: int, path: Path) -> tuple[list, list]:
+        """``(calibration, evaluated)`` tasks of a task file: a seeded draw of ``calibration``."""
+        import numpy as np
+
+        if not calibration:
+            return [], pool
+        if calibration >= len(pool):
+            raise AttnscopeError(f"{path}: {len(pool)} tasks leave none to evaluate after "
+                                 f"{calibration} calibration tasks", params=("atlas_calibration",))
+        pick = set(np.random.default_rng(seed).permutation(len(pool))[:calibration].tolist())
+        return ([t for i, t in enumerate(pool) if i in pick], [t for i, t in enumerate(pool) if i not in pick])
+
+    def run(self, prepared: Prepared, options: Options, ctx: Context):
+        from attnscope.analyses import atlas as A
+        from attnscope.models.gguf import causal_lm_for
+        from attnscope.report.atlas import write_atlas
+        from attnscope.report.results import write_results
+
+        lm = ctx.model
+        model = causal_lm_for(lm, seed=ctx.seed)
+        encs, calib = prepared.data["tasks"], prepared.data["calibration"]
+        notes = list(prepared.data["notes"])
+        use = _names(options.atlas_scores, SCORES, "atlas_scores")
+        importance = "importance" in use and self._importance_possible(lm, notes)
+        sink, window = options.atlas_sink, options.atlas_window
+
+        def counter(step: str, total: int):
+            done = 0
+
+            def tick(k: int) -> None:
+                nonlocal done
+                done += k
+                ctx.step(step, done, total)
+            return tick
+
+        cal = A.calibrate(lm, model, calib, sink=sink, window=window, importance=importance,
+                          progress=counter("atlas: calibration tasks", len(calib)))
+        if {"echo", "induction"} & set(use) and options.atlas_probes:
+            cal.scores.update(self._echo_induction(lm, options, ctx, notes))
+        kv_heads = model.config.num_key_value_heads
+        reversed_of = (_names(options.atlas_reversed, SCORES, "atlas_reversed", allow_none=True) or [None])[0]
+        rankings = A.rankings_for(cal.scores, kv_heads, use=use, reduce=options.atlas_reduce,
+                                  reversed_of=reversed_of, random=options.atlas_random, seed=ctx.seed + 1000)
+        missing = [s for s in use if s not in rankings]
+        if missing:
+            notes.append(f"No ranking by {', '.join(missing)}: "
+                         + ("no calibration task was answered with the whole cache, so no retrieval "
+                            "score was measured; " if "retrieval" in missing else "")
+                         + "a score that was not measured ranks nothing.")
+        fractions = _fractions(options.atlas_fractions)
+        sw = A.sweep(lm, model, encs, rankings, fractions, sink=sink, window=window,
+                     batch=options.atlas_batch, progress=counter("atlas: sweep", len(encs)))
+        res, sec = write_atlas(ctx.out_dir, lm=lm, kv_heads=kv_heads, cal=cal, sweep=sw,
+                               rankings=rankings, fractions=fractions, options=options, seed=ctx.seed,
+                               notes=notes, source=prepared.data["source"], tasks=encs,
+                               title=self.title, key=self.key)
+        write_results(ctx.out_dir, self.key, res)
+        return sec
+
+    @staticmethod
+    def _importance_possible(lm, notes: list[str]) -> bool:
+        from attnscope.analyses.lm_objective import Objective
+        from attnscope.errors import ModelError
+
+        try:
+            Objective(lm)
+        except ModelError as exc:
+            notes.append(f"No gradient importance: {exc}.")
+            return False
+        return True
+
+    @staticmethod
+    def _echo_induction(lm, options: Options, ctx: Context, notes: list[str]) -> dict:
+        """RazorAttention's echo (the previous copy of the current token) and induction (the
+        token after it) scores on repeated random tokens, a pass of their own."""
+        from attnscope.analyses.longctx import LongContextStats
+        from attnscope.families.longctx import induction_probes
+
+        seqs, targets = induction_probes(lm, options.atlas_probes, options.atlas_probe_length, ctx.seed, notes)
+        stats = LongContextStats(seed=ctx.seed, causal=True)
+        ctx.stream(seqs, stats, step="atlas: echo and induction", targets=targets)
+        a = stats.finalize().arrays
+        return {"echo": a["target_duplicate"], "induction": a["target_induction"]}
+
+
+def atlas(source: str | Path, out_dir: str | Path, *, model: Any = "smollm2", seed: int = 0,
+          max_seq_len: int | None = None, **options: Any):
+    """The head atlas from Python: the report :class:`~attnscope.report.section.Section`, with
+    tables, figures and ``results/atlas.json`` under ``out_dir`` (``options``: the fields of
+    :class:`Options`, e.g. ``atlas_tasks=12``).
+
+    >>> atlas("wiki.txt", "out/", atlas_tasks=12, max_seq_len=1024)  # doctest: +SKIP
+    """
+    from attnscope.pipeline import run_family
+
+    return run_family("atlas", {"atlas": source}, out_dir, model=model, seed=seed,
+                      max_seq_len=max_seq_len, **options)

@@ -1,0 +1,291 @@
+"""The head atlas's report: per-head scores and labels, the accuracy-vs-KV curve of every
+ranking with bootstrap intervals, figures, findings, and the KV-head scores in DuoAttention's
+pattern format (what kvpress's ``DuoAttentionPress`` loads).
+
+Heads are named 1-indexed ``layer-head`` (``kv_head`` 0-indexed, like ``layer`` and ``head``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnscope.analyses import atlas as A
+from attnscope.analyses.base import Result
+from attnscope.data.io import atomic_write_text
+from attnscope.data.records import HeadId
+from attnscope.report.section import FigureArtifact, Section, TableArtifact
+
+HEAD_SCORES = ("retrieval", "streaming", "snapkv", "echo", "induction", "importance", "sink", "previous")
+CURVE_COLUMNS = ["ranking", "kv_fraction", "kv_heads_kept", "kv_entries_kept", "accuracy", "n",
+                 "ci_low", "ci_high"]
+AREA_COLUMNS = ["ranking", "kind", "area", "ci_low", "ci_high", "acc_25", "acc_50"]
+COLOURS = {"retrieval": "#d62728", "induction": "#9467bd", "echo": "#e377c2", "sink": "#7f7f7f",
+           "positional": "#2ca02c", "streaming": "#1f77b4", "other": "#dddddd"}
+
+
+def _f(v) -> float | None:
+    return None if v is None or not np.isfinite(v) else float(v)
+
+
+def _kind(name: str) -> str:
+    return "random" if name.startswith("random_") else "reversed" if name.startswith("reversed_") else "score"
+
+
+def curve(sweep: A.Sweep, rankings: dict, fractions: list[float], *, resamples: int, seed: int):
+    """Rows of the curve table, and per ranking its bool ``[F tasks]`` outcomes (f = 0 and 1 are
+    the shared all-streaming and whole-cache rows)."""
+    index = {(r, f): i for i, (r, f, _) in enumerate(sweep.configs)}
+    rows, outcome = [], {}
+    for name in ["full_cache", "streaming_llm", *rankings]:
+        fs = [1.0] if name == "full_cache" else [0.0] if name == "streaming_llm" else fractions
+        picks = [index[("streaming_llm", 0.0)] if f == 0 else index[("full_cache", 1.0)] if f == 1
+                 else index[(name, f)] for f in fs]
+        for f, i in zip(fs, picks):
+            c = sweep.correct[i]
+            lo, hi = A.interval(c.astype(float), resamples=resamples, seed=seed)
+            rows.append({"ranking": name, "kv_fraction": f, "kv_heads_kept": sweep.configs[i][2],
+                         "kv_entries_kept": float(sweep.kept[i].mean()), "accuracy": float(c.mean()),
+                         "n": int(len(c)), "ci_low": lo, "ci_high": hi})
+        if name in rankings:
+            outcome[name] = sweep.correct[picks]
+    return rows, outcome
+
+
+def areas(outcome: dict[str, np.ndarray], fractions: list[float], *, resamples: int, seed: int) -> list[dict]:
+    """One row per ranking: its area with a paired bootstrap interval, accuracy at 25% / 50%."""
+    boot = A.bootstrap_areas(outcome, fractions, resamples=resamples, seed=seed)
+    rows = []
+    for name, c in outcome.items():
+        acc = c.mean(1)
+        at = {f: float(a) for f, a in zip(fractions, acc)}
+        rows.append({"ranking": name, "kind": _kind(name), "area": A.area(fractions, acc),
+                     "ci_low": boot[name][0], "ci_high": boot[name][1],
+                     "acc_25": at.get(0.25), "acc_50": at.get(0.5)})
+    return rows
+
+
+def head_rows(scores: dict[str, np.ndarray], labels: np.ndarray, kv: dict[str, np.ndarray],
+              kv_heads: int) -> list[dict]:
+    L, H = labels.shape
+    g = H // kv_heads
+    rows = []
+    for layer in range(L):
+        for head in range(H):
+            row = {"name": str(HeadId(layer, head)), "layer": layer, "head": head, "kv_head": head // g}
+            for k in HEAD_SCORES:
+                if k in scores:
+                    row[k] = _f(scores[k][layer, head])
+            for k, v in kv.items():
+                row[f"kv_{k}"] = _f(v[layer, head // g])
+            row["label"] = str(labels[layer, head])
+            rows.append(row)
+    return rows
+
+
+def duo_attention_export(out_dir: Path, kv_need: np.ndarray, *, score: str, sink: int, window: int) -> list[Path]:
+    """``kvpress/full_attention_heads.tsv`` (one line per layer, one tab-separated value per KV
+    head in [0, 1]: DuoAttention's pattern file, higher = keep the whole cache) and
+    ``kvpress/config.json`` (``sink_size``, ``recent_size``): what kvpress's
+    ``DuoAttentionPress.load_attention_pattern`` returns as ``(sink, recent, pattern)``."""
+    folder = out_dir / "kvpress"
+    folder.mkdir(parents=True, exist_ok=True)
+    v = np.nan_to_num(kv_need.astype(float), nan=0.0)
+    lo, hi = float(v.min()), float(v.max())
+    v = (v - lo) / (hi - lo) if hi > lo else np.ones_like(v)
+    tsv = folder / "full_attention_heads.tsv"
+    atomic_write_text(tsv, "\n".join("\t".join(f"{x:.6f}" for x in row) for row in v) + "\n")
+    cfg = folder / "config.json"
+    atomic_write_text(cfg, json.dumps({"sink_size": sink, "recent_size": window, "score": score,
+                                       "scaled": "min-max to [0, 1]"}, indent=2) + "\n")
+    return [tsv, cfg]
+
+
+def label_figure(labels: np.ndarray, path: Path, title: str) -> list[Path]:
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    from attnscope.report.figures import new_figure, save_figure
+
+    L, H = labels.shape
+    codes = np.vectorize(A.LABELS.index)(labels)
+    fig, ax = new_figure(figsize=(max(4.0, 0.45 * H + 2.5), max(3.0, 0.22 * L + 1)))
+    ax.imshow(codes, cmap=ListedColormap([COLOURS[x] for x in A.LABELS]), vmin=-0.5,
+              vmax=len(A.LABELS) - 0.5, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(H), [str(h + 1) for h in range(H)])
+    ax.set_yticks(range(0, L, max(1, L // 15)), [str(x + 1) for x in range(0, L, max(1, L // 15))])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=9)
+    ax.legend(handles=[Patch(color=COLOURS[x], label=x) for x in A.LABELS], fontsize=7,
+              bbox_to_anchor=(1.02, 1), loc="upper left")
+    return save_figure(fig, path)
+
+
+def curve_figure(rows: list[dict], path: Path, title: str) -> list[Path]:
+    from attnscope.report.figures import new_figure, save_figure
+
+    fig, ax = new_figure(figsize=(6.5, 4.2))
+    names = list(dict.fromkeys(r["ranking"] for r in rows if r["ranking"] not in ("full_cache", "streaming_llm")))
+    for name in names:
+        pts = [r for r in rows if r["ranking"] == name]
+        x, y = [r["kv_entries_kept"] for r in pts], [r["accuracy"] for r in pts]
+        kind = _kind(name)
+        style = ({"color": "#999999", "lw": 1, "ls": ":"} if kind == "random" else
+                 {"color": "black", "lw": 1, "ls": "--"} if kind == "reversed" else {"lw": 1.8, "marker": "o", "ms": 3})
+        ax.plot(x, y, label=name, **style)
+    full = next(r for r in rows if r["ranking"] == "full_cache")
+    ax.axhline(full["accuracy"], color="#2ca02c", lw=0.8, label="whole cache")
+    ax.set_xlabel("fraction of the context's KV entries kept")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+    return save_figure(fig, path)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_rows: list[dict],
+             labels: np.ndarray, scores: dict, tasks: list, kv_total: int) -> list[str]:
+    out = []
+    n = len(tasks)
+    full = float(sweep.full_correct.mean())
+    kinds = sorted({e.task.kind for e in tasks})
+    by_kind = ", ".join(f"{k} {_pct(np.mean([c for c, e in zip(sweep.full_correct, tasks) if e.task.kind == k]))}"
+                        for k in kinds)
+    out.append(f"With the whole cache the model answers {int(sweep.full_correct.sum())} of {n} tasks "
+               f"({_pct(full)}; {by_kind}); with every KV head cut to sink + window (StreamingLLM) "
+               f"{_pct(next(r['accuracy'] for r in curve_rows if r['ranking'] == 'streaming_llm'))}.")
+    if not sweep.full_correct.any():
+        out.append("No task was answered even with the whole cache, so the sweep cannot tell the "
+                   "rankings apart: every area below is 0.")
+    out.append(f"The f = 1 row generated exactly the full-cache tokens on {int(sweep.f1_identical.sum())} "
+               f"of {n} tasks.")
+    rnd = [r for r in area_rows if r["kind"] == "random"]
+    scored = sorted((r for r in area_rows if r["kind"] == "score"), key=lambda r: -r["area"])
+    if scored:
+        best = scored[0]
+        line = (f"Best ranking by area: {best['ranking']} ({best['area']:.3f}, 95% interval "
+                f"{best['ci_low']:.3f}-{best['ci_high']:.3f}; accuracy {_pct(best['acc_25'])} at 25% and "
+                f"{_pct(best['acc_50'])} at 50% of KV heads kept)")
+        if rnd:
+            ra = [r["area"] for r in rnd]
+            beats = best["area"] > max(ra)
+            line += (f"; random rankings {np.mean(ra):.3f} on average (from {min(ra):.3f} to {max(ra):.3f}, "
+                     f"{len(ra)} seeds): it {'beats every one' if beats else 'does not beat every one'}")
+        out.append(line + ".")
+        at50 = best["acc_50"]
+        if at50 is not None:
+            gap = 100 * (full - at50)
+            out.append(f"At half of the KV heads kept, {best['ranking']} is {gap:.1f} points "
+                       f"{'below' if gap >= 0 else 'above'} the whole cache "
+                       f"({'within' if gap <= 5 else 'not within'} 5 points).")
+        for r in scored[1:]:
+            out.append(f"{r['ranking']}: area {r['area']:.3f} ({r['ci_low']:.3f}-{r['ci_high']:.3f}), "
+                       f"{_pct(r['acc_25'])} at 25%, {_pct(r['acc_50'])} at 50%.")
+    for r in area_rows:
+        if r["kind"] == "reversed":
+            out.append(f"{r['ranking']}: area {r['area']:.3f}, {_pct(r['acc_50'])} at 50%.")
+    counts = {x: int((labels == x).sum()) for x in A.LABELS}
+    out.append("Labels (query heads): " + ", ".join(f"{v} {k}" for k, v in counts.items() if v) + ".")
+    if "retrieval" in scores and np.isfinite(scores["retrieval"]).any():
+        r = np.nan_to_num(scores["retrieval"], nan=-1)
+        top = np.dstack(np.unravel_index(np.argsort(-r, axis=None)[:8], r.shape))[0]
+        out.append(f"Retrieval scores (Wu et al.) from {cal.correct} of {cal.tasks} calibration tasks "
+                   "answered with the whole cache; highest: "
+                   + ", ".join(f"{HeadId(a, b)} ({r[a, b]:.2f})" for a, b in top) + ".")
+    if n < 30:
+        out.append(f"Caution: {n} tasks are too few for these accuracies to be compared (fewer than 30).")
+    return out
+
+
+def write_atlas(out_dir: Path, *, lm, kv_heads: int, cal: A.Calibration, sweep: A.Sweep, rankings: dict,
+                fractions: list[float], options: Any, seed: int, notes: list[str], source: str,
+                tasks: list, title: str, key: str) -> tuple[Result, Section]:
+    """Tables, figures, the kvpress export and the Section; and the Result to save."""
+    import dataclasses
+
+    out_dir = Path(out_dir)
+    tables_dir, fig_dir = out_dir / "tables", out_dir / "figures"
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    from attnscope.report.tables import write_table
+
+    scores = dict(cal.scores)
+    lab = A.labels(scores)
+    used = [s for s in A.SCORES if s in scores]
+    kv = {s: A.kv_reduce(A.need(s, scores), kv_heads, options.atlas_reduce) for s in used}
+    heads = head_rows(scores, lab, kv, kv_heads)
+    resamples = options.atlas_bootstrap
+    crow, outcome = curve(sweep, rankings, fractions, resamples=resamples, seed=seed)
+    arow = areas(outcome, fractions, resamples=resamples, seed=seed) if outcome else []
+    task_rows = [{"index": i, "kind": e.task.kind, "context_tokens": len(e.context),
+                  "depth": e.task.depth, "line": e.task.line, "answer": " | ".join(e.task.answer),
+                  "full_cache": ans, "correct": bool(c), "f1_identical": bool(s)}
+                 for i, (e, ans, c, s) in enumerate(zip(tasks, sweep.full_answers, sweep.full_correct,
+                                                        sweep.f1_identical))]
+    sec = Section(key=key, title=title)
+    sec.findings = findings(cal, sweep, arow, crow, lab, scores, tasks, lm.num_layers * kv_heads) + notes
+    hcols = ["name", "layer", "head", "kv_head", *[k for k in HEAD_SCORES if k in scores],
+             *[f"kv_{k}" for k in kv], "label"]
+    cap = ("Per query head: scores from the calibration tasks (streaming, sink, previous: mass over context "
+           f"rows i >= {options.atlas_sink + options.atlas_window}; snapkv: the question rows' mass outside "
+           "sink + window; retrieval: Wu et al.; echo, induction: repeated random tokens; importance: "
+           "|dL/d gate| of the answer, per-layer normalised), kv_<score>: the KV head's need "
+           f"({options.atlas_reduce} over its query heads; streaming: 1 - share), and the label.")
+    sec.tables.append(TableArtifact("atlas_heads", cap, heads, hcols,
+                                    write_table(heads, tables_dir / "atlas_heads", columns=hcols, caption=cap)))
+    ccap = ("Accuracy vs KV kept: kv_fraction of KV heads keep their whole context (top of the ranking), "
+            f"the others the first {options.atlas_sink} and last {options.atlas_window} tokens; "
+            "kv_entries_kept: fraction of the context's KV entries (tokens x KV heads x layers), mean over "
+            f"tasks; 95% bootstrap interval over tasks ({resamples} resamples, seed {seed}).")
+    sec.tables.append(TableArtifact("atlas_curve", ccap, crow, CURVE_COLUMNS,
+                                    write_table(crow, tables_dir / "atlas_curve", columns=CURVE_COLUMNS,
+                                                caption=ccap)))
+    acap = ("Area under accuracy over the fraction of KV heads kept (0 to 1, trapezoid; the mean accuracy "
+            "of the sweep) per ranking, with a paired 95% bootstrap interval over tasks.")
+    sec.tables.append(TableArtifact("atlas_areas", acap, arow, AREA_COLUMNS,
+                                    write_table(arow, tables_dir / "atlas_areas", columns=AREA_COLUMNS,
+                                                caption=acap)))
+    tcols = ["index", "kind", "context_tokens", "depth", "line", "answer", "full_cache", "correct", "f1_identical"]
+    sec.tables.append(TableArtifact("atlas_tasks", "Evaluated tasks and the whole cache's answers.", task_rows,
+                                    tcols, write_table(task_rows, tables_dir / "atlas_tasks", columns=tcols)))
+    name = lm.name
+    sec.figures.append(FigureArtifact("atlas_labels", "Each query head's label (layer x head, 1-indexed).",
+                                      label_figure(lab, fig_dir / "atlas_labels", f"{name}: head atlas")))
+    sec.figures.append(FigureArtifact("atlas_curve", "Accuracy vs the fraction of KV entries kept, per ranking "
+                                                     "(random: dotted; reversed: dashed).",
+                                      curve_figure(crow, fig_dir / "atlas_curve", f"{name}: {source}")))
+    best = max((r for r in arow if r["kind"] == "score"), key=lambda r: r["area"], default=None)
+    export_score = best["ranking"] if best else None
+    if export_score:
+        duo_attention_export(out_dir, kv[export_score], score=export_score, sink=options.atlas_sink,
+                             window=options.atlas_window)
+        sec.methods.append(f"kvpress/full_attention_heads.tsv: the KV heads' {export_score} need (the best "
+                           "ranking by area), min-max scaled, in DuoAttention's pattern format (docs/atlas.md).")
+    sec.methods += [
+        "Protocol (kvpress): each task's context is prefilled once with full attention; for a ranking and a "
+        "fraction f, the top f of the KV heads keep their whole context and the others only the sink and "
+        "window tokens; the question is then read and the answer generated greedily. Evicted entries are "
+        "masked out of the softmax, which equals eviction (positions stay those of the full context).",
+        f"Labels, first match wins: {', '.join(f'{k} >= {v}' for k, v in A.THRESHOLDS.items())} "
+        "(positional: previous-token mass; sink: first-token mass; streaming: sink + window share).",
+    ]
+    grid = [k for k in HEAD_SCORES if k in scores]  # the viewer's per-head grids
+    params = {**dataclasses.asdict(options), "seed": seed, "thresholds": A.THRESHOLDS,
+              "head_index": "0-indexed", "kv_head_of_query_head": "head // (Hq / Hkv)"}
+    res = Result("atlas", params=params,
+                 tables={"heads": heads, "curve": crow, "areas": arow, "tasks": task_rows},
+                 summary=list(sec.findings),
+                 meta={"source": source, "calibration_tasks": cal.tasks, "calibration_correct": cal.correct,
+                       "calibration_rows": cal.rows, "tasks": len(tasks), "kv_heads": kv_heads,
+                       "relations": grid, "rankings": {k: v.tolist() for k, v in rankings.items()},
+                       "exported": export_score})
+    res.arrays["scores"] = np.stack([scores[s] for s in grid]).astype(np.float64)
+    return res, sec

@@ -1,0 +1,394 @@
+"""The head atlas: tasks, every score by hand and against eager maps, the press against an
+independently built cache, the curve's numbers, the family end to end and its consumers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from attnscope.analyses import atlas as A
+from attnscope.errors import InputError
+
+
+@pytest.fixture(scope="module")
+def llama(debug_llama):
+    from attnscope.models.gguf import causal_lm_for
+
+    return debug_llama, causal_lm_for(debug_llama, seed=0)
+
+
+def _task(lm, n_words: int = 40, *, answer: str = "4711") -> A.Encoded:
+    words = " ".join(f"w{i}" for i in range(n_words))
+    ctx = f"{words} The code is {answer}. {words}"
+    at = ctx.index(answer)
+    return A.encode_task(lm.tokenizer, A.Task("file", ctx, "\n\nThe code is", (answer,), ((at, at + len(answer)),)))
+
+
+def _eager(lm, ids):
+    """Every layer's eager attention ``[H n n]`` (the model's own maps), float64."""
+    from attnscope.models.forward import forward, pad_batch
+
+    out = forward(lm, pad_batch(lm, [ids]), attentions=True)
+    return [a[0].double().numpy() for a in out.attentions]
+
+
+# -- tasks ------------------------------------------------------------------------------------------
+def test_generated_tasks_are_seeded_fit_their_length_and_locate_their_needles(debug_llama):
+    tok = debug_llama.tokenizer
+    hay = [f"Sentence number {i} is here." for i in range(200)]
+    a = A.generate_tasks(tok, count=10, length=300, haystack=hay, seed=3)
+    b = A.generate_tasks(tok, count=10, length=300, haystack=hay, seed=3)
+    assert a == b and a != A.generate_tasks(tok, count=10, length=300, haystack=hay, seed=4)
+    assert [t.kind for t in a] == [A.KINDS[i % 5] for i in range(10)]
+    for t in a:
+        n = len(tok(t.context)["input_ids"])
+        assert 200 < n <= 300
+        assert t.needles and all(t.context[s:e] in t.answer for s, e in t.needles)
+        assert all(x in t.context for x in t.answer) and t.correct(" ".join(t.answer))
+        assert not t.correct("nothing")
+    # depth 0 puts the needle first, depth 1 last; spread depths cover (0, 1) evenly
+    first = A.generate_tasks(tok, count=1, length=300, kinds=["niah_single"], haystack=hay, depth=0.0)[0]
+    last = A.generate_tasks(tok, count=1, length=300, kinds=["niah_single"], haystack=hay, depth=1.0)[0]
+    assert first.needles[0][0] < 60 and last.needles[0][1] > len(last.context) - 5
+    assert sorted(t.depth for t in a) == pytest.approx([(i + 0.5) / 10 for i in range(10)])
+    assert "Sentence" not in A.generate_tasks(tok, count=1, length=300, kinds=["passkey"], haystack=hay)[0].context
+
+
+def test_encoded_needle_marks_exactly_the_answer_tokens(debug_llama):
+    enc = _task(debug_llama)
+    tok = debug_llama.tokenizer
+    text = tok.decode([t for t, m in zip(enc.context, enc.needle) if m])
+    assert text.strip() == "4711"
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"context": "a b", "question": "q"', "not valid JSON"),
+    ('["context"]', "must be a JSON object"),
+    ('{"question": "q", "answer": "a"}', "'context' must be a non-empty string"),
+    ('{"context": "a b", "question": "q", "answer": 7}', "'answer' must be"),
+    ('{"context": "a b", "question": "q", "answer": []}', "'answer' must be"),
+    ('{"context": "a b", "question": "q", "answer": "a", "needle": [2, 9]}', "'needle' must be"),
+])
+def test_task_files_with_broken_lines_are_refused_with_file_and_line(tmp_path, line, message):
+    p = tmp_path / "tasks.jsonl"
+    good = json.dumps({"context": "the code is 12", "question": "code?", "answer": "12"})
+    p.write_text(good + "\n\n" + line + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=message) as err:
+        A.read_tasks(p)
+    assert str(err.value).startswith(f"{p}:3:")
+
+
+def test_task_file_needles_default_to_the_answers_places(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"context": "x 12 y 12", "question": "q", "answer": ["12"]}) + "\n"
+                 + json.dumps({"context": "abcdef", "question": "q", "answer": "z", "needle": [[1, 3]]}) + "\n")
+    a, b = A.read_tasks(p)
+    assert a.needles == ((2, 4), (7, 9)) and a.line == 1
+    assert b.needles == ((1, 3),) and b.answer == ("z",)
+
+
+# -- scores by hand -------------------------------------------------------------------------------------
+def test_retrieval_score_by_hand():
+    # context tokens 10 11 12 13 14; the needle is 12 13 (positions 2, 3)
+    enc = A.Encoded(A.Task("x", "", "", ("a",)), [10, 11, 12, 13, 14], [], np.array([0, 0, 1, 1, 0], bool), 2)
+    # 1 layer x 3 heads; step 1 generates 12, step 2 generates 13
+    top = [np.array([[2, 1, 2]]), np.array([[3, 3, 7]])]
+    # head 0 copies both (2/2), head 1 only the second (1/2: its first top is outside the needle),
+    # head 2 the first (its second top, 7, lies after the context)
+    assert A.retrieval_counts(enc, [12, 13], top).tolist() == [[1.0, 0.5, 0.5]]
+    # a top inside the needle holding another token is no copy
+    assert A.retrieval_counts(enc, [13, 12], top).tolist() == [[0.0, 0.0, 0.0]]
+    no_needle = A.Encoded(enc.task, enc.context, [], np.zeros(5, bool), 2)
+    assert A.retrieval_counts(no_needle, [12], top) is None
+
+
+def test_grouped_query_reduction_by_hand():
+    # 2 layers x 6 query heads sharing 2 KV heads (3 each): head h uses KV head h // 3
+    s = np.array([[0.1, 0.7, 0.2, 0.0, 0.0, 0.3], [0.5, 0.5, 0.5, 0.9, 0.1, 0.2]])
+    assert A.kv_reduce(s, 2, "max").tolist() == [[0.7, 0.3], [0.5, 0.9]]
+    assert A.kv_reduce(s, 2, "mean") == pytest.approx(np.array([[1 / 3, 0.1], [0.5, 0.4]]))
+    # the streaming share's need is 1 - share, reduced the same way; ranks go most needed first
+    need = A.kv_reduce(A.need("streaming", {"streaming": s}), 2)
+    np.testing.assert_allclose(need, [[0.9, 1.0], [0.5, 0.9]])
+    assert A.rank(need).tolist() == [1, 0, 3, 2]  # ties (0.9, 0.9) by index
+
+
+def test_labels_first_rule_wins_with_the_stated_thresholds():
+    z = np.zeros((1, 7))
+    scores = {"retrieval": np.array([[0.1, 0.5, 0, 0, 0, 0, 0]]), "induction": np.array([[0, 0.4, 0.3, 0, 0, 0, 0]]),
+              "echo": np.array([[0, 0, 0, 0.3, 0, 0, 0]]), "sink": np.array([[0, 0, 0, 0, 0.6, 0.2, 0]]),
+              "previous": np.array([[0, 0, 0, 0, 0.6, 0.5, 0]]), "streaming": np.array([[1, 1, 1, 1, 1, 0.95, 0.89]])}
+    assert A.labels(scores).tolist() == [["retrieval", "retrieval", "induction", "echo", "sink", "positional", "other"]]
+    assert A.labels({"streaming": z + 0.9}).tolist() == [["streaming"] * 7]
+
+
+def test_kept_entries_area_and_paired_bootstrap_by_hand():
+    # 100 tokens, 2 of 8 KV heads whole, the other 6 keep 4 + 16: (2*100 + 6*20) / 800
+    assert A.kept_entries(100, 2, 8, 4, 16) == pytest.approx(0.4)
+    assert A.kept_entries(10, 0, 8, 4, 16) == 1.0  # a context shorter than sink + window loses nothing
+    assert A.area([0, 0.25, 1], [0.2, 0.6, 1.0]) == pytest.approx(0.25 * 0.4 + 0.75 * 0.8)
+    c = {"a": np.array([[0, 0, 0, 0], [1, 1, 1, 1]], bool), "b": np.array([[0, 0, 0, 0], [1, 1, 0, 0]], bool)}
+    boot = A.bootstrap_areas(c, [0, 1], resamples=200, seed=0)
+    assert boot["a"][:2] == (0.5, 0.5)  # every resample of identical outcomes
+    lo, hi, areas = boot["b"]
+    assert 0 <= lo < 0.25 < hi <= 0.5 and areas.mean() == pytest.approx(0.25, abs=0.03)
+
+
+# -- scores against eager maps ------------------------------------------------------------------------
+def test_recorded_scores_equal_the_eager_maps(llama):
+    lm, model = llama
+    enc = _task(lm, 60)
+    sink, w = 2, 8
+    rec = A.Recorder(lm.num_layers, lm.num_heads)
+    ctx = A.prefill(lm, model, enc, rec, sink=sink, window=w)
+    gen = A.answer(lm, model, ctx, enc, None, sink=sink, window=w, recorder=rec)[0]
+    n, q = len(enc.context), len(enc.question)
+    maps = _eager(lm, enc.context + enc.question + gen)  # the whole sequence, the model's own attention
+    rows = np.arange(sink + w, n)
+    assert rec.rows == len(rows)
+    for layer, p in enumerate(maps):
+        cols = np.arange(n + q + len(gen))
+        local = (cols[None] < sink) | ((cols[None] > rows[:, None] - w) & (cols[None] <= rows[:, None]))
+        share = (p[:, rows] * local).sum((-1, -2)) / len(rows)
+        np.testing.assert_allclose(rec.streaming[layer] / rec.rows, share, atol=1e-5)
+        np.testing.assert_allclose(rec.sink_mass[layer] / rec.rows, p[:, rows, 0].mean(-1), atol=1e-5)
+        np.testing.assert_allclose(rec.previous[layer] / rec.rows, p[:, rows, rows - 1].mean(-1), atol=1e-5)
+        qrows = np.arange(n, n + q)  # SnapKV's observation window: the question's rows
+        middle = p[:, qrows][:, :, sink:n - w].sum(-1).mean(-1)
+        np.testing.assert_allclose(rec.snapkv[layer], middle, atol=1e-5)
+        for i in range(len(gen)):  # the row that produced generated token i
+            assert rec.top[i][layer].tolist() == p[:, n + q - 1 + i].argmax(-1).tolist()
+
+
+def test_echo_and_induction_equal_the_eager_maps_on_the_random_token_sequences(llama, tmp_path):
+    from attnscope.families.atlas import Atlas, Options
+    from attnscope.families.base import Context
+
+    lm, _ = llama
+    opts = Options(atlas_probes=2, atlas_probe_length=20)
+    got = Atlas._echo_induction(lm, opts, Context(lm, tmp_path, seed=5), [])
+    from attnscope.families.longctx import induction_probes
+
+    seqs, _ = induction_probes(lm, 2, 20, 5, [])
+    echo, ind = np.zeros((lm.num_layers, lm.num_heads)), np.zeros((lm.num_layers, lm.num_heads))
+    for ids in seqs:
+        rows = np.arange(21, 41)  # the second copy: [first] + r + r with |r| = 20
+        for layer, p in enumerate(_eager(lm, ids)):
+            echo[layer] += p[:, rows, rows - 20].sum(-1)
+            ind[layer] += p[:, rows, rows - 19].sum(-1)
+    np.testing.assert_allclose(got["echo"], echo / 40, atol=1e-5)
+    np.testing.assert_allclose(got["induction"], ind / 40, atol=1e-5)
+
+
+def test_answer_importance_equals_finite_differences_of_the_answer_loss():
+    import torch
+
+    from attnscope.analyses.lm_objective import LossInput, Objective
+    from attnscope.models import load_model
+
+    lm = load_model("debug:gpt2")
+    lm.model.double()
+    enc = _task(lm, 12)
+    gold = [5, 9, 11]
+    got = A.answer_importance(lm, enc, gold)
+    ids = enc.context + enc.question + gold
+    start = len(enc.context) + len(enc.question)
+    item = LossInput(0, ids, None, np.arange(start - 1, len(ids) - 1), np.asarray(gold), [], np.zeros(len(ids), bool))
+
+    def loss(gates):
+        return float(Objective(lm).run([item], gates=gates).loss[0])
+
+    for layer, head in [(0, 0), (1, 1)]:
+        eps = 1e-6
+        up = torch.ones(1, lm.num_layers, lm.num_heads, dtype=torch.float64)
+        down = up.clone()
+        up[0, layer, head] += eps
+        down[0, layer, head] -= eps
+        assert got[layer, head] == pytest.approx(abs(loss(up) - loss(down)) / (2 * eps), rel=1e-5)
+
+
+# -- the press ----------------------------------------------------------------------------------------
+def test_f1_equals_the_full_cache_token_for_token(llama):
+    from attnscope.models.gguf import greedy_continue
+
+    lm, model = llama
+    for words in (20, 50):
+        enc = _task(lm, words)
+        own = greedy_continue(model, enc.context + enc.question, enc.max_new)  # eager, no hooks
+        ctx = A.prefill(lm, model, enc)
+        full = np.ones((2, lm.num_layers, model.config.num_key_value_heads), bool)
+        assert A.answer(lm, model, ctx, enc, None, sink=2, window=4)[0] == own
+        assert A.answer(lm, model, ctx, enc, full, sink=2, window=4) == [own, own]
+
+
+def _streaming_llm(model, enc, sink, window, steps):
+    """StreamingLLM built independently: the full context's cache with every layer's entries cut
+    to the first ``sink`` and last ``window`` positions, then the question and greedy steps with
+    positions continuing the full context's."""
+    import torch
+    from transformers import DynamicCache
+
+    n = len(enc.context)
+    keep = torch.tensor(list(range(sink)) + list(range(n - window, n)))
+    with torch.no_grad():
+        full = model(input_ids=torch.tensor([enc.context]), use_cache=True).past_key_values
+        cache = DynamicCache()
+        for layer, lay in enumerate(full.layers):
+            cache.update(lay.keys[:, :, keep], lay.values[:, :, keep], layer)
+        ids, at, out = enc.question, n, []
+        for _ in range(steps):
+            pos = torch.arange(at, at + len(ids))[None]
+            logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, position_ids=pos,
+                           use_cache=True).logits[0, -1]
+            at += len(ids)
+            ids = [int(logits.argmax())]
+            out.append(ids[0])
+    return out
+
+
+def test_f0_equals_streaming_llm_built_independently(llama):
+    lm, model = llama
+    enc = _task(lm, 50)
+    ctx = A.prefill(lm, model, enc, sink=3, window=7)
+    none_kept = np.zeros((1, lm.num_layers, model.config.num_key_value_heads), bool)
+    got = A.answer(lm, model, ctx, enc, none_kept, sink=3, window=7)[0]
+    assert got == _streaming_llm(model, enc, 3, 7, enc.max_new)
+    # and it is not the full cache's answer on this context (the test can tell them apart)
+    assert got != A.answer(lm, model, ctx, enc, None, sink=3, window=7)[0]
+
+
+def test_a_kept_head_changes_only_its_own_rows_in_a_batch(llama):
+    lm, model = llama
+    enc = _task(lm, 40)
+    ctx = A.prefill(lm, model, enc)
+    K = model.config.num_key_value_heads
+    rows = np.zeros((3, lm.num_layers, K), bool)
+    rows[1] = True
+    rows[2, 0, 0] = True
+    outs = A.answer(lm, model, ctx, enc, rows, sink=2, window=4)
+    alone = [A.answer(lm, model, ctx, enc, rows[i:i + 1], sink=2, window=4)[0] for i in range(3)]
+    assert outs == alone
+
+
+# -- the family ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def atlas_run(debug_llama, tmp_path_factory):
+    from attnscope.pipeline import run_family
+
+    out = tmp_path_factory.mktemp("atlas")
+    from importlib.resources import files
+
+    text = str(files("attnscope") / "demo_data" / "text.txt")
+    run_family("atlas", {"atlas": text}, out, model=debug_llama, max_seq_len=96, atlas_tasks=6,
+               atlas_calibration=3, atlas_random=2, atlas_probe_length=16, atlas_bootstrap=100,
+               atlas_fractions="0,0.5,1")
+    return out
+
+
+def test_the_family_writes_the_tables_the_issue_names(atlas_run, debug_llama):
+    import csv
+
+    heads = list(csv.DictReader(open(atlas_run / "tables" / "atlas_heads.csv")))
+    assert len(heads) == debug_llama.num_layers * debug_llama.num_heads
+    assert {"layer", "head", "kv_head", "retrieval", "streaming", "snapkv", "echo", "induction",
+            "label"} <= set(heads[0])
+    assert [int(r["kv_head"]) for r in heads[:4]] == [0, 0, 1, 1]
+    curve = list(csv.DictReader(open(atlas_run / "tables" / "atlas_curve.csv")))
+    assert list(curve[0]) == ["ranking", "kv_fraction", "kv_heads_kept", "kv_entries_kept", "accuracy",
+                              "n", "ci_low", "ci_high"]
+    d = json.loads((atlas_run / "results" / "atlas.json").read_text())
+    rankings = set(d["meta"]["rankings"])
+    # no task is answered by a random tiny model: no retrieval score, so no retrieval ranking
+    assert {"streaming", "snapkv", "echo", "induction", "random_1", "random_2"} == rankings
+    for name in rankings:
+        pts = [r for r in curve if r["ranking"] == name]
+        assert [float(r["kv_fraction"]) for r in pts] == [0.0, 0.5, 1.0]
+        assert [int(r["kv_heads_kept"]) for r in pts] == [0, 2, 4]  # 2 layers x 2 KV heads
+        assert all(int(r["n"]) == 6 for r in pts)
+    assert any("No ranking by retrieval" in s for s in d["summary"])
+    assert all(r["f1_identical"] for r in d["tables"]["tasks"])
+
+
+def test_the_viewer_and_compare_read_what_the_family_wrote(atlas_run, tmp_path):
+    import shutil
+
+    from attnscope.families.atlas import Atlas
+    from attnscope.report.results import ResultsFolder
+    from attnscope.viz.results_views import family_views
+
+    found = ResultsFolder(atlas_run)
+    (key, source, d, panels), = [v for v in family_views(found) if v[0] == "atlas"]
+    assert not found.problems
+    names = [g["name"] for g in panels["grids"]]
+    assert "atlas: scores (streaming)" in names and len(panels["grids"]) == len(d["meta"]["relations"])
+    assert len(panels["scatter"]["points"]) == 8
+    from attnscope.compare.core import _run_tables
+    from attnscope.compare.pairing import Side
+
+    other = tmp_path / "b"
+    shutil.copytree(atlas_run, other)
+    tables = _run_tables(Side("A", atlas_run, None, atlas_run), Side("B", other, None, other))
+    assert {t.name for t in Atlas.compare_tables} <= set(tables)
+    areas = tables["atlas_areas"]
+    assert len(areas) == len(d["tables"]["areas"]) and all(r["area_change"] == 0 for r in areas)
+
+
+def test_the_kvpress_export_is_duo_attentions_pattern(atlas_run, debug_llama):
+    d = json.loads((atlas_run / "results" / "atlas.json").read_text())
+    pattern = np.loadtxt(atlas_run / "kvpress" / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
+    assert pattern.shape == (debug_llama.num_layers, d["meta"]["kv_heads"])
+    assert pattern.min() == 0.0 and pattern.max() == 1.0
+    cfg = json.loads((atlas_run / "kvpress" / "config.json").read_text())
+    assert cfg["sink_size"] == 4 and cfg["recent_size"] == 64 and cfg["score"] == d["meta"]["exported"]
+    # the exported order is the exported score's ranking
+    order = d["meta"]["rankings"][cfg["score"]]
+    assert A.rank(pattern).tolist() == order
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "debug:bert"], "is an encoder"),
+    (["--atlas-fractions", "0.5,1"], "--atlas-fractions must hold 0, 1"),
+    (["--atlas-scores", "retrieval,psychic"], "--atlas-scores must list names from retrieval"),
+    (["--atlas-depth", "2"], "--atlas-depth must be at most 1"),
+])
+def test_cli_refuses_bad_usage_in_one_line(tmp_path, capsys, args, message):
+    from attnscope.cli.main import main
+
+    text = tmp_path / "hay.txt"
+    text.write_text("one line of haystack\n")
+    code = main(["analyze", "atlas", str(text), "--model", "debug:llama", "--max-seq-len", "64",
+                 "--out", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_names_the_broken_line_of_a_task_file(tmp_path, capsys):
+    from attnscope.cli.main import main
+
+    p = tmp_path / "tasks.jsonl"
+    p.write_text('{"context": "abc 12", "question": "q", "answer": "12"}\n{"context": 5}\n')
+    assert main(["analyze", "atlas", str(p), "--model", "debug:llama", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {p}:2: field 'context' must be a non-empty string"]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_smollm2_answers_and_its_retrieval_heads_matter(tmp_path, shared_data):
+    """The real model on 4 tasks of 512 tokens: the whole cache answers, StreamingLLM does not
+    answer more, and the retrieval heads of the calibration tasks exist."""
+    from attnscope.pipeline import run_family
+
+    run_family("atlas", {"atlas": shared_data / "wikitext-2" / "valid.sentences.txt"}, tmp_path, model="smollm2",
+               max_seq_len=512, atlas_tasks=4, atlas_calibration=4, atlas_kinds="niah_single,niah_multikey",
+               atlas_scores="retrieval,streaming", atlas_random=1, atlas_fractions="0,0.5,1", atlas_probes=0)
+    d = json.loads((tmp_path / "results" / "atlas.json").read_text())
+    full = [r for r in d["tables"]["curve"] if r["ranking"] == "full_cache"][0]
+    none = [r for r in d["tables"]["curve"] if r["ranking"] == "streaming_llm"][0]
+    assert full["accuracy"] >= 0.75 and none["accuracy"] <= full["accuracy"]
+    assert d["meta"]["calibration_correct"] >= 3
+    assert sum(r["label"] == "retrieval" for r in d["tables"]["heads"]) >= 1
+    assert all(r["f1_identical"] for r in d["tables"]["tasks"])
