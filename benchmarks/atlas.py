@@ -55,7 +55,7 @@ def main() -> None:
     tasks = A.generate_tasks(tok, count=args.tasks, length=args.length, kinds=A.DEFAULT_KINDS,
                              haystack=hay, seed=0)
     encs = [A.encode_task(tok, t) for t in tasks]
-    kv = model.config.num_key_value_heads
+    kv = lm.num_kv_heads
     rankings = {f"random_{i}": np.random.default_rng(i).permutation(lm.num_layers * kv)
                 for i in range(args.rankings)}
     fractions = [0, 0.1, 0.25, 0.5, 0.75, 1]

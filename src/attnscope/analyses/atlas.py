@@ -691,7 +691,7 @@ def sweep(lm, model, encs: Sequence[Encoded], rankings: dict[str, np.ndarray],
     """kvpress's protocol on every task: one prefill, the full-cache answer, then every config
     of :func:`configs_for` answered on that same prefill, ``batch`` configs at a time."""
     tok, eos = lm.tokenizer, eos_ids(model)
-    kv_heads = model.config.num_key_value_heads
+    kv_heads = lm.num_kv_heads
     configs, masks = configs_for(rankings, fractions, (lm.num_layers, kv_heads))
     C, N = len(configs), len(encs)
     correct, kept = np.zeros((C, N), dtype=bool), np.zeros((C, N))

@@ -232,7 +232,7 @@ class Atlas(Family):
                           progress=counter("atlas: calibration tasks", len(calib)))
         if {"echo", "induction"} & set(use) and options.atlas_probes:
             cal.scores.update(self._echo_induction(lm, options, ctx, notes))
-        kv_heads = model.config.num_key_value_heads
+        kv_heads = lm.num_kv_heads
         reversed_of = (_names(options.atlas_reversed, SCORES, "atlas_reversed", allow_none=True) or [None])[0]
         rankings = A.rankings_for(cal.scores, kv_heads, use=use, reduce=options.atlas_reduce,
                                   reversed_of=reversed_of, random=options.atlas_random, seed=ctx.seed + 1000)
