@@ -180,12 +180,14 @@ def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_ro
             line += (f"; random rankings {np.mean(ra):.3f} on average (from {min(ra):.3f} to {max(ra):.3f}, "
                      f"{len(ra)} seeds): it {'beats every one' if beats else 'does not beat every one'}")
         out.append(line + ".")
-        at50 = best["acc_50"]
-        if at50 is not None:
-            gap = 100 * (full - at50)
-            out.append(f"At half of the KV heads kept, {best['ranking']} is {gap:.1f} points "
-                       f"{'below' if gap >= 0 else 'above'} the whole cache "
-                       f"({'within' if gap <= 5 else 'not within'} 5 points).")
+        if best["acc_50"] is not None:
+            top_random = max((r["area"] for r in rnd), default=-1.0)
+            close = [r for r in scored if r["acc_50"] is not None and 100 * (full - r["acc_50"]) <= 5]
+            out.append("At half of the KV heads kept, within 5 points of the whole cache: "
+                       + (", ".join(f"{r['ranking']} ({_pct(r['acc_50'])}, area "
+                                    f"{'above' if r['area'] > top_random else 'not above'} every random "
+                                    "ranking's)" for r in close) if close else "no ranking")
+                       + f"; {best['ranking']} is {100 * (full - best['acc_50']):.1f} points below.")
         for r in scored[1:]:
             out.append(f"{r['ranking']}: area {r['area']:.3f} ({r['ci_low']:.3f}-{r['ci_high']:.3f}), "
                        f"{_pct(r['acc_25'])} at 25%, {_pct(r['acc_50'])} at 50%.")
