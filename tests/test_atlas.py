@@ -344,15 +344,17 @@ def test_the_viewer_and_compare_read_what_the_family_wrote(atlas_run, tmp_path):
     names = [g["name"] for g in panels["grids"]]
     assert "atlas: scores (streaming)" in names and len(panels["grids"]) == len(d["meta"]["relations"])
     assert len(panels["scatter"]["points"]) == 8
-    from attnscope.compare.core import _run_tables
-    from attnscope.compare.pairing import Side
+    from attnscope.cli.main import main
 
     other = tmp_path / "b"
     shutil.copytree(atlas_run, other)
-    tables = _run_tables(Side("A", atlas_run, None, atlas_run), Side("B", other, None, other))
+    assert main(["compare", str(atlas_run), str(other), "--out", str(tmp_path / "cmp"), "--quiet"]) == 0
+    tables = json.loads((tmp_path / "cmp" / "results" / "compare.json").read_text())["run_tables"]
     assert {t.name for t in Atlas.compare_tables} <= set(tables)
     areas = tables["atlas_areas"]
     assert len(areas) == len(d["tables"]["areas"]) and all(r["area_change"] == 0 for r in areas)
+    assert (tmp_path / "cmp" / "tables" / "atlas_areas_compare.csv").is_file()
+    assert "atlas_heads_compare" in (tmp_path / "cmp" / "report.html").read_text()
 
 
 def test_the_kvpress_export_is_duo_attentions_pattern(atlas_run, debug_llama):

@@ -21,7 +21,8 @@ class Level(str, Enum):
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     @app.command("compare")
     def compare_cli(
-        a: Path = typer.Argument(None, help="Store or run folder (made with --save-maps) of model A."),
+        a: Path = typer.Argument(None, help="Store or run folder (made with --save-maps) of model A; or an "
+                                            "output folder without maps (then only the families' tables)."),
         b: Path = typer.Argument(None, help="Store or run folder of model B, of the same inputs."),
         out_dir: Path = typer.Option(..., "--out", "-o", help="Folder for the report, tables and figures."),
         model_a: str = typer.Option(None, "--model-a", help="Run this model as A (with --model-b and --inputs)."),
@@ -64,7 +65,9 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
             else:
                 cmp = compare(a, b, out_dir, which=which, level=level.value, n_boot=n_boot, seed=seed,
                               overwrite=overwrite, progress=progress, command=command_line())
-        if not quiet:
+        if not quiet and not hasattr(cmp, "pairing"):  # two output folders without maps: tables only
+            console.print(f"compared the tables {', '.join(k for k, v in cmp.run_tables.items() if v)}")
+        elif not quiet:
             from attnscope.report.compare import findings
 
             console.print(f"compared {len(cmp.pairing.indices)} examples at {cmp.pairing.level} level "

@@ -23,6 +23,7 @@ from attnscope.compare.pairing import (
     common_units,
     open_sides,
     paired_maps,
+    run_stores,
 )
 from attnscope.compare.stats import CrossDistances, PairedHeadStats, match_heads
 from attnscope.errors import AttnscopeError
@@ -88,6 +89,8 @@ def compare(a: str | Path, b: str | Path, out_dir: str | Path | None = None, *,
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         check_out_dir(out, overwrite=overwrite)
+    if results_only(Path(a)) and results_only(Path(b)):
+        return compare_results(a, b, out, clear=overwrite, command=command)
     return _compare(a, b, out, which=which, level=level, n_boot=n_boot, seed=seed,
                     smoothing=smoothing, clear=overwrite, progress=progress, command=command)
 
@@ -153,13 +156,19 @@ def _compare_tables() -> list:
 def _run_tables(a: Side, b: Side) -> dict[str, list[dict]]:
     """The tables the families declare for comparison (Tables 1, 2 and 3), of two run folders, in
     one table each with the change (B - A); read through each run's results folder."""
+    if a.run_dir is None or b.run_dir is None:
+        return {}
+    return results_tables(a.run_dir, b.run_dir)
+
+
+def results_tables(a: Path, b: Path) -> dict[str, list[dict]]:
+    """Every family's :class:`~attnscope.families.base.CompareTable` that both output folders'
+    results hold, by name, with the change (B - A)."""
     from attnscope.families import load_families
     from attnscope.report.results import ResultsFolder
 
     out: dict[str, list[dict]] = {}
-    if a.run_dir is None or b.run_dir is None:
-        return out
-    ra, rb = ResultsFolder(a.run_dir), ResultsFolder(b.run_dir)
+    ra, rb = ResultsFolder(a), ResultsFolder(b)
     for fam in load_families():
         ta, tb = ((r.get(fam.key) or {}).get("tables") or {} for r in (ra, rb))
         for t in fam.compare_tables:
@@ -193,6 +202,43 @@ def combine_rows(rows_a: Sequence[dict], rows_b: Sequence[dict], key: str, value
                 row[f"{v}_change"] = float(xb) - float(xa)
         rows.append(row)
     return rows
+
+
+def results_only(path: Path) -> bool:
+    """An output folder (of ``run`` or ``analyze``) with results but no saved maps."""
+    from attnscope.compare.pairing import MANIFEST
+
+    return (path / "results").is_dir() and not (path / MANIFEST).is_file() and not run_stores(path)
+
+
+@dataclass
+class TablesComparison:
+    """Two output folders without saved maps: only their families' comparison tables."""
+
+    a: Path
+    b: Path
+    run_tables: dict[str, list[dict]]
+    run_captions: dict[str, str]
+
+
+def compare_results(a: str | Path, b: str | Path, out: Path | None = None, *, clear: bool = False,
+                    command: str | None = None) -> TablesComparison:
+    """The comparison tables (``Family.compare_tables``) of two output folders that kept no
+    maps (the atlas, long-context statistics): each table both hold, side by side with the
+    change (B - A). With ``out``, writes them, ``results/compare.json`` and ``report.html``."""
+    pa, pb = Path(a), Path(b)
+    tables = results_tables(pa, pb)
+    if not any(tables.values()):
+        raise AttnscopeError(f"{pa} and {pb} hold no results that attnscope compare can set side by "
+                             "side (and no saved maps: keep them with 'attnscope run ... --save-maps')")
+    cmp = TablesComparison(pa, pb, tables, {t.name: t.caption for t in _compare_tables()})
+    if out is not None:
+        from attnscope.report.compare import write_tables_compare
+
+        if clear and out.exists():
+            _clear(out)
+        write_tables_compare(cmp, out, command=command)
+    return cmp
 
 
 def _num(x: Any) -> bool:

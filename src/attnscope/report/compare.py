@@ -279,17 +279,42 @@ def sections(cmp, out_dir: Path) -> tuple[list[Section], dict[str, list[dict]]]:
                                 TableArtifact("compare_distances", dcap, [], ["head_a", "head_b", "js"],
                                               dpaths)],
                         figures=[FigureArtifact("compare_distances", dcap + " Circles: the matching.", fig)]))
-    if cmp.run_tables:
-        ts = []
-        for stem, rows in cmp.run_tables.items():
-            if not rows:
-                continue
-            cap = cmp.run_captions.get(stem, stem)
-            paths = write_table(rows, tables / f"{stem}_compare", caption=cap)
-            ts.append(TableArtifact(f"{stem}_compare", cap, rows, list(rows[0]), paths))
-        if ts:
-            secs.append(Section("compare-tables", "The paper's tables, both models", tables=ts))
+    secs += _tables_sections(cmp, tables)
     return secs, {"compare-matching": _views(cmp, out_dir)}
+
+
+def _tables_sections(cmp, tables: Path) -> list[Section]:
+    """The families' comparison tables of both runs (``cmp.run_tables``), written under ``tables``."""
+    ts = []
+    for stem, rows in cmp.run_tables.items():
+        if not rows:
+            continue
+        cap = cmp.run_captions.get(stem, stem)
+        paths = write_table(rows, tables / f"{stem}_compare", caption=cap)
+        ts.append(TableArtifact(f"{stem}_compare", cap, rows, list(rows[0]), paths))
+    return [Section("compare-tables", "The families' tables, both models", tables=ts)] if ts else []
+
+
+def write_tables_compare(cmp, out_dir: str | Path, *, command: str | None = None) -> Path:
+    """Write a :class:`~attnscope.compare.core.TablesComparison`: the tables, ``results/compare.json``
+    and ``report.html``."""
+    from attnscope.report.html import write_report
+    from attnscope.store.writer import versions
+
+    out_dir = Path(out_dir)
+    tables = out_dir / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+    secs = _tables_sections(cmp, tables)
+    write_json(out_dir / "results" / "compare.json",
+               {"analysis": "compare", "sources": {"A": str(cmp.a), "B": str(cmp.b)},
+                "run_tables": cmp.run_tables, "maps": None})
+    prov = {"model": {"name": f"{cmp.a.name} vs {cmp.b.name}"}, "versions": versions(), "command": command,
+            "data": [{"role": f"results {k}", "path": str(p), "sha256": "", "bytes": sum(
+                f.stat().st_size for f in (p / "results").glob("*.json"))} for k, p in (("A", cmp.a), ("B", cmp.b))]}
+    return write_report(secs, out_dir, provenance=prov, links={},
+                        title=f"{cmp.a.name} vs {cmp.b.name}: the families' tables",
+                        intro=("An attnscope comparison of two output folders that kept no maps: each "
+                               "table both hold, side by side, with the change (B - A)."))
 
 
 def results_json(cmp) -> dict[str, Any]:
