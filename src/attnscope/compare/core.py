@@ -224,7 +224,7 @@ class TablesComparison:
 def compare_results(a: str | Path, b: str | Path, out: Path | None = None, *, clear: bool = False,
                     command: str | None = None) -> TablesComparison:
     """The comparison tables (``Family.compare_tables``) of two output folders that kept no
-    maps (the atlas, long-context statistics): each table both hold, side by side with the
+    maps (e.g. two head atlases): each table both hold, side by side with the
     change (B - A). With ``out``, writes them, ``results/compare.json`` and ``report.html``."""
     pa, pb = Path(a), Path(b)
     tables = results_tables(pa, pb)
