@@ -414,3 +414,23 @@ def test_smollm2_answers_and_its_retrieval_heads_matter(tmp_path, shared_data):
     assert d["meta"]["calibration_correct"] >= 3
     assert sum(r["label"] == "retrieval" for r in d["tables"]["heads"]) >= 1
     assert all(r["f1_identical"] for r in d["tables"]["tasks"])
+
+
+def test_a_task_file_runs_with_a_seeded_calibration_draw(debug_llama, tmp_path):
+    from attnscope.pipeline import run_family
+
+    hay = [f"Line {i} of the haystack." for i in range(50)]
+    tasks = A.generate_tasks(debug_llama.tokenizer, count=7, length=80, kinds=["niah_single"], haystack=hay)
+    p = tmp_path / "tasks.jsonl"
+    p.write_text("".join(json.dumps({"context": t.context, "question": t.question, "answer": list(t.answer),
+                                     "needle": [list(s) for s in t.needles], "kind": "mine"}) + "\n"
+                         for t in tasks))
+    for out in ("a", "b"):
+        run_family("atlas", {"atlas": p}, tmp_path / out, model=debug_llama, max_seq_len=96,
+                   atlas_calibration=3, atlas_random=1, atlas_bootstrap=100, atlas_fractions="0,0.5,1",
+                   atlas_scores="streaming")
+    a, b = (json.loads((tmp_path / o / "results" / "atlas.json").read_text()) for o in ("a", "b"))
+    lines = [r["line"] for r in a["tables"]["tasks"]]
+    assert len(lines) == 4 and a["meta"]["calibration_tasks"] == 3 and lines == sorted(lines)
+    assert lines == [r["line"] for r in b["tables"]["tasks"]]  # the draw is seeded
+    assert {r["kind"] for r in a["tables"]["tasks"]} == {"mine"}
