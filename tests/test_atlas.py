@@ -434,3 +434,39 @@ def test_a_task_file_runs_with_a_seeded_calibration_draw(debug_llama, tmp_path):
     assert len(lines) == 4 and a["meta"]["calibration_tasks"] == 3 and lines == sorted(lines)
     assert lines == [r["line"] for r in b["tables"]["tasks"]]  # the draw is seeded
     assert {r["kind"] for r in a["tables"]["tasks"]} == {"mine"}
+
+
+def test_a_killed_run_resumes_from_its_finished_tasks(debug_llama, tmp_path, monkeypatch):
+    from importlib.resources import files
+
+    from attnscope.pipeline import run_family
+
+    text = str(files("attnscope") / "demo_data" / "text.txt")
+    opts = dict(model=debug_llama, max_seq_len=96, atlas_tasks=5, atlas_calibration=2, atlas_random=1,
+                atlas_bootstrap=100, atlas_fractions="0,0.5,1", atlas_scores="streaming,snapkv")
+    run_family("atlas", {"atlas": text}, tmp_path / "whole", **opts)
+
+    def kill(step, done, total):
+        if step == "atlas: sweep" and done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_family("atlas", {"atlas": text}, tmp_path / "killed", progress=kill, **opts)
+    assert not (tmp_path / "killed" / "results" / "atlas.json").exists()
+    log = (tmp_path / "killed" / "run" / "atlas-sweep.jsonl").read_text().splitlines()
+    assert len(log) == 1 + 3  # the fingerprint and three finished tasks
+    with open(tmp_path / "killed" / "run" / "atlas-sweep.jsonl", "a") as f:
+        f.write('{"task": 3, "corr')  # a line torn by the kill
+    ran = []
+    real = A._sweep_one
+    monkeypatch.setattr(A, "_sweep_one", lambda *a, **k: ran.append(1) or real(*a, **k))
+    run_family("atlas", {"atlas": text}, tmp_path / "killed", **opts)
+    assert len(ran) == 2  # tasks 4 and 5 only
+    whole, resumed = (json.loads((tmp_path / d / "results" / "atlas.json").read_text()) for d in ("whole", "killed"))
+    assert whole["tables"] == resumed["tables"]
+    assert not (tmp_path / "killed" / "run").exists()  # the partial logs are gone once the results are written
+    # another job in the same folder does not read those tasks back
+    monkeypatch.setattr(A, "_sweep_one", real)
+    (tmp_path / "killed" / "run").mkdir()
+    (tmp_path / "killed" / "run" / "atlas-sweep.jsonl").write_text('{"fingerprint": "other"}\n{"task": 0}\n')
+    run_family("atlas", {"atlas": text}, tmp_path / "killed", **{**opts, "atlas_tasks": 4})

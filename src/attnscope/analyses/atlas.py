@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -588,49 +589,112 @@ class Calibration:
     answers: list[str] = field(default_factory=list)
 
 
+class TaskLog:
+    """Finished tasks of a long step, one JSON line each after a fingerprint line, so that a
+    killed run picks up where it stopped: :meth:`done` holds the records of an earlier run of
+    the same job (same fingerprint: model, options, seed, tasks); any other file there is
+    replaced. Lines are appended and flushed one at a time; a torn last line (the kill came
+    mid-write) is dropped. ``path`` None: nothing is kept."""
+
+    def __init__(self, path: Path | None, fingerprint: str):
+        self.path, self.done = path, {}
+        if path is None:
+            return
+        lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+        if lines and lines[0] == json.dumps({"fingerprint": fingerprint}):
+            for line in lines[1:]:
+                try:
+                    d = json.loads(line)
+                except json.JSONDecodeError:
+                    break
+                self.done[int(d["task"])] = d
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:  # the fingerprint and the good lines only
+            f.write("\n".join([json.dumps({"fingerprint": fingerprint})]
+                              + [json.dumps(d) for d in self.done.values()]) + "\n")
+
+    def add(self, task: int, record: dict) -> dict:
+        record = {"task": task, **record}
+        self.done[task] = record
+        if self.path is not None:
+            import os
+
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        return record
+
+
+def fingerprint(*parts: Any) -> str:
+    """sha256 of the JSON of ``parts`` (tasks as their text)."""
+    import hashlib
+
+    def plain(x):
+        if isinstance(x, Encoded):
+            return [x.task.context, x.task.question, list(x.task.answer), list(x.task.needles)]
+        return x
+
+    return hashlib.sha256(json.dumps([plain(p) for p in parts], sort_keys=True, default=plain)
+                          .encode()).hexdigest()
+
+
+def _calibrate_one(lm, model, enc: Encoded, *, sink: int, window: int, importance: bool) -> dict:
+    """One calibration task's sums (as lists, for :class:`TaskLog`)."""
+    L, H = lm.num_layers, lm.num_heads
+    tok = lm.tokenizer
+    one = Recorder(L, H)
+    ctx = prefill(lm, model, enc, one, sink=sink, window=window)
+    gen = answer(lm, model, ctx, enc, None, sink=sink, window=window, recorder=one, eos=eos_ids(model))[0]
+    text = tok.decode(gen, skip_special_tokens=True)
+    counts = retrieval_counts(enc, gen, one.top) if enc.task.correct(text) else None
+    imp = None
+    if importance:
+        gold = tok(" " + ", ".join(enc.task.answer), add_special_tokens=False)["input_ids"]
+        imp = answer_importance(lm, enc, gold).tolist()
+    return {"streaming": one.streaming.tolist(), "sink": one.sink_mass.tolist(),
+            "previous": one.previous.tolist(), "rows": one.rows, "snapkv": one.snapkv.tolist(),
+            "retrieval": None if counts is None else counts.tolist(), "importance": imp, "answer": text}
+
+
 def calibrate(lm, model, encs: Sequence[Encoded], *, sink: int, window: int, importance: bool,
-              progress: Progress | None = None) -> Calibration:
+              progress: Progress | None = None, log: TaskLog | None = None) -> Calibration:
     """Each task's prefill and full-cache answer, recorded (:class:`Recorder`), folded into
     per-head scores: streaming, sink and previous-token mass pooled over every task's context
     rows ``i >= sink + window``; SnapKV's mass averaged over tasks; the retrieval score averaged
     over the tasks answered correctly (NaN when none was); with ``importance``, Michel et al.'s
-    ``E |dL/d gate|`` of the gold answer's loss, divided per layer by its L2 norm."""
+    ``E |dL/d gate|`` of the gold answer's loss, divided per layer by its L2 norm. ``log``: the
+    tasks an earlier run of the same job finished are read back, not run again."""
     L, H = lm.num_layers, lm.num_heads
-    tok, eos = lm.tokenizer, eos_ids(model)
-    rec = Recorder(L, H)
-    snap, retr, imp = np.zeros((L, H)), np.zeros((L, H)), np.zeros((L, H))
-    correct, answers = 0, []
-    for enc in encs:
-        one = Recorder(L, H)
-        ctx = prefill(lm, model, enc, one, sink=sink, window=window)
-        gen = answer(lm, model, ctx, enc, None, sink=sink, window=window, recorder=one, eos=eos)[0]
-        text = tok.decode(gen, skip_special_tokens=True)
-        answers.append(text)
-        for k in ("streaming", "sink_mass", "previous"):
-            getattr(rec, k)[:] += getattr(one, k)
-        rec.rows += one.rows
-        snap += one.snapkv
-        if enc.task.correct(text):
-            counts = retrieval_counts(enc, gen, one.top)
-            if counts is not None:
-                retr += counts
-                correct += 1
+    log = log or TaskLog(None, "")
+    sums = {k: np.zeros((L, H)) for k in ("streaming", "sink", "previous", "snapkv", "retrieval", "importance")}
+    rows = correct = 0
+    answers = []
+    for t, enc in enumerate(encs):
+        rec = log.done.get(t) or log.add(t, _calibrate_one(lm, model, enc, sink=sink, window=window,
+                                                           importance=importance))
+        for k in ("streaming", "sink", "previous", "snapkv"):
+            sums[k] += np.asarray(rec[k])
+        rows += rec["rows"]
+        if rec["retrieval"] is not None:
+            sums["retrieval"] += np.asarray(rec["retrieval"])
+            correct += 1
         if importance:
-            gold = tok(" " + ", ".join(enc.task.answer), add_special_tokens=False)["input_ids"]
-            imp += answer_importance(lm, enc, gold)
+            sums["importance"] += np.asarray(rec["importance"])
+        answers.append(rec["answer"])
         if progress is not None:
             progress(1)
     n = max(len(encs), 1)
     with np.errstate(all="ignore"):
-        scores = {"streaming": rec.streaming / rec.rows, "sink": rec.sink_mass / rec.rows,
-                  "previous": rec.previous / rec.rows, "snapkv": snap / n,
-                  "retrieval": retr / correct if correct else np.full((L, H), np.nan)}
+        scores = {k: sums[k] / rows for k in ("streaming", "sink", "previous")}
+        scores["snapkv"] = sums["snapkv"] / n
+        scores["retrieval"] = sums["retrieval"] / correct if correct else np.full((L, H), np.nan)
     if importance:
         from attnscope.analyses.importance import normalise_per_layer
 
-        scores["importance"] = normalise_per_layer(imp / n)
-        scores["importance_raw"] = imp / n
-    return Calibration(scores, len(encs), correct, rec.rows, answers)
+        scores["importance"] = normalise_per_layer(sums["importance"] / n)
+        scores["importance_raw"] = sums["importance"] / n
+    return Calibration(scores, len(encs), correct, rows, answers)
 
 
 def rankings_for(scores: dict[str, np.ndarray], kv_heads: int, *, use: Sequence[str], reduce: str,
@@ -687,28 +751,39 @@ def configs_for(rankings: dict[str, np.ndarray], fractions: Sequence[float], sha
 
 def sweep(lm, model, encs: Sequence[Encoded], rankings: dict[str, np.ndarray],
           fractions: Sequence[float], *, sink: int, window: int, batch: int = 64,
-          progress: Progress | None = None) -> Sweep:
+          progress: Progress | None = None, log: TaskLog | None = None) -> Sweep:
     """kvpress's protocol on every task: one prefill, the full-cache answer, then every config
-    of :func:`configs_for` answered on that same prefill, ``batch`` configs at a time."""
-    tok, eos = lm.tokenizer, eos_ids(model)
+    of :func:`configs_for` answered on that same prefill, ``batch`` configs at a time. ``log``:
+    the tasks an earlier run of the same job finished are read back, not run again."""
     kv_heads = lm.num_kv_heads
     configs, masks = configs_for(rankings, fractions, (lm.num_layers, kv_heads))
     C, N = len(configs), len(encs)
+    log = log or TaskLog(None, "")
     correct, kept = np.zeros((C, N), dtype=bool), np.zeros((C, N))
     full_answers, full_correct, same = [], np.zeros(N, dtype=bool), np.zeros(N, dtype=bool)
-    total = lm.num_layers * kv_heads
     for t, enc in enumerate(encs):
-        ctx = prefill(lm, model, enc, sink=sink, window=window)
-        ref = answer(lm, model, ctx, enc, None, sink=sink, window=window, eos=eos)[0]
-        full_answers.append(tok.decode(ref, skip_special_tokens=True))
-        full_correct[t] = enc.task.correct(full_answers[-1])
-        outs: list[list[int]] = []
-        for b0 in range(0, C, batch):
-            outs += answer(lm, model, ctx, enc, masks[b0:b0 + batch], sink=sink, window=window, eos=eos)
-        same[t] = outs[0] == ref
-        for c, out in enumerate(outs):
-            correct[c, t] = enc.task.correct(tok.decode(out, skip_special_tokens=True))
-            kept[c, t] = kept_entries(len(enc.context), configs[c][2], total, sink, window)
+        rec = log.done.get(t) or log.add(t, _sweep_one(lm, model, enc, masks, configs, sink=sink,
+                                                       window=window, batch=batch))
+        correct[:, t], kept[:, t] = rec["correct"], rec["kept"]
+        full_answers.append(rec["full_answer"])
+        full_correct[t], same[t] = rec["full_correct"], rec["f1_identical"]
         if progress is not None:
             progress(1)
     return Sweep(configs, correct, kept, full_answers, full_correct, same)
+
+
+def _sweep_one(lm, model, enc: Encoded, masks: np.ndarray, configs: list, *, sink: int, window: int,
+               batch: int) -> dict:
+    """One task of the sweep (as lists, for :class:`TaskLog`)."""
+    tok, eos = lm.tokenizer, eos_ids(model)
+    total = lm.num_layers * lm.num_kv_heads
+    ctx = prefill(lm, model, enc, sink=sink, window=window)
+    ref = answer(lm, model, ctx, enc, None, sink=sink, window=window, eos=eos)[0]
+    full_answer = tok.decode(ref, skip_special_tokens=True)
+    outs: list[list[int]] = []
+    for b0 in range(0, len(masks), batch):
+        outs += answer(lm, model, ctx, enc, masks[b0:b0 + batch], sink=sink, window=window, eos=eos)
+    return {"correct": [enc.task.correct(tok.decode(o, skip_special_tokens=True)) for o in outs],
+            "kept": [kept_entries(len(enc.context), c[2], total, sink, window) for c in configs],
+            "full_answer": full_answer, "full_correct": enc.task.correct(full_answer),
+            "f1_identical": outs[0] == ref}
