@@ -41,6 +41,7 @@ DEFAULT_KINDS = KINDS[:4]
 #: The scores a ranking can follow; each is a "need" (higher: keep the head's whole cache).
 SCORES = ("retrieval", "streaming", "snapkv", "echo", "induction", "importance")
 REDUCTIONS = ("max", "mean")
+Progress = Callable[[int], None]  # called with the number of tasks just finished
 
 #: Label thresholds (docs/atlas.md): Wu et al. call a head with retrieval score >= 0.1 a
 #: retrieval head; induction / echo / previous-token as :mod:`attnscope.report.longctx`.
@@ -568,8 +569,6 @@ def interval(c: np.ndarray, *, resamples: int, seed: int) -> tuple[float, float]
     means = c[rng.integers(0, len(c), size=(resamples, len(c)))].mean(1)
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
-
-Progress = Callable[[int], None]
 
 
 # -- calibration and the sweep ------------------------------------------------------------------

@@ -152,7 +152,7 @@ def _pct(x: float | None) -> str:
 
 
 def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_rows: list[dict],
-             labels: np.ndarray, scores: dict, tasks: list, kv_total: int) -> list[str]:
+             labels: np.ndarray, scores: dict, tasks: list) -> list[str]:
     out = []
     n = len(tasks)
     full = float(sweep.full_correct.mean())
@@ -233,7 +233,7 @@ def write_atlas(out_dir: Path, *, lm, kv_heads: int, cal: A.Calibration, sweep: 
                  for i, (e, ans, c, s) in enumerate(zip(tasks, sweep.full_answers, sweep.full_correct,
                                                         sweep.f1_identical))]
     sec = Section(key=key, title=title)
-    sec.findings = findings(cal, sweep, arow, crow, lab, scores, tasks, lm.num_layers * kv_heads) + notes
+    sec.findings = findings(cal, sweep, arow, crow, lab, scores, tasks) + notes
     hcols = ["name", "layer", "head", "kv_head", *[k for k in HEAD_SCORES if k in scores],
              *[f"kv_{k}" for k in kv], "label"]
     cap = ("Per query head: scores from the calibration tasks (streaming, sink, previous: mass over context "
