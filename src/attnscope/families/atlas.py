@@ -206,6 +206,8 @@ class Atlas(Family):
         return ([t for i, t in enumerate(pool) if i in pick], [t for i, t in enumerate(pool) if i not in pick])
 
     def run(self, prepared: Prepared, options: Options, ctx: Context):
+        import dataclasses
+
         from attnscope.analyses import atlas as A
         from attnscope.models.gguf import causal_lm_for
         from attnscope.report.atlas import write_atlas
@@ -229,8 +231,6 @@ class Atlas(Family):
             return tick
 
         # a killed run picks up where it stopped: finished tasks are kept under run/ until the end
-        import dataclasses
-
         job = A.fingerprint({k: v for k, v in lm.describe().items() if k != "device"},
                             dataclasses.asdict(options), ctx.seed, importance, calib, encs)
         partial = ctx.out_dir / "run"
