@@ -561,16 +561,6 @@ def bootstrap_areas(correct: dict[str, np.ndarray], fractions: Sequence[float], 
     return out
 
 
-def interval(c: np.ndarray, *, resamples: int, seed: int) -> tuple[float, float]:
-    """95% percentile bootstrap interval of the mean of the bool array ``c``."""
-    if not len(c):
-        return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    means = c[rng.integers(0, len(c), size=(resamples, len(c)))].mean(1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
-
 # -- calibration and the sweep ------------------------------------------------------------------
 def eos_ids(model) -> frozenset[int]:
     eos = model.generation_config.eos_token_id

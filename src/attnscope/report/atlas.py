@@ -15,6 +15,7 @@ import numpy as np
 
 from attnscope.analyses import atlas as A
 from attnscope.analyses.base import Result
+from attnscope.analyses.stats import bootstrap_ci
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import HeadId
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
@@ -46,7 +47,7 @@ def curve(sweep: A.Sweep, rankings: dict, fractions: list[float], *, resamples: 
                  else index[(name, f)] for f in fs]
         for f, i in zip(fs, picks):
             c = sweep.correct[i]
-            lo, hi = A.interval(c.astype(float), resamples=resamples, seed=seed)
+            lo, hi = bootstrap_ci(c, n_boot=resamples, seed=seed)
             rows.append({"ranking": name, "kv_fraction": f, "kv_heads_kept": sweep.configs[i][2],
                          "kv_entries_kept": float(sweep.kept[i].mean()), "accuracy": float(c.mean()),
                          "n": int(len(c)), "ci_low": lo, "ci_high": hi})
