@@ -221,22 +221,13 @@ class Atlas(Family):
         importance = "importance" in use and self._importance_possible(lm, notes)
         sink, window = options.atlas_sink, options.atlas_window
 
-        def counter(step: str, total: int):
-            done = 0
-
-            def tick(k: int) -> None:
-                nonlocal done
-                done += k
-                ctx.step(step, done, total)
-            return tick
-
         # a killed run picks up where it stopped: finished tasks are kept under run/ until the end
         job = A.fingerprint({k: v for k, v in lm.describe().items() if k != "device"},
                             dataclasses.asdict(options), ctx.seed, importance, calib, encs)
         partial = ctx.out_dir / "run"
         logs = [A.TaskLog(partial / f"atlas-{step}.jsonl", job) for step in ("calibration", "sweep")]
         cal = A.calibrate(lm, model, calib, sink=sink, window=window, importance=importance,
-                          progress=counter("atlas: calibration tasks", len(calib)), log=logs[0])
+                          progress=ctx.counter("atlas: calibration tasks", len(calib)), log=logs[0])
         if {"echo", "induction"} & set(use) and options.atlas_probes:
             cal.scores.update(self._echo_induction(lm, options, ctx, notes))
         kv_heads = lm.num_kv_heads
@@ -251,7 +242,7 @@ class Atlas(Family):
                          + "a score that was not measured ranks nothing.")
         fractions = _fractions(options.atlas_fractions)
         sw = A.sweep(lm, model, encs, rankings, fractions, sink=sink, window=window,
-                     batch=options.atlas_batch, progress=counter("atlas: sweep", len(encs)), log=logs[1])
+                     batch=options.atlas_batch, progress=ctx.counter("atlas: sweep", len(encs)), log=logs[1])
         res, sec = write_atlas(ctx.out_dir, lm=lm, kv_heads=kv_heads, cal=cal, sweep=sw,
                                rankings=rankings, fractions=fractions, options=options, seed=ctx.seed,
                                notes=notes, source=prepared.data["source"], tasks=encs,

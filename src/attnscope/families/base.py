@@ -172,15 +172,20 @@ class Context:
         executor (e.g. under autocast). Returns how many workers ran it (0: here)."""
         from attnscope.executor import LocalExecutor
 
+        ex = LocalExecutor() if here or self.executor is None else self.executor
+        return ex.stream(self.model, sequences, stats, progress=self.counter(step, total or len(sequences), start),
+                         **kwargs)
+
+    def counter(self, step: str, total: int, start: int = 0) -> Callable[[int], None]:
+        """A ``tick(k)`` that counts ``k`` more items done of ``total`` (from ``start``) and
+        shows the progress under ``step``."""
         done = start
 
-        def progress(k: int) -> None:
+        def tick(k: int) -> None:
             nonlocal done
             done += k
-            self.step(step, done, total or len(sequences))
-
-        ex = LocalExecutor() if here or self.executor is None else self.executor
-        return ex.stream(self.model, sequences, stats, progress=progress, **kwargs)
+            self.step(step, done, total)
+        return tick
 
 
 @dataclass
