@@ -23,17 +23,96 @@ from attnscope.maps import AttentionMap
 
 
 class View:
-    """A rendered view page: ``html`` is the complete self-contained page."""
+    """A rendered view page: ``html`` is the complete self-contained page.
 
-    def __init__(self, html: str, kind: str, height: int = 640):
+    In a notebook the page sits in a sandboxed ``<iframe srcdoc>`` that starts ``height``
+    pixels tall and then fits its content (the page posts its height to the notebook). Under
+    the frame, one line says what the view shows (``caption``; by default read from the page);
+    a notebook opened untrusted drops the frame and keeps that line, which then asks to run
+    the cell.
+    """
+
+    def __init__(self, html: str, kind: str, height: int = 640, caption: str | None = None):
         self.html = html
         self.kind = kind
         self.height = height
+        self._caption = caption
+
+    @property
+    def caption(self) -> str:
+        """One line: the view, its layer and heads, its length (e.g. ``attnscope head view ·
+        layer 3 · 12 heads · 24 tokens``); layers and heads 1-indexed, as the page shows them."""
+        if self._caption is None:
+            self._caption = self._describe(self.kind, self._payload(self.html))
+        return self._caption
+
+    @staticmethod
+    def _payload(html: str) -> dict:
+        """The page's data block, or ``{}`` when it has none that parses."""
+        import json
+        import re
+
+        m = re.search(r'<script id="attnscope-data" type="application/json">(.*?)</script>', html, re.S)
+        try:
+            payload = json.loads(m.group(1)) if m else {}
+        except ValueError:
+            return {}
+        return payload if isinstance(payload, dict) else {}
+
+    @staticmethod
+    def _describe(kind: str, p: dict) -> str:
+        """The caption of a ``kind`` view from its page payload ``p`` (what it lacks is left out)."""
+        names = {"head": "head view", "model": "model view", "heatmap": "heatmap",
+                 "neuron": "neuron view", "results": "results view"}
+        parts = [f"attnscope {names.get(kind, kind + ' view')}"]
+        state = p.get("state") if isinstance(p.get("state"), dict) else {}
+        layer, heads, head = state.get("layer"), state.get("heads"), state.get("head")
+        if kind == "head" and isinstance(layer, int):
+            parts.append(f"layer {layer + 1}")
+            if isinstance(heads, list):
+                parts.append(f"{len(heads)} head{'s' * (len(heads) != 1)}")
+        elif kind in ("heatmap", "neuron") and isinstance(layer, int) and isinstance(head, int):
+            parts.append(f"head {layer + 1}-{head + 1}")
+        elif kind == "model" and isinstance(p.get("num_layers"), int) and isinstance(p.get("num_heads"), int):
+            parts.append(f"{p['num_layers']} layers x {p['num_heads']} heads")
+        elif kind == "results":
+            has = [what for key, what in (("attribution", "attribution maps"),
+                                          ("profiles", "long-context profiles"),
+                                          ("sinks", "sink mass")) if p.get(key)]
+            parts.extend(has)
+        tokens = p.get("tokens")
+        if isinstance(tokens, list) and tokens:
+            unit = "words" if p.get("level") == "word" else "tokens"
+            window = p.get("window") if isinstance(p.get("window"), dict) else None
+            if window and isinstance(window.get("num_units"), int):
+                parts.append(f"{len(tokens)} of {window['num_units']} {unit} shown")
+            else:
+                parts.append(f"{len(tokens)} {unit}")
+        return " \u00b7 ".join(parts)
 
     def _repr_html_(self) -> str:
-        return (f'<iframe srcdoc="{_html.escape(self.html, quote=True)}" '
+        import secrets
+
+        frame = f"attnscope-{secrets.token_hex(6)}"
+        # The page posts {"attnscopeHeight": h} to its parent (page.html.j2); only the message
+        # from this frame's own window sets this frame's height. Without a trusted output (a
+        # notebook opened untrusted) the sanitiser drops the iframe and both scripts, and the
+        # caption stays, with its "run the cell" hint, which the script hides otherwise.
+        listen = ("(function(){var f=document.getElementById('%s');if(!f)return;"
+                  "var hint=document.getElementById('%s-hint');if(hint)hint.style.display='none';"
+                  "function on(e){if(!document.body.contains(f)){window.removeEventListener('message',on);return;}"
+                  "if(e.source!==f.contentWindow||!e.data||typeof e.data.attnscopeHeight!=='number')return;"
+                  "var h=Math.min(Math.max(Math.ceil(e.data.attnscopeHeight)+2,80),20000);"
+                  "if(Math.abs(parseFloat(f.style.height)-h)>1)f.style.height=h+'px';}"
+                  "window.addEventListener('message',on);})();") % (frame, frame)
+        caption = _html.escape(self.caption, quote=False)
+        return (f'<div class="attnscope-view">'
+                f'<iframe id="{frame}" srcdoc="{_html.escape(self.html, quote=True)}" '
                 f'style="width:100%;height:{self.height}px;border:1px solid #ddd" '
-                'sandbox="allow-scripts allow-downloads"></iframe>')
+                f'sandbox="allow-scripts allow-downloads" title="{_html.escape(self.caption)}"></iframe>'
+                f'<p class="attnscope-caption" style="margin:2px 0;color:#555;font-size:12px">{caption}'
+                f'<span id="{frame}-hint"> \u2014 run the cell to interact</span></p>'
+                f'<script>{listen}</script></div>')
 
     def save(self, path: str | Path) -> Path:
         """Write the page (atomically); returns the path."""
@@ -59,12 +138,15 @@ class View:
         return f"<attnscope View {self.kind}, {len(self.html)} bytes of HTML>"
 
 
-def as_map(attention, tokens=None, *, special=None, segment=None) -> AttentionMap:
+def as_map(attention, tokens=None, *, special=None, segment=None, key_tokens=None, key_special=None,
+           kind: str | None = None) -> AttentionMap:
     """An :class:`AttentionMap` from a map, or from BertViz-style ``(attention, tokens)``.
 
     ``attention`` is ``[L H n n]`` (numpy or torch) or a tuple of per-layer ``[1 H n n]`` /
     ``[H n n]`` tensors (what ``model(..., output_attentions=True).attentions`` gives).
     ``special`` marks special tokens (none by default); ``segment`` gives 0/1 segment ids.
+    A cross-attention map ``[L H t s]`` takes the decoder's ``tokens`` (rows) and the encoder's
+    ``key_tokens`` (columns).
     """
     if isinstance(attention, AttentionMap):
         return attention
@@ -72,20 +154,25 @@ def as_map(attention, tokens=None, *, special=None, segment=None) -> AttentionMa
         raise TypeError("pass tokens with a raw attention array")
     if isinstance(attention, (tuple, list)):
         layers = [np.asarray(_to_numpy(a), dtype=np.float32) for a in attention]
-        attn = np.stack([a[0] if a.ndim == 4 else a for a in layers])  # [L H n n]
+        attn = np.stack([a[0] if a.ndim == 4 else a for a in layers])  # [L H q k]
     else:
         attn = np.asarray(_to_numpy(attention), dtype=np.float32)
         if attn.ndim == 5:
             attn = attn[:, 0] if attn.shape[1] == 1 else attn[0]
     n = len(tokens)
-    if attn.ndim != 4 or attn.shape[-2:] != (n, n):
-        raise ValueError(f"attention must be [layer, head, {n}, {n}] for {n} tokens, "
-                         f"got {list(attn.shape)}")
+    nk = n if key_tokens is None else len(key_tokens)
+    if attn.ndim != 4 or attn.shape[-2:] != (n, nk):
+        raise ValueError(f"attention must be [layer, head, {n}, {nk}] for {n} query and {nk} key "
+                         f"tokens, got {list(attn.shape)}")
     special = np.zeros(n, bool) if special is None else np.asarray(special, bool)
     segment = np.zeros(n, np.int64) if segment is None else np.asarray(segment, np.int64)
     word_ids = np.where(special, -1, np.cumsum(~special) - 1)
+    keys = {}
+    if key_tokens is not None:
+        keys = {"key_tokens": [str(t) for t in key_tokens],
+                "key_special": np.zeros(nk, bool) if key_special is None else np.asarray(key_special, bool)}
     return AttentionMap(0, attn, [str(t) for t in tokens], special, segment, word_ids, "token",
-                        Example(tokens=[str(t) for t in tokens]))
+                        Example(tokens=[str(t) for t in tokens]), kind=kind, **keys)
 
 
 def _to_numpy(a):
@@ -94,29 +181,95 @@ def _to_numpy(a):
     return a
 
 
-def head_view(attention, tokens=None, *, layer: int = 0, heads=None, pair_filter: str = "all",
+def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=None,
+          decoder_attention=None, cross_attention=None, encoder_tokens=None, decoder_tokens=None,
+          sentence_b_start=None, **map_kwargs) -> AttentionMap | dict[str, AttentionMap]:
+    """What a view shows: one map, or an encoder-decoder model's ``{kind: map}``.
+
+    Three ways in: a map or BertViz-style ``(attention, tokens)``; BertViz's encoder-decoder
+    keywords (``encoder_attention=``, ``decoder_attention=``, ``cross_attention=`` with
+    ``encoder_tokens=``/``decoder_tokens=``); or a model (a name or a loaded model) and a text,
+    with ``generate=N`` (the model's greedy continuation) or, for an encoder-decoder model,
+    ``target=``.
+    """
+    from attnscope.models.loading import LoadedModel
+
+    if any(a is not None for a in (encoder_attention, decoder_attention, cross_attention)):
+        maps = {}
+        if encoder_attention is not None:
+            maps["encoder"] = as_map(encoder_attention, encoder_tokens, kind="encoder", **map_kwargs)
+        if decoder_attention is not None:
+            maps["decoder"] = as_map(decoder_attention, decoder_tokens, kind="decoder")
+        if cross_attention is not None:
+            if encoder_tokens is None or decoder_tokens is None:
+                raise TypeError("cross_attention needs encoder_tokens and decoder_tokens")
+            maps["cross"] = as_map(cross_attention, decoder_tokens, key_tokens=encoder_tokens,
+                                   kind="cross")
+        return maps
+    if isinstance(attention, (LoadedModel, str)):
+        from attnscope.models import load_model
+
+        if not isinstance(tokens, str):
+            raise TypeError("with a model, pass the text to read: head_view(model, text, generate=N)")
+        lm = load_model(attention) if isinstance(attention, str) else attention
+        if lm.family.encoder_decoder:
+            from attnscope.extract.seq2seq import extract_seq2seq
+
+            maps = extract_seq2seq(lm, tokens, target=target, generate=generate)
+            return dict(maps.items())
+        if target is not None:
+            raise TypeError(f"target= is for encoder-decoder models; {lm.name} is not one")
+        if generate:
+            from attnscope.extract.generate import continuation_map
+
+            return continuation_map(lm, tokens, generate)
+        from attnscope.extract.runner import extract
+
+        return next(iter(extract([Example(text=tokens)], lm, max_seq_len=lm.max_positions))).items[0]
+    if generate or target is not None:
+        raise TypeError("generate= and target= need a model: head_view(model, text, generate=N)")
+    if sentence_b_start is not None and "segment" not in map_kwargs and tokens is not None:
+        map_kwargs["segment"] = (np.arange(len(tokens)) >= sentence_b_start).astype(np.int64)
+    return as_map(attention, tokens, **map_kwargs)
+
+
+def _view(maps, view: str, kind: str | None, **kwargs) -> View:
+    from attnscope.viz.pages import kinds_html, view_html
+
+    if isinstance(maps, dict):
+        return View(kinds_html(maps, kind or next(iter(maps)), view, **kwargs), view)
+    if kind is not None:
+        raise TypeError("kind= is for encoder-decoder views")
+    return View(view_html(maps, view, **kwargs), view)
+
+
+def head_view(attention=None, tokens=None, *, layer: int = 0, heads=None, pair_filter: str = "all",
               hide_special: bool = False, title: str | None = None, offset: int | None = None,
-              window: int = 256, **map_kwargs) -> View:
+              window: int = 256, kind: str | None = None, **inputs) -> View:
     """Lines from each token to what it attends to, for ``heads`` of ``layer`` (0-indexed).
 
+    Inputs: ``head_view(attention, tokens)`` (BertViz-style; ``sentence_b_start=`` marks a
+    pair), ``head_view(encoder_attention=..., decoder_attention=..., cross_attention=...,
+    encoder_tokens=..., decoder_tokens=...)`` for encoder-decoder outputs (the page switches
+    between the three; ``kind`` picks the one it opens on), or ``head_view(model, text,
+    generate=N)``: the model's greedy continuation of ``text``, generated tokens marked
+    (``target=`` instead gives an encoder-decoder model's decoder a text to read).
+
     Inputs longer than 512 units show ``window`` query rows from ``offset`` (default: the last
-    ones) plus the first token, and a distance-profile tab for the whole input.
+    ones, so a long continuation's own rows) plus the first token, and a distance-profile tab
+    for the whole input.
     """
-    from attnscope.viz.pages import view_html
-
-    amap = as_map(attention, tokens, **map_kwargs)
-    return View(view_html(amap, "head", layer=layer, heads=heads, pair_filter=pair_filter,
-                          hide_special=hide_special, title=title, offset=offset, window=window), "head")
+    return _view(_maps(attention, tokens, **inputs), "head", kind, layer=layer, heads=heads,
+                 pair_filter=pair_filter, hide_special=hide_special, title=title, offset=offset,
+                 window=window)
 
 
-def model_view(attention, tokens=None, *, title: str | None = None, offset: int | None = None,
-               window: int = 256, **map_kwargs) -> View:
+def model_view(attention=None, tokens=None, *, title: str | None = None, offset: int | None = None,
+               window: int = 256, kind: str | None = None, **inputs) -> View:
     """Every layer and head as thumbnails; click one to open it in the head view (for a long
-    input, the head view shows a window: see :func:`head_view`)."""
-    from attnscope.viz.pages import view_html
-
-    amap = as_map(attention, tokens, **map_kwargs)
-    return View(view_html(amap, "model", title=title, offset=offset, window=window), "model")
+    input, the head view shows a window: see :func:`head_view`, which takes the same inputs)."""
+    return _view(_maps(attention, tokens, **inputs), "model", kind, title=title, offset=offset,
+                 window=window)
 
 
 def results_view(folder, *, title: str | None = None) -> View:
@@ -126,14 +279,12 @@ def results_view(folder, *, title: str | None = None) -> View:
     return View(results_view_html(folder, title=title), "results")
 
 
-def heatmap(attention, tokens=None, *, layer: int = 0, head: int = 0, pair_filter: str = "all",
-            hide_special: bool = False, title: str | None = None, **map_kwargs) -> View:
-    """One head's ``[query, key]`` matrix with token labels."""
-    from attnscope.viz.pages import view_html
-
-    amap = as_map(attention, tokens, **map_kwargs)
-    return View(view_html(amap, "heatmap", layer=layer, head=head, pair_filter=pair_filter,
-                          hide_special=hide_special, title=title), "heatmap")
+def heatmap(attention=None, tokens=None, *, layer: int = 0, head: int = 0, pair_filter: str = "all",
+            hide_special: bool = False, title: str | None = None, kind: str | None = None,
+            **inputs) -> View:
+    """One head's ``[query, key]`` matrix with token labels (inputs as :func:`head_view`)."""
+    return _view(_maps(attention, tokens, **inputs), "heatmap", kind, layer=layer, head=head,
+                 pair_filter=pair_filter, hide_special=hide_special, title=title)
 
 
 def neuron_view(model, example, *, layer: int = 0, head: int = 0, query: int = 0,
