@@ -33,10 +33,30 @@ class AttentionMap:
     word_ids: np.ndarray  # [n] int, -1 for special tokens
     level: str  # "token" or "word"
     example: Example
+    #: Encoder-decoder models: "encoder", "decoder" or "cross" (None for one-stack models).
+    #: A cross-attention map is ``[L H t s]``: rows are the decoder's ``tokens``, columns the
+    #: encoder's ``key_tokens`` (with ``key_special``); every other map is square.
+    kind: str | None = None
+    key_tokens: list[str] | None = None
+    key_special: np.ndarray | None = None
+    #: Maps over a model's own continuation: the position of the first generated unit (the
+    #: units from there on were generated, not read), else None.
+    generated: int | None = None
+    #: An encoder-decoder example's other kinds, ``{"decoder": map, "cross": map}``, carried
+    #: with its encoder map from extraction to the store (not part of :meth:`record`).
+    others: dict | None = None
 
     @property
     def num_units(self) -> int:
         return len(self.tokens)
+
+    @property
+    def keys(self) -> tuple[list[str], np.ndarray]:
+        """The key units (columns) and which are special: the map's own units unless it is a
+        cross-attention map."""
+        if self.key_tokens is None:
+            return self.tokens, np.asarray(self.special, bool)
+        return self.key_tokens, np.asarray(self.key_special, bool)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -67,6 +87,10 @@ class AttentionMap:
             "word_ids": [int(x) for x in self.word_ids],
             "level": self.level,
             "example": self.example.to_dict(),
+            **({"kind": self.kind} if self.kind else {}),
+            **({"generated": self.generated} if self.generated is not None else {}),
+            **({"key_tokens": self.key_tokens, "key_special": [bool(x) for x in self.key_special]}
+               if self.key_tokens is not None else {}),
         }
 
     @classmethod
@@ -75,7 +99,11 @@ class AttentionMap:
                    special=np.asarray(rec["special"], dtype=bool),
                    segment=np.asarray(rec["segment"], dtype=np.int64),
                    word_ids=np.asarray(rec["word_ids"], dtype=np.int64), level=rec["level"],
-                   example=Example.from_dict(rec["example"]))
+                   example=Example.from_dict(rec["example"]), kind=rec.get("kind"),
+                   generated=rec.get("generated"),
+                   key_tokens=rec.get("key_tokens"),
+                   key_special=(np.asarray(rec["key_special"], dtype=bool)
+                                if "key_special" in rec else None))
 
 
 @dataclass

@@ -20,6 +20,12 @@ class ViewKind(str, Enum):
     results = "results"
 
 
+class Kind(str, Enum):
+    encoder = "encoder"
+    decoder = "decoder"
+    cross = "cross"
+
+
 class PairFilter(str, Enum):
     all = "all"
     aa = "A->A"
@@ -42,9 +48,10 @@ def _parse_heads(text: str | None) -> list[int] | None:
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     @app.command("view")
     def view_cli(
-        store: Path = typer.Argument(..., help="Store folder (attnscope extract), or an analysis "
-                                               "output folder (attnscope analyze attribution / longctx) "
-                                               "for its attribution maps and profiles."),
+        store: Path = typer.Argument(None, help="Store folder (attnscope extract), or an analysis "
+                                                "output folder (attnscope analyze attribution / longctx) "
+                                                "for its attribution maps and profiles. Optional "
+                                                "with --generate, --model and --text."),
         example: int = typer.Option(0, "--example", "-e", help="Input index of the example."),
         view: ViewKind = typer.Option(ViewKind.head, "--view", help="Which view opens first."),
         out: Path = typer.Option(..., "--out", "-o", help="HTML file to write."),
@@ -67,6 +74,14 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         window: int = typer.Option(256, "--window", min=1, help="Long inputs: query rows shown."),
         long_input: int = typer.Option(512, "--long-input", min=1,
                                        help="Inputs with more units than this are shown as a window."),
+        kind: Kind = typer.Option(None, "--kind", help="Encoder-decoder models: the attention the "
+                                  "page opens on (encoder, decoder, cross; it switches between them)."),
+        generate: int = typer.Option(None, "--generate", min=1,
+                                     help="Continue the text greedily by up to N tokens with the "
+                                          "model (--model, default the store's) and show prompt and "
+                                          "continuation, the generated tokens marked."),
+        text: str = typer.Option(None, "--text", help="With --generate: the prompt (default: the "
+                                                      "stored example's text)."),
     ) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
         from attnscope.viz.write import write_view
@@ -78,7 +93,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                          head=head, query=query, pair_filter=pair_filter.value,
                          hide_special=hide_special, model=model, png=png, svg=svg, scale=scale,
                          chromium=chromium, offset=offset, window=window,
-                         long_input=long_input)
+                         long_input=long_input, kind=kind.value if kind else None,
+                         generate=generate, text=text)
         for w in res["warnings"]:
             console.print(f"[yellow]warning:[/] {w}")
         results.print(f"{res['html']}: {res.get('view', view.value)} view, {res['bytes']:,} bytes")

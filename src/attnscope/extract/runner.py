@@ -66,6 +66,10 @@ class Extractor:
         if self.options.max_seq_len > limit and not self.lm.family.decoder_llm:
             raise AttnscopeError(f"max_seq_len {self.options.max_seq_len} is above the position "
                                  f"limit of {self.lm.name} ({limit})", params=("max_seq_len",))
+        if self.lm.family.encoder_decoder and self.options.word_level:
+            raise AttnscopeError(f"{self.lm.name} is an encoder-decoder model: its maps stay at token "
+                                 "level (the decoder's tokens have no input words), so word_level "
+                                 "is not available", params=("word_level",))
         if self.options.from_word not in ("mean", "first"):
             raise AttnscopeError(f"from_word must be 'mean' or 'first', not {self.options.from_word!r}",
                                  params=("from_word",))
@@ -77,6 +81,7 @@ class Extractor:
         max_len = self.options.max_seq_len
         for index, ex in enumerate(examples):
             self.stats.examples_in += 1
+            self.check_target(ex, index)
             enc = self.encoder.encode(ex, index)
             if len(enc) > max_len:
                 if not self.options.truncate:
@@ -85,6 +90,14 @@ class Extractor:
                 enc = _truncate(enc, max_len)
                 self.stats.truncated.append(index)
             yield enc
+
+    def check_target(self, ex: Example, index: int) -> None:
+        """Encoder-decoder models: the example must say what the decoder reads."""
+        if self.lm.family.encoder_decoder and not isinstance(ex.fields.get("target"), str):
+            from attnscope.errors import InputError
+
+            raise InputError(None, f"example {index}: {self.lm.name} is an encoder-decoder model; "
+                                   "each input needs a 'target' field (the text its decoder reads)")
 
     def plan(self, examples: Iterable[Example]) -> Iterator[list[Encoded]]:
         """Batches of encoded examples, similar lengths together, in a deterministic order
@@ -112,6 +125,8 @@ class Extractor:
         (:func:`attnscope.models.forward.forward`), e.g. ``{"k": ...}`` for key vectors."""
         from attnscope.models.forward import forward, pad_batch
 
+        if self.lm.family.encoder_decoder:
+            return self._run_seq2seq(batch)
         inputs = pad_batch(self.lm, [e.input_ids for e in batch], [e.token_type_ids for e in batch])
         out = forward(self.lm, inputs, attentions=True, hooks=hooks)
         # per layer [B H T T], views of torch's memory; one copy per example below, instead of
@@ -124,6 +139,23 @@ class Extractor:
             attn = np.stack([layer[b, :, :n, :n] for layer in layers])  # [L H n n]
             items.append(self._to_map(e, attn))
             self.stats.tokens += n
+            self.stats.examples_out += 1
+        return AttentionBatch(items)
+
+    def _run_seq2seq(self, batch: list[Encoded]) -> AttentionBatch:
+        """Encoder-decoder models, one example at a time: the encoder map, carrying the decoder
+        and cross-attention maps in ``others`` (:mod:`attnscope.extract.seq2seq`)."""
+        import dataclasses
+
+        from attnscope.extract.seq2seq import decoder_input, seq2seq_maps
+
+        items = []
+        for e in batch:
+            dec = decoder_input(self.lm, e.example.fields["target"])
+            maps = seq2seq_maps(self.lm, e, dec, max_seq_len=self.options.max_seq_len)
+            items.append(dataclasses.replace(maps.encoder, others={"decoder": maps.decoder,
+                                                                   "cross": maps.cross}))
+            self.stats.tokens += len(e)
             self.stats.examples_out += 1
         return AttentionBatch(items)
 

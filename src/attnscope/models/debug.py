@@ -29,6 +29,9 @@ TINY = {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 64, "positions": 
 #: Llama and Qwen2, one shared key/value head, i.e. multi-query, for Gemma).
 DECODERS = {"llama": ("LlamaConfig", "LlamaModel", 2), "qwen2": ("Qwen2Config", "Qwen2Model", 2),
             "gemma": ("GemmaConfig", "GemmaModel", 1)}
+#: Tiny encoder-decoder models (with their language-model head, so they can generate): 2 encoder
+#: and 2 decoder layers x 2 heads.
+SEQ2SEQ = ("t5", "bart")
 
 
 def _wordpiece_vocab(specials: list[str]) -> dict[str, int]:
@@ -86,6 +89,8 @@ def _bpe_tokenizer(kind: str):
         specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     elif kind == "llama":
         specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    elif kind == "t5":
+        specials = ["<pad>", "</s>", "<unk>"]
     else:
         specials = ["<|endoftext|>"]
     vocab = {w: i for i, w in enumerate(dict.fromkeys(specials + vocab_list))}
@@ -107,6 +112,13 @@ def _bpe_tokenizer(kind: str):
             single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])])
         return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                        unk_token="<unk>", pad_token="<pad>")
+    if kind == "t5":  # T5: no BOS, EOS last; pad is also the decoder's start token
+        from transformers import PreTrainedTokenizerFast
+
+        tok.post_processor = processors.TemplateProcessing(
+            single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", vocab["</s>"])])
+        return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>",
+                                       pad_token="<pad>")
     from transformers import GPT2TokenizerFast
 
     t = GPT2TokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
@@ -117,8 +129,8 @@ def _bpe_tokenizer(kind: str):
 
 def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int = 0) -> LoadedModel:
     """A tiny random model of ``family``: "bert", "roberta", "gpt2" or "mpnet" (2 layers x 2
-    heads), or a decoder LLM "llama", "qwen2" or "gemma" (2 layers x 4 query heads, see
-    :data:`DECODERS`). MPNet's transformers code does not route attention through
+    heads), a decoder LLM "llama", "qwen2" or "gemma" (2 layers x 4 query heads, see
+    :data:`DECODERS`), or an encoder-decoder "t5" or "bart" (:data:`SEQ2SEQ`). MPNet's transformers code does not route attention through
     ``AttentionInterface``, so ``debug:mpnet`` is the model whose heads cannot be hooked: only
     its attention maps come out (:func:`attnscope.models.forward.supports_hooks` is False)."""
     import torch
@@ -169,9 +181,30 @@ def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int
             eos_token_id=tokenizer.eos_token_id,
             initializer_range=0.3)  # larger than the default 0.02, so heads are not near-uniform
         cls = getattr(transformers, model_name)
+    elif family in SEQ2SEQ:
+        if mlm_head:
+            raise ModelError(f"debug:{family}: an encoder-decoder model has no masked-LM head")
+        tokenizer = _bpe_tokenizer("roberta" if family == "bart" else "t5")
+        pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+        if family == "bart":
+            config = transformers.BartConfig(
+                vocab_size=len(tokenizer), d_model=TINY["hidden"], encoder_layers=TINY["layers"],
+                decoder_layers=TINY["layers"], encoder_attention_heads=TINY["heads"],
+                decoder_attention_heads=TINY["heads"], encoder_ffn_dim=TINY["intermediate"],
+                decoder_ffn_dim=TINY["intermediate"], max_position_embeddings=TINY["positions"],
+                pad_token_id=pad, bos_token_id=tokenizer.bos_token_id, eos_token_id=eos,
+                decoder_start_token_id=eos, forced_eos_token_id=None, init_std=0.3)
+            cls = transformers.BartForConditionalGeneration
+        else:
+            config = transformers.T5Config(
+                vocab_size=len(tokenizer), d_model=TINY["hidden"], d_kv=TINY["hidden"] // TINY["heads"],
+                d_ff=TINY["intermediate"], num_layers=TINY["layers"], num_decoder_layers=TINY["layers"],
+                num_heads=TINY["heads"], pad_token_id=pad, eos_token_id=eos,
+                decoder_start_token_id=pad, initializer_factor=3.0)
+            cls = transformers.T5ForConditionalGeneration
     else:
         raise ModelError(f"debug:{family}: unknown debug family (choose bert, roberta, gpt2, mpnet, "
-                         f"{', '.join(DECODERS)})")
+                         f"{', '.join((*DECODERS, *SEQ2SEQ))})")
     config._attn_implementation = "eager"
     tokenizer.model_max_length = TINY["positions"]
     torch.manual_seed(seed)

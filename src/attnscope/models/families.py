@@ -29,6 +29,9 @@ class ModelFamily:
     decoder_llm: bool = False
     #: The config attribute holding the number of key/value heads (grouped-query attention).
     kv_heads: str | None = None
+    #: Encoder-decoder models (T5, BART): three kinds of attention, encoder self-attention,
+    #: decoder self-attention and cross-attention (:mod:`attnscope.extract.seq2seq`).
+    encoder_decoder: bool = False
 
 
 MODEL_FAMILIES: dict[str, ModelFamily] = {
@@ -56,6 +59,8 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
         *[ModelFamily(name, True, None, False, "layers.{layer}.self_attn.q_proj",
                  "layers.{layer}.self_attn.k_proj", decoder_llm=True, kv_heads="num_key_value_heads")
           for name in ("llama", "qwen2", "mistral", "gemma", "phi")],
+        *[ModelFamily(name, False, None, False, encoder_decoder=True)
+          for name in ("t5", "mt5", "bart", "mbart", "marian", "pegasus")],
     ]
 }
 

@@ -309,7 +309,10 @@ def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
                                  "attnscope.analyses.gradients.fit_mlm_head)")
             has_mlm = True
         else:
-            model = AutoModel.from_pretrained(ref, config=config, attn_implementation="eager", **kwargs)
+            # encoder-decoder models keep their language-model head, which generation needs
+            auto = (transformers.AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False)
+                    else AutoModel)
+            model = auto.from_pretrained(ref, config=config, attn_implementation="eager", **kwargs)
     except ModelError:
         raise
     except (OSError, ValueError) as exc:

@@ -26,5 +26,7 @@ def shard_name(shard_id: int) -> str:
     return f"{shard_id:05d}.safetensors"
 
 
-def array_key(pos: int) -> str:
-    return f"attn/{pos}"
+def array_key(pos: int, kind: str | None = None) -> str:
+    """The array of plan position ``pos``: ``attn/<pos>``; an encoder-decoder store keeps its
+    decoder and cross-attention maps as ``decoder/<pos>`` and ``cross/<pos>``."""
+    return f"{kind or 'attn'}/{pos}"

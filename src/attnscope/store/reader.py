@@ -25,7 +25,7 @@ class Store:
     one shard's maps at a time; ``store.batches()`` yields one :class:`AttentionBatch` per shard.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, kind: str | None = None):
         self.path = Path(path)
         mpath = self.path / MANIFEST
         if not self.path.is_dir():
@@ -36,10 +36,40 @@ class Store:
         if self.manifest.get("format") != FORMAT_NAME:
             raise StoreError(f"{mpath}: not an attnscope store manifest")
         _check_fields(self.manifest, _MANIFEST_FIELDS, mpath, "manifest")
+        self.kind = self._choose_kind(kind, mpath)
         self._entries = self._load_entries()
         self._by_index = {e["index"]: k for k, e in enumerate(self._entries)}
         self._header_cache: OrderedDict[str, list[dict]] = OrderedDict()
         self._cache_lock = threading.Lock()  # a viewer reads one store from several threads
+
+    def _choose_kind(self, kind: str | None, mpath: Path) -> str | None:
+        """An encoder-decoder store reads as one kind of attention: "encoder" (the default),
+        "decoder" or "cross"; the manifest seen through this object then describes that kind
+        (its layers and heads; ``causal`` for the decoder), so analyses need nothing else."""
+        kinds = self.manifest.get("attention_kinds")
+        if not kinds:
+            if kind is not None:
+                raise StoreError(f"{self.path}: attention kind {kind!r}: not an encoder-decoder "
+                                 "store (it has one kind of attention)", params=("kind",))
+            return None
+        if not isinstance(kinds, dict) or any(
+                not isinstance(v, dict) or not isinstance(v.get("num_layers"), int)
+                or not isinstance(v.get("num_heads"), int) for v in kinds.values()):
+            raise StoreError(f"{mpath}: corrupt manifest (attention_kinds)")
+        kind = kind or "encoder"
+        if kind not in kinds:
+            raise StoreError(f"{self.path}: no attention kind {kind!r} (it has {', '.join(kinds)})",
+                             params=("kind",))
+        if kind != "encoder":
+            model = dict(self.manifest["model"], **kinds[kind], causal=kind == "decoder")
+            self.manifest = dict(self.manifest, model=model)
+        return kind
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of attention stored: ``("encoder", "decoder", "cross")`` for an
+        encoder-decoder model, else ``()``."""
+        return tuple(self.manifest.get("attention_kinds") or ())
 
     # -- metadata ---------------------------------------------------------------------------
     @property
@@ -161,20 +191,29 @@ class Store:
         return self[self._by_index[index]]
 
     def _get(self, sf, shard: Path, pos: int) -> np.ndarray:
+        other = self.kind if self.kind not in (None, "encoder") else None
         try:
-            attn = sf.get_tensor(array_key(pos)).astype(np.float32)
+            attn = sf.get_tensor(array_key(pos, other)).astype(np.float32)
         except Exception as exc:
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise StoreError(f"{shard}: corrupt shard, cannot read example at position {pos} "
                              f"({first})") from None
         if attn.ndim != 4 or attn.shape[:2] != (self.num_layers, self.num_heads) \
-                or attn.shape[2] != attn.shape[3]:
+                or (attn.shape[2] != attn.shape[3] and self.kind != "cross"):
             raise StoreError(f"{shard}: corrupt shard, example at position {pos} has shape "
                              f"{list(attn.shape)}, expected [{self.num_layers}, {self.num_heads}, n, n]")
         return attn
 
     def _map(self, rec: dict, attn: np.ndarray, shard: Path) -> AttentionMap:
         n = attn.shape[2]
+        if self.kind not in (None, "encoder"):  # the kind's own units, the encoder record's example
+            other = (rec.get("others") or {}).get(self.kind)
+            if not isinstance(other, dict) or not all(k in other for k in ("tokens", "special", "segment", "word_ids")):
+                raise StoreError(f"{shard}: corrupt shard, no {self.kind} record at position {rec['pos']}")
+            rec = {**other, "index": rec["index"], "example": rec["example"], "pos": rec["pos"]}
+            if self.kind == "cross" and len(rec.get("key_tokens") or []) != attn.shape[3]:
+                raise StoreError(f"{shard}: corrupt shard, the cross record at position {rec['pos']} "
+                                 f"does not match its {n} x {attn.shape[3]} map")
         if any(len(rec[k]) != n for k in ("tokens", "special", "segment", "word_ids")):
             raise StoreError(f"{shard}: corrupt shard, the record at position {rec['pos']} does not "
                              f"match its {n} x {n} map")
@@ -300,6 +339,7 @@ def _check_fields(obj, fields, path: Path, what: str) -> None:
             raise StoreError(f"{path}: corrupt {what} (bad or missing '{key}')")
 
 
-def open_store(path: str | Path) -> Store:
-    """Open a store folder for reading (see :class:`Store`)."""
-    return Store(path)
+def open_store(path: str | Path, kind: str | None = None) -> Store:
+    """Open a store folder for reading (see :class:`Store`); ``kind`` picks the attention an
+    encoder-decoder store reads as ("encoder", the default, "decoder" or "cross")."""
+    return Store(path, kind)

@@ -94,7 +94,9 @@ class ShardWriter:
             return
         # hold the map in the store's dtype (float16: half the memory of a float32 shard in
         # waiting); a new map, so the caller's batch is left as it was
-        item = dataclasses.replace(item, attn=item.attn.astype(self.dtype, copy=False))
+        others = {k: dataclasses.replace(m, attn=m.attn.astype(self.dtype, copy=False))
+                  for k, m in (item.others or {}).items()} or None
+        item = dataclasses.replace(item, attn=item.attn.astype(self.dtype, copy=False), others=others)
         self.pending.setdefault(sid, {})[pos] = item
         if len(self.pending[sid]) == self.shard_size:
             self.write(sid)
@@ -107,12 +109,30 @@ class ShardWriter:
         from safetensors.numpy import save
 
         items = self.pending.pop(sid)
-        arrays = {array_key(pos): np.ascontiguousarray(it.attn)
-                  for pos, it in sorted(items.items())}
-        records = [dict(it.record(), pos=pos) for pos, it in sorted(items.items())]
+        arrays = {array_key(pos, kind): np.ascontiguousarray(m.attn)
+                  for pos, it in sorted(items.items())
+                  for kind, m in [(None, it), *sorted((it.others or {}).items())]}
+        records = [dict(it.record(), pos=pos, **_others_records(it)) for pos, it in sorted(items.items())]
         data = save(arrays, metadata={"records": json.dumps(records, ensure_ascii=False)})
         _write_file(self.root, self.root / SHARDS / shard_name(sid), data)
         self.done.add(sid)
+
+
+def _kinds(lm: LoadedModel) -> dict:
+    if not lm.family.encoder_decoder:
+        return {}
+    from attnscope.extract.seq2seq import kind_shapes
+
+    return {"attention_kinds": kind_shapes(lm)}
+
+
+def _others_records(item: AttentionMap) -> dict:
+    """An encoder-decoder example's decoder and cross-attention records (their units; the
+    example and its index are the encoder record's)."""
+    if not item.others:
+        return {}
+    return {"others": {k: {f: v for f, v in m.record().items() if f not in ("index", "example")}
+                       for k, m in sorted(item.others.items())}}
 
 
 def _input_fingerprint(examples: list[Example]) -> str:
@@ -226,6 +246,8 @@ def open_store_job(examples: Iterable[Example], out: str | Path, model: LoadedMo
     lm = load_model(model, seed=options.seed) if isinstance(model, str) else model
     stats = ExtractStats()
     extractor = Extractor(lm, options, stats)  # validates options against the model
+    for i, ex in enumerate(examples):  # before anything is written
+        extractor.check_target(ex, i)
     arguments = {"options": options.as_dict(), "dtype": dtype, "shard_size": shard_size}
     fingerprint = _input_fingerprint(examples)
     manifest = {
@@ -237,6 +259,7 @@ def open_store_job(examples: Iterable[Example], out: str | Path, model: LoadedMo
         "from_word": options.from_word if options.word_level else None,
         "dtype": dtype, "seed": options.seed, "arguments": arguments,
         "input": dict(source or {}, examples=len(examples), sha256=fingerprint),
+        **_kinds(lm),
         "versions": versions(), "command": command,
     }
     done: set[int] = set()

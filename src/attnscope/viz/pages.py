@@ -30,6 +30,18 @@ def view_html(amap: AttentionMap, view: str = "head", *, layer: int = 0, heads=N
     return render_page(payload)
 
 
+def kinds_html(maps: dict[str, AttentionMap], kind: str = "encoder", view: str = "head", *,
+               layer: int = 0, heads=None, title: str | None = None, model: str | None = None,
+               **kwargs) -> str:
+    """A page over an encoder-decoder model's three kinds of attention (``{"encoder": map,
+    "decoder": map, "cross": map}``), opening on ``kind`` and ``view``; a switch on the page
+    changes the kind, as BertViz's does (see :func:`~attnscope.viz.payload.kinds_payload`)."""
+    from attnscope.viz.payload import kinds_payload
+
+    return render_page(kinds_payload(maps, kind, view=view, layer=layer, heads=heads, title=title,
+                                     model=model, **kwargs))
+
+
 def results_view_html(folder, *, title: str | None = None) -> str:
     """The results views of an analysis output folder (``attnscope analyze attribution`` /
     ``longctx``): one example's attribution maps side by side, per-head distance and position

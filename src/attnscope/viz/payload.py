@@ -79,6 +79,8 @@ def visible_units(amap: AttentionMap, pair_filter: str = "all",
     if hide_special:
         keep &= ~np.asarray(amap.special, bool)
     rows = cols = keep
+    if amap.key_tokens is not None:  # cross-attention: the columns are the encoder's tokens
+        cols = ~amap.keys[1] if hide_special else np.ones(len(amap.key_tokens), bool)
     if pair_filter != "all":
         if not is_pair(amap):
             raise AttnscopeError(f"{_where(amap)}: filter {pair_filter} needs a sentence pair, "
@@ -100,15 +102,21 @@ def _matrices(amap: AttentionMap, layer: int, heads: list[int], pair_filter: str
               hide_special: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     a = amap.attn[layer][heads].astype(np.float64)  # [h q k]
     if hide_special:
-        a = renormalise_without_special(a, amap.special)
+        a = renormalise_without_special(a, amap.keys[1])
     rows, cols = visible_units(amap, pair_filter, hide_special)
     return a[:, rows][:, :, cols], rows, cols  # [h r c]
 
 
 def _units(amap: AttentionMap) -> dict:
+    """The units of a map; a cross-attention map adds its key units, a map over a continuation
+    marks each generated unit (``generated``: a bool per unit, or None)."""
+    keys = {}
+    if amap.key_tokens is not None:
+        keys = {"key_tokens": list(amap.key_tokens), "key_special": [bool(s) for s in amap.key_special]}
+    generated = None if amap.generated is None else [i >= amap.generated for i in range(amap.num_units)]
     return {"tokens": list(amap.tokens), "special": [bool(s) for s in amap.special],
             "segment": [int(s) for s in amap.segment], "level": amap.level,
-            "is_pair": is_pair(amap)}
+            "is_pair": is_pair(amap), "kind": amap.kind, "generated": generated, **keys}
 
 
 def head_payload(amap: AttentionMap, layer: int = 0, heads=None, *, pair_filter: str = "all",
@@ -131,7 +139,7 @@ def heatmap_payload(amap: AttentionMap, layer: int = 0, head: int = 0, *, pair_f
     p = head_payload(amap, layer, [head], pair_filter=pair_filter, hide_special=hide_special)
     p.update(view="heatmap", head=head, attn=p["attn"][0],
              row_labels=[amap.tokens[i] for i in p["rows"]],
-             col_labels=[amap.tokens[j] for j in p["cols"]])
+             col_labels=[amap.keys[0][j] for j in p["cols"]])
     del p["heads"]
     return p
 
@@ -143,21 +151,20 @@ def bin_edges(n: int, size: int) -> np.ndarray:
 
 
 def pool(attn: np.ndarray, size: int) -> np.ndarray:
-    """Shrink ``[..., n, n]`` to ``[..., t, t]`` (``t = min(n, size)``) for thumbnails.
+    """Shrink ``[..., q, k]`` to ``[..., min(q, size), min(k, size)]`` for thumbnails.
 
     A cell is the mean over its query bin of the summed weight on its key bin, so each pooled
     row still sums to 1, like the rows it stands for.
     """
-    n = attn.shape[-1]
-    edges = bin_edges(n, size)
-    starts, widths = edges[:-1], np.diff(edges)
+    nq, nk = attn.shape[-2:]
+    rows, cols = bin_edges(nq, size), bin_edges(nk, size)
     lead = attn.shape[:-2]
-    flat = attn.reshape(-1, n, n)
-    out = np.empty((flat.shape[0], len(starts), len(starts)))
-    for i, m in enumerate(flat):  # one [n n] at a time: a long input's maps never double in memory
-        summed = np.add.reduceat(np.asarray(m, dtype=np.float64), starts, axis=-1)  # [n t]
-        out[i] = np.add.reduceat(summed, starts, axis=0) / widths[:, None]  # [t t]
-    return out.reshape(*lead, len(starts), len(starts))
+    flat = attn.reshape(-1, nq, nk)
+    out = np.empty((flat.shape[0], len(rows) - 1, len(cols) - 1))
+    for i, m in enumerate(flat):  # one [q k] at a time: a long input's maps never double in memory
+        summed = np.add.reduceat(np.asarray(m, dtype=np.float64), cols[:-1], axis=-1)  # [q tk]
+        out[i] = np.add.reduceat(summed, rows[:-1], axis=0) / np.diff(rows)[:, None]  # [tq tk]
+    return out.reshape(*lead, len(rows) - 1, len(cols) - 1)
 
 
 def model_payload(amap: AttentionMap, *, thumb_size: int = 32) -> dict:
@@ -199,9 +206,11 @@ def window_map(amap: AttentionMap, units: np.ndarray) -> tuple[AttentionMap, np.
     rows = np.asarray(amap.attn[:, :, units], dtype=np.float32)  # [L H m n]
     sub = rows[..., units]  # [L H m m]
     outside = np.clip(rows.sum(-1, dtype=np.float64) - sub.sum(-1, dtype=np.float64), 0.0, 1.0)
+    generated = None if amap.generated is None else int(np.searchsorted(units, amap.generated))
     part = AttentionMap(amap.index, sub, [amap.tokens[i] for i in units],
                         np.asarray(amap.special)[units], np.asarray(amap.segment)[units],
-                        np.asarray(amap.word_ids)[units], amap.level, amap.example)
+                        np.asarray(amap.word_ids)[units], amap.level, amap.example, kind=amap.kind,
+                        generated=generated)
     return part, outside
 
 
@@ -284,7 +293,8 @@ def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, head
     num_layers, num_heads = amap.attn.shape[:2]
     full, n_full = amap, amap.num_units
     win = None
-    if n_full > long_input:
+    cross = amap.key_tokens is not None
+    if n_full > long_input and not cross:  # cross-attention maps are shown whole
         units = window_units(n_full, window, offset)
         amap, outside = window_map(full, units)
         win = {"units": units.tolist(), "offset": int(units[-1]) + 1 - min(window, n_full),
@@ -312,5 +322,31 @@ def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, head
         "thumbnails": encode_u8(pool(full.attn, thumb_size)),
         "neuron": neuron,
         "window": win,
-        "profile": distance_profile(full.attn),
+        "profile": None if cross else distance_profile(full.attn),
     }
+
+
+KIND_LABELS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
+               "cross": "cross-attention (decoder \u2192 encoder)"}
+
+
+def kinds_payload(maps: dict[str, AttentionMap], kind: str, *, layer: int = 0, heads=None,
+                  title: str | None = None, **kwargs) -> dict:
+    """A page over an encoder-decoder model's kinds of attention (``{"encoder": map, ...}``,
+    :class:`attnscope.extract.seq2seq.Seq2SeqMaps`), opening on ``kind``: one
+    :func:`page_payload` per kind under ``kinds``, and the page switches between them.
+    ``layer``/``heads`` apply to the opening kind; the others open on the same layer where they
+    have it (else their first) with all heads."""
+    if kind not in maps:
+        raise AttnscopeError(f"unknown attention kind {kind!r}; choose one of {', '.join(maps)}",
+                             params=("kind",))
+    pages = {}
+    for k, amap in maps.items():
+        if k == kind:
+            pages[k] = page_payload(amap, layer=layer, heads=heads, title=title, **kwargs)
+        else:
+            lk = layer if layer < amap.attn.shape[0] else 0
+            pages[k] = page_payload(amap, layer=lk, title=title, **{**kwargs, "head": None})
+    first = pages[kind]
+    return {"version": PAYLOAD_VERSION, "title": first["title"], "kind": kind, "kinds": pages,
+            "labels": {k: KIND_LABELS.get(k, k) for k in pages}}

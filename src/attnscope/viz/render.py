@@ -48,7 +48,7 @@ def render_page(payload: dict, title: str | None = None) -> str:
     return _env().get_template("page.html.j2").render(
         title=title or payload.get("title") or "attnscope", version=__version__,
         css=Markup(css.replace("</", "<\\/")), js=Markup(js.replace("</", "<\\/")),
-        payload_json=Markup(embed_json(payload)), mount="mount")
+        payload_json=Markup(embed_json(payload)), mount="mountKinds" if "kinds" in payload else "mount")
 
 
 def render_results_page(payload: dict, title: str | None = None) -> str:

@@ -49,11 +49,16 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
                pair_filter: str = "all", hide_special: bool = False, model: str | None = None,
                png: str | Path | None = None, svg: str | Path | None = None, scale: float = 2.0,
                chromium: str | None = None, offset: int | None = None, window: int = 256,
-               long_input: int = 512) -> dict:
+               long_input: int = 512, kind: str | None = None, generate: int | None = None,
+               text: str | None = None) -> dict:
     """Write ``out`` (HTML) for one stored example; ``png``/``svg`` export the opening view.
 
     ``store_path`` may also be an analysis output folder (no ``manifest.json``; ``view``
     "results"): then the page shows its attribution maps and long-context profiles.
+    An encoder-decoder store's page switches between its kinds of attention, opening on
+    ``kind`` (default "encoder"). ``generate``: the model (``model``, default the store's) reads
+    ``text`` (default the stored example's text) and continues it greedily by up to ``generate``
+    tokens; the page spans prompt and continuation (``store_path`` may then be None).
     Returns ``{"html", "png", "svg", "png_size", "svg_size", "bytes", "warnings"}``.
     """
     from attnscope.report.results import RESULTS_DIR
@@ -61,6 +66,18 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
     from attnscope.store.format import MANIFEST
     from attnscope.viz.pages import view_html
 
+    if generate is not None:
+        return _write_generated(store_path, example, view, out, generate=generate, text=text,
+                                model=model, kind=kind, layer=layer, heads=heads, head=head,
+                                pair_filter=pair_filter, hide_special=hide_special, png=png, svg=svg,
+                                scale=scale, chromium=chromium, offset=offset, window=window,
+                                long_input=long_input)
+    if store_path is None:
+        raise AttnscopeError("give a store folder (or generate with a model and a text)",
+                             params=("store",))
+    if text is not None:
+        raise AttnscopeError("text: only with generate (a stored example has its own text)",
+                             params=("text",))
     if view == "results" or (Path(store_path).is_dir() and not (Path(store_path) / MANIFEST).exists()
                              and (Path(store_path) / RESULTS_DIR).is_dir()):
         from attnscope.viz.pages import results_view_html
@@ -73,6 +90,9 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
         return {**_finish(html, out, None, None, scale, chromium, []), "view": "results"}
     store = open_store(store_path)
     amap = load_example(store, example)
+    if kind is not None and not store.kinds:
+        raise AttnscopeError(f"kind {kind}: {store_path} is not an encoder-decoder store",
+                             params=("kind",))
     warnings: list[str] = []
     neuron = None
     model_name = store.manifest.get("model", {}).get("name")
@@ -83,11 +103,68 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
         qk = capture_qk(lm, amap.example, layer, index=amap.index)
         neuron = neuron_payload(qk, head=head if head is not None else 0, query=query)
         model_name = lm.name
-    html = view_html(amap, view, layer=layer, heads=heads, head=head, pair_filter=pair_filter,
-                     hide_special=hide_special, neuron=neuron, model=model_name,
-                     title=f"{Path(store_path).name}: example {amap.index}", offset=offset,
-                     window=window, long_input=long_input)
+    title = f"{Path(store_path).name}: example {amap.index}"
+    if store.kinds:
+        if view == "neuron":
+            raise AttnscopeError("view neuron: not for encoder-decoder stores", params=("view",))
+        from attnscope.store import open_store as _open
+        from attnscope.viz.pages import kinds_html
+
+        maps = {k: load_example(_open(store_path, k), example) for k in store.kinds}
+        html = kinds_html(maps, kind or "encoder", view, layer=layer, heads=heads, head=head,
+                          pair_filter=pair_filter, hide_special=hide_special, model=model_name,
+                          title=title, long_input=long_input, window=window, offset=offset)
+    else:
+        html = view_html(amap, view, layer=layer, heads=heads, head=head, pair_filter=pair_filter,
+                         hide_special=hide_special, neuron=neuron, model=model_name, title=title,
+                         offset=offset, window=window, long_input=long_input)
     return _finish(html, out, png, svg, scale, chromium, warnings)
+
+
+def _write_generated(store_path, example: int, view: str, out, *, generate: int, text, model, kind,
+                     png, svg, scale, chromium, **page) -> dict:
+    """``write_view`` with ``generate``: the model reads the text and continues it."""
+    from attnscope.models import load_model
+    from attnscope.viz.pages import kinds_html, view_html
+
+    warnings: list[str] = []
+    if store_path is not None:
+        from attnscope.store import open_store
+
+        store = open_store(store_path)
+        stored = load_example(store, example)
+        if text is None:
+            text = stored.example.text
+            if text is None:
+                raise AttnscopeError(f"{store_path}: example {example} has no text to continue; "
+                                     "give text", params=("text",))
+        if model is None:
+            lm, warnings = model_for_store(store, None)
+        else:
+            lm = load_model(model)
+    else:
+        if model is None or text is None:
+            raise AttnscopeError("generate needs a model and a text (or a store to take them from)",
+                                 params=("model", "text"))
+        lm = load_model(model)
+    if view in ("neuron", "results"):
+        raise AttnscopeError(f"view {view}: not with generate (head, model, heatmap or profile)",
+                             params=("view", "generate"))
+    title = f"{lm.name}: continued by {generate} tokens"
+    if lm.family.encoder_decoder:
+        from attnscope.extract.seq2seq import extract_seq2seq
+
+        maps = dict(extract_seq2seq(lm, text, generate=generate).items())
+        html = kinds_html(maps, kind or "encoder", view, model=lm.name, title=title, **page)
+    else:
+        if kind is not None:
+            raise AttnscopeError(f"kind {kind}: {lm.name} is not an encoder-decoder model",
+                                 params=("kind",))
+        from attnscope.extract.generate import continuation_map
+
+        amap = continuation_map(lm, text, generate)
+        html = view_html(amap, view, model=lm.name, title=title, **page)
+    return {**_finish(html, out, png, svg, scale, chromium, warnings), "view": view}
 
 
 def _finish(html: str, out, png, svg, scale, chromium, warnings) -> dict:

@@ -111,7 +111,11 @@
     this.thumbs = thumbs;   // u8 [L H t t]
     this.options = options || {};
     this.neuron = null;     // decoded neuron data
-    this.n = payload.tokens.length;
+    this.n = payload.tokens.length;   // query units (rows)
+    // key units (columns): the same units, except in a cross-attention map (the encoder's)
+    this.kt = payload.key_tokens || payload.tokens;
+    this.ks = payload.key_special || payload.special;
+    this.nk = this.kt.length;
     this.L = payload.num_layers;
     this.H = payload.num_heads;
     var s = payload.state;
@@ -123,8 +127,7 @@
   }
 
   Viewer.prototype.value = function (l, h, q, k) {
-    var n = this.n;
-    return this.attn.data[((l * this.H + h) * n + q) * n + k] / 255;
+    return this.attn.data[((l * this.H + h) * this.n + q) * this.nk + k] / 255;
   };
 
   // rows/cols shown, as in payload.visible_units
@@ -133,6 +136,11 @@
     var src = null, dst = null;
     if (filter && filter !== "all") {
       var parts = filter.split("->"); src = parts[0] === "A" ? 0 : 1; dst = parts[1] === "A" ? 0 : 1;
+    }
+    if (p.key_tokens) {  // cross-attention: rows are the decoder's units, columns the encoder's
+      for (var r = 0; r < this.n; r++) if (!(hide && p.special[r])) rows.push(r);
+      for (var c = 0; c < this.nk; c++) if (!(hide && this.ks[c])) cols.push(c);
+      return { rows: rows, cols: cols };
     }
     for (var i = 0; i < this.n; i++) {
       if (hide && p.special[i]) continue;
@@ -146,7 +154,7 @@
   Viewer.prototype.currentMatrix = function (opts) {
     var st = Object.assign({}, this.state, opts || {});
     var heads = st.view === "heatmap" || st.view === "neuron" ? [st.head] : st.heads;
-    var vu = this.visibleUnits(st.pair_filter, st.hide_special), p = this.p, n = this.n;
+    var vu = this.visibleUnits(st.pair_filter, st.hide_special), ks = this.ks, nk = this.nk;
     var out = [];
     for (var hi = 0; hi < heads.length; hi++) {
       var m = [];
@@ -154,7 +162,7 @@
         var q = vu.rows[ri], denom = 1;
         if (st.hide_special) {
           denom = 0;
-          for (var k = 0; k < n; k++) if (!p.special[k]) denom += this.value(st.layer, heads[hi], q, k);
+          for (var k = 0; k < nk; k++) if (!ks[k]) denom += this.value(st.layer, heads[hi], q, k);
         }
         var row = [];
         for (var ci = 0; ci < vu.cols.length; ci++) {
@@ -182,7 +190,13 @@
     el("strong", null, head, p.title);
     el("span", { "class": "as-sub" }, head, " " + (p.model ? p.model + " \u00b7 " : "") +
        this.L + " layers \u00d7 " + this.H + " heads \u00b7 " + this.n + " " +
-       (p.level === "word" ? "words" : "tokens") + " (" + p.level + " level)");
+       (p.key_tokens ? "decoder tokens \u2192 " + this.nk + " encoder tokens" :
+        (p.level === "word" ? "words" : "tokens") + " (" + p.level + " level)"));
+    if (p.generated && p.generated.indexOf(true) >= 0) {
+      var ng = p.generated.filter(function (g) { return g; }).length;
+      el("div", { "class": "as-generated-note" }, root, ng + " generated token" + (ng === 1 ? "" : "s") +
+         " (marked in green): the model's own greedy continuation, each row the attention of its generation step");
+    }
     if (p.window) {
       var w = p.window, lo = w.offset, hi = w.offset + w.size - 1;
       head.lastChild.textContent = " " + (p.model ? p.model + " \u00b7 " : "") + this.L + " layers \u00d7 " +
@@ -351,8 +365,8 @@
     var M = this.currentMatrix();
     var rowH = 18, top = 44;
     var maxW = 0;
-    p.tokens.forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 24))); });
-    var colW = Math.ceil(Math.min(maxW, 200)) + 12, gap = 180;
+    p.tokens.concat(this.kt).forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 24))); });
+    var colW = Math.ceil(Math.min(maxW, 200)) + 12, gap = 180, kt = this.kt, ks = this.ks;
     var xL = colW, xR = colW + gap, width = 2 * colW + gap + 8;
     var nr = Math.max(M.rows.length, M.cols.length), height = top + nr * rowH + 8;
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
@@ -368,12 +382,15 @@
     var yOf = function (i) { return top + i * rowH + rowH / 2; };
     var makeTokens = function (list, side) {
       var g = svg("g", { "class": "as-tokens as-" + side }, root);
+      var texts = side === "q" ? p.tokens : kt, special = side === "q" ? p.special : ks;
+      var generated = side === "q" || !p.key_tokens ? p.generated : null;
       list.forEach(function (u, i) {
         var t = svg("text", { x: side === "q" ? xL - 6 : xR + 6, y: yOf(i) + 4,
                               "text-anchor": side === "q" ? "end" : "start",
-                              "class": "as-token" + (p.special[u] ? " as-special" : ""),
-                              "data-unit": u, "data-side": side }, g, shorten(p.tokens[u], 24));
-        svg("title", null, t, p.tokens[u]);
+                              "class": "as-token" + (special[u] ? " as-special" : "") +
+                                       (generated && generated[u] ? " as-generated" : ""),
+                              "data-unit": u, "data-side": side }, g, shorten(texts[u], 24));
+        svg("title", null, t, texts[u] + (generated && generated[u] ? " (generated)" : ""));
         t.addEventListener("mouseenter", function () { self.focus = { side: side, i: i }; drawLines(); });
         t.addEventListener("mouseleave", function () { self.focus = null; drawLines(); });
       });
@@ -484,7 +501,7 @@
 
   // ---- model view -----------------------------------------------------------------------
   Viewer.prototype.renderModel = function () {
-    var self = this, L = this.L, H = this.H, t = this.thumbs.shape[2];
+    var self = this, L = this.L, H = this.H, tq = this.thumbs.shape[2], tk = this.thumbs.shape[3];
     var cell = Math.max(28, Math.min(72, Math.floor(900 / H))), pad = 16, left = 34, top = 34;
     var width = left + H * (cell + 6) + 4, height = top + L * (cell + pad) + 4;
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
@@ -499,10 +516,10 @@
                     "class": "as-axis" }, root, String(l + 1));
       for (h = 0; h < H; h++) {
         (function (l, h) {
-          var base = (l * H + h) * t * t;
+          var base = (l * H + h) * tq * tk;
           var mx = 0;
-          for (var i = 0; i < t * t; i++) mx = Math.max(mx, data[base + i]);
-          var url = gridImage(t, t, function (r, k) { return mx ? data[base + r * t + k] / mx : 0; }, blues);
+          for (var i = 0; i < tq * tk; i++) mx = Math.max(mx, data[base + i]);
+          var url = gridImage(tq, tk, function (r, k) { return mx ? data[base + r * tk + k] / mx : 0; }, blues);
           var x = left + h * (cell + 6), y = top + l * (cell + pad);
           var g = svg("g", { "class": "as-thumb", "data-layer": l, "data-head": h, cursor: "pointer" }, root);
           pixelImage(g, url, x, y, cell, cell);
@@ -523,7 +540,8 @@
     var M = this.currentMatrix(), m = M.attn[0], R = M.rows.length, C = M.cols.length;
     var cell = Math.max(1, Math.min(20, Math.floor(720 / Math.max(R, C, 1))));
     var labels = cell >= 8, maxW = 0;
-    if (labels) p.tokens.forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 16))); });
+    var kt = this.kt, ks = this.ks;
+    if (labels) p.tokens.concat(kt).forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 16))); });
     var lm = labels ? Math.ceil(maxW) + 10 : 10, top = 56 + (labels ? Math.ceil(maxW) + 10 : 0);
     var width = lm + C * cell + 10, height = top + R * cell + 10;
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
@@ -541,19 +559,20 @@
     if (labels) {
       M.rows.forEach(function (u, i) {
         svg("text", { x: lm - 4, y: top + i * cell + cell / 2 + 4, "text-anchor": "end",
-                      "class": "as-token" + (p.special[u] ? " as-special" : "") }, root, shorten(p.tokens[u], 16));
+                      "class": "as-token" + (p.special[u] ? " as-special" : "") +
+                               (p.generated && p.generated[u] ? " as-generated" : "") }, root, shorten(p.tokens[u], 16));
       });
       M.cols.forEach(function (u, j) {
         var x = lm + j * cell + cell / 2 + 4, y = top - 4;
         svg("text", { x: x, y: y, transform: "rotate(-90 " + x + " " + y + ")",
-                      "class": "as-token" + (p.special[u] ? " as-special" : "") }, root, shorten(p.tokens[u], 16));
+                      "class": "as-token" + (ks[u] ? " as-special" : "") }, root, shorten(kt[u], 16));
       });
     }
     im.addEventListener("mousemove", function (ev) {
       var box = im.getBoundingClientRect();
       var r = Math.floor((ev.clientY - box.top) / box.height * R), c = Math.floor((ev.clientX - box.left) / box.width * C);
       if (r < 0 || c < 0 || r >= R || c >= C) return;
-      self.showTip(ev, p.tokens[M.rows[r]] + " \u2192 " + p.tokens[M.cols[c]] + ": " + m[r][c].toFixed(3));
+      self.showTip(ev, p.tokens[M.rows[r]] + " \u2192 " + kt[M.cols[c]] + ": " + m[r][c].toFixed(3));
     });
     im.addEventListener("mouseleave", function () { self.tip.hidden = true; });
     this.status("heatmap", R + " x " + C);
@@ -707,7 +726,8 @@
 
   var SVG_STYLE = "text{font:12px sans-serif;fill:#222}.as-special{fill:#888;font-style:italic}" +
                   ".as-caption{font-size:12px;fill:#444}.as-axis{font-size:11px;fill:#555}" +
-                  ".as-num{font:11px monospace}.as-selected{font-weight:bold;fill:#c00}";
+                  ".as-num{font:11px monospace}.as-selected{font-weight:bold;fill:#c00}" +
+                  ".as-generated{fill:#1a7f37;font-weight:bold}";
 
   // ---- public API -----------------------------------------------------------------------
   function mount(root, payload, options) {
@@ -728,7 +748,39 @@
     });
   }
 
-  global.AttnScope = { mount: mount, decodeBlob: decodeBlob, headColour: headColour, el: el, svg: svg,
+  // an encoder-decoder page: a switch between the kinds of attention (encoder, decoder, cross),
+  // each its own viewer; the view and layer carry over when switching
+  function mountKinds(root, payload, options) {
+    root.textContent = "";
+    root.setAttribute("data-ready", "false");
+    var bar = el("div", { "class": "as-kinds" }, root);
+    var lab = el("label", null, bar, "attention ");
+    var sel = el("select", { "class": "as-kind" }, lab);
+    Object.keys(payload.kinds).forEach(function (k) { el("option", { value: k }, sel, payload.labels[k] || k); });
+    var sub = el("div", null, root), current = null;
+    var show = function (kind) {
+      var page = payload.kinds[kind];
+      if (current) {
+        var s = current.state, st = Object.assign({}, page.state);
+        if (s.view !== "neuron" && (s.view !== "profile" || (page.profile && page.profile.buckets.length))) st.view = s.view;
+        if (s.layer < page.num_layers) st.layer = s.layer;
+        page = Object.assign({}, page, { state: st });
+      }
+      sel.value = kind;
+      root.setAttribute("data-kind", kind);
+      root.setAttribute("data-ready", "false");
+      sub.removeAttribute("data-ready");
+      return mount(sub, page, options).then(function (v) {
+        current = v;
+        root.setAttribute("data-ready", "true");
+        return v;
+      });
+    };
+    sel.addEventListener("change", function () { show(sel.value); });
+    return show(payload.kind);
+  }
+
+  global.AttnScope = { mount: mount, mountKinds: mountKinds, decodeBlob: decodeBlob, headColour: headColour, el: el, svg: svg,
                        drawProfile: drawProfile, gridImage: gridImage, blues: blues, pixelImage: pixelImage,
                        shorten: shorten, textWidth: textWidth, SVGNS: SVGNS };
 })(window);

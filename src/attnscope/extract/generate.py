@@ -1,0 +1,59 @@
+"""Attention over a model's own continuation: a decoder LLM continues a prompt greedily, and
+the map spans prompt and continuation.
+
+The continuation comes from :func:`attnscope.models.gguf.greedy_continue` (one pass over the
+prompt, then one token at a time with the key/value cache: what ``generate(do_sample=False)``
+does); the map is then one forward pass over prompt + continuation. Row ``i`` of that pass is
+the attention the model paid when it read token ``i`` during generation (the same keys, the same
+causal mask), so the generated rows are the generation's own attention; the last row is the
+attention of the step that would come next.
+
+>>> from attnscope.models import load_model
+>>> amap = continuation_map(load_model("debug:llama"), "the cat sat on the", 3)
+>>> amap.generated, amap.num_units - amap.generated
+(9, 3)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnscope.data.records import Example
+from attnscope.errors import AttnscopeError
+from attnscope.maps import AttentionMap
+
+
+def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: int = 0,
+                     max_seq_len: int | None = None) -> AttentionMap:
+    """The token-level map of ``prompt`` and up to ``new_tokens`` greedily generated tokens
+    (fewer when the model ends its text). ``amap.generated`` is where the continuation starts;
+    ``amap.example.fields["continuation"]`` is its text. ``seed`` draws the random output head of a
+    tiny ``debug:`` model (real models use their own)."""
+    from attnscope.extract.encode import Encoder
+    from attnscope.models.forward import forward, pad_batch
+    from attnscope.models.gguf import causal_lm_for, greedy_continue
+
+    if not lm.family.causal or lm.family.encoder_decoder:
+        raise AttnscopeError(f"generate {new_tokens}: {lm.name} is not a decoder model; an encoder "
+                             "cannot continue a prompt (encoder-decoder models: "
+                             "attnscope.extract.seq2seq)", params=("generate",))
+    if new_tokens < 1:
+        raise AttnscopeError(f"generate {new_tokens}: must be at least 1", params=("generate",))
+    enc = Encoder(lm).encode(Example(text=prompt), index)
+    limit = max_seq_len or lm.max_positions
+    if len(enc) + new_tokens > limit:
+        raise AttnscopeError(f"generate {new_tokens}: the prompt has {len(enc)} tokens, so prompt and "
+                             f"continuation would pass the limit of {limit}", params=("generate",))
+    new = greedy_continue(causal_lm_for(lm, seed=seed), enc.input_ids, new_tokens)
+    ids = list(enc.input_ids) + new
+    out = forward(lm, pad_batch(lm, [ids]), attentions=True)
+    attn = np.stack([a[0].float().cpu().numpy() for a in out.attentions])  # [L H n n]
+    tok = lm.tokenizer
+    specials = set(tok.all_special_ids)
+    n0 = len(enc)
+    example = Example(text=prompt, fields={"continuation": tok.decode(new), "generated_ids": new})
+    return AttentionMap(index, attn, list(enc.tokens) + tok.convert_ids_to_tokens(new),
+                        np.array(list(enc.special) + [i in specials for i in new], dtype=bool),
+                        np.zeros(len(ids), dtype=np.int64),
+                        np.array(list(enc.word_ids) + [-1] * len(new), dtype=np.int64),
+                        "token", example, generated=n0)

@@ -1,0 +1,150 @@
+"""Encoder-decoder models (T5, BART, ...): the three kinds of attention of one example.
+
+An encoder-decoder model attends three ways, and each is one :class:`AttentionMap` with its
+``kind``:
+
+- ``encoder``: the encoder's self-attention over the source, ``[L H s s]``;
+- ``decoder``: the decoder's causal self-attention over what it reads, ``[L' H' t t]``;
+- ``cross``: each decoder position's attention to the source, ``[L' H' t s]`` (rows are the
+  decoder's tokens, columns the encoder's ``key_tokens``).
+
+What the decoder reads: the model's decoder start token followed by the target's tokens
+(``target`` given: teacher forcing, the target as its tokenizer writes it, EOS included), or by
+the model's own greedy continuation of the source (``generate=N``: up to N tokens, as
+``generate(do_sample=False, num_beams=1)``; ``decoder.generated`` is then 1). The maps are the
+model's own ``output_attentions`` of one forward pass over source and decoder input (eager
+attention), which for the generated tokens are the attention of each generation step.
+
+>>> from attnscope.models import load_model
+>>> maps = extract_seq2seq(load_model("debug:t5"), "the cat sat", target="a dog ran")
+>>> [maps[k].attn.shape[-2:] for k in KINDS]
+[(6, 6), (7, 7), (7, 6)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnscope.data.records import Example
+from attnscope.errors import AttnscopeError
+from attnscope.maps import AttentionMap
+
+KINDS = ("encoder", "decoder", "cross")
+
+
+@dataclass
+class Seq2SeqMaps:
+    """The three maps of one example (see the module docstring)."""
+
+    encoder: AttentionMap
+    decoder: AttentionMap
+    cross: AttentionMap
+
+    def __getitem__(self, kind: str) -> AttentionMap:
+        if kind not in KINDS:
+            raise KeyError(f"unknown attention kind {kind!r}; choose one of {', '.join(KINDS)}")
+        return getattr(self, kind)
+
+    def items(self) -> list[tuple[str, AttentionMap]]:
+        return [(k, self[k]) for k in KINDS]
+
+
+def check_seq2seq(lm, what: str = "this") -> None:
+    """A one-line error unless ``lm`` is an encoder-decoder model."""
+    if not lm.family.encoder_decoder:
+        raise AttnscopeError(f"{lm.name} is not an encoder-decoder model ({what} needs one, e.g. "
+                             "T5 or BART)")
+
+
+def kind_shapes(lm) -> dict[str, dict[str, int]]:
+    """``{kind: {"num_layers", "num_heads"}}`` of an encoder-decoder model (a store's manifest
+    records them as ``attention_kinds``)."""
+    cfg = lm.model.config
+    dec_layers = getattr(cfg, "decoder_layers", None) or getattr(cfg, "num_decoder_layers", None) \
+        or lm.num_layers
+    dec_heads = getattr(cfg, "decoder_attention_heads", None) or lm.num_heads
+    dec = {"num_layers": int(dec_layers), "num_heads": int(dec_heads)}
+    return {"encoder": {"num_layers": lm.num_layers, "num_heads": lm.num_heads}, "decoder": dec,
+            "cross": dict(dec)}
+
+
+def decoder_input(lm, target: str) -> list[int]:
+    """The decoder start token followed by ``target``'s tokens (EOS included)."""
+    start = lm.model.config.decoder_start_token_id
+    if start is None:
+        raise AttnscopeError(f"{lm.name}: its config names no decoder_start_token_id")
+    return [int(start)] + list(lm.tokenizer(text_target=target)["input_ids"])
+
+
+def extract_seq2seq(lm, source: str, target: str | None = None, *, generate: int | None = None,
+                    index: int = 0, max_seq_len: int | None = None) -> Seq2SeqMaps:
+    """The encoder, decoder and cross-attention maps of ``source`` with ``target`` (teacher
+    forcing) or with the model's greedy continuation of up to ``generate`` tokens."""
+    import torch
+
+    from attnscope.extract.encode import Encoder
+
+    check_seq2seq(lm, "extract_seq2seq")
+    if (target is None) == (generate is None):
+        raise AttnscopeError("extract_seq2seq: give a target or generate=N (one of the two)",
+                             params=("target", "generate"))
+    if generate is not None and generate < 1:
+        raise AttnscopeError(f"generate {generate}: must be at least 1", params=("generate",))
+    enc = Encoder(lm).encode(Example(text=source), index)
+    limit = max_seq_len or lm.max_positions
+    if len(enc) > limit:
+        raise AttnscopeError(f"example {index}: the source has {len(enc)} tokens, more than "
+                             f"{limit}", params=("max_seq_len",))
+    if target is not None:
+        return seq2seq_maps(lm, enc, decoder_input(lm, target), fields={"target": target},
+                            max_seq_len=limit)
+    src = torch.tensor([enc.input_ids], device=lm.device)
+    with torch.inference_mode():
+        out = lm.model.generate(input_ids=src, attention_mask=torch.ones_like(src),
+                                max_new_tokens=generate, min_new_tokens=0, do_sample=False, num_beams=1)
+    dec = [int(i) for i in out[0]]
+    fields = {"continuation": lm.tokenizer.decode(dec[1:], skip_special_tokens=True),
+              "generated_ids": dec[1:]}
+    return seq2seq_maps(lm, enc, dec, fields=fields, generated=1, max_seq_len=limit)
+
+
+def seq2seq_maps(lm, enc, dec: list[int], *, fields: dict | None = None, generated: int | None = None,
+                 max_seq_len: int | None = None) -> Seq2SeqMaps:
+    """The three maps of one encoded source (:class:`~attnscope.extract.encode.Encoded`) with the
+    decoder reading ``dec`` (ids, its start token first): one forward pass, eager attention."""
+    import torch
+
+    limit = max_seq_len or lm.max_positions
+    if len(dec) > limit:
+        raise AttnscopeError(f"example {enc.index}: the decoder reads {len(dec)} tokens, more than "
+                             f"{limit}", params=("max_seq_len",))
+    tok = lm.tokenizer
+    src = torch.tensor([enc.input_ids], device=lm.device)
+    with torch.inference_mode():
+        res = lm.model(input_ids=src, attention_mask=torch.ones_like(src),
+                       decoder_input_ids=torch.tensor([dec], device=lm.device),
+                       output_attentions=True, use_cache=False)
+
+    def stack(layers):
+        return np.stack([a[0].float().cpu().numpy() for a in layers])  # [L H q k]
+
+    specials = set(tok.all_special_ids)
+    dec_tokens = tok.convert_ids_to_tokens(dec)
+    dec_special = np.array([i in specials for i in dec], dtype=bool)
+    dec_words = np.where(dec_special, -1, np.cumsum(~dec_special) - 1)
+    zeros = np.zeros(len(dec), dtype=np.int64)
+    example = enc.example
+    if fields:
+        example = Example.from_dict({**example.to_dict(), **fields})
+    enc_special = np.asarray(enc.special, bool)
+    encoder = AttentionMap(enc.index, stack(res.encoder_attentions), list(enc.tokens), enc_special,
+                           np.asarray(enc.segment, np.int64), np.asarray(enc.word_ids, np.int64),
+                           "token", example, kind="encoder")
+    decoder = AttentionMap(enc.index, stack(res.decoder_attentions), dec_tokens, dec_special, zeros,
+                           dec_words, "token", example, kind="decoder", generated=generated)
+    cross = AttentionMap(enc.index, stack(res.cross_attentions), dec_tokens, dec_special, zeros,
+                         dec_words, "token", example, kind="cross", key_tokens=list(enc.tokens),
+                         key_special=enc_special, generated=generated)
+    return Seq2SeqMaps(encoder, decoder, cross)

@@ -1,0 +1,230 @@
+"""Encoder-decoder models (T5, BART): extraction, the store and the views of their three kinds
+of attention, checked against the model's own ``output_attentions`` and against generation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from attnscope.cli.main import main
+from attnscope.extract.seq2seq import KINDS, extract_seq2seq, kind_shapes
+from attnscope.models import load_model
+from attnscope.notebook import head_view, model_view
+from attnscope.store import open_store
+from attnscope.viz.payload import head_payload, kinds_payload, pool
+
+FAMILIES = ("t5", "bart")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def lm(request):
+    return load_model(f"debug:{request.param}")
+
+
+def own_attentions(lm, source: str, dec: list[int]):
+    """The model's own output_attentions, called directly."""
+    src = lm.tokenizer(source, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = lm.model(input_ids=src, decoder_input_ids=torch.tensor([dec]), output_attentions=True)
+    return {k: np.stack([a[0].numpy() for a in getattr(out, f"{k}_attentions")]) for k in KINDS}
+
+
+def test_maps_equal_the_models_own_output_attentions(lm):
+    maps = extract_seq2seq(lm, "the cat sat on the mat", target="a dog ran to the house")
+    start = lm.model.config.decoder_start_token_id
+    dec = [start] + lm.tokenizer(text_target="a dog ran to the house").input_ids
+    own = own_attentions(lm, "the cat sat on the mat", dec)
+    s, t = len(maps.encoder.tokens), len(dec)
+    for kind, shape in (("encoder", (s, s)), ("decoder", (t, t)), ("cross", (t, s))):
+        amap = maps[kind]
+        assert amap.kind == kind and amap.attn.shape[-2:] == shape
+        np.testing.assert_array_equal(amap.attn, own[kind])
+        np.testing.assert_allclose(amap.attn.sum(-1), 1.0, atol=1e-5)
+    # the decoder is causal; the cross-attention's columns are the encoder's tokens
+    assert np.triu(maps.decoder.attn, 1).max() == 0.0
+    assert maps.cross.key_tokens == maps.encoder.tokens
+    assert maps.decoder.tokens[0] == lm.tokenizer.convert_ids_to_tokens([start])[0]
+    assert maps.decoder.special[0] and maps.decoder.special[-1]  # start token, EOS
+
+
+def test_generated_rows_are_the_attention_of_each_generation_step(lm):
+    """generate=N: the decoder reads transformers' own greedy continuation, and each row of the
+    one-pass maps equals the attention of that generation step (computed with the cache)."""
+    source = "the man saw a big red house"
+    maps = extract_seq2seq(lm, source, generate=5)
+    src = lm.tokenizer(source, return_tensors="pt").input_ids
+    with torch.no_grad():
+        g = lm.model.generate(input_ids=src, max_new_tokens=5, do_sample=False, num_beams=1,
+                              output_attentions=True, return_dict_in_generate=True)
+    ids = g.sequences[0].tolist()
+    assert lm.tokenizer.convert_ids_to_tokens(ids) == maps.decoder.tokens
+    assert maps.decoder.generated == 1 and maps.cross.generated == 1
+    for step, (dec_layers, cross_layers) in enumerate(zip(g.decoder_attentions, g.cross_attentions)):
+        for layer in range(len(dec_layers)):
+            row_dec = dec_layers[layer][0, :, -1].numpy()  # [H k]: the step's own query row
+            row_cross = cross_layers[layer][0, :, -1].numpy()
+            np.testing.assert_allclose(maps.decoder.attn[layer, :, step, :step + 1], row_dec, atol=1e-5)  # measured: at most 3.4e-6 (float32, cached vs one pass)
+            np.testing.assert_allclose(maps.cross.attn[layer, :, step], row_cross, atol=1e-5)  # measured: at most 3.4e-6 (float32, cached vs one pass)
+
+
+def test_one_input_only(lm):
+    from attnscope.errors import AttnscopeError
+
+    with pytest.raises(AttnscopeError, match="target or generate"):
+        extract_seq2seq(lm, "the cat")
+    with pytest.raises(AttnscopeError, match="target or generate"):
+        extract_seq2seq(lm, "the cat", target="a dog", generate=3)
+    with pytest.raises(AttnscopeError, match="not an encoder-decoder"):
+        extract_seq2seq(load_model("debug:bert"), "the cat", target="a dog")
+
+
+def test_cross_payload_has_the_encoder_tokens_as_columns_and_renormalises_over_them(lm):
+    maps = extract_seq2seq(lm, "the cat sat", target="a dog")
+    cross = maps.cross
+    p = head_payload(cross, 1, [0, 1])
+    assert p["key_tokens"] == maps.encoder.tokens and p["kind"] == "cross"
+    assert p["rows"] == list(range(len(cross.tokens))) and p["cols"] == list(range(len(cross.key_tokens)))
+    np.testing.assert_allclose(p["attn"], cross.attn[1][[0, 1]], atol=1e-7)
+    hidden = head_payload(cross, 1, [0], hide_special=True)
+    keep_r = np.flatnonzero(~cross.special)
+    keep_c = np.flatnonzero(~cross.key_special)
+    a = cross.attn[1, 0].astype(np.float64)[keep_r][:, keep_c]
+    np.testing.assert_allclose(hidden["attn"][0], a / a.sum(-1, keepdims=True), atol=1e-9)
+
+
+def test_pool_of_a_rectangle_by_hand():
+    a = np.arange(12, dtype=np.float64).reshape(1, 1, 3, 4)  # [q=3 k=4] pooled to 2 x 2
+    got = pool(a, 2)[0, 0]
+    # query bins {0} {1,2} (edges 0,2,3 -> rint(linspace(0,3,3)) = 0,2,3: {0,1} {2}); key bins {0,1} {2,3}
+    rows = np.rint(np.linspace(0, 3, 3)).astype(int)
+    want = np.array([[a[0, 0, rows[i]:rows[i + 1], 0:2].sum() / (rows[i + 1] - rows[i]),
+                      a[0, 0, rows[i]:rows[i + 1], 2:4].sum() / (rows[i + 1] - rows[i])] for i in range(2)])
+    np.testing.assert_allclose(got, want)
+    assert got.shape == (2, 2)
+
+
+def test_kinds_page_opens_each_kind_with_its_own_shape(lm):
+    maps = dict(extract_seq2seq(lm, "the cat sat", target="a dog ran").items())
+    p = kinds_payload(maps, "cross", layer=1, heads=[1])
+    assert list(p["kinds"]) == list(KINDS) and p["kind"] == "cross"
+    assert p["kinds"]["cross"]["state"]["heads"] == [1]
+    assert p["kinds"]["encoder"]["state"]["heads"] == [0, 1]  # the other kinds open on all heads
+    assert p["kinds"]["cross"]["profile"] is None and p["kinds"]["decoder"]["profile"]["buckets"]
+
+
+def test_bertviz_style_encoder_decoder_call(lm):
+    """head_view(encoder_attention=..., decoder_attention=..., cross_attention=..., encoder_tokens=...,
+    decoder_tokens=...) with the model's outputs, as BertViz is called."""
+    tok = lm.tokenizer
+    src = tok("the cat sat", return_tensors="pt").input_ids
+    dec = tok("a dog ran", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = lm.model(input_ids=src, decoder_input_ids=dec, output_attentions=True)
+    et, dt = tok.convert_ids_to_tokens(src[0]), tok.convert_ids_to_tokens(dec[0])
+    v = head_view(encoder_attention=out.encoder_attentions, decoder_attention=out.decoder_attentions,
+                  cross_attention=out.cross_attentions, encoder_tokens=et, decoder_tokens=dt)
+    assert "AttnScope.mountKinds" in v.html and v.kind == "head"
+    from attnscope.notebook import _maps
+
+    maps = _maps(None, None, encoder_attention=out.encoder_attentions, decoder_attention=out.decoder_attentions,
+                 cross_attention=out.cross_attentions, encoder_tokens=et, decoder_tokens=dt)
+    np.testing.assert_array_equal(maps["cross"].attn, np.stack([a[0].numpy() for a in out.cross_attentions]))
+    assert maps["cross"].key_tokens == et and maps["cross"].tokens == dt
+    with pytest.raises(TypeError, match="encoder_tokens"):
+        head_view(cross_attention=out.cross_attentions, decoder_tokens=dt)
+    assert "mountKinds" in model_view(lm, "the cat sat", target="a dog").html
+
+
+def write_inputs(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_store_records_each_kind_and_reads_it_back(tmp_path, lm):
+    rows = [{"text": "the cat sat on the mat", "target": "a dog ran"},
+            {"text": "the dog ran", "target": "the man saw a big house"}]
+    inp = write_inputs(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "maps"
+    assert main(["extract", str(inp), "--model", lm.name, "--out", str(out), "--dtype", "float32"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["attention_kinds"] == kind_shapes(lm)
+    for i, r in enumerate(rows):
+        want = extract_seq2seq(lm, r["text"], target=r["target"], index=i)
+        for kind in KINDS:
+            store = open_store(out, kind if kind != "encoder" else None)
+            got = store.by_index(i)
+            assert store.kind == kind and got.kind == kind and got.tokens == want[kind].tokens
+            assert got.key_tokens == want[kind].key_tokens
+            np.testing.assert_array_equal(got.attn, want[kind].attn)
+    dec = open_store(out, "decoder")
+    assert dec.manifest["model"]["causal"] is True and open_store(out).manifest["model"]["causal"] is False
+    from attnscope.errors import StoreError
+
+    with pytest.raises(StoreError, match="no attention kind 'other'"):
+        open_store(out, "other")
+
+
+def test_store_view_switches_kinds_and_bad_input_is_one_line(tmp_path, capsys):
+    inp = write_inputs(tmp_path / "in.jsonl", [{"text": "the cat sat", "target": "a dog"},
+                                                {"text": "the dog ran"}])
+    out = tmp_path / "maps"
+    assert main(["extract", str(inp), "--model", "debug:bart", "--out", str(out)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(err) == 1 and "example 1" in err[0] and "'target'" in err[0]
+    assert not out.exists()  # refused before anything was written
+    inp = write_inputs(tmp_path / "in.jsonl", [{"text": "the cat sat", "target": "a dog"}])
+    assert main(["extract", str(inp), "--model", "debug:bart", "--out", str(out), "--overwrite"]) == 0
+    capsys.readouterr()
+    assert main(["extract", str(inp), "--model", "debug:bart", "--word-level", "--out",
+                 str(tmp_path / "w")]) == 2
+    assert "so --word-level is not available" in capsys.readouterr().err
+    page = tmp_path / "v.html"
+    assert main(["view", str(out), "--kind", "cross", "--view", "heatmap", "--out", str(page)]) == 0
+    html = page.read_text()
+    assert "AttnScope.mountKinds" in html and '"kind":"cross"' in html
+    bert = tmp_path / "bert"
+    assert main(["extract", str(write_inputs(tmp_path / "b.jsonl", [{"text": "the cat"}])),
+                 "--model", "debug", "--out", str(bert)]) == 0
+    capsys.readouterr()
+    assert main(["view", str(bert), "--kind", "decoder", "--out", str(tmp_path / "x.html")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "not an encoder-decoder store" in err[0]
+    assert not (tmp_path / "x.html").exists()
+
+
+@pytest.mark.browser
+def test_page_switches_between_the_three_kinds(browser, tmp_path):
+    """In Chromium: the switch shows each kind's tokens on each side; the view and layer carry
+    over; the cross-attention heatmap is decoder rows x encoder columns."""
+    lm = load_model("debug:t5")
+    maps = extract_seq2seq(lm, "the cat sat on the mat", target="a dog ran")
+    v = head_view(lm, "the cat sat on the mat", target="a dog ran", layer=1)
+    path = v.save(tmp_path / "s2s.html")
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.as_uri())
+    page.wait_for_selector("#attnscope-root[data-ready=true][data-kind=encoder]")
+
+    def side(s):
+        return page.eval_on_selector_all(f".as-head-view .as-{s} text",
+                                         "ts => ts.map(t => t.firstChild.textContent)")
+
+    assert side("q") == maps.encoder.tokens and side("k") == maps.encoder.tokens
+    page.select_option(".as-kind", "cross")
+    page.wait_for_selector("#attnscope-root[data-ready=true][data-kind=cross]")
+    assert side("q") == maps.cross.tokens and side("k") == maps.encoder.tokens
+    assert page.eval_on_selector(".as-layer", "e => e.value") == "1"
+    page.click("button[data-view=heatmap]")
+    assert page.get_attribute("#attnscope-root > div:nth-child(2)", "data-status") == \
+        f"{len(maps.cross.tokens)} x {len(maps.encoder.tokens)}"
+    page.select_option(".as-kind", "decoder")
+    page.wait_for_selector("#attnscope-root[data-ready=true][data-kind=decoder]")
+    assert page.get_attribute("#attnscope-root > div:nth-child(2)", "data-rendered-view") == "heatmap"
+    assert page.get_attribute("#attnscope-root > div:nth-child(2)", "data-status") == \
+        f"{len(maps.decoder.tokens)} x {len(maps.decoder.tokens)}"
+    assert errors == []
+    page.close()

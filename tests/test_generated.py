@@ -1,0 +1,125 @@
+"""Attention over a decoder's own continuation: ``head_view(model, prompt, generate=N)`` and
+``attnscope view --generate N``, checked against transformers' generation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnscope.cli.main import main
+from attnscope.extract.generate import continuation_map
+from attnscope.models import load_model
+from attnscope.models.gguf import causal_lm_for
+from attnscope.notebook import head_view
+from attnscope.viz.payload import page_payload
+
+PROMPT = "the cat sat on the mat and the dog ran to the house"
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def lm(request):
+    return load_model(f"debug:{request.param}")
+
+
+def test_continuation_is_transformers_greedy_and_rows_are_each_steps_attention(lm):
+    amap = continuation_map(lm, PROMPT, 4)
+    ids = lm.tokenizer(PROMPT).input_ids
+    model = causal_lm_for(lm)
+    with torch.no_grad():
+        g = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=4, do_sample=False,
+                           num_beams=1, output_attentions=True, return_dict_in_generate=True,
+                           pad_token_id=lm.tokenizer.pad_token_id)
+    new = g.sequences[0, len(ids):].tolist()
+    assert amap.generated == len(ids) and amap.num_units == len(ids) + len(new)
+    assert amap.tokens[len(ids):] == lm.tokenizer.convert_ids_to_tokens(new)
+    assert amap.example.fields["generated_ids"] == new
+    # step s > 0 read the token generated at step s - 1: its row is row len(ids) + s - 1
+    for s, layers in enumerate(g.attentions[1:], start=1):
+        row = len(ids) + s - 1
+        for layer, a in enumerate(layers):
+            np.testing.assert_allclose(amap.attn[layer, :, row, :row + 1], a[0, :, -1].numpy(),
+                                       atol=1e-5)  # float32: cached vs one pass
+    # the prompt's rows are the first step's (the prefill)
+    for layer, a in enumerate(g.attentions[0]):
+        np.testing.assert_allclose(amap.attn[layer, :, :len(ids), :len(ids)], a[0].numpy(), atol=1e-5)
+
+
+def test_generated_tokens_are_marked_in_the_payload_and_in_a_window():
+    lm = load_model("debug:llama")
+    amap = continuation_map(lm, PROMPT, 5)
+    g = amap.generated
+    p = page_payload(amap)
+    assert p["generated"] == [i >= g for i in range(amap.num_units)]
+    # a long input is a window of the last rows (plus the first token): the continuation is in it
+    w = page_payload(amap, long_input=8, window=6)
+    units = w["window"]["units"]
+    assert units == [0] + list(range(amap.num_units - 6, amap.num_units))
+    assert w["generated"] == [u >= g for u in units] and sum(w["generated"]) == amap.num_units - g
+
+
+def test_errors_are_one_line(tmp_path, capsys):
+    from attnscope.errors import AttnscopeError
+
+    with pytest.raises(AttnscopeError, match="not a decoder model"):
+        continuation_map(load_model("debug:bert"), PROMPT, 3)
+    with pytest.raises(AttnscopeError, match="pass the limit of 20"):
+        continuation_map(load_model("debug:llama"), PROMPT, 3, max_seq_len=20)
+    out = tmp_path / "g.html"
+    assert main(["view", "--generate", "3", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "error: generate needs a --model and a --text (or a store to take them from)"
+    assert main(["view", "--generate", "3", "--model", "debug", "--text", "the cat", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a decoder model" in err[0]
+    assert main(["view", "--generate", "0", "--model", "debug:llama", "--text", "x", "--out", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_cli_continues_a_stored_example_with_the_stores_model(tmp_path):
+    inp = tmp_path / "in.txt"
+    inp.write_text('{"text": "the cat sat on the mat"}\n')
+    store = tmp_path / "maps"
+    assert main(["extract", str(inp), "--model", "debug:llama", "--out", str(store)]) == 0
+    page = tmp_path / "g.html"
+    assert main(["view", str(store), "--generate", "3", "--out", str(page)]) == 0
+    want = continuation_map(load_model("debug:llama"), "the cat sat on the mat", 3)
+    html = page.read_text()
+    assert '"generated":[' + ",".join("true" if i >= want.generated else "false"
+                                      for i in range(want.num_units)) + "]" in html
+
+
+@pytest.mark.browser
+def test_generated_tokens_are_drawn_marked(browser, tmp_path):
+    lm = load_model("debug:llama")
+    amap = continuation_map(lm, PROMPT, 4)
+    path = head_view(lm, PROMPT, generate=4).save(tmp_path / "g.html")
+    page = browser.new_page()
+    page.goto(path.as_uri())
+    page.wait_for_selector("#attnscope-root[data-ready=true]")
+    marked = page.eval_on_selector_all(".as-head-view .as-q text.as-generated",
+                                       "ts => ts.map(t => +t.getAttribute('data-unit'))")
+    assert marked == list(range(amap.generated, amap.num_units))
+    assert page.locator(".as-generated-note").inner_text().startswith(f"{amap.num_units - amap.generated} generated tokens")
+    page.close()
+
+
+@pytest.mark.slow
+def test_smollm2_continues_a_prompt(tmp_path):
+    pytest.importorskip("gguf")
+    from attnscope.models.gguf import greedy_continue, smollm2_path
+
+    try:
+        smollm2_path()
+    except Exception as exc:  # package absent
+        pytest.skip(str(exc))
+    lm = load_model("smollm2")
+    prompt = "The capital of France is"
+    amap = continuation_map(lm, prompt, 6)
+    ids = lm.tokenizer(prompt).input_ids
+    new = greedy_continue(causal_lm_for(lm), ids, 6)
+    assert amap.example.fields["generated_ids"] == new and amap.generated == len(ids)
+    assert "Paris" in amap.example.fields["continuation"]
+    assert amap.attn.shape == (30, 9, len(ids) + len(new), len(ids) + len(new))
+    v = head_view(lm, prompt, generate=6, layer=29)
+    assert '"generated":[' in v.html
