@@ -167,6 +167,15 @@ def test_store_records_each_kind_and_reads_it_back(tmp_path, lm):
         open_store(out, "other")
 
 
+
+def test_info_names_the_kinds(tmp_path, capsys):
+    inp = write_inputs(tmp_path / "in.jsonl", [{"text": "the cat sat", "target": "a dog"}])
+    assert main(["extract", str(inp), "--model", "debug:t5", "--out", str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "m")]) == 0
+    assert "attention_kinds: encoder, decoder, cross" in capsys.readouterr().out
+
+
 def test_store_view_switches_kinds_and_bad_input_is_one_line(tmp_path, capsys):
     inp = write_inputs(tmp_path / "in.jsonl", [{"text": "the cat sat", "target": "a dog"},
                                                 {"text": "the dog ran"}])

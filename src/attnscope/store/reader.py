@@ -284,6 +284,7 @@ class Store:
         return {
             "path": str(self.path), "status": m.get("status"), "model": m["model"]["name"],
             "model_source": m["model"]["source"], "weights_sha256": m["model"]["weights_sha256"],
+            **({"attention_kinds": ", ".join(self.kinds)} if self.kinds else {}),
             "layers": self.num_layers, "heads": self.num_heads, "level": self.level,
             "from_word": m.get("from_word"), "dtype": m["dtype"], "examples": len(self),
             "shards": len(self.shards()),
