@@ -98,13 +98,13 @@ class View:
         # from this frame's own window sets this frame's height. Without a trusted output (a
         # notebook opened untrusted) the sanitiser drops the iframe and both scripts, and the
         # caption stays, with its "run the cell" hint, which the script hides otherwise.
-        listen = ("(function(){var f=document.getElementById('%s');if(!f)return;"
-                  "var hint=document.getElementById('%s-hint');if(hint)hint.style.display='none';"
+        listen = ("(function(){var f=document.getElementById('@ID@');if(!f)return;"
+                  "var hint=document.getElementById('@ID@-hint');if(hint)hint.style.display='none';"
                   "function on(e){if(!document.body.contains(f)){window.removeEventListener('message',on);return;}"
                   "if(e.source!==f.contentWindow||!e.data||typeof e.data.attnscopeHeight!=='number')return;"
-                  "var h=Math.min(Math.max(Math.ceil(e.data.attnscopeHeight)+2,80),20000);"
+                  "var h=Math.min(Math.max(Math.ceil(e.data.attnscopeHeight),80),20000);"
                   "if(Math.abs(parseFloat(f.style.height)-h)>1)f.style.height=h+'px';}"
-                  "window.addEventListener('message',on);})();") % (frame, frame)
+                  "window.addEventListener('message',on);})();").replace("@ID@", frame)
         caption = _html.escape(self.caption, quote=False)
         return (f'<div class="attnscope-view">'
                 f'<iframe id="{frame}" srcdoc="{_html.escape(self.html, quote=True)}" '
@@ -124,15 +124,27 @@ class View:
 
     def save_png(self, path: str | Path, scale: float = 2.0) -> tuple[int, int]:
         """Export the view as PNG with headless Chromium; returns (width, height)."""
-        from attnscope.viz.export import export_html
-
-        return export_html(self.html, png=Path(path), scale=scale)["png"]
+        return self._export(png=Path(path), scale=scale)["png"]
 
     def save_svg(self, path: str | Path) -> tuple[int, int]:
         """Export the view as SVG with headless Chromium; returns (width, height)."""
+        return self._export(svg=Path(path))["svg"]
+
+    def _export(self, **kwargs) -> dict:
+        """:func:`~attnscope.viz.export.export_html` of this page. Playwright's sync API refuses
+        to run where an asyncio loop is running (a Jupyter kernel has one), so there it runs
+        on a thread of its own."""
+        import asyncio
+        from concurrent.futures import ThreadPoolExecutor
+
         from attnscope.viz.export import export_html
 
-        return export_html(self.html, svg=Path(path))["svg"]
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return export_html(self.html, **kwargs)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnscope-export") as pool:
+            return pool.submit(export_html, self.html, **kwargs).result()
 
     def __repr__(self) -> str:
         return f"<attnscope View {self.kind}, {len(self.html)} bytes of HTML>"
