@@ -85,7 +85,7 @@ def test_existing_output_and_corrupt_store(tmp_path, good, capsys):
 
 
 def test_unknown_debug_family_and_unreadable_file(tmp_path, good, capsys):
-    code, _, err = run(capsys, "extract", good, "--model", "debug:t5", "--out", tmp_path / "s")
+    code, _, err = run(capsys, "extract", good, "--model", "debug:xlnet", "--out", tmp_path / "s")
     assert code == 2 and "unknown debug family" in err
     code, _, err = run(capsys, "extract", tmp_path / "missing.json", "--model", "debug", "--out", tmp_path / "s")
     assert code == 2 and "missing.json: no such file" in err

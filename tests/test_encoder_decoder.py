@@ -237,3 +237,46 @@ def test_page_switches_between_the_three_kinds(browser, tmp_path):
         f"{len(maps.decoder.tokens)} x {len(maps.decoder.tokens)}"
     assert errors == []
     page.close()
+
+
+ROWS = [{"text": "the cat sat on the mat", "target": "a dog ran to the house"},
+        {"text": "the dog ran", "target": "the man saw a big house"},
+        {"text": "a man said that the woman was here", "target": "the old man ran"}]
+
+
+def test_general_analyses_read_the_decoder_kind(tmp_path, capsys):
+    """analyze general STORE --attention decoder: the decoder's maps, read as causal. Entropy by
+    hand from the stored decoder maps (mean over examples of each head's mean row entropy); no
+    attention to the next token; the uniform reference is the causal one, mean log(1..n)."""
+    import csv
+
+    inp = write_inputs(tmp_path / "in.jsonl", ROWS)
+    store = tmp_path / "maps"
+    assert main(["extract", str(inp), "--model", "debug:t5", "--out", str(store), "--dtype", "float32"]) == 0
+    out = tmp_path / "dec"
+    assert main(["analyze", "general", str(store), "--attention", "decoder", "--out", str(out), "-q"]) == 0
+    rows = list(csv.DictReader((out / "tables" / "general_heads.csv").open()))
+    maps = list(open_store(store, "decoder"))
+    for r in rows:
+        layer, head = int(r["layer"]), int(r["head"])
+        ent = [np.mean([-(p[p > 0] * np.log(p[p > 0])).sum() for p in m.attn[layer, head]]) for m in maps]
+        assert float(r["entropy"]) == pytest.approx(np.mean(ent), abs=1e-5)
+        assert float(r["next"]) == 0.0
+    res = json.loads((out / "results" / "general.json").read_text())
+    text = json.dumps(res)
+    uniform = np.mean([np.log(np.arange(1, m.num_units + 1)).mean() for m in maps])
+    assert f"(uniform attention: {uniform:.2f})" in text
+    # the encoder (the default) is another set of maps
+    enc = tmp_path / "enc"
+    assert main(["analyze", "general", str(store), "--out", str(enc), "-q"]) == 0
+    enc_rows = list(csv.DictReader((enc / "tables" / "general_heads.csv").open()))
+    assert [r["entropy"] for r in enc_rows] != [r["entropy"] for r in rows]
+    capsys.readouterr()
+    # cross-attention, families that do not read kinds, inputs that are not stores: one line, exit 2
+    for argv, msg in ((["analyze", "general", str(store), "--attention", "cross"], "--attention cross: cross-attention maps"),
+                      (["analyze", "syntax", str(store), "--attention", "decoder"], "the syntax family does not read"),
+                      (["analyze", "general", str(inp), "--attention", "decoder", "--model", "debug:t5"], "this input is not a store")):
+        assert main([*argv, "--out", str(tmp_path / "bad")]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and msg in err[0], err
+        assert not (tmp_path / "bad").exists()

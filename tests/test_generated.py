@@ -68,11 +68,20 @@ def test_errors_are_one_line(tmp_path, capsys):
     out = tmp_path / "g.html"
     assert main(["view", "--generate", "3", "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip() == \
-        "error: generate needs a --model and a --text (or a store to take them from)"
-    assert main(["view", "--generate", "3", "--model", "debug", "--text", "the cat", "--out", str(out)]) == 2
+        "error: generate needs a --model and a --prompt (or a store to take them from)"
+    assert main(["view", "--generate", "3", "--model", "debug", "--prompt", "the cat", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a decoder model" in err[0]
-    assert main(["view", "--generate", "0", "--model", "debug:llama", "--text", "x", "--out", str(out)]) == 2
+    assert main(["view", "--generate", "0", "--model", "debug:llama", "--prompt", "x", "--out", str(out)]) == 2
+    assert not out.exists()
+    capsys.readouterr()
+    inp = tmp_path / "in.txt"
+    inp.write_text('{"text": "the cat sat"}\n')
+    assert main(["extract", str(inp), "--model", "debug:llama", "--out", str(tmp_path / "s")]) == 0
+    capsys.readouterr()
+    assert main(["view", str(tmp_path / "s"), "--prompt", "x", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "error: --prompt is only for --generate (a stored example has its own text)"
     assert not out.exists()
 
 

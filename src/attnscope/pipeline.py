@@ -489,7 +489,8 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
 def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: Any = None,
                seed: int = 0, max_seq_len: int | None = None, batch_size: int = 16,
                save_maps: str | Path | None = None, progress: Progress | None = None,
-               device: str = "cpu", ray: bool = False, workers: int = 1, **options: Any) -> Section:
+               device: str = "cpu", ray: bool = False, workers: int = 1, attention: str | None = None,
+               **options: Any) -> Section:
     """One family on its own (``attnscope analyze <key>``): read and check its ``inputs`` (by
     input name), load the model when one is needed, run it and return its Section.
 
@@ -500,7 +501,8 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     ``device``: where a loaded model runs (see
     :func:`attnscope.models.loading.resolve_device`). ``ray``: run the forward passes on
     ``workers`` Ray workers. ``save_maps``: a folder for the family's stores; stores already
-    there (an earlier run's) are replaced once the inputs are read.
+    there (an earlier run's) are replaced once the inputs are read. ``attention``: the kind an
+    encoder-decoder store is read as, "encoder" (its default) or "decoder".
 
     >>> run_family("coref", {"coref": ["doc.conllu"]}, "out/", window="sliding")  # doctest: +SKIP
     """
@@ -517,6 +519,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     if reason is not None:
         raise AttnscopeError(f"{key}: not available in this installation ({reason})")
     resolve_device(device)  # a bad --device is refused before anything is read or written
+    check_attention(attention)
     check_writable(out_dir, folder=True)
     opts = fam.Options(**options)
     check_options(opts)
@@ -526,6 +529,9 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     for p in files:
         if not p.exists():
             raise InputError(p, "no such file")
+    if attention is not None and not fam.reads_attention_kinds:
+        raise AttnscopeError(f"attention {attention}: the {key} family does not read encoder-decoder "
+                             "stores by kind (general and patterns do)", params=("attention",))
     if isinstance(model, LoadedModel):
         lm = model
     elif model is not None or (fam.default_model and not all(p.is_dir() for p in files)):
@@ -537,12 +543,24 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
         max_seq_len = fam.default_max_seq_len if lm is None else min(fam.default_max_seq_len, lm.max_positions)
     ctx = Context(model=lm, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
                   batch_size=batch_size, progress=progress,
-                  save_maps=Path(save_maps) if save_maps is not None else None)
+                  save_maps=Path(save_maps) if save_maps is not None else None, attention=attention)
     prepared = fam.prepare(inputs, opts, ctx)
     if ctx.save_maps is not None:
         _replace_stores(ctx.save_maps)
     with refused_writes(Path(out_dir), resumable=False), executor(ray, workers) as ex:
         return fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
+
+
+def check_attention(attention: str | None) -> None:
+    """The kinds of an encoder-decoder store that the analyses read: its two self-attentions."""
+    if attention in (None, "encoder", "decoder"):
+        return
+    if attention == "cross":
+        raise AttnscopeError("attention cross: cross-attention maps are decoder x encoder, and the "
+                             "analyses are defined on self-attention (encoder or decoder); view "
+                             "cross-attention with 'attnscope view STORE --kind cross'",
+                             params=("attention",))
+    raise AttnscopeError(f"attention {attention!r}: choose encoder or decoder", params=("attention",))
 
 
 def _replace_stores(folder: Path) -> None:

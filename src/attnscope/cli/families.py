@@ -117,6 +117,9 @@ def shared_params(*, model_default: str | None, model_help: str,
 
 
 QUIET = _param("quiet", bool, quiet_option())
+ATTENTION = _param("attention", str | None, typer.Option(
+    None, "--attention", help="An encoder-decoder store (T5, BART): read it as its encoder "
+                              "(default) or decoder self-attention.", metavar="KIND"))
 
 
 def executor_params() -> list[inspect.Parameter]:
@@ -143,7 +146,7 @@ def _analyze_command(fam):
         quiet = values.pop("quiet")
         out = values.pop("out_dir")
         shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed", "device",
-                                             "ray", "workers")}
+                                             "ray", "workers", "attention")}
         save_maps = out / "maps" / fam.key if values.pop("save_maps", False) else None
         check_writable(out, folder=True)
         inputs = {}
@@ -160,7 +163,7 @@ def _analyze_command(fam):
               *shared_params(model_default=None, model_help=(
                   MODEL_HELP[:-1] + "; " + (f"default: {fam.default_model}; " if fam.default_model else "")
                   + "not needed when every input is a store."), family_max_seq_len=fam.default_max_seq_len),
-              *option_params(fam), *executor_params(), QUIET]
+              *option_params(fam), *executor_params(), ATTENTION, QUIET]
     if fam.saves_maps:
         params.append(_param("save_maps", bool, save_maps_option()))
     command.__doc__ = fam.help

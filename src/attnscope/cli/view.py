@@ -51,7 +51,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         store: Path = typer.Argument(None, help="Store folder (attnscope extract), or an analysis "
                                                 "output folder (attnscope analyze attribution / longctx) "
                                                 "for its attribution maps and profiles. Optional "
-                                                "with --generate, --model and --text."),
+                                                "with --generate, --model and --prompt."),
         example: int = typer.Option(0, "--example", "-e", help="Input index of the example."),
         view: ViewKind = typer.Option(ViewKind.head, "--view", help="Which view opens first."),
         out: Path = typer.Option(..., "--out", "-o", help="HTML file to write."),
@@ -80,8 +80,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                                      help="Continue the text greedily by up to N tokens with the "
                                           "model (--model, default the store's) and show prompt and "
                                           "continuation, the generated tokens marked."),
-        text: str = typer.Option(None, "--text", help="With --generate: the prompt (default: the "
-                                                      "stored example's text)."),
+        prompt: str = typer.Option(None, "--prompt", help="With --generate: the text the model "
+                                                          "continues (default: the stored example's)."),
     ) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
         from attnscope.viz.write import write_view
@@ -94,7 +94,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                          hide_special=hide_special, model=model, png=png, svg=svg, scale=scale,
                          chromium=chromium, offset=offset, window=window,
                          long_input=long_input, kind=kind.value if kind else None,
-                         generate=generate, text=text)
+                         generate=generate, prompt=prompt)
         for w in res["warnings"]:
             console.print(f"[yellow]warning:[/] {w}")
         results.print(f"{res['html']}: {res.get('view', view.value)} view, {res['bytes']:,} bytes")

@@ -52,15 +52,16 @@ def _starts_like_json(path: Path) -> bool:
     return read_text(path).lstrip()[:1] in ("[", "{")
 
 
-def open_input_store(path: Path):
+def open_input_store(path: Path, attention: str | None = None):
     """A store folder given as a family's input: refused, naming the folder, when it is not a
-    store or its extraction did not finish (analyses of part of a corpus would look whole)."""
+    store or its extraction did not finish (analyses of part of a corpus would look whole).
+    ``attention``: the kind an encoder-decoder store is read as."""
     from attnscope.store import open_store
     from attnscope.store.format import MANIFEST
 
     if not (Path(path) / MANIFEST).is_file():
         raise InputError(path, "is a folder but not an attnscope store (no manifest.json)")
-    store = open_store(path)
+    store = open_store(path, attention)
     if not store.complete:
         raise InputError(path, "is an unfinished store (its extraction was interrupted); finish it "
                                "with 'attnscope extract ... --resume' first")
@@ -90,12 +91,14 @@ class Source:
 
 def read_source(path: str | Path, accepts: tuple[str, ...], *, model=None, max_seq_len: int = 128,
                 seed: int = 0, num_examples: int | None = None, packing: str = "bert",
-                keep_unk: bool = False, limit: int | None = None, require_model: bool = False) -> Source:
+                keep_unk: bool = False, limit: int | None = None, require_model: bool = False,
+                attention: str | None = None) -> Source:
     """Read ``path`` as the kind :func:`kind_of` decides. Text needs ``model`` (its tokenizer
     cuts the pairs to ``max_seq_len``); ``num_examples`` pairs are built from text, with
     ``packing`` and ``keep_unk`` (:func:`~attnscope.data.unlabeled.prepare_unlabeled`);
     ``limit`` keeps only the first examples of any kind but a store; ``require_model``: refuse
-    anything but a store without ``model``. Examples that ``prepare unlabeled`` packed for
+    anything but a store without ``model``; ``attention``: the kind of an encoder-decoder store
+    to read (anything but a store is then refused). Examples that ``prepare unlabeled`` packed for
     another tokenizer than ``model``'s get a ``note`` saying so
     (:func:`~attnscope.data.unlabeled.packing_mismatch`)."""
     from attnscope.errors import AttnscopeError
@@ -103,7 +106,11 @@ def read_source(path: str | Path, accepts: tuple[str, ...], *, model=None, max_s
     path = Path(path)
     kind = kind_of(path, accepts)
     if kind == "store":
-        return Source(path, kind, open_input_store(path))
+        return Source(path, kind, open_input_store(path, attention))
+    if attention is not None:
+        raise AttnscopeError(f"{path}: attention {attention} reads an encoder-decoder store, and "
+                             "this input is not a store (attnscope extract makes one)",
+                             params=("attention",))
     if model is None and (require_model or kind == "text"):
         what = "sentence-per-line text" if kind == "text" else WHAT[kind]
         raise AttnscopeError(f"{path}: {what} need a tokenizer: give model, or a store folder",

@@ -125,6 +125,9 @@ class Context:
     #: (read back through :class:`~attnscope.report.results.ResultsFolder`); never a file that
     #: happens to be in the output folder
     results: dict[str, dict] = field(default_factory=dict)
+    #: the kind of attention an encoder-decoder store is read as ("encoder", "decoder"; None:
+    #: the store's default, its encoder), see :class:`attnscope.store.reader.Store`
+    attention: str | None = None
 
     def step(self, name: str, done: int, total: int | None) -> None:
         if self.progress is not None:
@@ -218,6 +221,9 @@ class Family(ABC):
     uses: ClassVar[tuple[str, ...]] = ()
     #: runs on decoder (causal) models only (the contract test gives it a tiny decoder)
     causal_only: ClassVar[bool] = False
+    #: reads an encoder-decoder store as the kind of attention the job names
+    #: (:attr:`Context.attention`, ``--attention``)
+    reads_attention_kinds: ClassVar[bool] = False
     #: options of a quick run on the packaged samples (the contract test's), where the defaults
     #: are sized for real corpora
     sample_options: ClassVar[dict[str, Any]] = {}

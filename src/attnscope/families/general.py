@@ -297,6 +297,7 @@ class General(Family):
     Options = GeneralOptions
     saves_maps = True
     order = 10
+    reads_attention_kinds = True
 
     def wants_mlm_head(self, options: GeneralOptions) -> bool:
         return options.gradient_mode != "off"
@@ -311,7 +312,7 @@ class General(Family):
         source = read_source(inputs["text"], self.inputs[0].kinds, model=ctx.model,
                              max_seq_len=ctx.max_seq_len, seed=ctx.seed,
                              num_examples=options.num_text_examples, packing=options.packing,
-                             keep_unk=options.keep_unk, require_model=True)
+                             keep_unk=options.keep_unk, require_model=True, attention=ctx.attention)
         return Prepared({"source": source}, weight=len(source), counts={"text examples": len(source)})
 
     def run(self, prepared: Prepared, options: GeneralOptions, ctx: Context) -> Section:

@@ -44,6 +44,7 @@ class PatternsFamily(Family):
                     kinds=("store", "examples", "text"),
                     sample="text.txt"),)
     order = 40
+    reads_attention_kinds = True
     demo = False  # beyond the paper; the demo reproduces the paper's analyses
     default_model = "default"  # for files; a store alone gives everything but the key signature
 
@@ -69,7 +70,7 @@ class PatternsFamily(Family):
             raise AttnscopeError("the patterns family needs an input (--patterns)")
         check_options(options)  # the thresholds are at least 0
         source = read_source(path, self.inputs[0].kinds, model=ctx.model, max_seq_len=ctx.max_seq_len,
-                             seed=ctx.seed, require_model=True)
+                             seed=ctx.seed, require_model=True, attention=ctx.attention)
         if source.is_store and source.data.level != "token":
             raise InputError(path, "the store holds word-level maps; Vig's patterns need token level "
                                    "(extract without --word-level)")

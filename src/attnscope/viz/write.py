@@ -50,14 +50,14 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
                png: str | Path | None = None, svg: str | Path | None = None, scale: float = 2.0,
                chromium: str | None = None, offset: int | None = None, window: int = 256,
                long_input: int = 512, kind: str | None = None, generate: int | None = None,
-               text: str | None = None) -> dict:
+               prompt: str | None = None) -> dict:
     """Write ``out`` (HTML) for one stored example; ``png``/``svg`` export the opening view.
 
     ``store_path`` may also be an analysis output folder (no ``manifest.json``; ``view``
     "results"): then the page shows its attribution maps and long-context profiles.
     An encoder-decoder store's page switches between its kinds of attention, opening on
     ``kind`` (default "encoder"). ``generate``: the model (``model``, default the store's) reads
-    ``text`` (default the stored example's text) and continues it greedily by up to ``generate``
+    ``prompt`` (default the stored example's text) and continues it greedily by up to ``generate``
     tokens; the page spans prompt and continuation (``store_path`` may then be None).
     Returns ``{"html", "png", "svg", "png_size", "svg_size", "bytes", "warnings"}``.
     """
@@ -67,17 +67,17 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
     from attnscope.viz.pages import view_html
 
     if generate is not None:
-        return _write_generated(store_path, example, view, out, generate=generate, text=text,
+        return _write_generated(store_path, example, view, out, generate=generate, prompt=prompt,
                                 model=model, kind=kind, layer=layer, heads=heads, head=head,
                                 pair_filter=pair_filter, hide_special=hide_special, png=png, svg=svg,
                                 scale=scale, chromium=chromium, offset=offset, window=window,
                                 long_input=long_input)
     if store_path is None:
-        raise AttnscopeError("give a store folder (or generate with a model and a text)",
+        raise AttnscopeError("give a store folder (or generate with a model and a prompt)",
                              params=("store",))
-    if text is not None:
-        raise AttnscopeError("text: only with generate (a stored example has its own text)",
-                             params=("text",))
+    if prompt is not None:
+        raise AttnscopeError("prompt is only for generate (a stored example has its own text)",
+                             params=("prompt", "generate"))
     if view == "results" or (Path(store_path).is_dir() and not (Path(store_path) / MANIFEST).exists()
                              and (Path(store_path) / RESULTS_DIR).is_dir()):
         from attnscope.viz.pages import results_view_html
@@ -121,9 +121,9 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
     return _finish(html, out, png, svg, scale, chromium, warnings)
 
 
-def _write_generated(store_path, example: int, view: str, out, *, generate: int, text, model, kind,
+def _write_generated(store_path, example: int, view: str, out, *, generate: int, prompt, model, kind,
                      png, svg, scale, chromium, **page) -> dict:
-    """``write_view`` with ``generate``: the model reads the text and continues it."""
+    """``write_view`` with ``generate``: the model reads the prompt and continues it."""
     from attnscope.models import load_model
     from attnscope.viz.pages import kinds_html, view_html
 
@@ -133,19 +133,19 @@ def _write_generated(store_path, example: int, view: str, out, *, generate: int,
 
         store = open_store(store_path)
         stored = load_example(store, example)
-        if text is None:
-            text = stored.example.text
-            if text is None:
+        if prompt is None:
+            prompt = stored.example.text
+            if prompt is None:
                 raise AttnscopeError(f"{store_path}: example {example} has no text to continue; "
-                                     "give text", params=("text",))
+                                     "give prompt", params=("prompt",))
         if model is None:
             lm, warnings = model_for_store(store, None)
         else:
             lm = load_model(model)
     else:
-        if model is None or text is None:
-            raise AttnscopeError("generate needs a model and a text (or a store to take them from)",
-                                 params=("model", "text"))
+        if model is None or prompt is None:
+            raise AttnscopeError("generate needs a model and a prompt (or a store to take them from)",
+                                 params=("model", "prompt"))
         lm = load_model(model)
     if view in ("neuron", "results"):
         raise AttnscopeError(f"view {view}: not with generate (head, model, heatmap or profile)",
@@ -154,7 +154,7 @@ def _write_generated(store_path, example: int, view: str, out, *, generate: int,
     if lm.family.encoder_decoder:
         from attnscope.extract.seq2seq import extract_seq2seq
 
-        maps = dict(extract_seq2seq(lm, text, generate=generate).items())
+        maps = dict(extract_seq2seq(lm, prompt, generate=generate).items())
         html = kinds_html(maps, kind or "encoder", view, model=lm.name, title=title, **page)
     else:
         if kind is not None:
@@ -162,7 +162,7 @@ def _write_generated(store_path, example: int, view: str, out, *, generate: int,
                                  params=("kind",))
         from attnscope.extract.generate import continuation_map
 
-        amap = continuation_map(lm, text, generate)
+        amap = continuation_map(lm, prompt, generate)
         html = view_html(amap, view, model=lm.name, title=title, **page)
     return {**_finish(html, out, png, svg, scale, chromium, warnings), "view": view}
 
