@@ -58,6 +58,42 @@ def test_generated_tokens_are_marked_in_the_payload_and_in_a_window():
     assert w["generated"] == [u >= g for u in units] and sum(w["generated"]) == amap.num_units - g
 
 
+def test_a_long_continuation_is_windowed_layer_by_layer_as_the_whole_map_would_be(monkeypatch):
+    """Past long_input, continuation_map never holds [L H n n]: it reduces each layer while the
+    model runs, and the page equals the page page_payload cuts from the whole map."""
+    from attnscope.viz.payload import Windowed
+
+    lm = load_model("debug:llama")
+    full = continuation_map(lm, PROMPT, 5)
+    for offset in (None, 3):
+        win = continuation_map(lm, PROMPT, 5, long_input=10, window=8, offset=offset)
+        assert isinstance(win, Windowed) and win.num_units == full.num_units
+        assert win.amap.attn.shape == (2, 4, 9, 9)  # the first token and 8 rows
+        want = page_payload(full, long_input=10, window=8, offset=offset)
+        got = page_payload(win, long_input=10, window=8)
+        assert got == want
+    # no forward pass of the windowed path asked for all layers' maps
+    import attnscope.models.forward as fw
+
+    seen = []
+    real = fw.forward
+    monkeypatch.setattr(fw, "forward", lambda *a, **k: seen.append(k.get("attentions", False)) or real(*a, **k))
+    continuation_map(lm, PROMPT, 5, long_input=10, window=8)
+    assert seen == [False]
+
+
+def test_cli_long_continuation_window(tmp_path):
+    import json
+    import re
+
+    page = tmp_path / "g.html"
+    assert main(["view", "--generate", "3", "--model", "debug:llama", "--prompt", PROMPT, "--long-input",
+                 "10", "--window", "8", "--offset", "2", "--out", str(page)]) == 0
+    data = json.loads(re.search(r'<script id="attnscope-data" type="application/json">(.*?)</script>',
+                                page.read_text(), re.S).group(1))
+    assert data["window"]["units"] == [0] + list(range(2, 10)) and data["window"]["offset"] == 2
+
+
 def test_errors_are_one_line(tmp_path, capsys):
     from attnscope.errors import AttnscopeError
 
@@ -132,3 +168,33 @@ def test_smollm2_continues_a_prompt(tmp_path):
     assert amap.attn.shape == (30, 9, len(ids) + len(new), len(ids) + len(new))
     v = head_view(lm, prompt, generate=6, layer=29)
     assert '"generated":[' in v.html
+
+
+
+@pytest.mark.slow
+def test_smollm2_long_continuation_is_a_window(shared_data):
+    """About 700 tokens of WikiText and 4 generated: past 512 units, so the page is the window
+    of the last 256 rows, cut layer by layer, with the continuation marked at its end."""
+    pytest.importorskip("gguf")
+    from attnscope.models.gguf import smollm2_path
+    from attnscope.notebook import _maps
+    from attnscope.viz.payload import Windowed
+
+    try:
+        smollm2_path()
+    except Exception as exc:  # package absent
+        pytest.skip(str(exc))
+    lm = load_model("smollm2")
+    lines = (shared_data / "wikitext-2" / "valid.sentences.txt").read_text().splitlines()
+    prompt = ""
+    for line in lines:
+        prompt += line + "\n"
+        if len(lm.tokenizer(prompt).input_ids) > 700:
+            break
+    win = _maps(lm, prompt, generate=4)
+    assert isinstance(win, Windowed) and win.num_units > 700 and win.size == 256
+    assert win.amap.attn.shape == (30, 9, 257, 257) and win.thumbnails.shape == (30, 9, 32, 32)
+    g = win.amap.generated
+    assert win.amap.num_units - g == len(win.amap.example.fields["generated_ids"])
+    assert win.units[g] == win.num_units - (win.amap.num_units - g)
+    np.testing.assert_allclose(win.amap.attn.sum(-1) + win.outside, 1.0, atol=1e-4)

@@ -195,14 +195,16 @@ def _to_numpy(a):
 
 def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=None,
           decoder_attention=None, cross_attention=None, encoder_tokens=None, decoder_tokens=None,
-          sentence_b_start=None, **map_kwargs) -> AttentionMap | dict[str, AttentionMap]:
+          sentence_b_start=None, window: int = 256, offset: int | None = None,
+          **map_kwargs) -> AttentionMap | dict[str, AttentionMap]:
     """What a view shows: one map, or an encoder-decoder model's ``{kind: map}``.
 
     Three ways in: a map or BertViz-style ``(attention, tokens)``; BertViz's encoder-decoder
     keywords (``encoder_attention=``, ``decoder_attention=``, ``cross_attention=`` with
     ``encoder_tokens=``/``decoder_tokens=``); or a model (a name or a loaded model) and a text,
     with ``generate=N`` (the model's greedy continuation) or, for an encoder-decoder model,
-    ``target=``.
+    ``target=``. A continuation past 512 tokens comes as the long-input window of ``window``
+    rows from ``offset``, made layer by layer (:class:`~attnscope.viz.payload.Windowed`).
     """
     from attnscope.models.loading import LoadedModel
 
@@ -234,7 +236,10 @@ def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=No
         if generate:
             from attnscope.extract.generate import continuation_map
 
-            return continuation_map(lm, tokens, generate)
+            from attnscope.viz.payload import LONG_INPUT
+
+            return continuation_map(lm, tokens, generate, long_input=LONG_INPUT, window=window,
+                                    offset=offset)
         from attnscope.extract.runner import extract
 
         return next(iter(extract([Example(text=tokens)], lm, max_seq_len=lm.max_positions))).items[0]
@@ -247,7 +252,10 @@ def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=No
 
 def _view(maps, view: str, kind: str | None, **kwargs) -> View:
     from attnscope.viz.pages import kinds_html, view_html
+    from attnscope.viz.payload import Windowed
 
+    if isinstance(maps, Windowed):
+        kwargs["offset"] = None  # the window was cut where the model ran
     if isinstance(maps, dict):
         return View(kinds_html(maps, kind or next(iter(maps)), view, **kwargs), view)
     if kind is not None:
@@ -271,7 +279,8 @@ def head_view(attention=None, tokens=None, *, layer: int = 0, heads=None, pair_f
     ones, so a long continuation's own rows) plus the first token, and a distance-profile tab
     for the whole input.
     """
-    return _view(_maps(attention, tokens, **inputs), "head", kind, layer=layer, heads=heads,
+    return _view(_maps(attention, tokens, window=window, offset=offset, **inputs), "head", kind,
+                 layer=layer, heads=heads,
                  pair_filter=pair_filter, hide_special=hide_special, title=title, offset=offset,
                  window=window)
 
@@ -280,8 +289,8 @@ def model_view(attention=None, tokens=None, *, title: str | None = None, offset:
                window: int = 256, kind: str | None = None, **inputs) -> View:
     """Every layer and head as thumbnails; click one to open it in the head view (for a long
     input, the head view shows a window: see :func:`head_view`, which takes the same inputs)."""
-    return _view(_maps(attention, tokens, **inputs), "model", kind, title=title, offset=offset,
-                 window=window)
+    return _view(_maps(attention, tokens, window=window, offset=offset, **inputs), "model", kind,
+                 title=title, offset=offset, window=window)
 
 
 def results_view(folder, *, title: str | None = None) -> View:

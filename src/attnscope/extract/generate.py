@@ -24,11 +24,18 @@ from attnscope.maps import AttentionMap
 
 
 def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: int = 0,
-                     max_seq_len: int | None = None) -> AttentionMap:
+                     max_seq_len: int | None = None, long_input: int | None = None,
+                     window: int = 256, offset: int | None = None, thumb_size: int = 32):
     """The token-level map of ``prompt`` and up to ``new_tokens`` greedily generated tokens
     (fewer when the model ends its text). ``amap.generated`` is where the continuation starts;
     ``amap.example.fields["continuation"]`` is its text. ``seed`` draws the random output head of a
-    tiny ``debug:`` model (real models use their own)."""
+    tiny ``debug:`` model (real models use their own).
+
+    ``long_input``: when prompt and continuation pass it, return instead the
+    :class:`~attnscope.viz.payload.Windowed` page of ``window`` query rows from ``offset``
+    (default: the last, so the continuation's), reduced layer by layer as the model runs: one
+    layer's ``[H n n]`` at a time, never the whole ``[L H n n]`` map.
+    """
     from attnscope.extract.encode import Encoder
     from attnscope.models.forward import forward, pad_batch
     from attnscope.models.gguf import causal_lm_for, greedy_continue
@@ -46,14 +53,24 @@ def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: 
                              f"continuation would pass the limit of {limit}", params=("generate",))
     new = greedy_continue(causal_lm_for(lm, seed=seed), enc.input_ids, new_tokens)
     ids = list(enc.input_ids) + new
-    out = forward(lm, pad_batch(lm, [ids]), attentions=True)
-    attn = np.stack([a[0].float().cpu().numpy() for a in out.attentions])  # [L H n n]
     tok = lm.tokenizer
     specials = set(tok.all_special_ids)
-    n0 = len(enc)
     example = Example(text=prompt, fields={"continuation": tok.decode(new), "generated_ids": new})
-    return AttentionMap(index, attn, list(enc.tokens) + tok.convert_ids_to_tokens(new),
-                        np.array(list(enc.special) + [i in specials for i in new], dtype=bool),
-                        np.zeros(len(ids), dtype=np.int64),
-                        np.array(list(enc.word_ids) + [-1] * len(new), dtype=np.int64),
-                        "token", example, generated=n0)
+
+    def as_map(attn: np.ndarray) -> AttentionMap:
+        return AttentionMap(index, attn, list(enc.tokens) + tok.convert_ids_to_tokens(new),
+                            np.array(list(enc.special) + [i in specials for i in new], dtype=bool),
+                            np.zeros(len(ids), dtype=np.int64),
+                            np.array(list(enc.word_ids) + [-1] * len(new), dtype=np.int64),
+                            "token", example, generated=len(enc))
+
+    inputs = pad_batch(lm, [ids])
+    if long_input is None or len(ids) <= long_input:
+        out = forward(lm, inputs, attentions=True)
+        return as_map(np.stack([a[0].float().cpu().numpy() for a in out.attentions]))  # [L H n n]
+    from attnscope.viz.payload import window_reducer, window_units
+
+    units = window_units(len(ids), window, offset)
+    add, finish = window_reducer(units, min(window, len(ids)), thumb_size)
+    forward(lm, inputs, hooks={"attn": lambda site, probs: add(probs[0].float().cpu().numpy())})
+    return finish(as_map(np.empty((0, 0, 0, 0), np.float32)))

@@ -22,6 +22,8 @@ Semantics (also in docs/views.md):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from attnscope.errors import AttnscopeError
@@ -203,15 +205,72 @@ def window_map(amap: AttentionMap, units: np.ndarray) -> tuple[AttentionMap, np.
     """The map restricted to ``units`` (rows and columns), and each shown row's mass on keys
     outside them, ``outside [L H m]`` (``1 - `` the shown row's sum, clipped at 0)."""
     units = np.asarray(units, dtype=np.int64)
-    rows = np.asarray(amap.attn[:, :, units], dtype=np.float32)  # [L H m n]
-    sub = rows[..., units]  # [L H m m]
+    sub, outside = _window_rows(amap.attn, units)
+    return _window_part(amap, units, sub), outside
+
+
+def _window_rows(attn: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``attn [.. n n]`` at rows and columns ``units`` ``[.. m m]``, and each row's mass outside
+    them ``[.. m]``."""
+    rows = np.asarray(attn[..., units, :], dtype=np.float32)  # [.. m n]
+    sub = rows[..., units]
     outside = np.clip(rows.sum(-1, dtype=np.float64) - sub.sum(-1, dtype=np.float64), 0.0, 1.0)
+    return sub, outside
+
+
+def _window_part(amap: AttentionMap, units: np.ndarray, sub: np.ndarray) -> AttentionMap:
+    """The map of the window's units with ``sub`` ``[L H m m]`` as its weights."""
     generated = None if amap.generated is None else int(np.searchsorted(units, amap.generated))
-    part = AttentionMap(amap.index, sub, [amap.tokens[i] for i in units],
+    return AttentionMap(amap.index, sub, [amap.tokens[i] for i in units],
                         np.asarray(amap.special)[units], np.asarray(amap.segment)[units],
                         np.asarray(amap.word_ids)[units], amap.level, amap.example, kind=amap.kind,
                         generated=generated)
-    return part, outside
+
+
+@dataclass
+class Windowed:
+    """A long input's page made without its whole map: ``amap`` is the window (the first unit
+    and ``size`` query rows, as :func:`window_map` cuts it), ``outside`` ``[L H m]`` each shown
+    row's mass on keys outside it, ``thumbnails`` ``[L H t t]`` and ``profile`` (a
+    :func:`distance_profile`) of the whole input, all reduced layer by layer while the model
+    ran (:func:`window_reducer`), so no ``[L H n n]`` array ever existed."""
+
+    amap: AttentionMap
+    units: np.ndarray
+    size: int
+    num_units: int
+    outside: np.ndarray
+    thumbnails: np.ndarray
+    profile: dict
+
+
+def _window_info(units: np.ndarray, size: int, n: int, long_input: int, outside: np.ndarray) -> dict:
+    """The page's ``window`` entry: which units it shows and how much lies outside them."""
+    return {"units": np.asarray(units).tolist(), "offset": int(units[-1]) + 1 - size, "size": size,
+            "num_units": n, "long_input": long_input, "outside": encode_u8(outside)}
+
+
+def window_reducer(units: np.ndarray, size: int, thumb_size: int = 32):
+    """``(add, finish)``: ``add(attn [H n n])`` takes one layer's whole map and keeps only what a
+    long input's page shows of it (the window's rows and columns and their outside mass, the
+    pooled thumbnails, the distance profile: the functions :func:`page_payload` applies to a
+    whole map); ``finish(amap)`` returns the :class:`Windowed` page of ``amap``, a map that
+    carries the input's units (its ``attn`` is not read)."""
+    units = np.asarray(units, dtype=np.int64)
+    parts: list[tuple] = []
+
+    def add(layer_attn: np.ndarray) -> None:
+        a = np.asarray(layer_attn, dtype=np.float32)[None]  # [1 H n n]
+        sub, outside = _window_rows(a, units)
+        parts.append((sub[0], outside[0], pool(a, thumb_size)[0], distance_profile(a)))
+
+    def finish(amap: AttentionMap) -> Windowed:
+        sub, outside, thumbs, profiles = (list(x) for x in zip(*parts))
+        profile = dict(profiles[0], values=[p["values"][0] for p in profiles])
+        return Windowed(_window_part(amap, units, np.stack(sub)), units, size, amap.num_units,
+                        np.stack(outside), np.stack(thumbs), profile)
+
+    return add, finish
 
 
 def distance_profile(attn: np.ndarray, *, causal: bool | None = None) -> dict:
@@ -281,8 +340,12 @@ def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, head
     over those units: ``tokens``, ``attn`` etc. are the window's, ``window`` says which positions
     they are (``units``) and how much of each shown row goes to keys outside (``outside``, ``u8``
     ``[L H m]``). The thumbnails and the distance profile still cover the whole input. Layer,
-    head and query numbers in ``state`` refer to the window's units.
+    head and query numbers in ``state`` refer to the window's units. ``amap`` may be a
+    :class:`Windowed` (a long input reduced while the model ran): its window is the page's.
     """
+    pre = amap if isinstance(amap, Windowed) else None
+    if pre is not None:
+        amap = pre.amap
     if view not in VIEWS:
         raise AttnscopeError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
     if view == "neuron" and neuron is None:
@@ -294,12 +357,16 @@ def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, head
     full, n_full = amap, amap.num_units
     win = None
     cross = amap.key_tokens is not None
-    if n_full > long_input and not cross:  # cross-attention maps are shown whole
+    if pre is not None:
+        if offset is not None:
+            raise AttnscopeError(f"offset {offset}: this page's window was cut while the model ran; "
+                                 "choose the offset there", params=("offset",))
+        n_full = pre.num_units
+        win = _window_info(pre.units, pre.size, n_full, long_input, pre.outside)
+    elif n_full > long_input and not cross:  # cross-attention maps are shown whole
         units = window_units(n_full, window, offset)
         amap, outside = window_map(full, units)
-        win = {"units": units.tolist(), "offset": int(units[-1]) + 1 - min(window, n_full),
-               "size": min(window, n_full), "num_units": n_full, "long_input": long_input,
-               "outside": encode_u8(outside)}
+        win = _window_info(units, min(window, n_full), n_full, long_input, outside)
     elif offset is not None:
         raise AttnscopeError(f"offset {offset}: example {full.index} has {n_full} units, not more than "
                              f"{long_input}, so the whole input is shown (no window to move)",
@@ -319,10 +386,10 @@ def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, head
         "renorm_note": RENORM_NOTE,
         "attn": encode_u8(attn),
         "thumb_bins": bin_edges(n_full, thumb_size).tolist(),
-        "thumbnails": encode_u8(pool(full.attn, thumb_size)),
+        "thumbnails": encode_u8(pool(full.attn, thumb_size) if pre is None else pre.thumbnails),
         "neuron": neuron,
         "window": win,
-        "profile": None if cross else distance_profile(full.attn),
+        "profile": None if cross else distance_profile(full.attn) if pre is None else pre.profile,
     }
 
 

@@ -162,8 +162,13 @@ def _write_generated(store_path, example: int, view: str, out, *, generate: int,
                                  params=("kind",))
         from attnscope.extract.generate import continuation_map
 
-        amap = continuation_map(lm, prompt, generate)
-        html = view_html(amap, view, model=lm.name, title=title, **page)
+        from attnscope.viz.payload import Windowed
+
+        offset = page.pop("offset")
+        amap = continuation_map(lm, prompt, generate, long_input=page["long_input"],
+                                window=page["window"], offset=offset)
+        html = view_html(amap, view, model=lm.name, title=title,
+                         offset=None if isinstance(amap, Windowed) else offset, **page)
     return {**_finish(html, out, png, svg, scale, chromium, warnings), "view": view}
 
 
