@@ -235,6 +235,13 @@ def test_page_switches_between_the_three_kinds(browser, tmp_path):
     assert page.get_attribute("#attnscope-root > div:nth-child(2)", "data-rendered-view") == "heatmap"
     assert page.get_attribute("#attnscope-root > div:nth-child(2)", "data-status") == \
         f"{len(maps.decoder.tokens)} x {len(maps.decoder.tokens)}"
+    # the model view of the cross-attention: every head a (decoder x encoder) thumbnail
+    page.select_option(".as-kind", "cross")
+    page.wait_for_selector("#attnscope-root[data-ready=true][data-kind=cross]")
+    page.click("button[data-view=model]")
+    assert page.locator(".as-thumb").count() == 2 * 2
+    page.locator(".as-thumb[data-layer='1'][data-head='0']").click()
+    assert page.get_attribute("#attnscope-root > div:nth-child(2)", "data-rendered-view") == "head"
     assert errors == []
     page.close()
 

@@ -51,6 +51,7 @@ def test_generated_tokens_are_marked_in_the_payload_and_in_a_window():
     g = amap.generated
     p = page_payload(amap)
     assert p["generated"] == [i >= g for i in range(amap.num_units)]
+    assert p["text"] == f"{PROMPT} \u2192 (generated) {amap.example.fields['continuation']}"
     # a long input is a window of the last rows (plus the first token): the continuation is in it
     w = page_payload(amap, long_input=8, window=6)
     units = w["window"]["units"]

@@ -320,6 +320,10 @@ def example_text(amap: AttentionMap) -> str:
         first = " ".join(t for t, s in zip(amap.tokens, amap.special) if not s)
     second = ex.text_pair if ex.text_pair is not None else (
         " ".join(ex.words_pair) if ex.words_pair else None)
+    if isinstance(ex.fields.get("continuation"), str):  # a model's own continuation follows
+        return f"{first} \u2192 (generated) {ex.fields['continuation']}"
+    if isinstance(ex.fields.get("target"), str):  # what an encoder-decoder model's decoder read
+        return f"{first} \u2192 (target) {ex.fields['target']}"
     return first if second is None else f"{first} || {second}"
 
 
