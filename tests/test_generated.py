@@ -150,16 +150,23 @@ def test_generated_tokens_are_drawn_marked(browser, tmp_path):
     page.close()
 
 
-@pytest.mark.slow
-def test_smollm2_continues_a_prompt(tmp_path):
+@pytest.fixture(scope="module")
+def smollm2():
     pytest.importorskip("gguf")
-    from attnscope.models.gguf import greedy_continue, smollm2_path
+    from attnscope.models.gguf import smollm2_path
 
     try:
         smollm2_path()
     except Exception as exc:  # package absent
         pytest.skip(str(exc))
-    lm = load_model("smollm2")
+    return load_model("smollm2")
+
+
+@pytest.mark.slow
+def test_smollm2_continues_a_prompt(smollm2):
+    from attnscope.models.gguf import greedy_continue
+
+    lm = smollm2
     prompt = "The capital of France is"
     amap = continuation_map(lm, prompt, 6)
     ids = lm.tokenizer(prompt).input_ids
@@ -171,21 +178,14 @@ def test_smollm2_continues_a_prompt(tmp_path):
     assert '"generated":[' in v.html
 
 
-
 @pytest.mark.slow
-def test_smollm2_long_continuation_is_a_window(shared_data):
+def test_smollm2_long_continuation_is_a_window(smollm2, shared_data):
     """About 700 tokens of WikiText and 4 generated: past 512 units, so the page is the window
     of the last 256 rows, cut layer by layer, with the continuation marked at its end."""
-    pytest.importorskip("gguf")
-    from attnscope.models.gguf import smollm2_path
     from attnscope.notebook import _maps
     from attnscope.viz.payload import Windowed
 
-    try:
-        smollm2_path()
-    except Exception as exc:  # package absent
-        pytest.skip(str(exc))
-    lm = load_model("smollm2")
+    lm = smollm2
     lines = (shared_data / "wikitext-2" / "valid.sentences.txt").read_text().splitlines()
     prompt = ""
     for line in lines:
