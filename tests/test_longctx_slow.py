@@ -9,19 +9,6 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    pytest.importorskip("gguf")
-    from attnscope.models import load_model
-    from attnscope.models.gguf import smollm2_path
-
-    try:
-        smollm2_path()
-    except Exception as exc:  # package absent
-        pytest.skip(str(exc))
-    return load_model("smollm2")
-
-
 def test_smollm2_table_entry(smollm2):
     assert smollm2.family.name == "llama" and smollm2.family.causal and smollm2.family.decoder_llm
     assert (smollm2.num_layers, smollm2.num_heads, smollm2.num_kv_heads) == (30, 9, 3)
