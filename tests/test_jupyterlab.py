@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 ROOT = Path(__file__).resolve().parents[1]
 TOUR = ROOT / "examples" / "tour.ipynb"
-VIEWS = 5  # view outputs in the tour: head, model, head (store), heatmap, results
+VIEWS = 6  # view outputs in the tour: head, model, head (store), heatmap, results, generated
 CELL_TIMEOUT_S = 600
 
 
@@ -164,7 +164,7 @@ def test_tour_in_jupyterlab_then_untrusted(lab, browser, tmp_path):
 
     views = _views(page)
     assert views.count() == VIEWS
-    expected = {0: "cat", 2: "bread", 3: "bread"}  # a token each view must draw
+    expected = {0: "cat", 2: "bread", 3: "bread", 5: "ĠParis"}  # a token each view must draw
     for i in range(VIEWS):
         frame = page.frame_locator(f".jp-OutputArea-output div.attnscope-view >> nth={i} >> iframe")
         frame.locator("#attnscope-root[data-ready=true]").wait_for(timeout=60000)
@@ -173,6 +173,8 @@ def test_tour_in_jupyterlab_then_untrusted(lab, browser, tmp_path):
             assert expected[i] in tokens, (i, tokens[:20])
         if i == 1:  # the model view: a thumbnail per head of MiniLM's 6 x 12
             assert frame.locator(".as-thumb").count() == 72
+        if i == 5:  # SmolLM2's continuation: its 8 generated tokens marked, on both sides
+            assert frame.locator(".as-token.as-generated").count() == 2 * 8
         caption = views.nth(i).locator("p.attnscope-caption")
         assert caption.inner_text().startswith("attnscope ")  # shown, its hint hidden (trusted)
         assert "run the cell" not in caption.inner_text()

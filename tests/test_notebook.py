@@ -182,6 +182,7 @@ def test_tour_runs_top_to_bottom_in_a_kernel(tmp_path, monkeypatch, smollm2_file
         "attnscope head view · layer 2 · 3 heads · 13 words",
         "attnscope heatmap · head 1-4 · 13 words",
         "attnscope results view · long-context profiles · sink mass",
+        "attnscope head view · layer 30 · 9 heads · 13 tokens · 8 generated",
     ]
 
     # progress bars are notebook widgets; the general figures and the exported PNG are inline
