@@ -113,6 +113,13 @@ def test_kinds_page_opens_each_kind_with_its_own_shape(lm):
     assert p["kinds"]["cross"]["state"]["heads"] == [1]
     assert p["kinds"]["encoder"]["state"]["heads"] == [0, 1]  # the other kinds open on all heads
     assert p["kinds"]["cross"]["profile"] is None and p["kinds"]["decoder"]["profile"]["buckets"]
+    # the profile view: the kinds that have one open on it, the cross-attention on its head view
+    p = kinds_payload(maps, "decoder", view="profile")
+    assert [p["kinds"][k]["state"]["view"] for k in KINDS] == ["profile", "profile", "head"]
+    from attnscope.errors import AttnscopeError
+
+    with pytest.raises(AttnscopeError, match="no distance profile"):
+        kinds_payload(maps, "cross", view="profile")
 
 
 def test_bertviz_style_encoder_decoder_call(lm):

@@ -354,6 +354,9 @@ def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, head
         raise AttnscopeError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
     if view == "neuron" and neuron is None:
         raise AttnscopeError("the neuron view needs query/key vectors (neuron_payload)")
+    if view == "profile" and amap.key_tokens is not None:
+        raise AttnscopeError("view profile: a cross-attention map has no distance profile (its rows "
+                             "and columns are two sequences)", params=("view",))
     heads = check_layer_heads(amap, layer, heads)
     head = heads[0] if head is None else check_layer_heads(amap, layer, [head])[0]
     visible_units(amap, pair_filter, hide_special)  # validates the filter early
@@ -417,7 +420,10 @@ def kinds_payload(maps: dict[str, AttentionMap], kind: str, *, layer: int = 0, h
             pages[k] = page_payload(amap, layer=layer, heads=heads, title=title, **kwargs)
         else:
             lk = layer if layer < amap.attn.shape[0] else 0
-            pages[k] = page_payload(amap, layer=lk, title=title, **{**kwargs, "head": None})
+            view = kwargs.get("view", "head")
+            if view == "profile" and amap.key_tokens is not None:
+                view = "head"  # a cross-attention map has no distance profile
+            pages[k] = page_payload(amap, layer=lk, title=title, **{**kwargs, "head": None, "view": view})
     first = pages[kind]
     return {"version": PAYLOAD_VERSION, "title": first["title"], "kind": kind, "kinds": pages,
             "labels": {k: KIND_LABELS.get(k, k) for k in pages}}
