@@ -235,24 +235,12 @@ def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=No
 
         if not isinstance(tokens, str):
             raise TypeError("with a model, pass the text to read: head_view(model, text, generate=N)")
+        from attnscope.extract.generate import model_maps
+        from attnscope.viz.payload import LONG_INPUT
+
         lm = load_model(attention) if isinstance(attention, str) else attention
-        if lm.family.encoder_decoder:
-            from attnscope.extract.seq2seq import extract_seq2seq
-
-            maps = extract_seq2seq(lm, tokens, target=target, generate=generate)
-            return dict(maps.items())
-        if target is not None:
-            raise TypeError(f"target= is for encoder-decoder models; {lm.name} is not one")
-        if generate:
-            from attnscope.extract.generate import continuation_map
-
-            from attnscope.viz.payload import LONG_INPUT
-
-            return continuation_map(lm, tokens, generate, long_input=LONG_INPUT, window=window,
-                                    offset=offset)
-        from attnscope.extract.runner import extract
-
-        return next(iter(extract([Example(text=tokens)], lm, max_seq_len=lm.max_positions))).items[0]
+        return model_maps(lm, tokens, generate=generate, target=target, long_input=LONG_INPUT,
+                          window=window, offset=offset)
     if generate or target is not None:
         raise TypeError("generate= and target= need a model: head_view(model, text, generate=N)")
     if sentence_b_start is not None and "segment" not in map_kwargs and tokens is not None:
@@ -261,16 +249,9 @@ def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=No
 
 
 def _view(maps, view: str, kind: str | None, **kwargs) -> View:
-    from attnscope.viz.pages import kinds_html, view_html
-    from attnscope.viz.payload import Windowed
+    from attnscope.viz.pages import maps_html
 
-    if isinstance(maps, Windowed):
-        kwargs["offset"] = None  # the window was cut where the model ran
-    if isinstance(maps, dict):
-        return View(kinds_html(maps, kind or next(iter(maps)), view, **kwargs), view)
-    if kind is not None:
-        raise TypeError("kind= is for encoder-decoder views")
-    return View(view_html(maps, view, **kwargs), view)
+    return View(maps_html(maps, view, kind=kind, **kwargs), view)
 
 
 def head_view(attention=None, tokens=None, *, layer: int = 0, heads=None, pair_filter: str = "all",

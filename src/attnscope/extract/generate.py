@@ -74,3 +74,23 @@ def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: 
     add, finish = window_reducer(units, min(window, len(ids)), thumb_size)
     forward(lm, inputs, hooks={"attn": lambda site, probs: add(probs[0].float().cpu().numpy())})
     return finish(as_map(np.empty((0, 0, 0, 0), np.float32)))
+
+
+def model_maps(lm, text: str, *, generate: int | None = None, target: str | None = None,
+               long_input: int | None = None, window: int = 256, offset: int | None = None):
+    """What a view of ``lm`` reading ``text`` shows: an encoder-decoder model's three maps
+    (``{kind: map}``, with ``target`` or ``generate``: :func:`~attnscope.extract.seq2seq.extract_seq2seq`),
+    a decoder's continuation (``generate``: :func:`continuation_map`, a windowed page past
+    ``long_input``), or the map of ``text`` alone."""
+    if lm.family.encoder_decoder:
+        from attnscope.extract.seq2seq import extract_seq2seq
+
+        return dict(extract_seq2seq(lm, text, target=target, generate=generate).items())
+    if target is not None:
+        raise AttnscopeError(f"a target is for encoder-decoder models; {lm.name} is not one",
+                             params=("target",))
+    if generate:
+        return continuation_map(lm, text, generate, long_input=long_input, window=window, offset=offset)
+    from attnscope.extract.runner import extract
+
+    return next(iter(extract([Example(text=text)], lm, max_seq_len=lm.max_positions))).items[0]

@@ -42,6 +42,23 @@ def kinds_html(maps: dict[str, AttentionMap], kind: str = "encoder", view: str =
                                      model=model, **kwargs))
 
 
+def maps_html(maps, view: str = "head", *, kind: str | None = None, **kwargs) -> str:
+    """The page of what a view shows: a map (:func:`view_html`), a long input already cut to
+    its window (:class:`~attnscope.viz.payload.Windowed`), or an encoder-decoder model's
+    ``{kind: map}`` (:func:`kinds_html`, opening on ``kind``)."""
+    from attnscope.errors import AttnscopeError
+    from attnscope.viz.payload import Windowed
+
+    if isinstance(maps, dict):
+        return kinds_html(maps, kind or next(iter(maps)), view, **kwargs)
+    if kind is not None:
+        raise AttnscopeError(f"kind {kind}: these maps have one kind of attention (not an "
+                             "encoder-decoder model's)", params=("kind",))
+    if isinstance(maps, Windowed):
+        kwargs["offset"] = None  # the window was cut where the model ran
+    return view_html(maps, view, **kwargs)
+
+
 def results_view_html(folder, *, title: str | None = None) -> str:
     """The results views of an analysis output folder (``attnscope analyze attribution`` /
     ``longctx``): one example's attribution maps side by side, per-head distance and position

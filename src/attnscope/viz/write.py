@@ -64,7 +64,7 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
     from attnscope.report.results import RESULTS_DIR
     from attnscope.store import open_store
     from attnscope.store.format import MANIFEST
-    from attnscope.viz.pages import view_html
+    from attnscope.viz.pages import maps_html
 
     if generate is not None:
         return _write_generated(store_path, example, view, out, generate=generate, prompt=prompt,
@@ -103,30 +103,24 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
         qk = capture_qk(lm, amap.example, layer, index=amap.index)
         neuron = neuron_payload(qk, head=head if head is not None else 0, query=query)
         model_name = lm.name
-    title = f"{Path(store_path).name}: example {amap.index}"
-    if store.kinds:
-        if view == "neuron":
-            raise AttnscopeError("view neuron: not for encoder-decoder stores", params=("view",))
-        from attnscope.store import open_store as _open
-        from attnscope.viz.pages import kinds_html
-
-        maps = {k: load_example(_open(store_path, k), example) for k in store.kinds}
-        html = kinds_html(maps, kind or "encoder", view, layer=layer, heads=heads, head=head,
-                          pair_filter=pair_filter, hide_special=hide_special, model=model_name,
-                          title=title, long_input=long_input, window=window, offset=offset)
-    else:
-        html = view_html(amap, view, layer=layer, heads=heads, head=head, pair_filter=pair_filter,
-                         hide_special=hide_special, neuron=neuron, model=model_name, title=title,
-                         offset=offset, window=window, long_input=long_input)
+    maps = {k: load_example(open_store(store_path, k), example) for k in store.kinds} or amap
+    html = maps_html(maps, view, kind=kind, layer=layer, heads=heads, head=head,
+                     pair_filter=pair_filter, hide_special=hide_special, neuron=neuron,
+                     model=model_name, title=f"{Path(store_path).name}: example {amap.index}",
+                     offset=offset, window=window, long_input=long_input)
     return _finish(html, out, png, svg, scale, chromium, warnings)
 
 
 def _write_generated(store_path, example: int, view: str, out, *, generate: int, prompt, model, kind,
                      png, svg, scale, chromium, **page) -> dict:
     """``write_view`` with ``generate``: the model reads the prompt and continues it."""
+    from attnscope.extract.generate import model_maps
     from attnscope.models import load_model
-    from attnscope.viz.pages import kinds_html, view_html
+    from attnscope.viz.pages import maps_html
 
+    if view in ("neuron", "results"):
+        raise AttnscopeError(f"view {view}: not with generate (head, model, heatmap or profile)",
+                             params=("view", "generate"))
     warnings: list[str] = []
     if store_path is not None:
         from attnscope.store import open_store
@@ -147,28 +141,10 @@ def _write_generated(store_path, example: int, view: str, out, *, generate: int,
             raise AttnscopeError("generate needs a model and a prompt (or a store to take them from)",
                                  params=("model", "prompt"))
         lm = load_model(model)
-    if view in ("neuron", "results"):
-        raise AttnscopeError(f"view {view}: not with generate (head, model, heatmap or profile)",
-                             params=("view", "generate"))
-    title = f"{lm.name}: continued by {generate} tokens"
-    if lm.family.encoder_decoder:
-        from attnscope.extract.seq2seq import extract_seq2seq
-
-        maps = dict(extract_seq2seq(lm, prompt, generate=generate).items())
-        html = kinds_html(maps, kind or "encoder", view, model=lm.name, title=title, **page)
-    else:
-        if kind is not None:
-            raise AttnscopeError(f"kind {kind}: {lm.name} is not an encoder-decoder model",
-                                 params=("kind",))
-        from attnscope.extract.generate import continuation_map
-
-        from attnscope.viz.payload import Windowed
-
-        offset = page.pop("offset")
-        amap = continuation_map(lm, prompt, generate, long_input=page["long_input"],
-                                window=page["window"], offset=offset)
-        html = view_html(amap, view, model=lm.name, title=title,
-                         offset=None if isinstance(amap, Windowed) else offset, **page)
+    maps = model_maps(lm, prompt, generate=generate, long_input=page["long_input"],
+                      window=page["window"], offset=page["offset"])
+    html = maps_html(maps, view, kind=kind, model=lm.name,
+                     title=f"{lm.name}: continued by {generate} tokens", **page)
     return {**_finish(html, out, png, svg, scale, chromium, warnings), "view": view}
 
 
