@@ -298,3 +298,31 @@ def test_general_analyses_read_the_decoder_kind(tmp_path, capsys):
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(err) == 1 and msg in err[0], err
         assert not (tmp_path / "bad").exists()
+
+
+def test_a_killed_extraction_resumes_with_every_kind(tmp_path):
+    """What kill -9 leaves (an incomplete manifest, the whole shards written so far, no index)
+    resumes into the same store, decoder and cross-attention arrays included."""
+    import shutil
+
+    inp = write_inputs(tmp_path / "in.jsonl", ROWS)
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    args = ["--model", "debug:bart", "--shard-size", "1", "--batch-size", "1"]
+    assert main(["extract", str(inp), *args, "--out", str(full)]) == 0
+    shutil.copytree(full, killed)
+    (killed / "index.json").unlink()
+    last = sorted((killed / "shards").glob("*.safetensors"))[-1]
+    last.unlink()
+    manifest = json.loads((killed / "manifest.json").read_text())
+    manifest["status"] = "incomplete"
+    manifest.pop("summary", None)
+    (killed / "manifest.json").write_text(json.dumps(manifest))
+    assert len(open_store(killed, "cross")) == len(ROWS) - 1  # still readable, every kind
+    assert main(["extract", str(inp), *args, "--out", str(killed), "--resume"]) == 0
+    assert (killed / "shards" / last.name).read_bytes() == (full / "shards" / last.name).read_bytes()
+    for kind in KINDS:
+        a, b = open_store(full, kind), open_store(killed, kind)
+        assert b.complete and len(a) == len(b) == len(ROWS)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x.attn, y.attn)
+            assert x.tokens == y.tokens and x.key_tokens == y.key_tokens
