@@ -238,6 +238,18 @@ def test_page_switches_between_the_three_kinds(browser, tmp_path):
     page.wait_for_selector("#attnscope-root[data-ready=true][data-kind=cross]")
     assert side("q") == maps.cross.tokens and side("k") == maps.encoder.tokens
     assert page.eval_on_selector(".as-layer", "e => e.value") == "1"
+    # the page's own matrix (u8 weights) agrees with head_payload, special tokens hidden or not
+    for hide in (False, True):
+        got = page.evaluate(f"() => window.attnscope.currentMatrix({{layer: 1, heads: [0, 1], "
+                            f"hide_special: {str(hide).lower()}}})")
+        want = head_payload(maps.cross, 1, [0, 1], hide_special=hide)
+        assert got["rows"] == want["rows"] and got["cols"] == want["cols"]
+        # 1/255 quantisation; renormalised rows are compared where they kept at least 0.1 of
+        # their mass (a row with almost nothing left divides its rounding error by that little)
+        kept = maps.cross.attn[1][[0, 1]][:, want["rows"]][..., ~maps.cross.key_special].sum(-1)
+        ok = kept >= 0.1 if hide else np.ones_like(kept, bool)
+        assert ok.sum() >= ok.size // 2
+        np.testing.assert_allclose(np.asarray(got["attn"])[ok], np.asarray(want["attn"])[ok], atol=0.01)
     page.click("button[data-view=heatmap]")
     assert page.get_attribute("#attnscope-root > div:nth-child(2)", "data-status") == \
         f"{len(maps.cross.tokens)} x {len(maps.encoder.tokens)}"

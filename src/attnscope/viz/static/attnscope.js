@@ -108,7 +108,7 @@
     this.outside = outside || null;  // u8 [L H m]: a long input's shown rows' mass on keys not shown
     this.p = payload;
     this.attn = attn;       // u8 [L H n n]
-    this.thumbs = thumbs;   // u8 [L H t t]
+    this.thumbs = thumbs;   // u8 [L H tq tk]
     this.options = options || {};
     this.neuron = null;     // decoded neuron data
     this.n = payload.tokens.length;   // query units (rows)
