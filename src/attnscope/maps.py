@@ -11,6 +11,17 @@ import numpy as np
 from attnscope.data.records import Example
 
 
+def token_word_ids(special: np.ndarray) -> np.ndarray:
+    """``word_ids`` when every non-special token is its own word (no word alignment known):
+    0, 1, 2, ... over the non-special tokens, -1 for special ones.
+
+    >>> token_word_ids(np.array([True, False, False, True])).tolist()
+    [-1, 0, 1, -1]
+    """
+    special = np.asarray(special, bool)
+    return np.where(special, -1, np.cumsum(~special) - 1)
+
+
 @dataclass
 class AttentionMap:
     """One example's attention, every layer and head.

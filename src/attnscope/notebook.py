@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.data.records import Example
-from attnscope.maps import AttentionMap
+from attnscope.maps import AttentionMap, token_word_ids
 
 
 class View:
@@ -188,7 +188,7 @@ def as_map(attention, tokens=None, *, special=None, segment=None, key_tokens=Non
                          f"tokens, got {list(attn.shape)}")
     special = np.zeros(n, bool) if special is None else np.asarray(special, bool)
     segment = np.zeros(n, np.int64) if segment is None else np.asarray(segment, np.int64)
-    word_ids = np.where(special, -1, np.cumsum(~special) - 1)
+    word_ids = token_word_ids(special)
     keys = {}
     if key_tokens is not None:
         keys = {"key_tokens": [str(t) for t in key_tokens],

@@ -29,7 +29,7 @@ import numpy as np
 
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError
-from attnscope.maps import AttentionMap
+from attnscope.maps import AttentionMap, token_word_ids
 
 KINDS = ("encoder", "decoder", "cross")
 
@@ -133,7 +133,7 @@ def seq2seq_maps(lm, enc, dec: list[int], *, fields: dict | None = None, generat
     specials = set(tok.all_special_ids)
     dec_tokens = tok.convert_ids_to_tokens(dec)
     dec_special = np.array([i in specials for i in dec], dtype=bool)
-    dec_words = np.where(dec_special, -1, np.cumsum(~dec_special) - 1)
+    dec_words = token_word_ids(dec_special)
     zeros = np.zeros(len(dec), dtype=np.int64)
     example = enc.example
     if fields:

@@ -108,7 +108,7 @@ def import_paper_pickle(path: str | Path, out: str | Path, *, allow_pickle: bool
 
     from attnscope.data.io import atomic_write_text
     from attnscope.data.records import Example
-    from attnscope.maps import AttentionMap
+    from attnscope.maps import AttentionMap, token_word_ids
     from attnscope.store.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, SHARDS
     from attnscope.store.writer import DTYPES, ShardWriter, _write_index, file_sha256, versions
 
@@ -146,7 +146,7 @@ def import_paper_pickle(path: str | Path, out: str | Path, *, allow_pickle: bool
             if t in ("[SEP]", "</s>"):
                 seg = 1
         writer.add(i, AttentionMap(i, np.asarray(d["attns"], dtype=np.float32), tokens, special,
-                                   np.array(segment), np.where(special, -1, np.cumsum(~special) - 1),
+                                   np.array(segment), token_word_ids(special),
                                    "token", ex))
     writer.finish()
     _write_index(root, shard_size)
