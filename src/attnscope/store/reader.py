@@ -37,6 +37,8 @@ class Store:
             raise StoreError(f"{mpath}: not an attnscope store manifest")
         _check_fields(self.manifest, _MANIFEST_FIELDS, mpath, "manifest")
         self.kind = self._choose_kind(kind, mpath)
+        #: the kind read from the arrays and records beside the main ones (None: the main ones)
+        self._other = self.kind if self.kind not in (None, "encoder") else None
         self._entries = self._load_entries()
         self._by_index = {e["index"]: k for k, e in enumerate(self._entries)}
         self._header_cache: OrderedDict[str, list[dict]] = OrderedDict()
@@ -191,9 +193,8 @@ class Store:
         return self[self._by_index[index]]
 
     def _get(self, sf, shard: Path, pos: int) -> np.ndarray:
-        other = self.kind if self.kind not in (None, "encoder") else None
         try:
-            attn = sf.get_tensor(array_key(pos, other)).astype(np.float32)
+            attn = sf.get_tensor(array_key(pos, self._other)).astype(np.float32)
         except Exception as exc:
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise StoreError(f"{shard}: corrupt shard, cannot read example at position {pos} "
@@ -206,8 +207,8 @@ class Store:
 
     def _map(self, rec: dict, attn: np.ndarray, shard: Path) -> AttentionMap:
         n = attn.shape[2]
-        if self.kind not in (None, "encoder"):  # the kind's own units, the encoder record's example
-            other = (rec.get("others") or {}).get(self.kind)
+        if self._other:  # the kind's own units, the encoder record's example
+            other = (rec.get("others") or {}).get(self._other)
             if not isinstance(other, dict) or not all(k in other for k in ("tokens", "special", "segment", "word_ids")):
                 raise StoreError(f"{shard}: corrupt shard, no {self.kind} record at position {rec['pos']}")
             rec = {**other, "index": rec["index"], "example": rec["example"], "pos": rec["pos"]}
