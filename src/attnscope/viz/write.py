@@ -103,7 +103,9 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
         qk = capture_qk(lm, amap.example, layer, index=amap.index)
         neuron = neuron_payload(qk, head=head if head is not None else 0, query=query)
         model_name = lm.name
-    maps = {k: load_example(open_store(store_path, k), example) for k in store.kinds} or amap
+    # an encoder-decoder store: the other kinds beside the map already read (the encoder's)
+    maps = {k: amap if k == store.kind else load_example(open_store(store_path, k), example)
+            for k in store.kinds} or amap
     html = maps_html(maps, view, kind=kind, layer=layer, heads=heads, head=head,
                      pair_filter=pair_filter, hide_special=hide_special, neuron=neuron,
                      model=model_name, title=f"{Path(store_path).name}: example {amap.index}",
