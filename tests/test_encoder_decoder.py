@@ -338,3 +338,33 @@ def test_a_killed_extraction_resumes_with_every_kind(tmp_path):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x.attn, y.attn)
             assert x.tokens == y.tokens and x.key_tokens == y.key_tokens
+
+
+def test_a_store_missing_a_kind_is_refused_in_one_line(tmp_path, capsys):
+    """A shard whose records lost the cross-attention units, or whose cross array has the wrong
+    width: one line naming the shard, exit 2, no page written."""
+    from safetensors.numpy import load_file, save_file
+
+    inp = write_inputs(tmp_path / "in.jsonl", ROWS[:1])
+    store = tmp_path / "maps"
+    assert main(["extract", str(inp), "--model", "debug:t5", "--out", str(store)]) == 0
+    shard = next((store / "shards").glob("*.safetensors"))
+    arrays = load_file(str(shard))
+    from safetensors import safe_open
+
+    with safe_open(str(shard), framework="np") as sf:
+        records = json.loads(sf.metadata()["records"])
+    broken = [{**r, "others": {"decoder": r["others"]["decoder"]}} for r in records]
+    save_file(arrays, str(shard), metadata={"records": json.dumps(broken)})
+    page = tmp_path / "v.html"
+    capsys.readouterr()
+    assert main(["view", str(store), "--kind", "cross", "--out", str(page)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and shard.name in err[0] and "no cross record" in err[0]
+    assert not page.exists()
+    narrow = dict(arrays, **{"cross/0": arrays["cross/0"][..., :-1]})
+    save_file(narrow, str(shard), metadata={"records": json.dumps(records)})
+    assert main(["view", str(store), "--kind", "cross", "--out", str(page)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and shard.name in err[0] and "does not match" in err[0]
+    assert not page.exists()
