@@ -49,20 +49,27 @@ def js_matrix(heads: np.ndarray, smoothing: float = 0.001) -> np.ndarray:
     ``heads``: ``[P, n, n]`` attention of ``P`` heads (rows sum to 1). Returns ``[P, P]``
     float64, symmetric, zero on the diagonal. Unsmoothed zeros are fine (``0 ln 0 = 0``).
     """
-    P, n, _ = heads.shape
-    s = smooth(heads, smoothing).reshape(P, n * n) if smoothing else \
-        np.asarray(heads, dtype=np.float32).reshape(P, n * n)
-    buf = np.empty((P, n * n), dtype=np.float32)
-    logbuf = np.empty((P, n * n), dtype=np.float32)
+    s = smooth(heads, smoothing) if smoothing else np.asarray(heads, dtype=np.float32)
+    return js_pairs(s, zeros=not smoothing)
+
+
+def js_pairs(s: np.ndarray, zeros: bool) -> np.ndarray:
+    """``[P P]`` float64: for every pair of heads, the Jensen-Shannon divergences of their rows
+    summed over the rows; ``s`` ``[P R W]`` float32 holds each head's ``R`` rows of ``W``
+    (already smoothed) weights. Each row's ``W`` terms are summed in float32, the rows in
+    float64, as the paper's script does. ``zeros``: ``s`` may hold zeros (``0 ln 0 = 0``)."""
+    P, R, W = s.shape
+    s = s.reshape(P, R * W)
+    buf = np.empty((P, R * W), dtype=np.float32)
+    logbuf = np.empty((P, R * W), dtype=np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        zeros = not smoothing
-        f_self = _xlogx(s, n, logbuf, zeros)  # [P] sum p ln p
+        f_self = _xlogx(s, R, logbuf, zeros)  # [P] sum p ln p
         mass = s.sum(-1, dtype=np.float64)  # [P]
         out = np.zeros((P, P), dtype=np.float64)
         for i in range(P - 1):
             k = P - 1 - i
             np.add(s[i + 1:], s[i], out=buf[:k])  # s = p_i + p_j for every j > i
-            cross = _xlogx(buf[:k], n, logbuf, zeros)  # [k] sum s ln s
+            cross = _xlogx(buf[:k], R, logbuf, zeros)  # [k] sum s ln s
             # sum m ln m = 1/2 sum s ln s - 1/2 ln2 sum s
             mlogm = 0.5 * cross - 0.5 * LN2 * (mass[i] + mass[i + 1:])
             out[i, i + 1:] = 0.5 * (f_self[i] + f_self[i + 1:]) - mlogm
@@ -70,10 +77,10 @@ def js_matrix(heads: np.ndarray, smoothing: float = 0.001) -> np.ndarray:
     return out + out.T
 
 
-def _xlogx(x: np.ndarray, n: int, out_log: np.ndarray, zeros: bool) -> np.ndarray:
-    """``sum x ln x`` per head, ``x`` ``[P, n*n]`` -> ``[P]`` float64, summed row by row.
+def _xlogx(x: np.ndarray, rows: int, out_log: np.ndarray, zeros: bool) -> np.ndarray:
+    """``sum x ln x`` per head, ``x`` ``[P, rows*W]`` -> ``[P]`` float64, summed row by row.
 
-    Each row's ``n`` terms are summed in float32, the rows in float64. ``zeros``: the input may
+    Each row's ``W`` terms are summed in float32, the rows in float64. ``zeros``: the input may
     hold zeros (unsmoothed), whose ``0 ln 0`` is taken as 0.
     """
     p = x.shape[0]
@@ -81,7 +88,7 @@ def _xlogx(x: np.ndarray, n: int, out_log: np.ndarray, zeros: bool) -> np.ndarra
     np.log(x, out=lg)
     if zeros:
         lg[x <= 0] = 0.0
-    per_row = np.einsum("prk,prk->pr", x.reshape(p, n, n), lg.reshape(p, n, n))
+    per_row = np.einsum("prk,prk->pr", x.reshape(p, rows, -1), lg.reshape(p, rows, -1))
     return per_row.sum(-1, dtype=np.float64)
 
 

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.base import MapsAnalysis, Result, register
+from attnscope.analyses.distances import js_pairs
 from attnscope.analyses.token_classes import WORD_MARKERS
 from attnscope.data.records import HeadId
 from attnscope.maps import AttentionBatch
@@ -164,15 +165,40 @@ class Sequence:
     unit_start: list[int] = field(default_factory=list)  # first token of each unit
     unit_counts: Any = None  # float [n]: tokens per unit
     sink_sum: Any = None  # float64 [L H]: this sequence's sink mass over rows >= 1 (per-sample metric)
+    #: the layer whose tiles are being folded (-1: none yet), its rows' values ``[F H n]``
+    #: (entropy, largest weight, then the mass on each column of :meth:`key_classes`) and its
+    #: mass per signed distance ``d`` at index ``n - d`` (``[H 2n+1]`` float64)
+    layer: int = -1
+    row_values: Any = None
+    dist_sums: Any = None
     _table: Any = None  # bucket of every distance 0 .. n
-    _classes: Any = None  # [n 2] float: special, punctuation
+    _classes: Any = None  # [n 3+C] float: first token, special, punctuation, then ``classes``
 
     def key_classes(self, device) -> Any:
+        """``[n 3+C]`` float key classes: the first token, special, punctuation, then ``classes``."""
         if self._classes is None or self._classes.device != device:
             import torch
 
-            self._classes = torch.stack([self.special, self.punct], 1).float().to(device)
+            first = torch.zeros_like(self.special)
+            first[:1] = 1.0
+            cols = [first, self.special, self.punct]
+            if self.classes is not None:
+                cols += list(self.classes.to(self.special.device).unbind(1))
+            self._classes = torch.stack(cols, 1).float().to(device)
         return self._classes
+
+    def start_layer(self, layer: int, heads: int, device) -> None:
+        """Empty per-row and per-distance buffers for ``layer``'s tiles."""
+        import torch
+
+        F = 2 + self.key_classes(device).shape[1]
+        if self.row_values is None or self.row_values.shape[:2] != (F, heads) or self.row_values.device != device:
+            self.row_values = torch.zeros(F, heads, self.n, device=device)
+            self.dist_sums = torch.zeros(heads, 2 * self.n + 1, dtype=torch.float64, device=device)
+        else:
+            self.row_values.zero_()
+            self.dist_sums.zero_()
+        self.layer = layer
 
     def buckets(self, device) -> Any:
         if self._table is None or self._table.device != device:
@@ -262,67 +288,90 @@ class LongContextStats(MapsAnalysis):
         self.sums["dist_pairs"] += pairs_per_bucket(n, self.causal)
         self.sums["pos_rows"] += np.bincount(bucket_of(np.arange(1, n)), minlength=NUM_BUCKETS)
 
-    def tile(self, layer: int, seq: Sequence, q0: int, p, ent) -> None:
+    def tile(self, layer: int, seq: Sequence, q0: int, p, ent, top=None, masses=None) -> None:
         """Fold the rows ``q0 .. q0+c-1`` (all >= 1) of one layer: ``p`` ``[H c K]`` (exactly 0
-        where a key is masked) and each row's entropy ``ent`` ``[H c]`` (nats)."""
-        import torch
+        where a key is masked), each row's entropy ``ent`` ``[H c]`` (nats) and, where the
+        caller has them, each row's largest weight ``top`` ``[H c]`` (else ``p.amax(-1)``) and
+        its mass on each column of :meth:`Sequence.key_classes` ``masses`` ``[H c 3+C]`` (more
+        columns are ignored; else one matrix product, :func:`key_mass`).
 
+        Besides those, a tile costs one pass over ``p`` (:func:`diagonal_sums`, the mass per
+        distance); its per-row values wait in the
+        sequence's buffers, which are reduced to the per-head sums once per layer, by
+        :meth:`layer_end` (else when the sequence's next layer begins, or at :meth:`end`)."""
         if seq.targets:  # a probe feeds its target scores only
             self._fold_targets(layer, seq, q0, p)
             return
         H, c, K = p.shape
         dev = p.device
-        pos = torch.arange(q0, q0 + c, device=dev)  # [c]
-        s = self.sums
-
-        def add(name, value):  # value [H] (torch) -> float64 sums
-            if name not in s:  # an optional sum (extra classes): created on first use
-                s[name] = np.zeros(self.shape)
-            s[name][layer] += value.double().cpu().numpy()
-
-        sink = p[:, :, 0].sum(1).double().cpu().numpy()  # [H]
-        s["sink"][layer] += sink
-        seq.sink_sum[layer] += sink
-        classes = (p @ seq.key_classes(dev)[:K]).sum(1)  # [H 2]: special, punctuation
-        add("special", classes[:, 0])
-        add("punct", classes[:, 1])
-        idx = pos.clamp(max=K - 1)[None, :, None].expand(H, c, 1)
-        add("current", p.gather(2, idx)[..., 0].sum(1))
-        add("previous", p.gather(2, (idx - 1).clamp(min=0))[..., 0].sum(1))
-        # a causal row sees m = i + 1 keys; a bidirectional row all n
-        seen = (pos + 1) if self.causal else torch.full_like(pos, seq.n)
-        norm = ent / torch.log(seen.to(ent.dtype))[None, :]
-        add("entropy", ent.sum(1))
-        add("norm_entropy", norm.sum(1))
-        add("max", p.amax(-1).sum(1))
-        # distance profile: the mass at each signed distance d = i - j summed over the tile's
-        # rows (c terms each, float32), then per bucket of |d| in float64
-        table = seq.buckets(dev)
-        d, per_d = diagonal_sums(p, q0)
-        dmass = torch.zeros(H, NUM_BUCKETS, dtype=torch.float64, device=dev)
-        dmass.index_add_(1, table[d.abs()], per_d.double())
-        s["dist_mass"][layer] += dmass.cpu().numpy()
-        pb = table[pos]
-        for name, value in (("pos_sink", p[:, :, 0]), ("pos_entropy", ent), ("pos_norm_entropy", norm)):
-            acc = torch.zeros(H, NUM_BUCKETS, dtype=torch.float64, device=dev)
-            acc.index_add_(1, pb, value.double())
-            s[name][layer] += acc.cpu().numpy()
-        if seq.classes is not None:
-            per_row = p @ seq.classes[:K].to(device=dev, dtype=p.dtype)  # [H c C]
-            total = per_row.sum(1)
-            for ci, name in enumerate(seq.class_names):
-                add(f"to_{name}", total[:, ci])
-            for row_name, mask in seq.from_masks.items():
-                w = mask[q0:q0 + c].to(device=dev, dtype=p.dtype)
-                part = (per_row * w[None, :, None]).sum(1)
-                for ci, name in enumerate(seq.class_names):
-                    add(f"from_{row_name}_to_{name}", part[:, ci])
-        if seq.max_below is not None:
-            add("rows_max_below", (p.amax(-1) <= seq.max_below).sum(1))
+        if seq.layer != layer:
+            self.layer_end(seq)  # (a producer that did not say so)
+            seq.start_layer(layer, H, dev)
+        rows = seq.row_values[:, :, q0:q0 + c]
+        rows[0] = ent
+        rows[1] = p.amax(-1) if top is None else top
+        if masses is None:
+            masses = key_mass(p, seq.key_classes(dev)[:K].to(p.dtype))
+        rows[2:] = masses[..., :rows.shape[0] - 2].permute(2, 0, 1)
+        _, per_d = diagonal_sums(p, q0)  # distances q0 + c - 1 down
+        e0 = seq.n - (q0 + c - 1)
+        seq.dist_sums[:, e0:e0 + per_d.shape[1]] += per_d
         for r in seq.js_rows:
             if q0 <= r < q0 + c:
                 width = r + 1 if self.causal else K  # the keys the row can see
                 seq.js_store.setdefault(r, []).append(p[:, r - q0, :width].detach().to("cpu", copy=True))
+
+    def layer_end(self, seq: Sequence) -> None:
+        """After the last tile of a layer of ``seq``: reduce its buffered rows to the sums."""
+        if seq.layer >= 0:
+            self._fold_layer(seq)
+
+    def _fold_layer(self, seq: Sequence) -> None:
+        """Reduce the buffered rows ``1 .. n-1`` of ``seq``'s current layer to the per-head sums."""
+        import torch
+
+        layer, n, s = seq.layer, seq.n, self.sums
+        values = seq.row_values[:, :, 1:]  # [F H n-1]
+        dev = values.device
+        pos = torch.arange(1, n, device=dev)
+        seen = (pos + 1) if self.causal else torch.full_like(pos, n)  # keys a row sees
+        ent, top = values[0], values[1]
+        norm = ent / torch.log(seen.to(ent.dtype))[None, :]
+        totals = values.double().sum(-1).cpu().numpy()  # [F H]
+
+        def add(name, value):  # value [H] -> float64 sums
+            if name not in s:  # an optional sum (extra classes): created on first use
+                s[name] = np.zeros(self.shape)
+            s[name][layer] += value
+
+        add("entropy", totals[0])
+        add("max", totals[1])
+        add("sink", totals[2])
+        seq.sink_sum[layer] += totals[2]
+        add("special", totals[3])
+        add("punct", totals[4])
+        add("norm_entropy", norm.double().sum(-1).cpu().numpy())
+        per_d = seq.dist_sums  # index e holds distance n - e
+        add("current", per_d[:, n].cpu().numpy())
+        add("previous", per_d[:, n - 1].cpu().numpy())
+        table = seq.buckets(dev)
+        dmass = torch.zeros(per_d.shape[0], NUM_BUCKETS, dtype=torch.float64, device=dev)
+        dmass.index_add_(1, table[(n - torch.arange(2 * n + 1, device=dev)).abs()], per_d)
+        s["dist_mass"][layer] += dmass.cpu().numpy()
+        pb = table[pos]
+        for name, value in (("pos_sink", values[2]), ("pos_entropy", ent), ("pos_norm_entropy", norm)):
+            acc = torch.zeros(value.shape[0], NUM_BUCKETS, dtype=torch.float64, device=dev)
+            acc.index_add_(1, pb, value.double())
+            s[name][layer] += acc.cpu().numpy()
+        for ci, name in enumerate(seq.class_names):
+            add(f"to_{name}", totals[5 + ci])
+        for row_name, mask in seq.from_masks.items():
+            part = (values[5:].double() * mask[1:n].to(device=dev, dtype=torch.float64)).sum(-1).cpu().numpy()
+            for ci, name in enumerate(seq.class_names):
+                add(f"from_{row_name}_to_{name}", part[ci])
+        if seq.max_below is not None:
+            add("rows_max_below", (top <= seq.max_below).sum(-1).double().cpu().numpy())
+        seq.layer = -1
 
     def _fold_targets(self, layer: int, seq: Sequence, q0: int, p) -> None:
         """A probe's tile ``p`` ``[H c K]``: the weight of each row on its target key."""
@@ -338,9 +387,11 @@ class LongContextStats(MapsAnalysis):
                 self.targets[name][0][layer] += got.sum(1).double().cpu().numpy()
 
     def end(self, seq: Sequence) -> None:
-        """After every layer of a sequence: fold its sampled rows into the head distances."""
+        """After every layer of a sequence: fold its last layer's rows, and its sampled rows into
+        the head distances."""
         import torch
 
+        self.layer_end(seq)
         if seq.sink_sum is not None and self.causal:  # Gu et al.'s score: every row, row 0 included
             score = (1.0 + seq.sink_sum) / seq.n
             self.sums["sink_gu"] += score
@@ -385,6 +436,7 @@ class LongContextStats(MapsAnalysis):
             p = probs[:, q0:q1, :K].float()
             logp = torch.where(p > 0, torch.log(p.clamp(min=1e-45)), torch.zeros_like(p))
             self.tile(layer, seq, q0, p, -(p * logp).sum(-1))
+        self.layer_end(seq)
 
     def merge(self, other: "LongContextStats") -> "LongContextStats":
         self._check_mergeable(other)
@@ -485,12 +537,25 @@ def _sample_by_digest(n: int, digest: bytes, count: int, seed: int) -> list[int]
     return sorted(int(r) for r in rng.choice(np.arange(1, n), size=k, replace=False))
 
 
+def key_mass(p, classes):
+    """``[H c C]``: each row's mass on each class of keys, ``p`` ``[H c K]`` times ``classes``
+    ``[K C]``; computed as ``classes^T p^T``, one matrix product with the few classes as rows,
+    which on a CPU is about 8x faster than ``p @ classes`` with its few columns."""
+    import torch
+
+    H, c, K = p.shape
+    return torch.mm(classes.T, p.reshape(H * c, K).T).T.reshape(H, c, -1)
+
+
 def diagonal_sums(p, q0: int):
     """Sum of ``p`` ``[H c K]`` (rows ``q0 .. q0+c-1``, keys ``0 .. K-1``) over rows, per signed
     distance ``d = i - j``: returns ``(d [W], sums [H W])`` with ``W = K + c - 1``.
 
-    No index tensors: the rows are copied into a buffer whose row stride is one less than its
-    width, which shifts row ``r`` left by ``r``, so every column holds one distance.
+    No index tensors: column ``x`` holds distance ``q0 + c - 1 - x``, i.e. key ``j = x - c + 1 + r``
+    of row ``r``. Where every row has that key (``c - 1 <= x < K``) the column is a sum over a
+    view of ``p`` whose row stride is one more than its width (row ``r`` shifted left by ``r``),
+    one pass over ``p`` with no copy; the ``c - 1`` columns at each end, whose sums lack some
+    rows, come from the first and last ``c - 1`` keys (:func:`_band_sums`).
 
     >>> import torch
     >>> p = torch.tensor([[[1., 2., 0.], [3., 4., 5.]]])   # rows i = 1, 2; keys j = 0, 1, 2
@@ -502,14 +567,28 @@ def diagonal_sums(p, q0: int):
 
     H, c, K = p.shape
     W = K + c - 1
+    d = q0 + c - 1 - torch.arange(W, device=p.device)
+    if c == 1 or K < 2 * c:
+        return d, _band_sums(p)
+    p = p.contiguous()
+    sums = p.new_empty(H, W)
+    sums[:, c - 1:K] = p.as_strided((H, c, K - c + 1), (c * K, K + 1, 1), p.storage_offset()).sum(1)
+    sums[:, :c - 1] = _band_sums(p[:, :, :c - 1])[:, :c - 1]
+    sums[:, K:] = _band_sums(p[:, :, K - c + 1:])[:, c - 1:]
+    return d, sums
+
+
+def _band_sums(p):
+    """:func:`diagonal_sums`'s sums through a copy: the rows go into a zeroed buffer whose row
+    stride is one less than its width, which shifts row ``r`` left by ``r``."""
+    H, c, K = p.shape
+    W = K + c - 1
     buf = p.new_zeros(H, c * W)
     if c > 1:
         buf.as_strided((H, c, K), (c * W, W - 1, 1), c - 1).copy_(p)
     else:
         buf[:, :K] = p[:, 0]
-    sums = buf.view(H, c, W).sum(1)  # column x holds distance q0 + c - 1 - x
-    d = q0 + c - 1 - torch.arange(W, device=p.device)
-    return d, sums
+    return buf.view(H, c, W).sum(1)
 
 
 def js_rows_matrix(rows, smoothing: float, width: int | None = None):
@@ -518,22 +597,14 @@ def js_rows_matrix(rows, smoothing: float, width: int | None = None):
     Each row is first smoothed as the paper's script does, ``s / w + (1 - s) p`` with ``w`` the
     row's width ``m`` (default) or ``width``: a causal row of ``m`` keys in a sequence of
     ``n = width`` keys, smoothed over all ``n`` as the general family's maps are (the ``n - m``
-    keys it cannot see hold ``s / n`` in every head, so they add nothing to JS). Uses the same
-    identity as :func:`attnscope.analyses.distances.js_matrix`:
-    ``JS(p, q) = 1/2 sum p ln p + 1/2 sum q ln q - sum m ln m`` with ``m = (p + q) / 2``.
+    keys it cannot see hold ``s / n`` in every head, so they add nothing to JS). The same
+    float32 arithmetic as :func:`attnscope.analyses.distances.js_matrix` (the paper's script):
+    :func:`~attnscope.analyses.distances.js_pairs` on the rows.
     """
     import torch
 
     P, m = rows.shape
-    x = rows.double()
+    x = rows.detach().to("cpu", torch.float32).numpy()
     if smoothing:
-        x = x * (1.0 - smoothing) + smoothing / (width or m)
-    xlx = torch.where(x > 0, x * torch.log(x.clamp(min=1e-300)), torch.zeros_like(x))
-    f = xlx.sum(1)  # [P]
-    out = torch.zeros(P, P, dtype=torch.float64, device=x.device)
-    for i in range(P - 1):
-        mid = (x[i + 1:] + x[i]) * 0.5
-        mlm = torch.where(mid > 0, mid * torch.log(mid.clamp(min=1e-300)), torch.zeros_like(mid)).sum(1)
-        out[i, i + 1:] = 0.5 * (f[i] + f[i + 1:]) - mlm
-    out = out.clamp(min=0.0)
-    return (out + out.T).cpu().numpy()
+        x = x * np.float32(1.0 - smoothing) + np.float32(smoothing / (width or m))
+    return js_pairs(x.reshape(P, 1, m), zeros=not smoothing)

@@ -7,12 +7,15 @@ and recomputes the attention of one block of ``c`` query rows at a time, in floa
 
     S = s * Q[rows] K[:k1]^T              [Hq c k1]   (k1 = last row + 1 for causal models)
     S[masked] = float32 min                (causal, padding, sliding window: Site.allowed)
-    log P = S - logsumexp(S)               P = exp(log P)
+    P = softmax(S)                         entropy = ln z - sum P (S - max S), max P = 1 / z
+    [O | M] = P [V | classes]              [Hq c d + C]
 
 and folds the tile into :class:`~attnscope.analyses.longctx.LongContextStats`. One pass: the
-same tile gives the layer's output rows ``P V[:k1]`` (float32), which go back to the model
-through the forward helper's ``"attend"`` hook, so the model's own attention (torch's fused
-``scaled_dot_product_attention``) does not run for the layer. No probabilities are requested
+same tile gives the layer's output rows ``O`` (float32), which go back to the model through
+the forward helper's ``"attend"`` hook, so the model's own attention (torch's fused
+``scaled_dot_product_attention``) does not run for the layer. The keys' classes (first token,
+special, punctuation, the general family's classes) ride along as extra value columns, so the
+same product gives each row's mass ``M`` on every class. No probabilities are requested
 and the forward pass builds no ``[T T]`` mask, so the largest extra memory is one tile,
 ``Hq * c * n`` floats (a few copies of it), instead of the ``L * Hq * n * n`` of
 ``output_attentions``. Each tile holds whole rows, which the statistics need (so no online
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -46,7 +50,7 @@ from attnscope.analyses.longctx import (
 from attnscope.models.forward import forward, pad_batch
 
 ENGINES = ("auto", "streaming", "maps")
-TILE_BYTES = 4 << 20  # one [heads, rows, n] float32 tile, for the automatic chunk (small: cache-friendly)
+TILE_BYTES = 32 << 20  # one [heads, rows, n] float32 tile at most, for the automatic chunk
 LOW = -3.4028234663852886e38  # float32's most negative finite value: "masked"
 
 
@@ -58,19 +62,19 @@ def _upper(c: int, device):
 
 
 def _softmax_entropy(s):
-    """Row softmax of the scores ``s`` ``[H c K]`` (changed in place) and each row's entropy.
+    """Row softmax of the scores ``s`` ``[H c K]``, each row's entropy and its largest weight.
 
-    With ``m`` the row maximum and ``z = sum exp(s - m)``: ``p = exp(s - m) / z`` and
-    ``H = -sum p ln p = ln z - sum p (s - m)``; masked scores give ``p = 0`` exactly.
+    ``s`` is used up (shifted in place so that each row's maximum is 0, then overwritten); with
+    ``z = sum exp(s)``: ``p = exp(s) / z`` (torch's fused softmax), the largest weight is
+    ``1 / z`` and ``H = -sum p ln p = ln z - sum p s``. Masked scores give ``p = 0`` exactly.
     """
     import torch
 
     s.sub_(s.amax(-1, keepdim=True))
-    p = torch.exp(s)
-    z = p.sum(-1, keepdim=True)
-    p.div_(z)
-    ent = torch.log(z)[..., 0] - torch.linalg.vecdot(p, s)
-    return p, ent
+    p = torch.softmax(s, -1)
+    top = p.amax(-1)  # 1 / z
+    ent = torch.log(top).neg_().sub_(s.mul_(p).sum(-1))  # (s is spent: p s in its place)
+    return p, ent, top
 
 
 def maps_bytes(lm, n: int, batch_size: int = 1, bytes_per_value: int = 4) -> int:
@@ -198,9 +202,10 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
 
 
 def auto_chunk(num_heads: int, n: int, tile_bytes: int = TILE_BYTES) -> int:
-    """Query rows per tile so that one float32 ``[heads, rows, n]`` tile takes ``tile_bytes``
-    (between 16 and 256 rows; measured fastest on CPU)."""
-    return int(min(256, max(16, tile_bytes // (4 * num_heads * max(1, n)))))
+    """Query rows per tile: 64 (measured fastest on CPU for SmolLM2 at 2k-8k tokens: fewer
+    rows pay the per-tile calls more often, more rows leave the cache), fewer where a float32
+    ``[heads, rows, n]`` tile would take more than ``tile_bytes``, and at least 16."""
+    return int(min(64, max(16, tile_bytes // (4 * num_heads * max(1, n)))))
 
 
 def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> Callable:
@@ -226,40 +231,53 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
         if site.kv_groups > 1:
             k = k.repeat_interleave(site.kv_groups, dim=1)
             v = v.repeat_interleave(site.kv_groups, dim=1)
+        kt = k.transpose(-1, -2).contiguous()  # [B Hq d T]: Q K^T reads it row by row
         cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
         plain = site.mask is None and stats.causal  # no padding: the causal triangle only
-        out = q.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1])  # [B T Hq d]
+        d = v.shape[-1]
+        B, H, T = q.shape[:3]
+        out = q.new_zeros(B, T, H, d)  # [B T Hq d]
 
-        def probs(b, r0, r1):  # rows r0 .. r1-1 of sequence b: P [H c k1], entropies [H c]
+        def probs(b, r0, r1, vb):
+            """Rows r0 .. r1-1 of sequence b: P [H c k1], entropies and largest weights [H c],
+            and P times the columns of the values vb [H n d+C] past the first d (key classes)."""
             k1 = r1 if stats.causal else seq_len[b]
-            s = torch.matmul(q[b, :, r0:r1], k[b, :, :k1].transpose(-1, -2))  # [H c k1]
+            s = torch.matmul(q[b, :, r0:r1], kt[b, :, :, :k1])  # [H c k1]
             if cap:
-                s = torch.tanh(s / cap) * cap
+                s.div_(cap).tanh_().mul_(cap)
             if plain:  # keys < r0 are all visible; mask the upper triangle of the last block
                 s[:, :, r0:r1].masked_fill_(_upper(r1 - r0, s.device), LOW)
             else:
                 s.masked_fill_(~site.allowed(r0, r1, k1)[b], LOW)
-            p, ent = _softmax_entropy(s)
-            out[b, r0:r1] = torch.matmul(p, v[b, :, :k1]).transpose(0, 1)
-            return p, ent
+            p, ent, top = _softmax_entropy(s)
+            pv = torch.matmul(p, vb[:, :k1])
+            out[b, r0:r1] = pv[..., :d].transpose(0, 1)
+            return p, ent, top, pv[..., d:]
 
         seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
         for b, seq in enumerate(seqs):
             if seq.units is not None:
-                _unit_tiles(site, probs, b, seq)
+                _unit_tiles(site, partial(probs, b, vb=v[b]), seq)
                 continue
-            probs(b, 0, 1)  # row 0: its output only (a statistics row has other keys to see)
-            rows = chunk or auto_chunk(q.shape[1], seq.n)
+            # the keys' classes as extra value columns (padded to a multiple of 4, which the
+            # matrix product runs faster on): one product gives each row's output and its
+            # mass on every class
+            kc = seq.key_classes(v.device)
+            vb = v.new_zeros(v.shape[1], seq.n, d + kc.shape[1] + (-(d + kc.shape[1])) % 4)
+            vb[:, :, :d] = v[b, :, :seq.n]
+            vb[:, :, d:d + kc.shape[1]] = kc
+            probs(b, 0, 1, vb)  # row 0: its output only (a statistics row has other keys to see)
+            rows = chunk or auto_chunk(H, seq.n)
             for q0 in range(1, seq.n, rows):
                 q1 = min(seq.n, q0 + rows)
-                p, ent = probs(b, q0, q1)
-                stats.tile(site.layer, seq, q0, p, ent)
+                stats.tile(site.layer, seq, q0, *probs(b, q0, q1, vb))
+            stats.layer_end(seq)
         return out
 
-    def _unit_tiles(site, probs, b, seq):
+    def _unit_tiles(site, probs, seq):
         # word level: tiles of whole units, about `rows` tokens each, from unit 1 on
         n, U, starts = seq.token_n, seq.n, seq.unit_start
-        probs(b, 0, starts[1] if U > 1 else n)  # unit 0's rows: their output only
+        probs(0, starts[1] if U > 1 else n)  # unit 0's rows: their output only
         rows = chunk or auto_chunk(site.query.shape[1], n)
         u0 = 1
         while u0 < U:
@@ -268,10 +286,11 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
             while u1 < U and starts[u1] - t0 < rows:
                 u1 += 1
             t1 = starts[u1] if u1 < U else n
-            p, _ = probs(b, t0, t1)
+            p = probs(t0, t1)[0]
             pw, ent = _unit_tile(p, seq, t0, u0, u1, u1 if stats.causal else U)
             stats.tile(site.layer, seq, u0, pw, ent)
             u0 = u1
+        stats.layer_end(seq)
 
     return hook
 
