@@ -392,6 +392,7 @@ class LongContextStats(MapsAnalysis):
         import torch
 
         self.layer_end(seq)
+        seq.row_values = seq.dist_sums = None
         if seq.sink_sum is not None and self.causal:  # Gu et al.'s score: every row, row 0 included
             score = (1.0 + seq.sink_sum) / seq.n
             self.sums["sink_gu"] += score
