@@ -602,10 +602,8 @@ def js_rows_matrix(rows, smoothing: float, width: int | None = None):
     float32 arithmetic as :func:`attnscope.analyses.distances.js_matrix` (the paper's script):
     :func:`~attnscope.analyses.distances.js_pairs` on the rows.
     """
-    import torch
-
     P, m = rows.shape
-    x = rows.detach().to("cpu", torch.float32).numpy()
+    x = rows.detach().float().cpu().numpy()
     if smoothing:
         x = x * np.float32(1.0 - smoothing) + np.float32(smoothing / (width or m))
     return js_pairs(x.reshape(P, 1, m), zeros=not smoothing)
