@@ -296,9 +296,9 @@ class LongContextStats(MapsAnalysis):
         columns are ignored; else one matrix product, :func:`key_mass`).
 
         Besides those, a tile costs one pass over ``p`` (:func:`diagonal_sums`, the mass per
-        distance); its per-row values wait in the
-        sequence's buffers, which are reduced to the per-head sums once per layer, by
-        :meth:`layer_end` (else when the sequence's next layer begins, or at :meth:`end`)."""
+        distance); its per-row values wait in the sequence's buffers, which are reduced to the
+        per-head sums once per layer, by :meth:`layer_end` (else when the sequence's next layer
+        begins, or at :meth:`end`)."""
         if seq.targets:  # a probe feeds its target scores only
             self._fold_targets(layer, seq, q0, p)
             return
