@@ -263,7 +263,7 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
             # matrix product runs faster on): one product gives each row's output and its
             # mass on every class
             kc = seq.key_classes(v.device)
-            vb = v.new_zeros(v.shape[1], seq.n, d + kc.shape[1] + (-(d + kc.shape[1])) % 4)
+            vb = v.new_zeros(H, seq.n, d + kc.shape[1] + (-(d + kc.shape[1])) % 4)
             vb[:, :, :d] = v[b, :, :seq.n]
             vb[:, :, d:d + kc.shape[1]] = kc
             probs(b, 0, 1, vb)  # row 0: its output only (a statistics row has other keys to see)
