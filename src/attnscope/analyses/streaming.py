@@ -1,13 +1,14 @@
 """The streaming engine: per-head statistics computed inside attention, without ``[n n]`` maps.
 
 For each layer the forward helper's ``"k"`` hook sees the rotated queries ``Q`` ``[B Hq T d]``
-and keys ``K`` ``[B Hkv T d]``, the mask and the scaling ``s``. The engine expands the keys to
-the query heads (grouped-query attention: query head ``h`` uses key head ``h // (Hq / Hkv)``)
-and recomputes the attention of one block of ``c`` query rows at a time, in float32::
+and keys ``K`` ``[B Hkv T d]``, the mask and the scaling ``s``. The engine computes the attention
+of one block of ``c`` query rows at a time, in float32 (grouped-query attention: query head ``h``
+uses key head ``h // G``, ``G = Hq / Hkv``; the ``G`` heads of a group are stacked into ``G c`` rows of
+one product, so the keys are never copied per query head)::
 
     S = s * Q[rows] K[:k1]^T              [Hq c k1]   (k1 = last row + 1 for causal models)
     S[masked] = float32 min                (causal, padding, sliding window: Site.allowed)
-    P = softmax(S)                         entropy = ln z - sum P (S - max S), max P = 1 / z
+    P = exp(S - max S) / z                 entropy = ln z - sum P (S - max S), max P = 1 / z
     [O | M] = P [V | classes]              [Hq c d + C]
 
 and folds the tile into :class:`~attnscope.analyses.longctx.LongContextStats`. One pass: the
@@ -50,7 +51,7 @@ from attnscope.analyses.longctx import (
 from attnscope.models.forward import forward, pad_batch
 
 ENGINES = ("auto", "streaming", "maps")
-TILE_BYTES = 32 << 20  # one [heads, rows, n] float32 tile at most, for the automatic chunk
+TILE_BYTES = 10 << 20  # one [heads, rows, n] float32 tile at most, for the automatic chunk
 LOW = -3.4028234663852886e38  # float32's most negative finite value: "masked"
 
 
@@ -61,19 +62,24 @@ def _upper(c: int, device):
     return torch.ones(c, c, dtype=torch.bool, device=device).triu(1)
 
 
-def _softmax_entropy(s):
+def _softmax_entropy(s, e):
     """Row softmax of the scores ``s`` ``[H c K]``, each row's entropy and its largest weight.
 
-    ``s`` is used up (shifted in place so that each row's maximum is 0, then overwritten); with
-    ``z = sum exp(s)``: ``p = exp(s) / z`` (torch's fused softmax), the largest weight is
-    ``1 / z`` and ``H = -sum p ln p = ln z - sum p s``. Masked scores give ``p = 0`` exactly.
+    ``s`` is used up (shifted in place so that each row's maximum is 0, then overwritten); ``e``
+    (same shape) receives ``exp(s)`` and then the weights. With ``z = sum exp(s)``: ``p = exp(s) / z``,
+    the largest weight is ``1 / z`` and ``H = -sum p ln p = ln z - sum p s``. Masked scores
+    give ``p = 0`` exactly. Written out rather than torch's softmax so that both tiles live in
+    buffers the caller keeps: a fresh tile of tens of MB is mapped page by page each time, which
+    measured as long as the softmax itself at 16k tokens.
     """
     import torch
 
     s.sub_(s.amax(-1, keepdim=True))
-    p = torch.softmax(s, -1)
-    top = p.amax(-1)  # 1 / z
-    ent = torch.log(top).neg_().sub_(s.mul_(p).sum(-1))  # (s is spent: p s in its place)
+    p = torch.exp(s, out=e)
+    z = p.sum(-1)
+    top = z.reciprocal()
+    p.mul_(top.unsqueeze(-1))
+    ent = s.mul_(p).sum(-1).neg_().add_(torch.log(z))  # (s is spent: p s in its place)
     return p, ent, top
 
 
@@ -202,9 +208,10 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
 
 
 def auto_chunk(num_heads: int, n: int, tile_bytes: int = TILE_BYTES) -> int:
-    """Query rows per tile: 64 (measured fastest on CPU for SmolLM2 at 2k-8k tokens: fewer
-    rows pay the per-tile calls more often, more rows leave the cache), fewer where a float32
-    ``[heads, rows, n]`` tile would take more than ``tile_bytes``, and at least 16."""
+    """Query rows per tile: 64, fewer where a float32 ``[heads, rows, n]`` tile would take more
+    than ``tile_bytes``, and at least 16. Measured on CPU with SmolLM2 (one thread, grouped
+    keys): 64 and 32 rows were within 2% at 4k tokens, 32 rows beat 64 and 16 by 12% at 8k,
+    and 16 rows beat 32 by 2% at 16k: the tile and its weights should stay within the cache."""
     return int(min(64, max(16, tile_bytes // (4 * num_heads * max(1, n)))))
 
 
@@ -227,30 +234,42 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
         """The statistics of every tile and, from the same tiles, the heads' outputs
         ``[B T Hq d]`` (``P V``, float32; rows past a sequence's end are 0)."""
         q = site.query.float() * site.scaling
-        k, v = site.key.float(), site.value.float()
-        if site.kv_groups > 1:
-            k = k.repeat_interleave(site.kv_groups, dim=1)
-            v = v.repeat_interleave(site.kv_groups, dim=1)
-        kt = k.transpose(-1, -2).contiguous()  # [B Hq d T]: Q K^T reads it row by row
+        v = site.value.float()
+        kt = site.key.float().transpose(-1, -2).contiguous()  # [B Hkv d T]: Q K^T reads it row by row
         cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
         plain = site.mask is None and stats.causal  # no padding: the causal triangle only
         d = v.shape[-1]
         B, H, T = q.shape[:3]
+        G = site.kv_groups
+        Hkv = H // G
         out = q.new_zeros(B, T, H, d)  # [B T Hq d]
+        tiles = [None, None]  # a tile's scores and weights: two buffers kept across the layer
+
+        def buffer(i, shape):  # sized at once for rows as wide as the longest sequence
+            size = shape[0] * shape[1] * shape[2]
+            if tiles[i] is None or tiles[i].numel() < size:
+                tiles[i] = q.new_empty(max(size, shape[0] * shape[1] * T))
+            return tiles[i][:size].view(shape)
 
         def probs(b, r0, r1, vb):
             """Rows r0 .. r1-1 of sequence b: P [H c k1], entropies and largest weights [H c],
-            and P times the columns of the values vb [H n d+C] past the first d (key classes)."""
+            and P times the columns of the values vb [Hkv n d+C] past the first d (key classes).
+
+            Grouped-query attention without copies of the keys: the G query heads that share a
+            key head (query head h reads key head h // G) are one matrix of G c rows, so each
+            product reads a key or value block once for all of them."""
             k1 = r1 if stats.causal else seq_len[b]
-            s = torch.matmul(q[b, :, r0:r1], kt[b, :, :, :k1])  # [H c k1]
+            c = r1 - r0
+            qr = q[b, :, r0:r1].reshape(Hkv, G * c, -1)
+            s = torch.matmul(qr, kt[b, :, :, :k1], out=buffer(0, (Hkv, G * c, k1))).view(H, c, k1)
             if cap:
                 s.div_(cap).tanh_().mul_(cap)
             if plain:  # keys < r0 are all visible; mask the upper triangle of the last block
-                s[:, :, r0:r1].masked_fill_(_upper(r1 - r0, s.device), LOW)
+                s[:, :, r0:r1].masked_fill_(_upper(c, s.device), LOW)
             else:
                 s.masked_fill_(~site.allowed(r0, r1, k1)[b], LOW)
-            p, ent, top = _softmax_entropy(s)
-            pv = torch.matmul(p, vb[:, :k1])
+            p, ent, top = _softmax_entropy(s, buffer(1, (H, c, k1)))
+            pv = torch.matmul(p.view(Hkv, G * c, k1), vb[:, :k1]).view(H, c, -1)
             out[b, r0:r1] = pv[..., :d].transpose(0, 1)
             return p, ent, top, pv[..., d:]
 
@@ -263,7 +282,7 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
             # matrix product runs faster on): one product gives each row's output and its
             # mass on every class
             kc = seq.key_classes(v.device)
-            vb = v.new_zeros(H, seq.n, d + kc.shape[1] + (-(d + kc.shape[1])) % 4)
+            vb = v.new_zeros(Hkv, seq.n, d + kc.shape[1] + (-(d + kc.shape[1])) % 4)
             vb[:, :, :d] = v[b, :, :seq.n]
             vb[:, :, d:d + kc.shape[1]] = kc
             probs(b, 0, 1, vb)  # row 0: its output only (a statistics row has other keys to see)
