@@ -126,30 +126,26 @@ class Objective:
         batch = pad_batch(self.lm, [x.input_ids for x in inputs], [x.token_type_ids for x in inputs])
         res = forward(self.lm, batch, hooks=hooks, gates=gates, grad=grad, **model_kwargs)
         context = torch.enable_grad() if grad else torch.inference_mode()
+        scored = np.asarray([x.positions.size for x in inputs], dtype=np.int64)
+        index = (np.repeat(np.arange(len(inputs)), scored),  # example, position, target per scored row
+                 np.concatenate([x.positions for x in inputs] + [np.zeros(0, np.int64)]),
+                 np.concatenate([x.targets for x in inputs] + [np.zeros(0, np.int64)]))
+        # a fitted head or tied embeddings: the scored positions alone go through the large
+        # vocabulary, all the batch's in one product
+        gathered = self.head is not None or (self.kind == "causal" and self._tied is not None)
+        out = res.output
         with context:
-            gathered = self.head is not None or (self.kind == "causal" and self._tied is not None)
-            if gathered:  # score only the positions that carry a loss (the vocabulary is large)
-                hidden = res.output.last_hidden_state
-                logits = None
-            else:
-                logits = self.logits(res.output)  # [B T V]
-            losses = []
-            correct = np.zeros(len(inputs), dtype=np.int64)
-            scored = np.zeros(len(inputs), dtype=np.int64)
-            for b, x in enumerate(inputs):
-                if x.positions.size == 0:
-                    losses.append((hidden if gathered else logits).new_zeros(()))
-                    continue
-                source = hidden if gathered else logits
-                pos = torch.as_tensor(x.positions, device=source.device)
-                tgt = torch.as_tensor(x.targets, device=source.device)
-                row = self.logits(None, rows=hidden[b, pos]) if gathered else logits[b, pos]  # [k V]
-                row_f = row if row.dtype == torch.float64 else row.float()
-                losses.append(torch.nn.functional.cross_entropy(row_f, tgt))
-                correct[b] = int((row.argmax(-1) == tgt).sum())
-                scored[b] = x.positions.size
-            loss = torch.stack(losses)
-        return LossOutput(loss, correct, scored, res.output)
+            source = out.last_hidden_state if gathered else self.logits(out)  # [B T D] or [B T V]
+            which, pos, tgt = (torch.as_tensor(a, dtype=torch.long, device=source.device) for a in index)
+            rows = self.logits(None, rows=source[which, pos]) if gathered else source[which, pos]  # [N V]
+            rows_f = rows if rows.dtype == torch.float64 else rows.float()
+            each = torch.nn.functional.cross_entropy(rows_f, tgt, reduction="none")  # [N]
+            # each example's mean over its positions (0 where it has none)
+            loss = each.new_zeros(len(inputs)).index_add(0, which, each)
+            loss = loss / torch.as_tensor(np.maximum(scored, 1), dtype=loss.dtype, device=loss.device)
+            hit = (rows.argmax(-1) == tgt).to(torch.int64)
+            correct = hit.new_zeros(len(inputs)).index_add_(0, which, hit).cpu().numpy()
+        return LossOutput(loss, correct, scored, out)
 
 
 def encode_examples(lm, examples, *, max_len: int | None = None) -> tuple[list, int]:
