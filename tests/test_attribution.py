@@ -227,6 +227,36 @@ def test_objective_refuses_encoder_without_head(debug_bert):
         Objective(debug_bert)
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "bert"])
+def test_objective_run_scores_each_example_alone(kind, gpt2_64, bert_mlm):
+    # One padded batch, the scored rows of all its examples through the vocabulary in one
+    # product: each example's loss and hit count must be those of that example run alone through
+    # the plain model, position by position. GPT-2 (tied embeddings, gathered rows, float64) and
+    # BERT with its own masked-LM head (logits of every position); a 1-token GPT-2 example has
+    # nothing to predict: loss 0, no positions.
+    lm = gpt2_64 if kind == "gpt2" else bert_mlm
+    obj = Objective(lm, seed=0)
+    examples = TEXTS + ([Example(text="a")] if kind == "gpt2" else [])
+    enc, _ = encode_examples(lm, examples)
+    inputs = loss_inputs(obj, enc)
+    out = obj.run(inputs)
+    assert out.loss.shape == (len(inputs),)
+    for b, x in enumerate(inputs):
+        ids = torch.tensor([x.input_ids])
+        with torch.no_grad():
+            logits = (lm.model(input_ids=ids).last_hidden_state[0] @ lm.model.wte.weight.T if kind == "gpt2" else
+                      lm.model(input_ids=ids, token_type_ids=torch.tensor([x.token_type_ids])).logits[0])
+        if x.positions.size == 0:
+            assert float(out.loss[b]) == 0.0 and out.scored[b] == 0 and out.correct[b] == 0
+            continue
+        rows, tgt = logits[x.positions], torch.as_tensor(x.targets)
+        want = torch.nn.functional.cross_entropy(rows.double(), tgt)
+        assert float(out.loss[b]) == pytest.approx(float(want), rel=1e-5 if kind == "bert" else 1e-10)
+        assert out.scored[b] == x.positions.size
+        assert out.correct[b] == int((rows.argmax(-1) == tgt).sum())
+    assert any(x.positions.size == 0 for x in inputs) == (kind == "gpt2")
+
+
 # -- ablation -------------------------------------------------------------------------------
 def test_zero_ablation_equals_removing_the_heads_value_weights(bert_mlm):
     import copy
