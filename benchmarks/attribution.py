@@ -268,7 +268,7 @@ def command(args) -> None:
     ``--attribution-fit-head``) against ``--attribution-methods importance``: the command itself,
     each run in its own process one after the other, timed as the CPU seconds of that process
     (model load and the head fit included in both); its notes on how long each long method should
-    take (its lines starting "attribution:") are printed as they came."""
+    take (its lines with "takes about") are printed as they came."""
     import os
     import resource
     import subprocess
@@ -292,7 +292,7 @@ def command(args) -> None:
         if p.returncode:
             raise SystemExit(f"{label}: exit {p.returncode}: {p.stderr.strip()[-2000:]}")
         times[label] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        notes = [ln.strip() for ln in p.stderr.splitlines() + p.stdout.splitlines() if ln.startswith("attribution:")]
+        notes = [ln.strip() for ln in p.stderr.splitlines() + p.stdout.splitlines() if "takes about" in ln]
         print(f"{label}: {times[label]:.1f} CPU s, {wall:.1f} s wall ({methods})", flush=True)
         for ln in notes:
             print(f"  {ln}")
