@@ -16,9 +16,9 @@ per pass of the whole model (``batched=False``, the code before they were batche
 their batched rows.
 
 With ``--command N`` it instead times the command itself (``attnscope analyze attribution`` with
-its default methods and ``--attribution-fit-head``) against ``--attribution-methods importance``
-on the first N segments, each in its own process (CPU seconds, model load included), and prints
-the ratio.
+``--attribution-fit-head``) on the first N segments with ``--attribution-methods importance``,
+with its default methods and with ``all``, each in its own process (CPU seconds, model load
+included), and prints the default's and all's time against importance alone.
 
     OMP_NUM_THREADS=1 python benchmarks/attribution.py [--num-examples 100] [--model default] \
         [--only importance,norms] [--head-cache /tmp/minilm_head]
@@ -264,43 +264,41 @@ def main() -> None:
 
 
 def command(args) -> None:
-    """``attnscope analyze attribution`` on the first N segments with its default methods (and
-    ``--attribution-fit-head``) against ``--attribution-methods importance``: the command itself,
-    each run in its own process one after the other, timed as the CPU seconds of that process
-    (model load and the head fit included in both); its notes on how long each long method should
-    take (its lines with "takes about") are printed as they came."""
+    """``attnscope analyze attribution`` on the first N segments (with ``--attribution-fit-head``)
+    with ``--attribution-methods importance``, with its default methods and with ``all``: the
+    command itself, each run in its own process one after the other, timed as the CPU seconds of
+    that process (model load and the head fit included in each); its notes on how long each long
+    method should take (its lines with "takes about") are printed as they came."""
     import os
     import resource
     import subprocess
     import sys
     import tempfile
 
-    from attnscope.families.attribution import AttributionOptions
-
-    default = AttributionOptions().attribution_methods  # what the command runs without the option
     times = {}
-    for label, methods in (("importance", "importance"), ("default", default)):
+    for label in ("importance", "default", "all"):
         with tempfile.TemporaryDirectory() as out:
             cmd = [sys.executable, "-m", "attnscope", "analyze", "attribution", str(DATA), "--model", args.model,
                    "--attribution-examples", str(args.command), "--attribution-fit-head",
                    "--max-seq-len", str(args.max_seq_len), "--batch-size", str(args.batch_size), "--out", out]
-            if label == "importance":
-                cmd += ["--attribution-methods", methods]
+            if label != "default":
+                cmd += ["--attribution-methods", label]
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             wall = time.perf_counter()
             p = subprocess.run(cmd, capture_output=True, text=True)
             wall = time.perf_counter() - wall
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if p.returncode:
-            raise SystemExit(f"{label}: exit {p.returncode}: {p.stderr.strip()[-2000:]}")
+            if p.returncode:
+                raise SystemExit(f"{label}: exit {p.returncode}: {p.stderr.strip()[-2000:]}")
+            methods = json.loads((Path(out) / "results" / "attribution.json").read_text())["methods"]
         times[label] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         notes = [ln.strip() for ln in p.stderr.splitlines() + p.stdout.splitlines() if "takes about" in ln]
-        print(f"{label}: {times[label]:.1f} CPU s, {wall:.1f} s wall ({methods})", flush=True)
+        print(f"{label}: {times[label]:.1f} CPU s, {wall:.1f} s wall ({','.join(methods)})", flush=True)
         for ln in notes:
             print(f"  {ln}")
     print(f"model {args.model}, {args.command} segments, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}: "
-          f"default {times['default']:.1f} CPU s / importance alone {times['importance']:.1f} CPU s = "
-          f"{times['default'] / times['importance']:.2f}x")
+          + ", ".join(f"{label} {times[label]:.1f} CPU s / importance alone {times['importance']:.1f} CPU s = "
+                      f"{times[label] / times['importance']:.2f}x" for label in ("default", "all")))
 
 
 def short_sentences(lm, count: int, max_tokens: int = 32):

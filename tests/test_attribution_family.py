@@ -39,9 +39,10 @@ def test_family_writes_everything_and_labels_heads_from_general(bert_mlm, tmp_pa
     general = _strict(tmp_path / "results" / "general.json")
     labels = {(r["layer"], r["head"]): r["behaviour"] for r in general["clustering"]["rows"]}
     sec = _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, {"general": general},
-               attribution_examples=6, attribution_map_examples=3)
+               attribution_examples=6, attribution_map_examples=3, attribution_methods="all")
     data = _strict(tmp_path / "results" / "attribution.json")
     assert data["examples"] == 6
+    assert data["methods"] == ["importance", "ablation", "pruning", "rollout", "norms", "value-zeroing"]
     assert set(data["analyses"]) == {"head-importance", "ablation-zero", "ablation-mean",
                                      "pruning-curve", "attribution-agreement", "norm-shares"}
     heads = json.loads((tmp_path / "tables" / "attribution_heads.json").read_text())
@@ -110,7 +111,8 @@ def test_run_switch_runs_after_general_and_reaches_the_report(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "attnscope", "run", "--model", "debug:bert", "--text",
                            str(DEMO), "--general-num-text-examples", "4", "--attribution", str(DEMO),
                            "--attribution-examples", "3", "--attribution-map-examples", "1",
-                           "--attribution-ablation", "zero", "--out", str(out), "-q"], capture_output=True, text=True)
+                           "--attribution-methods", "all", "--attribution-ablation", "zero", "--out", str(out), "-q"],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = _strict(out / "results" / "attribution.json")
     general = _strict(out / "results" / "general.json")
@@ -121,6 +123,21 @@ def test_run_switch_runs_after_general_and_reaches_the_report(tmp_path):
     assert "attribution_importance.png" in (out / "report.html").read_text()
 
 
+def test_default_methods_leave_out_ablation_and_say_how_to_run_it(bert_mlm, tmp_path):
+    sec = _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, attribution_examples=3,
+               attribution_map_examples=1)
+    data = _strict(tmp_path / "results" / "attribution.json")
+    assert data["methods"] == ["importance", "pruning", "rollout", "norms", "value-zeroing"]
+    assert not any(k.startswith("ablation") for k in data["analyses"])
+    assert not (tmp_path / "tables" / "attribution_ablation.csv").exists()
+    note = [n for n in sec.findings if n.startswith("per-head ablation did not run")]
+    assert len(note) == 1 and "--attribution-methods all" in note[0]
+    # naming the methods is a choice: no note
+    sec = _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, attribution_examples=3,
+               attribution_methods="importance")
+    assert not any("ablation" in n for n in sec.findings)
+
+
 def test_long_methods_announce_their_estimated_time_and_the_option_that_skips_them(
         bert_mlm, tmp_path, monkeypatch, capsys):
     import re
@@ -128,18 +145,29 @@ def test_long_methods_announce_their_estimated_time_and_the_option_that_skips_th
     from attnscope.families import attribution
 
     monkeypatch.setattr(attribution, "ANNOUNCE_S", 0.0)  # announce every method, however short
+    # the measured rates, fixed: 1 ms per token of a forward pass, 3 ms more with the loss
+    monkeypatch.setattr(attribution, "_seconds_per_token", lambda lm, enc, bs, objective=None:
+                        (1e-3, 3e-3 if objective is not None else 0.0))
     _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, attribution_examples=3,
-         attribution_methods="ablation,value-zeroing", ablation="zero")
+         attribution_methods="ablation,pruning,value-zeroing", ablation="zero")
     lines = capsys.readouterr().err.strip().splitlines()
     data = _strict(tmp_path / "results" / "attribution.json")
     n = len(data["example"]["tokens"])
-    got = [re.fullmatch(r"attribution: (.+) takes about \d+ s \((\d+) forward passes of (\d+) tokens\); "
-                        r"--attribution-methods without (\S+) skips it", ln) for ln in lines]
+    got = [re.fullmatch(r"attribution: (.+) takes about (\d+) s \((\d+) forward passes(?: and (\d+) loss "
+                        r"passes)? over (\d+) tokens\); --attribution-methods without (\S+) skips it", ln)
+           for ln in lines]
     assert all(got), lines
-    # 2 layers x 2 heads: 1 reference pass + H (L + 1) / 2 = 3 passes; value zeroing n + 1
-    assert [(m[1], int(m[2]), m[4]) for m in got] == [("zero ablation", 4, "ablation"),
-                                                      ("value zeroing", n + 1, "value-zeroing")]
-    assert int(got[1][3]) == n
+    # 2 layers x 2 heads: zero ablation 1 reference pass + H (L + 1) / 2 = 4 forward passes and
+    # 1 + L H = 5 losses; pruning (importance order vs random, 11 fractions of 4 heads: 0 to 4
+    # removed) the full pass and 1, 2, 3 heads of each order (the same set in both at most)
+    # and all 4: 5 to 8 losses, each pass at most a whole one; value zeroing n + 1 passes, no loss
+    names = [(m[1], m[6]) for m in got]
+    assert names == [("zero ablation", "ablation"), ("pruning", "pruning"), ("value zeroing", "value-zeroing")]
+    (abl, prune, vz), tokens = got, int(got[0][5])
+    assert (int(abl[3]), int(abl[4])) == (4, 5)
+    assert int(abl[2]) == round(tokens * (4 * 1e-3 + 5 * 3e-3))
+    assert 5 <= int(prune[4]) <= 8 and int(prune[3]) <= int(prune[4]) and int(prune[5]) == tokens
+    assert (int(vz[3]), vz[4], int(vz[5]), int(vz[2])) == (n + 1, None, n, round(n * (n + 1) * 1e-3))
 
 
 def test_a_stale_general_results_file_is_not_read(bert_mlm, tmp_path):

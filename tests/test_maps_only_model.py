@@ -21,7 +21,7 @@ EXAMPLES = [
     {"text": "the dog ran to the house.", "text_pair": "she saw the dog, then the cat."},
     {"text": "who said that the old man was here?"},
 ]
-SKIPPED = ("importance", "ablation", "pruning", "norms", "value-zeroing")
+SKIPPED = ("importance", "pruning", "norms", "value-zeroing")  # the default methods that need hooks
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,9 @@
 - Pruning curve: heads are removed (gate 0) cumulatively in a given order, e.g. least important
   first (Michel et al.'s Figure 3/4) against a seeded random order; at each fraction of heads
   removed the mean per-example loss and the accuracy of the scored positions (masked tokens for
-  masked LMs, next tokens for causal models) are recorded.
+  masked LMs, next tokens for causal models) are recorded. Each distinct set of removed heads is
+  one pass (none removed, or all, is the same set in every order), from the cached input of its
+  first pruned layer.
 
 All three accumulate sums and counts over examples and divide in ``finalize``.
 
@@ -196,10 +198,12 @@ class AblationEffect(EncodedAnalysis):
             self.base += float(base.sum())
             self.examples += len(chunk)
 
-    def forward_passes(self) -> float:
-        """Cost of :meth:`update` in forward passes over the same examples."""
+    def cost(self) -> tuple[float, int]:
+        """Cost of :meth:`update` over the same examples: forward passes of the encoder (a pass
+        from layer ``l`` on counts ``(L - l) / L``) and passes of the loss (every variant's scored
+        positions go through the whole vocabulary, however late its first layer)."""
         L, H = self.objective.lm.num_layers, self.objective.lm.num_heads
-        return 1 + (H * (L + 1) / 2 if self.batched else L * H)
+        return 1 + (H * (L + 1) / 2 if self.batched else L * H), 1 + L * H
 
     def _update_batched(self, chunk: list[LossInput]) -> None:
         import torch
@@ -301,23 +305,54 @@ class PruningCurve(EncodedAnalysis):
         lm = self.objective.lm
         return int(round(fraction * lm.num_layers * lm.num_heads))
 
+    def plan(self) -> dict[frozenset, list[tuple[int, int]]]:
+        """Each distinct set of removed heads -> the curve points ``(order, fraction)`` it gives
+        (no head removed, or all of them, is one pass whatever the order)."""
+        sets: dict[frozenset, list[tuple[int, int]]] = {}
+        for o, order in enumerate(self.orders.values()):
+            for f, frac in enumerate(self.fractions):
+                sets.setdefault(frozenset(order[:self.removed(frac)]), []).append((o, f))
+        return sets
+
+    def cost(self) -> tuple[float, int]:
+        """Cost of :meth:`update` over the same examples, as :meth:`AblationEffect.cost`: one
+        pass per distinct set, from its first pruned layer on, and the full pass whose layer
+        inputs they start from."""
+        L = self.objective.lm.num_layers
+        firsts = [min(layer for layer, _ in heads) for heads in self.plan() if heads]
+        full = int(any(first > 0 for first in firsts) or len(firsts) < len(self.plan()))
+        return full + sum((L - first) / L for first in firsts), full + len(firsts)
+
     def update(self, encoded) -> None:
         import torch
 
         inputs, skipped = _scorable(self.objective, encoded)
         self.skipped += skipped
         lm = self.objective.lm
+        L = lm.num_layers
         dtype = next(lm.model.parameters()).dtype
+        plan = self.plan()
+        firsts = {heads: min((layer for layer, _ in heads), default=0) for heads in plan}
         for chunk in _chunks(inputs, self.batch_size):
-            for o, order in enumerate(self.orders.values()):
-                for f, frac in enumerate(self.fractions):
-                    gates = torch.ones(lm.num_layers, lm.num_heads, dtype=dtype, device=lm.device)
-                    for layer, head in order[:self.removed(frac)]:
+            # layers before a set's first pruned head are the full model's: start from their output
+            full = None
+            if frozenset() in plan or any(firsts.values()):
+                full = self.objective.run(chunk, output_hidden_states=True)
+            for heads, points in plan.items():
+                if not heads:
+                    out = full
+                else:
+                    gates = torch.ones(L, lm.num_heads, dtype=dtype, device=lm.device)
+                    for layer, head in heads:
                         gates[layer, head] = 0
-                    out = self.objective.run(chunk, gates=gates)
-                    self.loss[o, f] += float(out.loss.double().sum())
-                    self.correct[o, f] += int(out.correct.sum())
-                    self.scored[o, f] += int(out.scored.sum())
+                    first = firsts[heads]
+                    start = {} if not first else dict(layers=(first, L), hidden=full.output.hidden_states[first])
+                    out = self.objective.run(chunk, gates=gates, **start)
+                loss, correct, scored = float(out.loss.double().sum()), int(out.correct.sum()), int(out.scored.sum())
+                for o, f in points:
+                    self.loss[o, f] += loss
+                    self.correct[o, f] += correct
+                    self.scored[o, f] += scored
             self.examples += len(chunk)
 
     def merge(self, other: "PruningCurve") -> "PruningCurve":

@@ -5,7 +5,8 @@ JSON Lines. Over the first ``--attribution-examples`` examples it runs the selec
 
 - ``importance``: head importance (Michel et al. 2019; ``importance_norm`` picks the paper's
   equation or their released code's normalisation), :mod:`attnscope.analyses.importance`;
-- ``ablation``: per-head zero and mean ablation, :mod:`attnscope.analyses.ablation`;
+- ``ablation``: per-head zero and mean ablation, :mod:`attnscope.analyses.ablation` (only when
+  named, or with ``all``: it takes longer than the other methods together);
 - ``pruning``: pruning curves by importance vs a seeded random order (needs ``importance``);
 - ``rollout``: rollout/flow agreement with raw attention and saliency over ``--attribution-map-examples``
   examples, and the maps of one example, :mod:`attnscope.analyses.rollout`;
@@ -35,6 +36,9 @@ from attnscope.errors import AttnscopeError
 from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
 
 ALL_METHODS = ("importance", "ablation", "pruning", "rollout", "norms", "value-zeroing")
+#: Every method but per-head ablation, whose two modes alone take longer than all the others
+#: together (``2 (1 + H (L + 1) / 2)`` forward passes; ``all`` or naming it runs it).
+DEFAULT_METHODS = tuple(m for m in ALL_METHODS if m != "ablation")
 LOSS_METHODS = ("importance", "ablation", "pruning")
 #: Methods that gate heads or read values and head outputs through the forward helper's hook
 #: points; rollout, flow and their agreement need only the attention maps.
@@ -45,12 +49,15 @@ ANNOUNCE_S = 10.0
 
 @dataclass
 class AttributionOptions:
-    attribution_methods: str = option(",".join(ALL_METHODS), "Comma-separated methods: " + ", ".join(ALL_METHODS) + ".")
+    attribution_methods: str = option(",".join(DEFAULT_METHODS), "Comma-separated methods from "
+                                      + ", ".join(ALL_METHODS) + ", or all. The default leaves out "
+                                      "ablation, which takes longer than the others together.")
     attribution_examples: int = option(100, "Examples for importance, ablation, pruning and norm shares.")
     attribution_map_examples: int = option(20, "Examples for the rollout/flow agreement (Spearman).")
     attribution_example: int = option(-1, "Index (among the analysed examples) of the example whose maps "
                                       "are drawn; -1: the shortest.")
-    ablation: str = option("both", "Which ablation: zero, mean or both.", choices=("zero", "mean", "both"))
+    ablation: str = option("both", "Which ablation, when the ablation method runs: zero, mean or both.",
+                           choices=("zero", "mean", "both"))
     importance_norm: str = option("paper", "Head importance: paper (Michel et al.'s equation, |dL/d gate| "
                                   "per example) or released (their code: |dL/d gate| per token, divided "
                                   "by the tokens).", choices=("paper", "released"))
@@ -60,10 +67,11 @@ class AttributionOptions:
 
     def method_list(self) -> list[str]:
         chosen = [m.strip() for m in self.attribution_methods.split(",") if m.strip()]
+        chosen = [n for m in chosen for n in (ALL_METHODS if m == "all" else (m,))]
         bad = [m for m in chosen if m not in ALL_METHODS]
         if bad or not chosen:
             raise AttnscopeError(f"attribution_methods names {', '.join(bad) or 'no method'}; "
-                                 f"choose from {', '.join(ALL_METHODS)}", params=("attribution_methods",))
+                                 f"choose from {', '.join(ALL_METHODS)} or all", params=("attribution_methods",))
         if "pruning" in chosen and "importance" not in chosen:
             chosen.insert(0, "importance")
         return [m for m in ALL_METHODS if m in chosen]
@@ -107,28 +115,40 @@ def _objective(lm, options: AttributionOptions, encoded, seed: int, notes: list[
     return Objective(lm, head=head, seed=seed)
 
 
-def _forward_seconds_per_token(lm, encoded, batch_size: int, objective=None) -> float:
-    """Measured seconds per token of a forward pass over the first batch: a plain one, or with
-    ``objective`` its loss pass (what each ablation variant costs)."""
+def _seconds_per_token(lm, encoded, batch_size: int, objective=None) -> tuple[float, float]:
+    """Measured seconds per token over the first batch: of a forward pass, and of ``objective``'s
+    loss on top of it (its loss pass less the forward pass; 0 without ``objective``)."""
     from attnscope.analyses.lm_objective import loss_inputs
     from attnscope.models.forward import forward, pad_batch
 
     chunk = encoded[:batch_size]
+    tokens = max(1, sum(len(e) for e in chunk))
     t = time.perf_counter()
+    forward(lm, pad_batch(lm, [e.input_ids for e in chunk], [e.token_type_ids for e in chunk]))
+    passed = time.perf_counter() - t
     if objective is None:
-        forward(lm, pad_batch(lm, [e.input_ids for e in chunk], [e.token_type_ids for e in chunk]))
-    else:
-        objective.run(loss_inputs(objective, chunk))
-    return (time.perf_counter() - t) / max(1, sum(len(e) for e in chunk))
+        return passed / tokens, 0.0
+    t = time.perf_counter()
+    objective.run(loss_inputs(objective, chunk))
+    return passed / tokens, max(0.0, time.perf_counter() - t - passed) / tokens
 
 
-def _announce(name: str, method: str, passes: float, tokens: int, per_token: float) -> None:
+def _announce(name: str, method: str, cost: tuple[float, int], tokens: int,
+              per_token: tuple[float, float]) -> None:
     """One line on stderr before a method estimated at :data:`ANNOUNCE_S` seconds or more,
-    naming the option that skips it."""
-    seconds = passes * tokens * per_token
+    naming the option that skips it. ``cost``: its forward passes and loss passes over
+    ``tokens`` (``cost()`` of the analysis); ``per_token``: :func:`_seconds_per_token`."""
+    passes, losses = cost
+    seconds = tokens * (passes * per_token[0] + losses * per_token[1])
     if seconds >= ANNOUNCE_S:
-        print(f"attribution: {name} takes about {seconds:.0f} s ({passes:.0f} forward passes of "
+        loss = f" and {losses} loss passes" if losses else ""
+        print(f"attribution: {name} takes about {seconds:.0f} s ({passes:.0f} forward passes{loss} over "
               f"{tokens} tokens); --attribution-methods without {method} skips it", file=sys.stderr)
+
+
+#: Analyses that say how long they will take before they start: result key -> (name, method).
+ANNOUNCED = {"ablation-zero": ("zero ablation", "ablation"), "ablation-mean": ("mean ablation", "ablation"),
+             "pruning-curve": ("pruning", "pruning")}
 
 
 #: The analyses each method runs: ``(result key, registry name, pass)``. Pass 0 needs nothing;
@@ -180,20 +200,19 @@ def _run_passes(examples, agreement: list, methods: list[str], objective, option
     wanted = [w for m in methods for w in METHOD_ANALYSES[m] if m != "ablation" or w[0] in ablations]
     results: dict[str, Any] = {}
     tokens, per_token = sum(len(e) for e in encoded), None  # per_token: measured once, when needed
-    for p, source, step in ((0, examples, "attribution"), (1, examples, "attribution: ablation and pruning"),
-                            (2, agreement, "attribution: agreement")):
+    for p, source, step in ((0, examples, "attribution"), (1, examples, None), (2, agreement, "attribution: agreement")):
         built = []
         for key, name, q in wanted:
             args = _arguments(key, ctx.model, objective, options, ctx, results) if q == p else None
             if args is not None:
                 built.append((key, get_analysis(name)(**args)))
         for key, a in built:
-            if key.startswith("ablation-"):
+            if key in ANNOUNCED:
                 if per_token is None:
-                    per_token = _forward_seconds_per_token(ctx.model, encoded, ctx.batch_size, objective)
-                _announce(key.split("-", 1)[1] + " ablation", "ablation", a.forward_passes(), tokens,
-                          per_token)
+                    per_token = _seconds_per_token(ctx.model, encoded, ctx.batch_size, objective)
+                _announce(*ANNOUNCED[key], a.cost(), tokens, per_token)
         if built:
+            step = step or "attribution: " + " and ".join(ANNOUNCED[key][0] for key, _ in built)  # pass 1
             out = ctx.run_pass(source, [a for _, a in built], step=step)
             results.update({key: out.results[a.name] for key, a in built})
     return {k: r for k, r in results.items() if k not in INTERMEDIATE}
@@ -221,8 +240,8 @@ def example_maps(lm, e, methods: list[str], options: AttributionOptions, notes: 
                          f"--attribution-flow-max-tokens {options.flow_max_tokens}")
     if "value-zeroing" in methods:
         if len(e) <= MAX_VZ_TOKENS:
-            _announce("value zeroing", "value-zeroing", forward_passes(lm, len(e)), len(e),
-                      _forward_seconds_per_token(lm, [e], 1))
+            _announce("value zeroing", "value-zeroing", (forward_passes(lm, len(e)), 0), len(e),
+                      _seconds_per_token(lm, [e], 1))
             example["value_zeroing"] = value_zeroing(lm, e)
         else:
             notes.append(f"value zeroing of example {e.index} skipped: {len(e)} tokens is above "
@@ -307,6 +326,9 @@ class Attribution(Family):
         objective = _objective(lm, options, encoded, ctx.seed, notes) if needs_loss else None
         if objective is not None:
             notes.append(f"loss: {objective.describe()['loss']}")
+            if options.attribution_methods == ",".join(DEFAULT_METHODS) and not skipped:  # it could run
+                notes.append("per-head ablation did not run: it is not in the default methods, since it "
+                             "takes longer than all of them together; --attribution-methods all runs it")
         # the agreement pass: the examples up to the attribution_map_examples-th that fits
         last = encoded[min(options.attribution_map_examples, len(encoded)) - 1].index
         results = _run_passes(examples, examples[: last + 1], methods, objective, options, ctx, encoded)
