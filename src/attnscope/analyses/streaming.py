@@ -19,7 +19,8 @@ special, punctuation, the general family's classes) ride along as extra value co
 same product gives each row's mass ``M`` on every class. No probabilities are requested
 and the forward pass builds no ``[T T]`` mask, so the largest extra memory is one tile,
 ``Hq * c * n`` floats (a few copies of it), instead of the ``L * Hq * n * n`` of
-``output_attentions``. Each tile holds whole rows, which the statistics need (so no online
+``output_attentions``. Under bfloat16 autocast the query and key projections run in float32
+(:func:`float32_logits`), so the scores are not made of bfloat16-rounded queries and keys. Each tile holds whole rows, which the statistics need (so no online
 softmax over key blocks); at the smallest automatic tile, 16 rows, a 128k-token row block of
 9 heads is 75 MB.
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -48,7 +50,8 @@ from attnscope.analyses.longctx import (
     is_punct,
     sample_rows,
 )
-from attnscope.models.forward import forward, pad_batch
+from attnscope.models.families import module_at
+from attnscope.models.forward import forward, model_device, pad_batch
 
 ENGINES = ("auto", "streaming", "maps")
 TILE_BYTES = 10 << 20  # one [heads, rows, n] float32 tile at most, for the automatic chunk
@@ -315,6 +318,40 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
     return hook
 
 
+@contextmanager
+def float32_logits(lm):
+    """Within the block, under bfloat16 autocast, each layer's query and key projections (the
+    family table's ``query``/``key`` modules) run in float32, so the attention logits the tiles
+    compute in float32 are not made of bfloat16-rounded queries and keys; the rest of the model
+    stays in bfloat16. Nothing changes without autocast, for a model whose weights are not
+    float32, or for a family without those paths in the table."""
+    import torch
+
+    device = model_device(lm.model).type
+    fam = lm.family
+    paths = {p for p in (fam.query, fam.key) if p is not None}
+    mods = {module_at(lm.model, p.format(layer=i)) for p in paths for i in range(lm.num_layers)}
+    mods = [m for m in mods if m is not None and getattr(m, "weight", None) is not None
+            and m.weight.dtype == torch.float32]
+    if not torch.is_autocast_enabled(device) or len(mods) != len(paths) * lm.num_layers:
+        yield
+        return
+
+    def exact(forward):
+        def run(x, *args, **kwargs):
+            with torch.autocast(device_type=device, enabled=False):
+                return forward(x.float(), *args, **kwargs)
+        return run
+
+    for m in mods:
+        m.forward = exact(m.forward)
+    try:
+        yield
+    finally:
+        for m in mods:
+            del m.forward
+
+
 def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk: int = 0,
                  batch_size: int = 1, targets: Seq[dict[str, Seq[int]] | None] | None = None,
                  progress: Callable[[int], None] | None = None,
@@ -360,7 +397,8 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
                     _fold_maps(reference, site.layer, seq, probs[b, :, :n, :n])
 
             hooks["attn"] = fold
-        forward(lm, inputs, hooks=hooks, lean_mask=True)
+        with float32_logits(lm):
+            forward(lm, inputs, hooks=hooks, lean_mask=True)
         for seq in seqs:
             stats.end(seq)
         if reference is not None:

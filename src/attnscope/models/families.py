@@ -65,6 +65,17 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
 }
 
 
+def module_at(model, path: str):
+    """The module at a table path (``{layer}`` filled in) of ``model``, looked up on the model
+    itself and under its base-model prefix (a model loaded with its head); None if neither has it."""
+    for candidate in (path, f"{getattr(model, 'base_model_prefix', '')}.{path}"):
+        try:
+            return model.get_submodule(candidate)
+        except AttributeError:
+            continue
+    return None
+
+
 def family_for(model_type: str) -> ModelFamily:
     """The family of a ``config.model_type``; unknown types get a generic encoder entry.
 

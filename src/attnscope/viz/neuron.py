@@ -22,6 +22,7 @@ import numpy as np
 
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError
+from attnscope.models.families import module_at
 from attnscope.models.forward import supports_hooks
 from attnscope.models.loading import LoadedModel
 from attnscope.viz.encoding import encode_f32
@@ -66,11 +67,9 @@ class QueryKey:
 
 
 def _module(model, path: str):
-    for candidate in (path, f"{getattr(model, 'base_model_prefix', '')}.{path}"):
-        try:
-            return model.get_submodule(candidate)
-        except AttributeError:
-            continue
+    found = module_at(model, path)
+    if found is not None:
+        return found
     raise AttnscopeError(f"neuron view: the model has no module {path!r} (family table entry "
                          "in attnscope.models.families does not match this model)")
 
