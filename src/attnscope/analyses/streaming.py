@@ -19,10 +19,10 @@ special, punctuation, the general family's classes) ride along as extra value co
 same product gives each row's mass ``M`` on every class. No probabilities are requested
 and the forward pass builds no ``[T T]`` mask, so the largest extra memory is one tile,
 ``Hq * c * n`` floats (a few copies of it), instead of the ``L * Hq * n * n`` of
-``output_attentions``. Under bfloat16 autocast the query and key projections run in float32
-(:func:`float32_logits`), so the scores are not made of bfloat16-rounded queries and keys. Each tile holds whole rows, which the statistics need (so no online
+``output_attentions``. Each tile holds whole rows, which the statistics need (so no online
 softmax over key blocks); at the smallest automatic tile, 16 rows, a 128k-token row block of
-9 heads is 75 MB.
+9 heads is 75 MB. Under bfloat16 autocast the query and key projections run in float32
+(:func:`float32_logits`), so the scores are not made of bfloat16-rounded queries and keys.
 
 >>> from attnscope.models import load_model
 >>> from attnscope.analyses.longctx import LongContextStats
@@ -337,10 +337,10 @@ def float32_logits(lm):
         yield
         return
 
-    def exact(forward):
+    def exact(call):
         def run(x, *args, **kwargs):
             with torch.autocast(device_type=device, enabled=False):
-                return forward(x.float(), *args, **kwargs)
+                return call(x.float(), *args, **kwargs)
         return run
 
     for m in mods:
