@@ -89,16 +89,21 @@ def test_importance_norm_option_reaches_the_analysis_and_the_caption(debug_gpt2,
     assert "released code's estimate" in caption
 
 
-def test_cli_bad_methods_is_one_line_exit_2_and_no_output(tmp_path):
+@pytest.mark.parametrize("args,message", [
+    (["--attribution-methods", "importance,nope"], "--attribution-methods names nope; choose from"),
+    # an ablation choice without the ablation method (not in the defaults) would do nothing
+    (["--attribution-ablation", "zero"], "error: --attribution-ablation zero needs the 'ablation' method in "
+                                         "--attribution-methods (add 'ablation', or all)\n"),
+])
+def test_cli_bad_methods_is_one_line_exit_2_and_no_output(tmp_path, args, message):
     import subprocess
     import sys
 
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "attnscope", "analyze", "attribution", str(DEMO),
-                           "--model", "debug:bert", "--out", str(out), "--attribution-methods",
-                           "importance,nope"], capture_output=True, text=True)
+                           "--model", "debug:bert", "--out", str(out), *args], capture_output=True, text=True)
     assert proc.returncode == 2
-    assert "--attribution-methods names nope; choose from" in proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert "Traceback" not in proc.stderr
     assert not out.exists() or not any(out.rglob("*.json"))
 

@@ -72,6 +72,9 @@ class AttributionOptions:
         if bad or not chosen:
             raise AttnscopeError(f"attribution_methods names {', '.join(bad) or 'no method'}; "
                                  f"choose from {', '.join(ALL_METHODS)} or all", params=("attribution_methods",))
+        if self.ablation != "both" and "ablation" not in chosen:  # a choice that would do nothing
+            raise AttnscopeError(f"ablation {self.ablation} needs the 'ablation' method in attribution_methods "
+                                 "(add 'ablation', or all)", params=("ablation", "attribution_methods"))
         if "pruning" in chosen and "importance" not in chosen:
             chosen.insert(0, "importance")
         return [m for m in ALL_METHODS if m in chosen]
