@@ -21,8 +21,8 @@ and the forward pass builds no ``[T T]`` mask, so the largest extra memory is on
 ``Hq * c * n`` floats (a few copies of it), instead of the ``L * Hq * n * n`` of
 ``output_attentions``. Each tile holds whole rows, which the statistics need (so no online
 softmax over key blocks); at the smallest automatic tile, 16 rows, a 128k-token row block of
-9 heads is 75 MB. Under bfloat16 autocast the query and key projections run in float32
-(:func:`float32_logits`), so the scores are not made of bfloat16-rounded queries and keys.
+9 heads is 75 MB. Under bfloat16 autocast the attention modules run in float32
+(:func:`float32_attention`), so the scores are not made of bfloat16-rounded queries and keys.
 
 >>> from attnscope.models import load_model
 >>> from attnscope.analyses.longctx import LongContextStats
@@ -319,28 +319,32 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
 
 
 @contextmanager
-def float32_logits(lm):
-    """Within the block, under bfloat16 autocast, each layer's query and key projections (the
-    family table's ``query``/``key`` modules) run in float32, so the attention logits the tiles
-    compute in float32 are not made of bfloat16-rounded queries and keys; the rest of the model
-    stays in bfloat16. Nothing changes without autocast, for a model whose weights are not
-    float32, or for a family without those paths in the table."""
+def float32_attention(lm):
+    """Within the block, under bfloat16 autocast, each layer's attention module (the parent of
+    the family table's ``query`` projection: its query, key, value and, for decoders, output
+    projections) runs in float32, so the scores the tiles compute in float32 are not made of
+    bfloat16-rounded queries and keys, and the attention output the next layers read is not
+    rounded either; the MLPs stay in bfloat16. Nothing changes without autocast, for a model
+    whose weights are not float32, or for a family without a ``query`` path in the table (or
+    with one module shared by all layers)."""
     import torch
 
     device = model_device(lm.model).type
-    fam = lm.family
-    paths = {p for p in (fam.query, fam.key) if p is not None}
-    mods = {module_at(lm.model, p.format(layer=i)) for p in paths for i in range(lm.num_layers)}
-    mods = [m for m in mods if m is not None and getattr(m, "weight", None) is not None
-            and m.weight.dtype == torch.float32]
-    if not torch.is_autocast_enabled(device) or len(mods) != len(paths) * lm.num_layers:
+    query = lm.family.query or ""
+    mods = [module_at(lm.model, query.rsplit(".", 1)[0].format(layer=i))
+            for i in range(lm.num_layers)] if "{layer}" in query else []
+    if not (torch.is_autocast_enabled(device) and mods and None not in mods
+            and all(w.dtype == torch.float32 for m in mods for w in m.parameters())):
         yield
         return
 
+    def upcast(x):
+        return x.float() if torch.is_tensor(x) and x.is_floating_point() else x
+
     def exact(call):
-        def run(x, *args, **kwargs):
+        def run(*args, **kwargs):
             with torch.autocast(device_type=device, enabled=False):
-                return call(x.float(), *args, **kwargs)
+                return call(*map(upcast, args), **{k: upcast(v) for k, v in kwargs.items()})
         return run
 
     for m in mods:
@@ -397,7 +401,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
                     _fold_maps(reference, site.layer, seq, probs[b, :, :n, :n])
 
             hooks["attn"] = fold
-        with float32_logits(lm):
+        with float32_attention(lm):
             forward(lm, inputs, hooks=hooks, lean_mask=True)
         for seq in seqs:
             stats.end(seq)

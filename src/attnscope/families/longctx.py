@@ -36,8 +36,8 @@ class Options:
                          choices=("auto", "streaming", "maps"))
     maps_budget_gb: float = option(2.0, "Largest size of one batch's attention maps for --longctx-engine auto "
                                         "to use them.")
-    dtype: str = option("float32", "Precision of the forward pass (bfloat16: autocast, with the query "
-                                   "and key projections in float32; the statistics are always float32).",
+    dtype: str = option("float32", "Precision of the forward pass (bfloat16: autocast, except the "
+                                   "attention modules; the statistics are always float32).",
                         choices=("float32", "bfloat16"))
     join: bool = option(False, "Join consecutive documents (in file order) until --max-seq-len tokens.")
     num_docs: int = option(0, "Use only the first N documents (0: all).")
