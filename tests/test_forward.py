@@ -38,7 +38,7 @@ def _eager_reference(lm, inputs):
     try:
         with torch.no_grad():
             return lm.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
-                            output_attentions=True)
+                            output_attentions=True, use_cache=False)  # as forward() runs it
     finally:
         lm.model.set_attn_implementation("attnscope")
 
@@ -188,3 +188,19 @@ def test_families_without_the_interface_refuse_hooks():
     assert len(forward(lm, inputs, attentions=True).attentions) == 1
     with pytest.raises(AttnscopeError, match="AttentionInterface"):
         forward(lm, inputs, hooks={"q": lambda s, t: None})
+
+
+@pytest.mark.parametrize("name", ["debug_gpt2", "tiny_llama"])
+def test_a_decoder_pass_keeps_no_key_value_cache(name, request):
+    # the model alone keeps every layer's keys and values (at 16k tokens SmolLM2's are 755 MB);
+    # one analysis pass never reads them again
+    lm = request.getfixturevalue(name)
+    inputs = _inputs(lm, [[3, 4, 5, 6]])
+    with torch.no_grad():
+        assert lm.model(input_ids=inputs.input_ids).past_key_values is not None  # what forward() turns off
+    out = forward(lm, inputs)
+    assert out.output.past_key_values is None
+    cached = forward(lm, inputs, use_cache=True).output  # the caller's choice stands
+    assert cached.past_key_values is not None
+    # the same numbers, up to the rounding of keys read from the cache's own copies
+    torch.testing.assert_close(out.output.last_hidden_state, cached.last_hidden_state, rtol=0, atol=1e-6)

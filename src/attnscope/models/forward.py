@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -223,6 +224,8 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
 
     device = model_device(lm.model)
     kwargs = {"input_ids": inputs.input_ids, "attention_mask": inputs.attention_mask, **model_kwargs}
+    if lm.family.causal and "use_cache" in inspect.signature(lm.model.forward).parameters:
+        kwargs.setdefault("use_cache", False)  # one pass: a key/value cache would only hold memory
     if lm.family.token_types and inputs.token_type_ids is not None:
         kwargs["token_type_ids"] = inputs.token_type_ids
     # The one place a batch goes to the model's device (a no-op when it is already there);
