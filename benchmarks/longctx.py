@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--chunk", type=int, default=0, help="rows per tile; 0: automatic (64, fewer where a tile would pass 10 MB)")
+    ap.add_argument("--chunk", type=int, default=0, help="rows per tile; 0: automatic (streaming.auto_tile)")
     ap.add_argument("--js-rows", type=int, default=8)
     ap.add_argument("--timeout", type=int, default=480)
     ap.add_argument("--mem-cap-gb", type=float, default=12.0)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from attnscope.analyses import streaming
 from attnscope.analyses.longctx import (
     NUM_BUCKETS,
     LongContextStats,
@@ -257,8 +258,11 @@ def test_lean_mask_same_output_and_same_allowed_keys(decoder):
 
 
 # -- exactness: streaming == maps == independent reference ---------------------------------------
-def test_streaming_equals_reference_from_eager_maps(decoder):
+@pytest.mark.parametrize("one_key_head", [False, True])
+def test_streaming_equals_reference_from_eager_maps(decoder, one_key_head, monkeypatch):
     lm = decoder
+    if one_key_head:  # a tile of one key head's query heads, the key heads one after another
+        monkeypatch.setattr(streaming, "TILE_BYTES", 1)
     seqs, targets = _docs(lm)
     ref = reference(lm, seqs, targets, js_rows=3)
     st = LongContextStats(js_rows=3)
@@ -442,13 +446,19 @@ def test_diagonal_sums_match_brute_force(c, K, q0):
         assert torch.allclose(sums[:, x], want[dd])
 
 
-def test_auto_chunk():
-    from attnscope.analyses.streaming import auto_chunk
+def test_auto_tile():
+    from attnscope.analyses.streaming import TILE_BYTES, auto_tile
 
-    assert auto_chunk(9, 8192) == (10 << 20) // (4 * 9 * 8192) == 35  # a 10 MB tile
-    assert auto_chunk(9, 16384) == 17
-    assert auto_chunk(9, 4096) == auto_chunk(9, 2048) == auto_chunk(9, 10) == 64  # never more rows
-    assert auto_chunk(9, 131072) == 16 and auto_chunk(9, 10 ** 7) == 16  # never fewer rows
+    # SmolLM2: 3 query heads on each of 3 key heads; a key head's rows take 4 * 3 * n bytes
+    assert TILE_BYTES == 7 << 20
+    assert auto_tile(3, 3, 2048) == (64, 3)  # 64 rows of all three: 4.7 MB
+    assert auto_tile(3, 3, 4096) == (64, 2)  # 64 rows of two key heads: 6.3 MB
+    assert auto_tile(3, 3, 8192) == (64, 1)  # 64 rows of one: 6.3 MB
+    assert auto_tile(3, 3, 16384) == ((7 << 20) // (4 * 3 * 16384), 1) == (37, 1)
+    assert auto_tile(3, 3, 131072) == auto_tile(3, 3, 10 ** 7) == (16, 1)  # never fewer rows
+    assert auto_tile(1, 12, 512) == (64, 12)  # an encoder: every head in one tile
+    assert auto_tile(3, 3, 2048, rows=5) == (5, 3)  # rows given: the key heads that fit
+    assert auto_tile(3, 3, 8192, rows=1000) == (1000, 1)  # at least one key head
 
 
 def test_encoder_rows_see_every_key_in_norm_entropy_and_distances():
@@ -489,7 +499,7 @@ def _units(lm, text):
 
 
 @pytest.mark.parametrize("name", ["llama", "bert"])
-def test_word_level_streaming_equals_word_level_maps(name):
+def test_word_level_streaming_equals_word_level_maps(name, monkeypatch):
     from attnscope.extract.wordlevel import to_word_level
 
     lm = load_model(f"debug:{name}")
@@ -499,9 +509,12 @@ def test_word_level_streaming_equals_word_level_maps(name):
     assert any(len(u) > u[-1] + 1 for u in units)  # some words are split into pieces
     ref = LongContextStats(js_rows=3, causal=causal)
     maps_update(lm, ids, ref, units=units, batch_size=2)
-    for chunk, bs in ((1, 1), (3, 2), (1000, 3)):
+    for chunk, bs, tile_bytes in ((1, 1, None), (3, 2, 1), (1000, 3, None)):
+        if tile_bytes:  # one key head per tile
+            monkeypatch.setattr(streaming, "TILE_BYTES", tile_bytes)
         got = LongContextStats(js_rows=3, causal=causal)
         stream_stats(lm, ids, got, chunk=chunk, batch_size=bs, units=units)
+        monkeypatch.undo()
         assert got.rows == sum(int(u[-1]) for u in units)  # unit rows 1 .. U-1
         assert_close(got.means(), ref.means())
     # independently: the word-level sink mass straight from eager maps converted by to_word_level

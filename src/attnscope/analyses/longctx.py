@@ -288,26 +288,29 @@ class LongContextStats(MapsAnalysis):
         self.sums["dist_pairs"] += pairs_per_bucket(n, self.causal)
         self.sums["pos_rows"] += np.bincount(bucket_of(np.arange(1, n)), minlength=NUM_BUCKETS)
 
-    def tile(self, layer: int, seq: Sequence, q0: int, p, ent, top=None, masses=None) -> None:
+    def tile(self, layer: int, seq: Sequence, q0: int, p, ent, top=None, masses=None,
+             heads: slice = slice(None)) -> None:
         """Fold the rows ``q0 .. q0+c-1`` (all >= 1) of one layer: ``p`` ``[H c K]`` (exactly 0
         where a key is masked), each row's entropy ``ent`` ``[H c]`` (nats) and, where the
         caller has them, each row's largest weight ``top`` ``[H c]`` (else ``p.amax(-1)``) and
         its mass on each column of :meth:`Sequence.key_classes` ``masses`` ``[H c 3+C]`` (more
-        columns are ignored; else one matrix product, :func:`key_mass`).
+        columns are ignored; else one matrix product, :func:`key_mass`). ``heads``: which of the
+        layer's heads ``p`` holds (all of them unless said); the heads of a sampled row must
+        come in order, lowest first.
 
         Besides those, a tile costs one pass over ``p`` (:func:`diagonal_sums`, the mass per
         distance); its per-row values wait in the sequence's buffers, which are reduced to the
         per-head sums once per layer, by :meth:`layer_end` (else when the sequence's next layer
         begins, or at :meth:`end`)."""
         if seq.targets:  # a probe feeds its target scores only
-            self._fold_targets(layer, seq, q0, p)
+            self._fold_targets(layer, seq, q0, p, heads)
             return
-        H, c, K = p.shape
+        _, c, K = p.shape
         dev = p.device
         if seq.layer != layer:
             self.layer_end(seq)  # (a producer that did not say so)
-            seq.start_layer(layer, H, dev)
-        rows = seq.row_values[:, :, q0:q0 + c]
+            seq.start_layer(layer, self.shape[1], dev)
+        rows = seq.row_values[:, heads, q0:q0 + c]
         rows[0] = ent
         rows[1] = p.amax(-1) if top is None else top
         if masses is None:
@@ -315,7 +318,7 @@ class LongContextStats(MapsAnalysis):
         rows[2:] = masses[..., :rows.shape[0] - 2].permute(2, 0, 1)
         _, per_d = diagonal_sums(p, q0)  # distances q0 + c - 1 down
         e0 = seq.n - (q0 + c - 1)
-        seq.dist_sums[:, e0:e0 + per_d.shape[1]] += per_d
+        seq.dist_sums[heads, e0:e0 + per_d.shape[1]] += per_d
         for r in seq.js_rows:
             if q0 <= r < q0 + c:
                 width = r + 1 if self.causal else K  # the keys the row can see
@@ -373,8 +376,9 @@ class LongContextStats(MapsAnalysis):
             add("rows_max_below", (top <= seq.max_below).sum(-1).double().cpu().numpy())
         seq.layer = -1
 
-    def _fold_targets(self, layer: int, seq: Sequence, q0: int, p) -> None:
-        """A probe's tile ``p`` ``[H c K]``: the weight of each row on its target key."""
+    def _fold_targets(self, layer: int, seq: Sequence, q0: int, p, heads: slice = slice(None)) -> None:
+        """A probe's tile ``p`` ``[H c K]`` (of the layer's ``heads``): the weight of each row on
+        its target key."""
         import torch
 
         c = p.shape[1]
@@ -384,7 +388,7 @@ class LongContextStats(MapsAnalysis):
             if bool(ok.any()):
                 rows = torch.nonzero(ok)[:, 0]
                 got = p[:, rows, tt[rows]]  # [H r]
-                self.targets[name][0][layer] += got.sum(1).double().cpu().numpy()
+                self.targets[name][0][layer, heads] += got.sum(1).double().cpu().numpy()
 
     def end(self, seq: Sequence) -> None:
         """After every layer of a sequence: fold its last layer's rows, and its sampled rows into

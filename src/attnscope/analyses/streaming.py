@@ -18,10 +18,11 @@ the forward helper's ``"attend"`` hook, so the model's own attention (torch's fu
 special, punctuation, the general family's classes) ride along as extra value columns, so the
 same product gives each row's mass ``M`` on every class. No probabilities are requested
 and the forward pass builds no ``[T T]`` mask, so the largest extra memory is one tile,
-``Hq * c * n`` floats (a few copies of it), instead of the ``L * Hq * n * n`` of
+at most ``Hq * c * n`` floats (a few copies of it), instead of the ``L * Hq * n * n`` of
 ``output_attentions``. Each tile holds whole rows, which the statistics need (so no online
-softmax over key blocks); at the smallest automatic tile, 16 rows, a 128k-token row block of
-9 heads is 75 MB. Under bfloat16 autocast the attention modules run in float32
+softmax over key blocks), of one block of key heads and their query heads (:func:`auto_tile`);
+at the smallest automatic tile, 16 rows of one key head's 3 query heads, a 128k-token tile is
+25 MB. Under bfloat16 autocast the attention modules run in float32
 (:func:`float32_attention`), so the scores are not made of bfloat16-rounded queries and keys.
 
 >>> from attnscope.models import load_model
@@ -54,7 +55,7 @@ from attnscope.models.families import module_at
 from attnscope.models.forward import forward, model_device, pad_batch
 
 ENGINES = ("auto", "streaming", "maps")
-TILE_BYTES = 10 << 20  # one [heads, rows, n] float32 tile at most, for the automatic chunk
+TILE_BYTES = 7 << 20  # the float32 scores of one tile at most, for the automatic tiles
 LOW = -3.4028234663852886e38  # float32's most negative finite value: "masked"
 
 
@@ -69,21 +70,19 @@ def _softmax_entropy(s, e):
     """Row softmax of the scores ``s`` ``[H c K]``, each row's entropy and its largest weight.
 
     ``s`` is used up (shifted in place so that each row's maximum is 0, then overwritten); ``e``
-    (same shape) receives ``exp(s)`` and then the weights. With ``z = sum exp(s)``: ``p = exp(s) / z``,
-    the largest weight is ``1 / z`` and ``H = -sum p ln p = ln z - sum p s``. Masked scores
-    give ``p = 0`` exactly. Written out rather than torch's softmax so that both tiles live in
-    buffers the caller keeps instead of fresh allocations (on one 16k-token tile alone, a fresh
-    33 MB output took about 5 ms more, as long as the softmax; the whole 16k benchmark could not
-    tell the difference within its noise).
+    (same shape) receives the weights ``p = exp(s) / z``, ``z = sum exp(s)``. The largest weight
+    is ``exp(0) / z = 1 / z``, so ``H = -sum p ln p = ln z - sum p s = -ln max p - sum p s``.
+    Masked scores give ``p = 0`` exactly. torch's softmax writes ``p`` in one pass over memory
+    (it works a row at a time, within the cache), where ``exp``, a sum and a scaling written out
+    took three (on a ``[9 17 16384]`` tile: 1.5 ms against 2.6 ms); ``e`` is a buffer the
+    caller keeps, not a fresh allocation.
     """
     import torch
 
     s.sub_(s.amax(-1, keepdim=True))
-    p = torch.exp(s, out=e)
-    z = p.sum(-1)
-    top = z.reciprocal()
-    p.mul_(top.unsqueeze(-1))
-    ent = s.mul_(p).sum(-1).neg_().add_(torch.log(z))  # (s is spent: p s in its place)
+    p = torch.softmax(s, -1, out=e)
+    top = p.amax(-1)
+    ent = s.mul_(p).sum(-1).neg_().sub_(torch.log(top))  # (s is spent: p s in its place)
     return p, ent, top
 
 
@@ -211,12 +210,19 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
     return out
 
 
-def auto_chunk(num_heads: int, n: int, tile_bytes: int = TILE_BYTES) -> int:
-    """Query rows per tile: 64, fewer where a float32 ``[heads, rows, n]`` tile would take more
-    than ``tile_bytes``, and at least 16. Measured on CPU with SmolLM2 (one thread, grouped
-    keys): 64 and 32 rows were within 2% at 4k tokens, 32 rows beat 64 and 16 by 12% at 8k,
-    and 16 rows beat 32 by 2% at 16k: the tile and its weights should stay within the cache."""
-    return int(min(64, max(16, tile_bytes // (4 * num_heads * max(1, n)))))
+def auto_tile(kv_groups: int, kv_heads: int, n: int, rows: int = 0,
+              tile_bytes: int = TILE_BYTES) -> tuple[int, int]:
+    """``(query rows, key heads)`` per tile. Rows (unless given): 64, fewer where the float32
+    ``[G rows n]`` scores of one key head's ``G = kv_groups`` query heads would take more than
+    ``tile_bytes``, and at least 16; then as many key heads as fit in ``tile_bytes`` (at least
+    one). Measured on CPU with SmolLM2 (one thread, 9 query heads on 3 key heads, one layer's
+    tiles against sdpa's 1.0 s at 8k and 3.85 s at 16k): at 8k, 64 rows of one key head 1.42 s,
+    35 rows of all three 1.60 s; at 16k, 32 rows of one key head 5.83 s, 64 rows 6.21 s, 17 rows
+    of all three 7.14 s. A tile, its weights and its key head's keys and values should stay
+    within the 32 MB cache, and the products want as many rows as that allows."""
+    row_bytes = 4 * kv_groups * max(1, n)
+    rows = rows or int(min(64, max(16, tile_bytes // row_bytes)))
+    return rows, int(min(kv_heads, max(1, tile_bytes // (row_bytes * rows))))
 
 
 def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> Callable:
@@ -224,10 +230,14 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
     tiles of every sequence of the batch (begun in ``stats``) and return the heads' outputs
     ``P V`` computed from the same tiles, so the layer's own attention does not run.
 
-    Rows are tiled as the statistics need them (``chunk`` query rows, 0: :func:`auto_chunk`);
-    each tile holds whole rows (every key a row sees), so no online softmax is needed.
+    Rows are tiled as the statistics need them (``chunk`` query rows, 0: :func:`auto_tile`);
+    each tile holds whole rows (every key a row sees), so no online softmax is needed. A tile
+    holds a block of key heads and their query heads; the blocks go one after the other, each
+    through all its rows, so one block's keys and values stay in the cache.
     """
     import torch
+
+    tiles = [None, None]  # a tile's scores and weights: two buffers kept across the layers
 
     def hook(site, query):
         # float32 whatever the forward pass runs in (autocast would turn matmul to bfloat16)
@@ -247,40 +257,47 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
         G = site.kv_groups
         Hkv = H // G
         out = q.new_zeros(B, T, H, d)  # [B T Hq d]
-        tiles = [None, None]  # a tile's scores and weights: two buffers kept across the layer
 
         def buffer(i, shape):  # sized at once for rows as wide as the longest sequence
             size = shape[0] * shape[1] * shape[2]
-            if tiles[i] is None or tiles[i].numel() < size:
+            if tiles[i] is None or tiles[i].numel() < size or tiles[i].device != q.device:
                 tiles[i] = q.new_empty(max(size, shape[0] * shape[1] * T))
             return tiles[i][:size].view(shape)
 
-        def probs(b, r0, r1, vb):
-            """Rows r0 .. r1-1 of sequence b: P [H c k1], entropies and largest weights [H c],
-            and P times the columns of the values vb [Hkv n d+C] past the first d (key classes).
+        def probs(b, kv, r0, r1, vb):
+            """Rows r0 .. r1-1 of sequence b, query heads of the key heads ``kv`` (a slice):
+            P [h c k1], entropies and largest weights [h c], and P times the columns of the
+            values vb [Hkv n d+C] past the first d (key classes).
 
             Grouped-query attention without copies of the keys: the G query heads that share a
             key head (query head h reads key head h // G) are one matrix of G c rows, so each
             product reads a key or value block once for all of them."""
             k1 = r1 if stats.causal else seq_len[b]
             c = r1 - r0
-            qr = q[b, :, r0:r1].reshape(Hkv, G * c, -1)
-            s = torch.matmul(qr, kt[b, :, :, :k1], out=buffer(0, (Hkv, G * c, k1))).view(H, c, k1)
+            nk = kv.stop - kv.start
+            hq = slice(kv.start * G, kv.stop * G)
+            shape = (nk, G * c, k1)
+            qr = q[b, hq, r0:r1].reshape(nk, G * c, -1)
+            s = torch.matmul(qr, kt[b, kv, :, :k1], out=buffer(0, shape)).view(nk * G, c, k1)
             if cap:
                 s.div_(cap).tanh_().mul_(cap)
             if plain:  # keys < r0 are all visible; mask the upper triangle of the last block
                 s[:, :, r0:r1].masked_fill_(_upper(c, s.device), LOW)
             else:
                 s.masked_fill_(~site.allowed(r0, r1, k1)[b], LOW)
-            p, ent, top = _softmax_entropy(s, buffer(1, (H, c, k1)))
-            pv = torch.matmul(p.view(Hkv, G * c, k1), vb[:, :k1]).view(H, c, -1)
-            out[b, r0:r1] = pv[..., :d].transpose(0, 1)
+            p, ent, top = _softmax_entropy(s, buffer(1, s.shape))
+            pv = torch.matmul(p.view(shape), vb[kv, :k1]).view(nk * G, c, -1)
+            out[b, r0:r1, hq] = pv[..., :d].transpose(0, 1)
             return p, ent, top, pv[..., d:]
 
         seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
         for b, seq in enumerate(seqs):
+            rows, nk = auto_tile(G, Hkv, seq_len[b], chunk, TILE_BYTES)
             if seq.units is not None:
-                _unit_tiles(site, partial(probs, b, vb=v[b]), seq)
+                for k0 in range(0, Hkv, nk):
+                    kv = slice(k0, min(Hkv, k0 + nk))
+                    _unit_tiles(site.layer, partial(probs, b, kv, vb=v[b]), seq, rows, slice(kv.start * G, kv.stop * G))
+                stats.layer_end(seq)
                 continue
             # the keys' classes as extra value columns (padded to a multiple of 4, which the
             # matrix product runs faster on): one product gives each row's output and its
@@ -289,19 +306,20 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
             vb = v.new_zeros(Hkv, seq.n, d + kc.shape[1] + (-(d + kc.shape[1])) % 4)
             vb[:, :, :d] = v[b, :, :seq.n]
             vb[:, :, d:d + kc.shape[1]] = kc
-            probs(b, 0, 1, vb)  # row 0: its output only (a statistics row has other keys to see)
-            rows = chunk or auto_chunk(H, seq.n)
-            for q0 in range(1, seq.n, rows):
-                q1 = min(seq.n, q0 + rows)
-                stats.tile(site.layer, seq, q0, *probs(b, q0, q1, vb))
+            for k0 in range(0, Hkv, nk):
+                kv = slice(k0, min(Hkv, k0 + nk))
+                heads = slice(kv.start * G, kv.stop * G)
+                probs(b, kv, 0, 1, vb)  # row 0: its output only (a statistics row has other keys to see)
+                for q0 in range(1, seq.n, rows):
+                    q1 = min(seq.n, q0 + rows)
+                    stats.tile(site.layer, seq, q0, *probs(b, kv, q0, q1, vb), heads=heads)
             stats.layer_end(seq)
         return out
 
-    def _unit_tiles(site, probs, seq):
+    def _unit_tiles(layer, probs, seq, rows, heads):
         # word level: tiles of whole units, about `rows` tokens each, from unit 1 on
         n, U, starts = seq.token_n, seq.n, seq.unit_start
         probs(0, starts[1] if U > 1 else n)  # unit 0's rows: their output only
-        rows = chunk or auto_chunk(site.query.shape[1], n)
         u0 = 1
         while u0 < U:
             t0 = starts[u0]
@@ -311,9 +329,8 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
             t1 = starts[u1] if u1 < U else n
             p = probs(t0, t1)[0]
             pw, ent = _unit_tile(p, seq, t0, u0, u1, u1 if stats.causal else U)
-            stats.tile(site.layer, seq, u0, pw, ent)
+            stats.tile(layer, seq, u0, pw, ent, heads=heads)
             u0 = u1
-        stats.layer_end(seq)
 
     return hook
 
@@ -364,7 +381,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
                  units: Seq[Any] | None = None) -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
-    ``chunk``: query rows per tile (0: :func:`auto_chunk` per sequence). ``targets``: per sequence, name -> key index per row (-1:
+    ``chunk``: query rows per tile (0: :func:`auto_tile` per sequence). ``targets``: per sequence, name -> key index per row (-1:
     none), e.g. from :func:`induction_sequences`. The statistics do not depend on ``chunk`` or
     ``batch_size`` (up to float32 rounding).
 
