@@ -264,18 +264,18 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
                 tiles[i] = v.new_empty(max(size, shape[0] * shape[1] * T))
             return tiles[i][:size].view(shape)
 
-        def probs(b, kv, r0, r1, vb):
-            """Rows r0 .. r1-1 of sequence b, query heads of the key heads ``kv`` (a slice):
-            P [h c k1], entropies and largest weights [h c], and P times the columns of the
-            values vb [Hkv n d+C] past the first d (key classes).
+        def probs(b, block, r0, r1, vb):
+            """Rows r0 .. r1-1 of sequence b, for a block of key heads and their query heads
+            (two slices): P [h c k1], entropies and largest weights [h c], and P times the
+            columns of the values vb [Hkv n d+C] past the first d (key classes).
 
             Grouped-query attention without copies of the keys: the G query heads that share a
             key head (query head h reads key head h // G) are one matrix of G c rows, so each
             product reads a key or value block once for all of them."""
             k1 = r1 if stats.causal else seq_len[b]
             c = r1 - r0
+            kv, hq = block
             nk = kv.stop - kv.start
-            hq = slice(kv.start * G, kv.stop * G)
             shape = (nk, G * c, k1)
             qr = (q[b, hq, r0:r1].float() * site.scaling).reshape(nk, G * c, -1)
             s = torch.matmul(qr, kt[b, kv, :, :k1], out=buffer(0, shape)).view(nk * G, c, k1)
@@ -293,10 +293,11 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
         seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
         for b, seq in enumerate(seqs):
             rows, nk = auto_tile(G, Hkv, seq_len[b], chunk, TILE_BYTES)
+            blocks = [(slice(k, min(Hkv, k + nk)), slice(k * G, min(Hkv, k + nk) * G))  # key heads, query heads
+                      for k in range(0, Hkv, nk)]
             if seq.units is not None:
-                for k0 in range(0, Hkv, nk):
-                    kv = slice(k0, min(Hkv, k0 + nk))
-                    _unit_tiles(site.layer, partial(probs, b, kv, vb=v[b]), seq, rows, slice(kv.start * G, kv.stop * G))
+                for block in blocks:
+                    _unit_tiles(site.layer, partial(probs, b, block, vb=v[b]), seq, rows, block[1])
                 stats.layer_end(seq)
                 continue
             # the keys' classes as extra value columns (padded to a multiple of 4, which the
@@ -306,13 +307,11 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
             vb = v.new_zeros(Hkv, seq.n, d + kc.shape[1] + (-(d + kc.shape[1])) % 4)
             vb[:, :, :d] = v[b, :, :seq.n]
             vb[:, :, d:d + kc.shape[1]] = kc
-            for k0 in range(0, Hkv, nk):
-                kv = slice(k0, min(Hkv, k0 + nk))
-                heads = slice(kv.start * G, kv.stop * G)
-                probs(b, kv, 0, 1, vb)  # row 0: its output only (a statistics row has other keys to see)
+            for block in blocks:
+                probs(b, block, 0, 1, vb)  # row 0: its output only (a statistics row has other keys to see)
                 for q0 in range(1, seq.n, rows):
                     q1 = min(seq.n, q0 + rows)
-                    stats.tile(site.layer, seq, q0, *probs(b, kv, q0, q1, vb), heads=heads)
+                    stats.tile(site.layer, seq, q0, *probs(b, block, q0, q1, vb), heads=block[1])
             stats.layer_end(seq)
         return out
 
