@@ -314,14 +314,22 @@ class PruningCurve(EncodedAnalysis):
                 sets.setdefault(frozenset(order[:self.removed(frac)]), []).append((o, f))
         return sets
 
+    def _schedule(self) -> tuple[dict[frozenset, list[tuple[int, int]]], dict[frozenset, int], bool]:
+        """:meth:`plan`, each set's first pruned layer (0 for the set with no head removed), and
+        whether the full pass runs: it gives that set's point and the layer inputs the sets that
+        start past layer 0 begin from."""
+        plan = self.plan()
+        firsts = {heads: min((layer for layer, _ in heads), default=0) for heads in plan}
+        return plan, firsts, frozenset() in plan or any(firsts.values())
+
     def cost(self) -> tuple[float, int]:
         """Cost of :meth:`update` over the same examples, as :meth:`AblationEffect.cost`: one
         pass per distinct set, from its first pruned layer on, and the full pass whose layer
         inputs they start from."""
         L = self.objective.lm.num_layers
-        firsts = [min(layer for layer, _ in heads) for heads in self.plan() if heads]
-        full = int(any(first > 0 for first in firsts) or len(firsts) < len(self.plan()))
-        return full + sum((L - first) / L for first in firsts), full + len(firsts)
+        _, firsts, full = self._schedule()
+        pruned = [first for heads, first in firsts.items() if heads]
+        return int(full) + sum((L - first) / L for first in pruned), int(full) + len(pruned)
 
     def update(self, encoded) -> None:
         import torch
@@ -331,13 +339,10 @@ class PruningCurve(EncodedAnalysis):
         lm = self.objective.lm
         L = lm.num_layers
         dtype = next(lm.model.parameters()).dtype
-        plan = self.plan()
-        firsts = {heads: min((layer for layer, _ in heads), default=0) for heads in plan}
+        plan, firsts, needs_full = self._schedule()
         for chunk in _chunks(inputs, self.batch_size):
             # layers before a set's first pruned head are the full model's: start from their output
-            full = None
-            if frozenset() in plan or any(firsts.values()):
-                full = self.objective.run(chunk, output_hidden_states=True)
+            full = self.objective.run(chunk, output_hidden_states=True) if needs_full else None
             for heads, points in plan.items():
                 if not heads:
                     out = full
