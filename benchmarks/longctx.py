@@ -7,7 +7,11 @@ mode runs in its own process:
   maps       eager attention with every layer's [B H n n] maps returned (output_attentions),
              then the same statistics computed from the maps
   streaming  attnscope's streaming engine, one pass: query-chunked float32 tiles give the
-             statistics and each layer's output (the model's own sdpa does not run)
+             statistics and each layer's output (the model's own sdpa does not run); on the
+             CPU each tile's softmax and statistics come from the compiled kernel
+             (analyses/native.py)
+  streaming-torch  the same without the compiled kernel (ATTNSCOPE_NATIVE=0), as on a machine
+             with no C compiler
   sdpa       the bare forward pass (sdpa, no hooks, no statistics)
 
 and reports wall time, CPU time (user + system) and peak resident memory (ru_maxrss) of the
@@ -33,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+MODES = ["sdpa", "streaming", "streaming-torch", "maps"]
 ROOT = Path(__file__).resolve().parents[1]
 WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.sentences.txt"
 if not WIKITEXT.is_file():
@@ -93,7 +98,7 @@ def worker(args) -> dict:
     with autocast:
         if args.worker == "maps":
             maps_update(lm, [ids], stats, keep_all=True)
-        elif args.worker == "streaming":
+        elif args.worker.startswith("streaming"):
             stream_stats(lm, [ids], stats, chunk=args.chunk)
         else:
             inputs = pad_batch(lm, [ids])
@@ -110,6 +115,9 @@ def worker(args) -> dict:
     if args.device == "cuda":
         out["cuda_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2 ** 20)
     if args.worker != "sdpa":
+        from attnscope.analyses import native
+
+        out["kernel"] = args.worker == "streaming" and native.available(args.device)
         means = stats.means()
         out["sink_heads"] = int((means["sink"] > 0.3).sum())
         if args.save_means:
@@ -133,6 +141,8 @@ def run_one(args, mode: str, n: int, dtype: str, save: str | None = None) -> dic
             return {"mode": mode, "length": n, "dtype": dtype,
                     "skipped": f"maps alone need {need:.1f} GB > --mem-cap-gb {args.mem_cap_gb}"}
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT / "src"))
+    if mode == "streaming-torch":
+        env["ATTNSCOPE_NATIVE"] = "0"
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -148,7 +158,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     ap.add_argument("--modes", nargs="+", default=["sdpa", "streaming", "maps"],
-                    choices=["sdpa", "streaming", "maps"])
+                    choices=MODES)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -164,7 +174,7 @@ def main() -> None:
                     help="time load_model(--model) twice in fresh processes with an empty cache "
                          "folder: the first load converts (GGUF), the second reads the cache")
     ap.add_argument("--out", type=Path, help="also write the rows as JSON here")
-    ap.add_argument("--worker", choices=["sdpa", "streaming", "maps"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--length", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--save-means", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -205,14 +215,18 @@ def main() -> None:
         for m in args.modes:
             print(json.dumps(got[m]), flush=True)
             rows.append(got[m])
-        b, c = got.get("streaming", {}), got.get("sdpa", {})
-        if "wall_s" in b and "wall_s" in c:
-            ratio = {"length": n, "streaming_over_sdpa_wall": round(b["wall_s"] / c["wall_s"], 2),
-                     "streaming_over_sdpa_peak_rss": round(b["peak_rss_mb"] / c["peak_rss_mb"], 2),
-                     "streaming_over_sdpa_step_rss": round(
-                         (b["peak_rss_mb"] - b["rss_after_load_mb"]) / max(1, c["peak_rss_mb"] - c["rss_after_load_mb"]), 2)}
-            print(json.dumps(ratio), flush=True)
-            rows.append(ratio)
+        c = got.get("sdpa", {})
+        for mode in ("streaming", "streaming-torch"):
+            b = got.get(mode, {})
+            if "wall_s" in b and "wall_s" in c:
+                name = mode.replace("-", "_")
+                ratio = {"length": n, f"{name}_over_sdpa_wall": round(b["wall_s"] / c["wall_s"], 2),
+                         f"{name}_over_sdpa_cpu": round(b["cpu_s"] / c["cpu_s"], 2),
+                         f"{name}_over_sdpa_peak_rss": round(b["peak_rss_mb"] / c["peak_rss_mb"], 2),
+                         f"{name}_over_sdpa_step_rss": round(
+                             (b["peak_rss_mb"] - b["rss_after_load_mb"]) / max(1, c["peak_rss_mb"] - c["rss_after_load_mb"]), 2)}
+                print(json.dumps(ratio), flush=True)
+                rows.append(ratio)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 

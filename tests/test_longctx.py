@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from attnscope.analyses import streaming
+from attnscope.analyses import native, streaming
 from attnscope.analyses.longctx import (
     NUM_BUCKETS,
     LongContextStats,
@@ -258,11 +258,13 @@ def test_lean_mask_same_output_and_same_allowed_keys(decoder):
 
 
 # -- exactness: streaming == maps == independent reference ---------------------------------------
-@pytest.mark.parametrize("one_key_head", [False, True])
-def test_streaming_equals_reference_from_eager_maps(decoder, one_key_head, monkeypatch):
+@pytest.mark.parametrize("one_key_head,kernel", [(False, True), (True, True), (False, False)])
+def test_streaming_equals_reference_from_eager_maps(decoder, one_key_head, kernel, monkeypatch):
     lm = decoder
     if one_key_head:  # a tile of one key head's query heads, the key heads one after another
         monkeypatch.setattr(streaming, "TILE_BYTES", 1)
+    if not kernel:  # the torch path (GPUs, no C compiler), where the compiled kernel is built
+        monkeypatch.setattr(native, "kernel", lambda: None)
     seqs, targets = _docs(lm)
     ref = reference(lm, seqs, targets, js_rows=3)
     st = LongContextStats(js_rows=3)
@@ -510,8 +512,9 @@ def test_word_level_streaming_equals_word_level_maps(name, monkeypatch):
     ref = LongContextStats(js_rows=3, causal=causal)
     maps_update(lm, ids, ref, units=units, batch_size=2)
     for chunk, bs, tile_bytes in ((1, 1, None), (3, 2, 1), (1000, 3, None)):
-        if tile_bytes:  # one key head per tile
+        if tile_bytes:  # one key head per tile, and the torch path where the kernel is built
             monkeypatch.setattr(streaming, "TILE_BYTES", tile_bytes)
+            monkeypatch.setattr(native, "kernel", lambda: None)
         got = LongContextStats(js_rows=3, causal=causal)
         stream_stats(lm, ids, got, chunk=chunk, batch_size=bs, units=units)
         monkeypatch.undo()

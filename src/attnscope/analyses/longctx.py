@@ -289,17 +289,17 @@ class LongContextStats(MapsAnalysis):
         self.sums["pos_rows"] += np.bincount(bucket_of(np.arange(1, n)), minlength=NUM_BUCKETS)
 
     def tile(self, layer: int, seq: Sequence, q0: int, p, ent, top=None, masses=None,
-             heads: slice = slice(None)) -> None:
+             heads: slice = slice(None), per_d=None) -> None:
         """Fold the rows ``q0 .. q0+c-1`` (all >= 1) of one layer: ``p`` ``[H c K]`` (exactly 0
         where a key is masked), each row's entropy ``ent`` ``[H c]`` (nats) and, where the
         caller has them, each row's largest weight ``top`` ``[H c]`` (else ``p.amax(-1)``) and
         its mass on each column of :meth:`Sequence.key_classes` ``masses`` ``[H c 3+C]`` (more
         columns are ignored; else one matrix product, :func:`key_mass`). ``heads``: which of the
         layer's heads ``p`` holds (all of them unless said); the heads of a sampled row must
-        come in order, lowest first.
+        come in order, lowest first. ``per_d``: the tile's mass per distance, where the caller
+        has it (else :func:`diagonal_sums`, one pass over ``p``).
 
-        Besides those, a tile costs one pass over ``p`` (:func:`diagonal_sums`, the mass per
-        distance); its per-row values wait in the sequence's buffers, which are reduced to the
+        Its per-row values wait in the sequence's buffers, which are reduced to the
         per-head sums once per layer, by :meth:`layer_end` (else when the sequence's next layer
         begins, or at :meth:`end`)."""
         if seq.targets:  # a probe feeds its target scores only
@@ -316,7 +316,8 @@ class LongContextStats(MapsAnalysis):
         if masses is None:
             masses = key_mass(p, seq.key_classes(dev)[:K].to(p.dtype))
         rows[2:] = masses[..., :rows.shape[0] - 2].permute(2, 0, 1)
-        _, per_d = diagonal_sums(p, q0)  # distances q0 + c - 1 down
+        if per_d is None:
+            _, per_d = diagonal_sums(p, q0)  # distances q0 + c - 1 down
         e0 = seq.n - (q0 + c - 1)
         seq.dist_sums[heads, e0:e0 + per_d.shape[1]] += per_d
         for r in seq.js_rows:

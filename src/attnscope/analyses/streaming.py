@@ -36,6 +36,7 @@ at the smallest automatic tile, 16 rows of one key head's 3 query heads, a 128k-
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
@@ -44,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.analyses import native
 from attnscope.analyses.longctx import (
     LongContextStats,
     Sequence,
@@ -237,7 +239,7 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
     """
     import torch
 
-    tiles = [None, None]  # a tile's scores and weights: two buffers kept across the layers
+    tiles = [None, None, None]  # a tile's scores, weights and mass per distance: kept across the layers
 
     def hook(site, query):
         # float32 whatever the forward pass runs in (autocast would turn matmul to bfloat16)
@@ -249,7 +251,7 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
         ``[B T Hq d]`` (``P V``, float32; rows past a sequence's end are 0)."""
         q = site.query  # scaled a tile at a time: a scaled copy of all of it took 38 MB at 16k
         v = site.value.float()
-        kt = site.key.float().transpose(-1, -2).contiguous()  # [B Hkv d T]: Q K^T reads it row by row
+        k = site.key.float()  # [B Hkv T d], read transposed by Q K^T (faster than a transposed copy)
         cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
         plain = site.mask is None and stats.causal  # no padding: the causal triangle only
         d = v.shape[-1]
@@ -257,17 +259,22 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
         G = site.kv_groups
         Hkv = H // G
         out = v.new_zeros(B, T, H, d)  # [B T Hq d]
+        fast = native.available(v.device)
 
         def buffer(i, shape):  # sized at once for rows as wide as the longest sequence
-            size = shape[0] * shape[1] * shape[2]
+            size = math.prod(shape)
             if tiles[i] is None or tiles[i].numel() < size or tiles[i].device != v.device:
-                tiles[i] = v.new_empty(max(size, shape[0] * shape[1] * T))
+                tiles[i] = v.new_empty(max(size, size // shape[-1] * T))
             return tiles[i][:size].view(shape)
 
-        def probs(b, block, r0, r1, vb):
+        def probs(b, block, r0, r1, vb, cls=None, dist=False):
             """Rows r0 .. r1-1 of sequence b, for a block of key heads and their query heads
-            (two slices): P [h c k1], entropies and largest weights [h c], and P times the
-            columns of the values vb [Hkv n d+C] past the first d (key classes).
+            (two slices): P [h c k1], entropies and largest weights [h c], the rows' mass on
+            each key class [h c F], and, with dist, their mass per distance
+            (:func:`~attnscope.analyses.longctx.diagonal_sums`; None where the torch path
+            leaves it to the statistics). The compiled kernel (:mod:`.native`) takes the key
+            classes as ``cls`` [F n]; the torch path has them as the columns of the values vb
+            [Hkv n d+C] past the first d.
 
             Grouped-query attention without copies of the keys: the G query heads that share a
             key head (query head h reads key head h // G) are one matrix of G c rows, so each
@@ -278,17 +285,24 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
             nk = kv.stop - kv.start
             shape = (nk, G * c, k1)
             qr = (q[b, hq, r0:r1].float() * site.scaling).reshape(nk, G * c, -1)
-            s = torch.matmul(qr, kt[b, kv, :, :k1], out=buffer(0, shape)).view(nk * G, c, k1)
+            s = torch.matmul(qr, k[b, kv, :k1].transpose(-1, -2), out=buffer(0, shape)).view(nk * G, c, k1)
             if cap:
                 s.div_(cap).tanh_().mul_(cap)
             if plain:  # keys < r0 are all visible; mask the upper triangle of the last block
                 s[:, :, r0:r1].masked_fill_(_upper(c, s.device), LOW)
             else:
                 s.masked_fill_(~site.allowed(r0, r1, k1)[b], LOW)
-            p, ent, top = _softmax_entropy(s, buffer(1, s.shape))
+            per_d = None
+            if fast:  # one pass over each row: p in place of s, the classes' mass, the distances
+                if dist:
+                    per_d = buffer(2, (nk * G, k1 + c - 1))
+                ent, top, masses = native.softmax_stats(s, per_d, cls)
+                p = s
+            else:
+                p, ent, top = _softmax_entropy(s, buffer(1, s.shape))
             pv = torch.matmul(p.view(shape), vb[kv, :k1]).view(nk * G, c, -1)
             out[b, r0:r1, hq] = pv[..., :d].transpose(0, 1)
-            return p, ent, top, pv[..., d:]
+            return p, ent, top, (masses if fast else pv[..., d:]), per_d
 
         seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
         for b, seq in enumerate(seqs):
@@ -300,18 +314,22 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
                     _unit_tiles(site.layer, partial(probs, b, block, vb=v[b]), seq, rows, block[1])
                 stats.layer_end(seq)
                 continue
-            # the keys' classes as extra value columns (padded to a multiple of 4, which the
-            # matrix product runs faster on): one product gives each row's output and its
-            # mass on every class
-            kc = seq.key_classes(v.device)
-            vb = v.new_zeros(Hkv, seq.n, d + kc.shape[1] + (-(d + kc.shape[1])) % 4)
-            vb[:, :, :d] = v[b, :, :seq.n]
-            vb[:, :, d:d + kc.shape[1]] = kc
+            kc = seq.key_classes(v.device)  # [n F]
+            if fast:  # the classes go to the kernel, and P V has the values' d columns only
+                vb, cls = v[b, :, :seq.n].contiguous(), kc.t().contiguous()
+            else:  # the classes as extra value columns (padded to a multiple of 4, which the
+                # matrix product runs faster on): one product gives each row's output and its
+                # mass on every class
+                cls = None
+                vb = v.new_zeros(Hkv, seq.n, d + kc.shape[1] + (-(d + kc.shape[1])) % 4)
+                vb[:, :, :d] = v[b, :, :seq.n]
+                vb[:, :, d:d + kc.shape[1]] = kc
             for block in blocks:
                 probs(b, block, 0, 1, vb)  # row 0: its output only (a statistics row has other keys to see)
                 for q0 in range(1, seq.n, rows):
                     q1 = min(seq.n, q0 + rows)
-                    stats.tile(site.layer, seq, q0, *probs(b, block, q0, q1, vb), heads=block[1])
+                    p, ent, top, masses, per_d = probs(b, block, q0, q1, vb, cls, dist=not seq.targets)
+                    stats.tile(site.layer, seq, q0, p, ent, top, masses, heads=block[1], per_d=per_d)
             stats.layer_end(seq)
         return out
 

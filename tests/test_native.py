@@ -1,0 +1,158 @@
+"""The streaming engine's compiled tile kernel (analyses/native.py, native_tiles.c) against the
+torch path it replaces and against the definitions."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnscope.analyses import native
+from attnscope.analyses.longctx import diagonal_sums
+from attnscope.analyses.streaming import LOW, _softmax_entropy
+
+needs_kernel = pytest.mark.skipif(native.kernel() is None, reason="no C compiler here")
+
+
+def test_the_kernel_builds_where_there_is_a_compiler():
+    # CI and the development machines have gcc: a failed build would fall back to the torch path
+    # silently and every other test here would be skipped
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert native.kernel() is not None
+
+
+def _tile(h, c, K, q0, seed, mask="causal", scale=3.0):
+    """Scores [h c K] as the engine hands them to the softmax: masked keys hold LOW."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(h, c, K, generator=g) * scale
+    if mask == "causal":  # row i = q0 + r sees keys 0 .. i
+        allowed = torch.arange(K)[None, :] <= (q0 + torch.arange(c))[:, None]
+    elif mask == "random":  # padding / sliding windows: any pattern, some rows empty
+        allowed = torch.rand(c, K, generator=g) < 0.6
+        allowed[0] = False
+    else:
+        allowed = torch.ones(c, K, dtype=torch.bool)
+    return s.masked_fill(~allowed, LOW)
+
+
+def _reference(s, q0):
+    """The definitions in float64: softmax, -sum p ln p, max p, mass per distance."""
+    p = torch.softmax(s.double(), -1)
+    ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
+    h, c, K = s.shape
+    diag = torch.zeros(h, K + c - 1, dtype=torch.float64)
+    for r in range(c):
+        diag[:, c - 1 - r:c - 1 - r + K] += p[:, r]
+    return p, ent, p.amax(-1), diag
+
+
+@needs_kernel
+@pytest.mark.parametrize("h,c,K,q0,mask,F", [(3, 4, 9, 5, "causal", 3), (1, 1, 1, 0, "causal", 0),
+                                             (2, 16, 300, 284, "causal", 5), (3, 5, 40, 0, "random", 1),
+                                             (9, 37, 1025, 0, "none", 4), (2, 3, 70000, 69997, "causal", 9)])
+def test_kernel_equals_the_definitions_and_the_torch_path(h, c, K, q0, mask, F):
+    s = _tile(h, c, K, q0, seed=h * K + c, mask=mask)
+    classes = torch.rand(F, K + 11, generator=torch.Generator().manual_seed(F))[:, 3:K + 3]  # rows of a wider matrix
+    p_ref, ent_ref, top_ref, diag_ref = _reference(s, q0)
+    t_p, t_ent, t_top = _softmax_entropy(s.clone(), torch.empty_like(s))
+    _, t_diag = diagonal_sums(t_p, q0)
+    got = s.clone()
+    diag = torch.full((h, K + c - 1), float("nan"))  # every column is written
+    ent, top, mass = native.softmax_stats(got, diag, classes if F else None)
+    assert mass.shape == (h, c, F)
+    # float32 rounding of sums over up to 70k keys; measured largest differences to the float64
+    # definitions 1.2e-7 (p), 1.9e-6 (entropy, ~11 nats at 70k keys), 3e-8 (max), 6e-7 (diag),
+    # 2.4e-7 (classes)
+    refs = ((got, p_ref, 1e-6), (ent, ent_ref, 1e-5), (top, top_ref, 1e-6), (diag, diag_ref, 1e-5),
+            (mass, p_ref @ classes.double().T, 1e-6))
+    for a, b, tol in refs:
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=tol)
+    for a, b, tol in ((got, t_p, 1e-6), (ent, t_ent, 1e-5), (top, t_top, 1e-6), (diag, t_diag, 1e-5)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=tol)
+    some = (s > LOW).any(-1, keepdim=True)  # a row with no key at all is uniform, as in torch
+    assert torch.all(got[(s == LOW) & some] == 0)  # a masked key gets exactly 0
+    torch.testing.assert_close(got[~some.expand_as(s)], torch.full(((~some).sum().item() * K,), 1 / K))
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(h=st.integers(1, 4), c=st.integers(1, 9), K=st.integers(1, 200), q0=st.integers(0, 50),
+       F=st.integers(0, 6), seed=st.integers(0, 2 ** 16), scale=st.sampled_from([0.1, 3.0, 60.0]))
+def test_kernel_equals_the_torch_path_on_any_tile(h, c, K, q0, F, seed, scale):
+    s = _tile(h, c, K, q0, seed, mask="causal" if seed % 2 else "random", scale=scale)
+    classes = (torch.rand(F, K, generator=torch.Generator().manual_seed(seed)) < 0.3).float()
+    t_p, t_ent, t_top = _softmax_entropy(s.clone(), torch.empty_like(s))
+    got = s.clone()
+    diag = torch.empty(h, K + c - 1)
+    ent, top, mass = native.softmax_stats(got, diag, classes)
+    torch.testing.assert_close(got, t_p, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ent, t_ent, rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(top, t_top, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(diag, diagonal_sums(t_p, q0)[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mass, t_p @ classes.T, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.sum(-1), torch.ones(h, c), rtol=0, atol=1e-5)
+
+
+@needs_kernel
+def test_kernel_without_distances_or_classes_on_a_view_of_a_buffer():
+    buf = torch.full((2000,), 7.0)
+    s = buf[:3 * 4 * 50].view(3, 4, 50)
+    s.copy_(_tile(3, 4, 50, 46, seed=1))
+    want = _softmax_entropy(s.clone(), torch.empty_like(s))
+    ent, top, mass = native.softmax_stats(s, None)
+    torch.testing.assert_close(s, want[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ent, want[1], rtol=1e-5, atol=1e-5)
+    assert mass.shape == (3, 4, 0)
+    assert torch.all(buf[3 * 4 * 50:] == 7.0)  # nothing past the tile is touched
+
+
+def test_available_on_the_cpu_only():
+    assert native.available(torch.device("meta")) is False
+    assert native.available("cpu") == (native.kernel() is not None)
+
+
+def _run(code, **env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+
+
+@needs_kernel
+def test_a_fresh_build_keeps_denormals_and_is_reused(tmp_path):
+    # -ffast-math at link time would make gcc add a start-up file that sets the CPU to flush
+    # denormals to zero for the whole process (torch included) as soon as the library is loaded
+    code = ("import torch; from attnscope.analyses import native; "
+            "x = torch.tensor([1e-39]); assert (x * 1).item() > 0; "
+            "assert native.kernel() is not None; print((x * 1).item() > 0, torch.finfo(torch.float32).tiny / 2 > 0)")
+    first = _run(code, ATTNSCOPE_CACHE=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split() == ["True", "True"]
+    built = sorted((tmp_path / "native").iterdir())
+    assert len(built) == 1 and built[0].suffix == ".so"  # no temporary build folder left behind
+    stamp = built[0].stat().st_mtime_ns
+    assert _run(code, ATTNSCOPE_CACHE=str(tmp_path)).returncode == 0
+    assert [(p, p.stat().st_mtime_ns) for p in (tmp_path / "native").iterdir()] == [(built[0], stamp)]
+
+
+def test_no_kernel_without_a_compiler_or_when_disabled(tmp_path):
+    code = "from attnscope.analyses import native; print(native.kernel() is None)"
+    no_cc = _run(code, ATTNSCOPE_CACHE=str(tmp_path), PATH=str(tmp_path), CC="")
+    assert no_cc.returncode == 0, no_cc.stderr
+    assert no_cc.stdout.strip() == "True" and not (tmp_path / "native").exists()
+    off = _run(code, ATTNSCOPE_CACHE=str(tmp_path), ATTNSCOPE_NATIVE="0")
+    assert off.stdout.strip() == "True"
+
+
+@needs_kernel
+def test_a_broken_cached_library_is_rebuilt(tmp_path):
+    code = "from attnscope.analyses import native; print(native.kernel() is not None)"
+    assert _run(code, ATTNSCOPE_CACHE=str(tmp_path)).stdout.strip() == "True"
+    (lib,) = (tmp_path / "native").iterdir()
+    lib.write_bytes(b"not a shared library")
+    again = _run(code, ATTNSCOPE_CACHE=str(tmp_path))
+    assert again.stdout.strip() == "True", again.stderr
+    assert [p.name for p in (tmp_path / "native").iterdir()] == [lib.name]
+    assert lib.read_bytes() != b"not a shared library"
