@@ -117,7 +117,8 @@ def worker(args) -> dict:
     if args.worker != "sdpa":
         from attnscope.analyses import native
 
-        out["kernel"] = args.worker == "streaming" and native.available(args.device)
+        if args.worker.startswith("streaming"):
+            out["kernel"] = args.worker == "streaming" and native.available(args.device)
         means = stats.means()
         out["sink_heads"] = int((means["sink"] > 0.3).sum())
         if args.save_means:

@@ -149,7 +149,7 @@ class Sequence:
     punct: Any
     targets: dict[str, Any] = field(default_factory=dict)
     js_rows: list[int] = field(default_factory=list)
-    js_store: dict[int, list] = field(default_factory=dict)  # row -> per-layer [H m] rows
+    js_store: dict[int, Any] = field(default_factory=dict)  # row -> [L H m] (CPU), filled per layer
     #: optional extra key classes ``[n C]`` (float 0/1) named ``class_names``: their mass is
     #: summed as ``to_<name>``; ``from_masks`` (name -> float ``[n]`` row mask) also sums the
     #: mass of those rows alone as ``from_<row>_to_<name>``; ``max_below`` counts the rows whose
@@ -295,13 +295,14 @@ class LongContextStats(MapsAnalysis):
         caller has them, each row's largest weight ``top`` ``[H c]`` (else ``p.amax(-1)``) and
         its mass on each column of :meth:`Sequence.key_classes` ``masses`` ``[H c 3+C]`` (more
         columns are ignored; else one matrix product, :func:`key_mass`). ``heads``: which of the
-        layer's heads ``p`` holds (all of them unless said); the heads of a sampled row must
-        come in order, lowest first. ``per_d``: the tile's mass per distance, where the caller
+        layer's heads ``p`` holds (all of them unless said). ``per_d``: the tile's mass per distance, where the caller
         has it (else :func:`diagonal_sums`, one pass over ``p``).
 
         Its per-row values wait in the sequence's buffers, which are reduced to the
         per-head sums once per layer, by :meth:`layer_end` (else when the sequence's next layer
         begins, or at :meth:`end`)."""
+        import torch
+
         if seq.targets:  # a probe feeds its target scores only
             self._fold_targets(layer, seq, q0, p, heads)
             return
@@ -323,7 +324,9 @@ class LongContextStats(MapsAnalysis):
         for r in seq.js_rows:
             if q0 <= r < q0 + c:
                 width = r + 1 if self.causal else K  # the keys the row can see
-                seq.js_store.setdefault(r, []).append(p[:, r - q0, :width].detach().to("cpu", copy=True))
+                if r not in seq.js_store:  # every layer's heads, allocated once (no heap of small copies)
+                    seq.js_store[r] = torch.zeros(*self.shape, width)
+                seq.js_store[r][layer, heads] = p[:, r - q0, :width]
 
     def layer_end(self, seq: Sequence) -> None:
         """After the last tile of a layer of ``seq``: reduce its buffered rows to the sums."""
@@ -394,7 +397,6 @@ class LongContextStats(MapsAnalysis):
     def end(self, seq: Sequence) -> None:
         """After every layer of a sequence: fold its last layer's rows, and its sampled rows into
         the head distances."""
-        import torch
 
         self.layer_end(seq)
         seq.row_values = seq.dist_sums = None
@@ -405,7 +407,7 @@ class LongContextStats(MapsAnalysis):
             self.sink_samples += 1
             seq.sink_sum = None
         for r in sorted(seq.js_store):
-            rows = torch.cat(seq.js_store[r], 0)  # [L*H m], layer-major
+            rows = seq.js_store[r].flatten(0, 1)  # [L*H m], layer-major
             d = js_rows_matrix(rows, self.smoothing, width=seq.n if self.js_width == "sequence" else None)
             self.js_sums = d if self.js_sums is None else self.js_sums + d
             self.js_count += 1

@@ -9,16 +9,19 @@ one product, so the keys are never copied per query head)::
     S = s * Q[rows] K[:k1]^T              [Hq c k1]   (k1 = last row + 1 for causal models)
     S[masked] = float32 min                (causal, padding, sliding window: Site.allowed)
     P = exp(S - max S) / z                 entropy = ln z - sum P (S - max S), max P = 1 / z
-    [O | M] = P [V | classes]              [Hq c d + C]
+    O = P V                                [Hq c d]
 
 and folds the tile into :class:`~attnscope.analyses.longctx.LongContextStats`. One pass: the
 same tile gives the layer's output rows ``O`` (float32), which go back to the model through
 the forward helper's ``"attend"`` hook, so the model's own attention (torch's fused
-``scaled_dot_product_attention``) does not run for the layer. The keys' classes (first token,
-special, punctuation, the general family's classes) ride along as extra value columns, so the
-same product gives each row's mass ``M`` on every class. No probabilities are requested
-and the forward pass builds no ``[T T]`` mask, so the largest extra memory is one tile,
-at most ``Hq * c * n`` floats (a few copies of it), instead of the ``L * Hq * n * n`` of
+``scaled_dot_product_attention``) does not run for the layer. On the CPU the row work (``P``,
+the entropy and largest weight, each row's mass on the keys' classes -- first token, special,
+punctuation, the general family's classes -- and the tile's mass per distance) is one call of a
+compiled kernel (:mod:`attnscope.analyses.native`), three passes over each row while it is in the
+cache. Elsewhere (a GPU, no C compiler) torch does it: its softmax, the classes as extra value
+columns (``[O | M] = P [V | classes]``) and one more pass for the distances. No probabilities are
+requested and the forward pass builds no ``[T T]`` mask, so the largest extra memory is one tile,
+at most ``Hq * c * n`` floats (two on the torch path), instead of the ``L * Hq * n * n`` of
 ``output_attentions``. Each tile holds whole rows, which the statistics need (so no online
 softmax over key blocks), of one block of key heads and their query heads (:func:`auto_tile`);
 at the smallest automatic tile, 16 rows of one key head's 3 query heads, a 128k-token tile is
