@@ -325,7 +325,7 @@ class LongContextStats(MapsAnalysis):
             if q0 <= r < q0 + c:
                 width = r + 1 if self.causal else K  # the keys the row can see
                 if r not in seq.js_store:  # every layer's heads, allocated once (no heap of small copies)
-                    seq.js_store[r] = torch.zeros(*self.shape, width)
+                    seq.js_store[r] = torch.zeros(*self.shape, width, device="cpu")  # off the accelerator
                 seq.js_store[r][layer, heads] = p[:, r - q0, :width]
 
     def layer_end(self, seq: Sequence) -> None:
