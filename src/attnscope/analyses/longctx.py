@@ -295,11 +295,11 @@ class LongContextStats(MapsAnalysis):
         caller has them, each row's largest weight ``top`` ``[H c]`` (else ``p.amax(-1)``) and
         its mass on each column of :meth:`Sequence.key_classes` ``masses`` ``[H c 3+C]`` (more
         columns are ignored; else one matrix product, :func:`key_mass`). ``heads``: which of the
-        layer's heads ``p`` holds (all of them unless said). ``per_d``: the tile's mass per distance, where the caller
-        has it (else :func:`diagonal_sums`, one pass over ``p``).
+        layer's heads ``p`` holds (all of them unless said). ``per_d``: the tile's mass per
+        distance, where the caller has it (else :func:`diagonal_sums`, one pass over ``p``).
 
-        Its per-row values wait in the sequence's buffers, which are reduced to the
-        per-head sums once per layer, by :meth:`layer_end` (else when the sequence's next layer
+        Its per-row values wait in the sequence's buffers, which are reduced to the per-head
+        sums once per layer, by :meth:`layer_end` (else when the sequence's next layer
         begins, or at :meth:`end`)."""
         import torch
 
@@ -397,7 +397,6 @@ class LongContextStats(MapsAnalysis):
     def end(self, seq: Sequence) -> None:
         """After every layer of a sequence: fold its last layer's rows, and its sampled rows into
         the head distances."""
-
         self.layer_end(seq)
         seq.row_values = seq.dist_sums = None
         if seq.sink_sum is not None and self.causal:  # Gu et al.'s score: every row, row 0 included

@@ -1,20 +1,20 @@
 """The streaming engine's compiled tile kernel (``native_tiles.c``), built on first use.
 
 One call does a tile's row softmax, entropies, largest weights, mass per distance and mass on each
-key class, in three passes over each row while the row is in the cache; the torch path
+key class, in three passes over each row while the row is in the cache. The torch path
 (``streaming._softmax_entropy``, ``longctx.diagonal_sums``, and the classes as extra value columns
 of ``P V``) makes about eight passes over the whole tile, and its ``P V`` product is slower with
-the extra columns (measured: 68 columns 2.1-2.4 s for a layer, 64 columns 1.85-1.96 s). Measured on one layer of
-SmolLM2's shapes at 16k tokens (one thread): 0.85 s against 1.75 s, and the layer's tiles 5.2-5.3 s
-against 6.5-6.8 s (sdpa: 3.9 s).
+the extra columns. Measured on one layer of SmolLM2's shapes at 16k tokens (one thread; sdpa
+3.9 s): the row work 0.85-0.88 s against 1.75 s, ``P V`` 1.84-1.91 s against 2.35-2.41 s, the
+layer 4.9-5.1 s against 6.5-6.8 s.
 
 The kernel is plain C with no Python or torch headers. The first use compiles it with the
 system's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) for this CPU (``-march=native``)
 into ``<cache>/native/`` (the cache folder of :func:`attnscope.models.gguf.cache_root`), under a
 name made from the source, the compiler, its flags and the CPU, written under a temporary name and
-renamed into place; later runs load that file. Where no compiler works, or with
-``ATTNSCOPE_NATIVE=0``, the engine uses the torch path, whose values are the same to float32
-rounding (tests/test_native.py).
+renamed into place; later runs load that file (one that does not load is built again). Where no
+compiler works, or with ``ATTNSCOPE_NATIVE=0``, the engine uses the torch path, whose values are
+the same to float32 rounding (tests/test_native.py).
 """
 
 from __future__ import annotations
