@@ -87,7 +87,11 @@ def kernel():
         return None
     from attnscope.models.gguf import cache_root
 
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        log.info("C compiler %s: %s; the streaming engine uses its torch path", cc, err)
+        return None
     for cflags, libs in ATTEMPTS:
         key = hashlib.sha256("\n".join([SOURCE.read_text(), cc, version, *cflags, *libs, platform.machine(),
                                         _cpu()]).encode()).hexdigest()[:16]
