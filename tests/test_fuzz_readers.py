@@ -324,6 +324,35 @@ def test_pickle_of_odd_structures(tmp_path):
     run()
 
 
+class _Uninitialised:
+    """Pickles as ``numpy.ndarray(shape, float32)``: an allowed class, called with a shape and no
+    data, which numpy allocates lazily (the pages exist once something reads them)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def __reduce__(self):
+        return np.ndarray, (self.shape, np.float32)
+
+
+def test_pickle_of_an_array_larger_than_the_file_is_refused_before_it_is_read(tmp_path):
+    # found by the fuzzer, in CI: a flipped byte made an array's shape huge; the checks then read
+    # every value (np.isfinite) and the test process grew to 24 GB and was killed. An array made
+    # from the file's data can hold no more bytes than the file, so a larger one is refused
+    # before any of its values is read: here 0.5 GB (n = 11,585) from a 50 kB file
+    import resource
+
+    n = 11_585
+    path = tmp_path / "x_attn.pkl"
+    path.write_bytes(pickle.dumps([{"tokens": ["a"] * n, "attns": _Uninitialised((1, 1, n, n))}], protocol=4))
+    assert path.stat().st_size < 100_000
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(AttnscopeError, match=r"example 0: 'attns' claims 536\d{6} bytes, more than the file's"):
+        read_paper_pickle(path, allow_pickle=True)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 100, grown_mb  # the half gigabyte was never touched
+
+
 def test_pickle_naming_a_class_with_a_line_break_gives_one_line(tmp_path):
     # found by the fuzzer: a flipped byte put "\n" into a module name, and the message with it
     path = tmp_path / "x_attn.pkl"

@@ -76,6 +76,9 @@ def read_paper_pickle(path: str | Path, *, allow_pickle: bool = False) -> list[d
         a = d["attns"]
         if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
             raise InputError(path, f"example {i}: 'attns' must be a float array")
+        if a.nbytes > len(raw):  # not read from the file: made by ndarray(shape), never filled
+            raise InputError(path, f"example {i}: 'attns' claims {a.nbytes} bytes, more than the "
+                                   f"file's {len(raw)}")
         n = len(tokens)
         if a.ndim != 4 or a.shape[2:] != (n, n) or 0 in a.shape:
             raise InputError(path, f"example {i}: 'attns' has shape {list(a.shape)}, expected [L, H, {n}, {n}]")
