@@ -92,9 +92,9 @@ def kernel():
     except (OSError, subprocess.SubprocessError) as err:
         log.info("C compiler %s: %s; the streaming engine uses its torch path", cc, err)
         return None
+    where = [SOURCE.read_text(), cc, version, platform.machine(), _cpu()]  # the same for every attempt
     for cflags, libs in ATTEMPTS:
-        key = hashlib.sha256("\n".join([SOURCE.read_text(), cc, version, *cflags, *libs, platform.machine(),
-                                        _cpu()]).encode()).hexdigest()[:16]
+        key = hashlib.sha256("\n".join([*where, *cflags, *libs]).encode()).hexdigest()[:16]
         path = cache_root() / "native" / f"tiles-{key}.so"
         fn = None
         for fresh in (False, True):  # a cached file that does not load is built again, once
