@@ -6,11 +6,12 @@ mode runs in its own process:
 
   maps       eager attention with every layer's [B H n n] maps returned (output_attentions),
              then the same statistics computed from the maps
-  streaming  attnscope's streaming engine, one pass: query-chunked float32 tiles give the
-             statistics and each layer's output (the model's own sdpa does not run); on the
-             CPU each tile's softmax and statistics come from the compiled kernel
-             (analyses/native.py)
-  streaming-torch  the same without the compiled kernel (ATTNSCOPE_NATIVE=0), as on a machine
+  streaming  attnscope's streaming engine, one pass: float32 blocks of queries and keys give
+             the statistics and each layer's output (the model's own sdpa does not run); on
+             the CPU each layer is one call of the compiled kernel (analyses/native.py)
+  streaming-tiles  the same with tiles of whole rows and the compiled row kernel
+             (ATTNSCOPE_NATIVE=tiles), the engine before the one-call layer kernel
+  streaming-torch  the same without a compiled kernel (ATTNSCOPE_NATIVE=0), as on a machine
              with no C compiler
   sdpa       the bare forward pass (sdpa, no hooks, no statistics)
 
@@ -37,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-MODES = ["sdpa", "streaming", "streaming-torch", "maps"]
+MODES = ["sdpa", "streaming", "streaming-tiles", "streaming-torch", "maps"]
 ROOT = Path(__file__).resolve().parents[1]
 WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.sentences.txt"
 if not WIKITEXT.is_file():
@@ -118,7 +119,8 @@ def worker(args) -> dict:
         from attnscope.analyses import native
 
         if args.worker.startswith("streaming"):
-            out["kernel"] = args.worker == "streaming" and native.available(args.device)
+            out["kernel"] = (("flash" if native.flash_kernel() else "tiles")
+                             if args.worker != "streaming-torch" and native.available(args.device) else "torch")
         means = stats.means()
         out["sink_heads"] = int((means["sink"] > 0.3).sum())
         if args.save_means:
@@ -142,8 +144,8 @@ def run_one(args, mode: str, n: int, dtype: str, save: str | None = None) -> dic
             return {"mode": mode, "length": n, "dtype": dtype,
                     "skipped": f"maps alone need {need:.1f} GB > --mem-cap-gb {args.mem_cap_gb}"}
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT / "src"))
-    if mode == "streaming-torch":
-        env["ATTNSCOPE_NATIVE"] = "0"
+    if mode in ("streaming-tiles", "streaming-torch"):
+        env["ATTNSCOPE_NATIVE"] = "0" if mode == "streaming-torch" else "tiles"
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -217,7 +219,7 @@ def main() -> None:
             print(json.dumps(got[m]), flush=True)
             rows.append(got[m])
         c = got.get("sdpa", {})
-        for mode in ("streaming", "streaming-torch"):
+        for mode in ("streaming", "streaming-tiles", "streaming-torch"):
             b = got.get(mode, {})
             if "wall_s" in b and "wall_s" in c:
                 name = mode.replace("-", "_")

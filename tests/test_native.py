@@ -124,12 +124,15 @@ def _run(code, **env):
 def test_a_fresh_build_keeps_denormals_and_is_reused(tmp_path):
     # -ffast-math at link time would make gcc add a start-up file that sets the CPU to flush
     # denormals to zero for the whole process (torch included) as soon as the library is loaded
+    # and that the process keeps one OpenMP runtime: the kernel's is torch's own libgomp.so.1
     code = ("import torch; from attnscope.analyses import native; "
             "x = torch.tensor([1e-39]); assert (x * 1).item() > 0; "
-            "assert native.kernel() is not None; print((x * 1).item() > 0, torch.finfo(torch.float32).tiny / 2 > 0)")
+            "assert native.kernel() is not None; print((x * 1).item() > 0, torch.finfo(torch.float32).tiny / 2 > 0); "
+            "import os; maps = open('/proc/self/maps').read() if os.path.exists('/proc/self/maps') else ''; "
+            "print(len({line.split()[-1] for line in maps.splitlines() if 'libgomp' in line}) <= 1)")
     first = _run(code, ATTNSCOPE_CACHE=str(tmp_path))
     assert first.returncode == 0, first.stderr
-    assert first.stdout.split() == ["True", "True"]
+    assert first.stdout.split() == ["True", "True", "True"]
     built = sorted((tmp_path / "native").iterdir())
     assert len(built) == 1 and built[0].suffix == ".so"  # no temporary build folder left behind
     stamp = built[0].stat().st_mtime_ns
@@ -156,3 +159,130 @@ def test_a_broken_cached_library_is_rebuilt(tmp_path):
     assert again.stdout.strip() == "True", again.stderr
     assert [p.name for p in (tmp_path / "native").iterdir()] == [lib.name]
     assert lib.read_bytes() != b"not a shared library"
+
+
+# -- the one-call layer kernel (attnscope_flash) ---------------------------------------------------
+needs_flash = pytest.mark.skipif(native.flash_kernel() is None, reason="no kernel or no sgemm_ in torch")
+
+
+def _layer(Hq, Hkv, d, n, seed, scale=1.0, rising=False):
+    """Queries [Hq n d], keys and values [Hkv n d] in the model's layout (rows of [n H d]
+    transposed), and the key classes [F n] (the first token, then random 0/1 columns)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, Hq, d, generator=g).transpose(0, 1) * scale
+    k = torch.randn(n, Hkv, d, generator=g).transpose(0, 1)
+    if rising:  # later keys score ever higher: each new key block brings a new maximum
+        k = k + torch.linspace(0, 6, n)[None, :, None] * q.mean(0, keepdim=True) / scale
+    v = torch.randn(n, Hkv, d, generator=g).transpose(0, 1)
+    classes = (torch.rand(4, n, generator=g) < 0.3).float()
+    classes[0] = 0
+    classes[0, 0] = 1
+    return q, k, v, classes
+
+
+def _layer_reference(q, k, v, n, causal, mask, cap, classes):
+    """The definitions in float64: output, entropy, largest weight, class masses, and each head's
+    mass over rows >= 1 per distance bucket and at distance +1."""
+    import numpy as np
+
+    from attnscope.analyses.longctx import NUM_BUCKETS, bucket_of
+
+    G = q.shape[0] // k.shape[0]
+    kr, vr = k.double().repeat_interleave(G, 0), v.double().repeat_interleave(G, 0)
+    s = q.double()[:, :n] @ kr[:, :n].transpose(1, 2) / q.shape[-1] ** 0.5
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    allowed = torch.ones(n, n, dtype=torch.bool) if mask is None else mask[:n, :n].clone()
+    if causal:
+        allowed &= torch.ones(n, n, dtype=torch.bool).tril()
+    empty = ~allowed.any(-1)
+    s = s.masked_fill(~allowed, float("-inf"))
+    s[:, empty] = 0.0  # a row with no key at all is uniform, as in torch
+    p = torch.softmax(s, -1)
+    ent = -torch.special.xlogy(p, p).sum(-1)
+    dist = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs()
+    b = torch.as_tensor(bucket_of(dist.numpy()))
+    buckets = torch.zeros(q.shape[0], NUM_BUCKETS + 1, dtype=torch.float64)
+    for h in range(q.shape[0]):
+        buckets[h, :NUM_BUCKETS].index_add_(0, b[1:].flatten(), p[h, 1:].flatten())
+        buckets[h, NUM_BUCKETS] = p[h, 1:].diagonal().sum()  # p[i, i-1]
+    rows = torch.cat([ent[None], p.amax(-1)[None], (p @ classes[:, :n].double().T).permute(2, 0, 1)])
+    return (p @ vr[:, :n]).transpose(0, 1), rows, buckets, np.asarray(empty)
+
+
+def _flash(q, k, v, n, causal, mask, cap, classes):
+    from attnscope.analyses.longctx import NUM_BUCKETS
+
+    Hq, d = q.shape[0], q.shape[-1]
+    out = torch.full((q.shape[1], Hq, d), float("nan"))
+    rowv = torch.full((2 + classes.shape[0], Hq, n), float("nan"))
+    dist = torch.zeros(Hq, NUM_BUCKETS + 1, dtype=torch.float64)
+    native.flash(q, k, v, out, n, n, d ** -0.5, cap, causal, mask, classes, rowv, dist)
+    return out, rowv, dist
+
+
+@needs_flash
+@pytest.mark.parametrize("Hq,Hkv,d,n,causal,mask,cap,blocks", [
+    (9, 3, 64, 50, True, None, None, (21, 8)),  # GQA: 7 rows of 3 heads, 8 keys a block
+    (9, 3, 64, 700, True, None, None, None),  # the real blocks: 384 / 3 rows, 256 keys
+    (4, 4, 16, 33, False, None, None, (5, 4)),  # bidirectional
+    (6, 2, 32, 40, True, "window", None, (4, 3)),  # a sliding window of 5 keys
+    (2, 1, 8, 30, False, "random", None, (3, 5)),  # any pattern, with an empty row
+    (8, 2, 128, 45, True, None, 5.0, (16, 16)),  # soft-capping; rows scaled down for d = 128
+])
+def test_flash_equals_the_definitions(Hq, Hkv, d, n, causal, mask, cap, blocks, monkeypatch):
+    if blocks:  # small blocks: many key blocks per row (the online softmax) and many row blocks
+        monkeypatch.setattr(native, "BLOCK_ROWS", blocks[0])
+        monkeypatch.setattr(native, "BLOCK_KEYS", blocks[1])
+    q, k, v, classes = _layer(Hq, Hkv, d, n + 3, seed=n, scale=3.0, rising=True)  # 3 rows of padding
+    g = torch.Generator().manual_seed(d)
+    m = None
+    if mask == "window":
+        i, j = torch.arange(n + 3)[:, None], torch.arange(n + 3)[None, :]
+        m = (j <= i) & (j > i - 5)
+    elif mask == "random":
+        m = torch.rand(n + 3, n + 3, generator=g) < 0.5
+        m[2] = False
+    out, rowv, dist = _flash(q, k, v, n, causal, m, cap, classes)
+    want_out, want_rows, want_dist, empty = _layer_reference(q, k, v, n, causal, m, cap, classes)
+    assert empty.any() == (mask == "random")
+    # measured largest differences to float64: 1.2e-6 (output), 1.9e-6 (entropy), 2.4e-7
+    # (weights), 1.5e-6 (distance buckets, sums over up to 700 rows)
+    torch.testing.assert_close(out[:n].double(), want_out, rtol=1e-5, atol=1e-5)
+    assert torch.isnan(out[n:]).all()  # rows past n are not touched
+    torch.testing.assert_close(rowv.double(), want_rows, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dist, want_dist, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dist[:, :-1].sum(-1), torch.full((Hq,), n - 1.0, dtype=torch.float64))
+
+
+@needs_flash
+def test_flash_gives_the_same_values_on_any_number_of_threads():
+    q, k, v, classes = _layer(9, 3, 64, 600, seed=5)
+    before = torch.get_num_threads()
+    try:
+        got = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            got.append(_flash(q, k, v, 600, True, None, None, classes))
+    finally:
+        torch.set_num_threads(before)
+    for out, rowv, dist in got[1:]:
+        assert torch.equal(out, got[0][0]) and torch.equal(rowv, got[0][1])  # each row one thread's
+        torch.testing.assert_close(dist, got[0][2], rtol=1e-12, atol=1e-12)  # summed in any order
+
+
+@needs_flash
+@settings(max_examples=30, deadline=None)
+@given(G=st.integers(1, 3), Hkv=st.integers(1, 2), n=st.integers(2, 60), rows=st.integers(1, 9),
+       keys=st.integers(1, 20), causal=st.booleans(), seed=st.integers(0, 2 ** 16),
+       scale=st.sampled_from([0.1, 3.0, 20.0]))
+def test_flash_equals_the_definitions_on_any_blocks(G, Hkv, n, rows, keys, causal, seed, scale):
+    q, k, v, classes = _layer(G * Hkv, Hkv, 8, n, seed, scale=scale, rising=bool(seed % 2))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native, "BLOCK_ROWS", rows * G)
+        mp.setattr(native, "BLOCK_KEYS", keys)
+        out, rowv, dist = _flash(q, k, v, n, causal, None, None, classes)
+    want_out, want_rows, want_dist, _ = _layer_reference(q, k, v, n, causal, None, None, classes)
+    torch.testing.assert_close(out.double(), want_out, rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(rowv.double(), want_rows, rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(dist, want_dist, rtol=1e-5, atol=2e-5)

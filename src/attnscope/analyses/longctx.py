@@ -167,10 +167,12 @@ class Sequence:
     sink_sum: Any = None  # float64 [L H]: this sequence's sink mass over rows >= 1 (per-sample metric)
     #: the layer whose tiles are being folded (-1: none yet), its rows' values ``[F H n]``
     #: (entropy, largest weight, then the mass on each column of :meth:`key_classes`) and its
-    #: mass per signed distance ``d`` at index ``n - d`` (``[H 2n+1]`` float64)
+    #: mass per signed distance ``d`` at index ``n - d`` (``[H 2n+1]`` float64), or, from a
+    #: producer that sums them itself, per bucket of ``|d|`` and at ``d = +1`` (``[H NB+1]``)
     layer: int = -1
     row_values: Any = None
     dist_sums: Any = None
+    dist_buckets: Any = None
     _table: Any = None  # bucket of every distance 0 .. n
     _classes: Any = None  # [n 3+C] float: first token, special, punctuation, then ``classes``
 
@@ -195,9 +197,11 @@ class Sequence:
         if self.row_values is None or self.row_values.shape[:2] != (F, heads) or self.row_values.device != device:
             self.row_values = torch.zeros(F, heads, self.n, device=device)
             self.dist_sums = torch.zeros(heads, 2 * self.n + 1, dtype=torch.float64, device=device)
+            self.dist_buckets = torch.zeros(heads, NUM_BUCKETS + 1, dtype=torch.float64, device=device)
         else:
             self.row_values.zero_()
             self.dist_sums.zero_()
+            self.dist_buckets.zero_()
         self.layer = layer
 
     def buckets(self, device) -> Any:
@@ -301,7 +305,6 @@ class LongContextStats(MapsAnalysis):
         Its per-row values wait in the sequence's buffers, which are reduced to the per-head
         sums once per layer, by :meth:`layer_end` (else when the sequence's next layer
         begins, or at :meth:`end`)."""
-        import torch
 
         if seq.targets:  # a probe feeds its target scores only
             self._fold_targets(layer, seq, q0, p, heads)
@@ -323,10 +326,28 @@ class LongContextStats(MapsAnalysis):
         seq.dist_sums[heads, e0:e0 + per_d.shape[1]] += per_d
         for r in seq.js_rows:
             if q0 <= r < q0 + c:
-                width = r + 1 if self.causal else K  # the keys the row can see
-                if r not in seq.js_store:  # every layer's heads, allocated once (no heap of small copies)
-                    seq.js_store[r] = torch.zeros(*self.shape, width, device="cpu")  # off the accelerator
-                seq.js_store[r][layer, heads] = p[:, r - q0, :width]
+                self.sampled_row(layer, seq, r, p[:, r - q0, :r + 1 if self.causal else K], heads)
+
+    def sampled_row(self, layer: int, seq: Sequence, r: int, p, heads: slice = slice(None)) -> None:
+        """Keep the weights ``p`` ``[H width]`` (the keys row ``r`` sees) of the sampled row ``r``
+        (one of ``seq.js_rows``) for the head distances."""
+        import torch
+
+        if r not in seq.js_store:  # every layer's heads, allocated once (no heap of small copies)
+            seq.js_store[r] = torch.zeros(*self.shape, p.shape[-1], device="cpu")  # off the accelerator
+        seq.js_store[r][layer, heads] = p
+
+    def row_buffers(self, layer: int, seq: Sequence, device) -> tuple[Any, Any]:
+        """For a producer that computes each row's values itself (the compiled one-pass kernel,
+        :func:`attnscope.analyses.native.flash`): ``seq``'s buffers for ``layer`` (begun here),
+        ``[F H n]`` per row (entropy, largest weight, then the mass on each column of
+        :meth:`Sequence.key_classes`) and ``[H NB+1]`` float64 per head, its mass over rows
+        ``>= 1`` per distance bucket (:func:`bucket_of` of ``|i - j|``) and at distance ``+1``
+        (``j = i - 1``); then the sampled rows (:meth:`sampled_row`) and :meth:`layer_end`."""
+        if seq.layer != layer:
+            self.layer_end(seq)
+            seq.start_layer(layer, self.shape[1], device)
+        return seq.row_values, seq.dist_buckets
 
     def layer_end(self, seq: Sequence) -> None:
         """After the last tile of a layer of ``seq``: reduce its buffered rows to the sums."""
@@ -358,11 +379,11 @@ class LongContextStats(MapsAnalysis):
         add("special", totals[3])
         add("punct", totals[4])
         add("norm_entropy", norm.double().sum(-1).cpu().numpy())
-        per_d = seq.dist_sums  # index e holds distance n - e
-        add("current", per_d[:, n].cpu().numpy())
-        add("previous", per_d[:, n - 1].cpu().numpy())
+        per_d, nb = seq.dist_sums, seq.dist_buckets  # per_d: index e holds distance n - e
+        add("current", (per_d[:, n] + nb[:, 0]).cpu().numpy())
+        add("previous", (per_d[:, n - 1] + nb[:, NUM_BUCKETS]).cpu().numpy())
         table = seq.buckets(dev)
-        dmass = torch.zeros(per_d.shape[0], NUM_BUCKETS, dtype=torch.float64, device=dev)
+        dmass = nb[:, :NUM_BUCKETS].clone()
         dmass.index_add_(1, table[(n - torch.arange(2 * n + 1, device=dev)).abs()], per_d)
         s["dist_mass"][layer] += dmass.cpu().numpy()
         pb = table[pos]

@@ -14,7 +14,12 @@ one product, so the keys are never copied per query head)::
 and folds the tile into :class:`~attnscope.analyses.longctx.LongContextStats`. One pass: the
 same tile gives the layer's output rows ``O`` (float32), which go back to the model through
 the forward helper's ``"attend"`` hook, so the model's own attention (torch's fused
-``scaled_dot_product_attention``) does not run for the layer. On the CPU the row work (``P``,
+``scaled_dot_product_attention``) does not run for the layer. On the CPU (with a C compiler and
+torch's BLAS) each layer of a sequence is instead one call of a compiled kernel
+(:func:`attnscope.analyses.native.flash`), which works in blocks of rows and keys that stay in
+the cache, with an online softmax across the key blocks, and sums each row's mass per distance
+bucket rather than per distance; the tiles below remain for word-level sequences and probes
+(which need each row's weights) and wherever that kernel is not available. There the row work (``P``,
 the entropy and largest weight, each row's mass on the keys' classes -- first token, special,
 punctuation, the general family's classes -- and the tile's mass per distance) is one call of a
 compiled kernel (:mod:`attnscope.analyses.native`), three passes over each row while it is in the
@@ -235,10 +240,12 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
     tiles of every sequence of the batch (begun in ``stats``) and return the heads' outputs
     ``P V`` computed from the same tiles, so the layer's own attention does not run.
 
-    Rows are tiled as the statistics need them (``chunk`` query rows, 0: :func:`auto_tile`);
-    each tile holds whole rows (every key a row sees), so no online softmax is needed. A tile
-    holds a block of key heads and their query heads; the blocks go one after the other, each
-    through all its rows, so one block's keys and values stay in the cache.
+    On the CPU, a sequence of token rows that is not a probe is one call of the compiled
+    kernel (:func:`~attnscope.analyses.native.flash`). Otherwise rows are tiled as the
+    statistics need them (``chunk`` query rows, 0: :func:`auto_tile`); each tile holds whole rows
+    (every key a row sees), so no online softmax is needed. A tile holds a block of key heads and
+    their query heads; the blocks go one after the other, each through all its rows, so one
+    block's keys and values stay in the cache.
     """
     import torch
 
@@ -270,31 +277,39 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
                 tiles[i] = v.new_empty(max(size, size // shape[-1] * T))
             return tiles[i][:size].view(shape)
 
-        def probs(b, block, r0, r1, vb, cls=None, dist=False):
-            """Rows r0 .. r1-1 of sequence b, for a block of key heads and their query heads
-            (two slices): P [h c k1], entropies and largest weights [h c], the rows' mass on
-            each key class [h c F], and, with dist, their mass per distance
-            (:func:`~attnscope.analyses.longctx.diagonal_sums`; None where the torch path
-            leaves it to the statistics). The compiled kernel (:mod:`.native`) takes the key
-            classes as ``cls`` [F n]; the torch path has them as the columns of the values vb
-            [Hkv n d+C] past the first d.
+        def scores(b, block, r0, r1, k1, out=None):
+            """The scaled, capped and masked scores of rows r0 .. r1-1 of sequence b over keys
+            0 .. k1-1, for a block of key heads and their query heads (two slices): [h c k1].
 
             Grouped-query attention without copies of the keys: the G query heads that share a
             key head (query head h reads key head h // G) are one matrix of G c rows, so each
-            product reads a key or value block once for all of them."""
-            k1 = r1 if stats.causal else seq_len[b]
+            product reads a key block once for all of them."""
             c = r1 - r0
             kv, hq = block
             nk = kv.stop - kv.start
-            shape = (nk, G * c, k1)
             qr = (q[b, hq, r0:r1].float() * site.scaling).reshape(nk, G * c, -1)
-            s = torch.matmul(qr, k[b, kv, :k1].transpose(-1, -2), out=buffer(0, shape)).view(nk * G, c, k1)
+            s = torch.matmul(qr, k[b, kv, :k1].transpose(-1, -2), out=out).view(nk * G, c, k1)
             if cap:
                 s.div_(cap).tanh_().mul_(cap)
             if plain:  # keys < r0 are all visible; mask the upper triangle of the last block
                 s[:, :, r0:r1].masked_fill_(_upper(c, s.device), LOW)
             else:
                 s.masked_fill_(~site.allowed(r0, r1, k1)[b], LOW)
+            return s
+
+        def probs(b, block, r0, r1, vb, cls=None, dist=False):
+            """Rows r0 .. r1-1 of sequence b (:func:`scores`): P [h c k1], entropies and largest
+            weights [h c], the rows' mass on each key class [h c F], and, with dist, their mass
+            per distance (:func:`~attnscope.analyses.longctx.diagonal_sums`; None where the
+            torch path leaves it to the statistics). The compiled kernel (:mod:`.native`) takes
+            the key classes as ``cls`` [F n]; the torch path has them as the columns of the
+            values vb [Hkv n d+C] past the first d."""
+            k1 = r1 if stats.causal else seq_len[b]
+            c = r1 - r0
+            kv, hq = block
+            nk = kv.stop - kv.start
+            shape = (nk, G * c, k1)
+            s = scores(b, block, r0, r1, k1, out=buffer(0, shape))
             per_d = None
             if fast:  # one pass over each row: p in place of s, the classes' mass, the distances
                 if dist:
@@ -307,8 +322,30 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
             out[b, r0:r1, hq] = pv[..., :d].transpose(0, 1)
             return p, ent, top, (masses if fast else pv[..., d:]), per_d
 
+        def whole_layer(b, seq):
+            """Every row of sequence b in one call of the compiled one-pass kernel
+            (:func:`~attnscope.analyses.native.flash`), then its sampled rows' weights."""
+            n = seq.n
+            nkeys = n if stats.causal else seq_len[b]
+            mask = None
+            if site.mask is not None:  # (a mask broadcast over the rows keeps its row stride 0)
+                mask = site.allowed(0, n, nkeys)[b, 0].expand(n, nkeys)
+                mask = mask if mask.stride(-1) == 1 else mask.contiguous()
+            rowv, dist = stats.row_buffers(site.layer, seq, v.device)
+            native.flash(q[b].float(), k[b], v[b], out[b], n, nkeys, site.scaling, cap, stats.causal, mask,
+                         seq.key_classes(v.device).t().contiguous(), rowv, dist)
+            every = (slice(0, Hkv), slice(0, H))
+            for r in seq.js_rows:
+                width = r + 1 if stats.causal else nkeys
+                stats.sampled_row(site.layer, seq, r, torch.softmax(scores(b, every, r, r + 1, width), -1)[:, 0])
+            stats.layer_end(seq)
+
         seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
+        flash = fast and native.flash_kernel() is not None
         for b, seq in enumerate(seqs):
+            if flash and seq.units is None and not seq.targets and seq.n > 1:
+                whole_layer(b, seq)
+                continue
             rows, nk = auto_tile(G, Hkv, seq_len[b], chunk, TILE_BYTES)
             blocks = [(slice(k, min(Hkv, k + nk)), slice(k * G, min(Hkv, k + nk) * G))  # key heads, query heads
                       for k in range(0, Hkv, nk)]
@@ -401,7 +438,8 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
                  units: Seq[Any] | None = None) -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
-    ``chunk``: query rows per tile (0: :func:`auto_tile` per sequence). ``targets``: per sequence, name -> key index per row (-1:
+    ``chunk``: query rows per tile (0: :func:`auto_tile` per sequence; the one-call CPU kernel
+    picks its own blocks). ``targets``: per sequence, name -> key index per row (-1:
     none), e.g. from :func:`induction_sequences`. The statistics do not depend on ``chunk`` or
     ``batch_size`` (up to float32 rounding).
 
