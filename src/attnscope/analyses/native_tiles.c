@@ -28,9 +28,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 /* p = x * iz in place (when scale), d[j] += p (when d), and the mass on nc <= 4 classes */
 static inline void classes_pass(float *restrict x, int64_t keys, float iz, int scale,
