@@ -144,7 +144,7 @@ def flash_kernel():
     import torch
 
     lib = library()
-    if os.environ.get("ATTNSCOPE_NATIVE") == "tiles":
+    if lib is None or os.environ.get("ATTNSCOPE_NATIVE") == "tiles":
         return None
     try:
         blas = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
@@ -152,7 +152,7 @@ def flash_kernel():
     except (OSError, AttributeError) as err:
         log.info("no sgemm_ in torch's library (%s): the streaming engine's tiles hold whole rows", err)
         return None
-    if lib is None or not gemm:
+    if not gemm:
         return None
     fn = lib.attnscope_flash
     fn.restype = ctypes.c_int
