@@ -227,6 +227,7 @@ def _flash(q, k, v, n, causal, mask, cap, classes):
     (9, 3, 64, 700, True, None, None, None),  # the real blocks: 384 / 3 rows, 256 keys
     (4, 4, 16, 33, False, None, None, (5, 4)),  # bidirectional
     (6, 2, 32, 40, True, "window", None, (4, 3)),  # a sliding window of 5 keys
+    (6, 2, 32, 40, True, "keys", None, (12, 5)),  # key padding only (one row for all): no triangle in it
     (2, 1, 8, 30, False, "random", None, (3, 5)),  # any pattern, with an empty row
     (8, 2, 128, 45, True, None, 5.0, (16, 16)),  # soft-capping; rows scaled down for d = 128
 ])
@@ -240,6 +241,10 @@ def test_flash_equals_the_definitions(Hq, Hkv, d, n, causal, mask, cap, blocks, 
     if mask == "window":
         i, j = torch.arange(n + 3)[:, None], torch.arange(n + 3)[None, :]
         m = (j <= i) & (j > i - 5)
+    elif mask == "keys":  # a mask broadcast over the rows (row stride 0), keys 3 and 7 masked
+        m = torch.ones(n + 3, dtype=torch.bool)
+        m[[3, 7]] = False
+        m = m[None].expand(n + 3, n + 3)
     elif mask == "random":
         m = torch.rand(n + 3, n + 3, generator=g) < 0.5
         m[2] = False

@@ -6,8 +6,9 @@ G rows of a key head's G query heads and 256 keys, which stay in the cache as in
 attention (``scaled_dot_product_attention``), with an online softmax across the key blocks. Its two
 products per block are the BLAS ``sgemm_`` that torch's own library exports (MKL in the x86
 wheels); the blocks are shared among torch's OpenMP threads. Measured on one layer of SmolLM2's
-shapes at 16k tokens (one thread): 4.3 s against sdpa's 4.0 s; the tiles that hold whole rows
-took 5.1-5.7 s.
+shapes at 16k tokens (one thread, random inputs): the kernel alone 4.3-4.4 s against sdpa's 4.0 s;
+with the engine's per-layer work (sampled rows, the fold) 4.5-4.8 s, where the tiles that hold
+whole rows took 5.8-6.1 s.
 
 :func:`softmax_stats` does the row work of one such tile (word-level sequences and probes, which
 need each row's weights, and the layers where :func:`flash` is not available): a tile's row
@@ -219,6 +220,7 @@ def flash(q, k, v, out, n: int, nkeys: int, scale: float, cap: float | None, cau
     assert rowv.shape == (2 + F, Hq, n) and rowv.is_contiguous() and rowv.dtype == torch.float32
     assert dist.shape[0] == Hq and dist.is_contiguous() and dist.dtype == torch.float64
     assert classes.shape[1] >= nkeys and out.shape[1:] == (Hq, d) and Hq % Hkv == 0
+    assert min(k.stride(1), v.stride(1)) >= d and max(k.stride(1), v.stride(1)) < 2 ** 31  # BLAS's ld
     if mask is not None:
         assert mask.dtype == torch.bool and mask.stride(-1) == 1
     G = Hq // Hkv

@@ -170,9 +170,9 @@ static void unit(const layer_t *L, int64_t g, int64_t r0, int64_t r1, float *scr
       if (L->mask) {
         const uint8_t *ok = L->mask + i * L->mt + j0;
         for (int64_t j = 0; j < n; j++) x[j] = ok[j] ? x[j] : -FLT_MAX;
-      } else if (L->causal) {
-        for (int64_t j = i + 1 - j0 > 0 ? i + 1 - j0 : 0; j < n; j++) x[j] = -FLT_MAX;
       }
+      if (L->causal) /* (whatever the mask allows: a key-padding mask has no triangle) */
+        for (int64_t j = i + 1 - j0 > 0 ? i + 1 - j0 : 0; j < n; j++) x[j] = -FLT_MAX;
       float bm = -FLT_MAX;
       for (int64_t j = 0; j < n; j++) bm = fmaxf(bm, x[j]);
       float mo = mx[m], z = Z[m], a = A[m];
