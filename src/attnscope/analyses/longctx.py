@@ -311,10 +311,8 @@ class LongContextStats(MapsAnalysis):
             return
         _, c, K = p.shape
         dev = p.device
-        if seq.layer != layer:
-            self.layer_end(seq)  # (a producer that did not say so)
-            seq.start_layer(layer, self.shape[1], dev)
-        rows = seq.row_values[:, heads, q0:q0 + c]
+        values, _ = self.row_buffers(layer, seq, dev)  # (ends the last layer where a producer did not)
+        rows = values[:, heads, q0:q0 + c]
         rows[0] = ent
         rows[1] = p.amax(-1) if top is None else top
         if masses is None:
@@ -338,10 +336,10 @@ class LongContextStats(MapsAnalysis):
         seq.js_store[r][layer, heads] = p
 
     def row_buffers(self, layer: int, seq: Sequence, device) -> tuple[Any, Any]:
-        """For a producer that computes each row's values itself (the compiled one-pass kernel,
-        :func:`attnscope.analyses.native.flash`): ``seq``'s buffers for ``layer`` (begun here),
-        ``[F H n]`` per row (entropy, largest weight, then the mass on each column of
-        :meth:`Sequence.key_classes`) and ``[H NB+1]`` float64 per head, its mass over rows
+        """``seq``'s buffers for ``layer`` (begun here, the previous layer ended), which
+        :meth:`tile` fills, or a producer that computes each row's values itself (the compiled
+        one-pass kernel, :func:`attnscope.analyses.native.flash`): ``[F H n]`` per row
+        (entropy, largest weight, then the mass on each column of :meth:`Sequence.key_classes`) and ``[H NB+1]`` float64 per head, its mass over rows
         ``>= 1`` per distance bucket (:func:`bucket_of` of ``|i - j|``) and at distance ``+1``
         (``j = i - 1``); then the sampled rows (:meth:`sampled_row`) and :meth:`layer_end`."""
         if seq.layer != layer:
@@ -419,7 +417,7 @@ class LongContextStats(MapsAnalysis):
         """After every layer of a sequence: fold its last layer's rows, and its sampled rows into
         the head distances."""
         self.layer_end(seq)
-        seq.row_values = seq.dist_sums = None
+        seq.row_values = seq.dist_sums = seq.dist_buckets = None
         if seq.sink_sum is not None and self.causal:  # Gu et al.'s score: every row, row 0 included
             score = (1.0 + seq.sink_sum) / seq.n
             self.sums["sink_gu"] += score
