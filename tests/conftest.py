@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +25,64 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# -- A deprecation raised by attnscope's own call into a library fails the test ---------------
+# transformers announces a deprecated argument with warnings.warn(FutureWarning) from inside
+# torch's Module.__call__, and a deprecated output attribute through its logger, so neither
+# names attnscope as the module that warned: pytest's filterwarnings cannot scope them. Both are
+# caught where they are raised and the stack is read instead: the nearest frame outside the
+# libraries decides whose call it was.
+_LIBRARIES = {"transformers", "torch", "accelerate", "tokenizers", "huggingface_hub", "safetensors",
+              "warnings", "logging", "functools", "contextlib"}
+_DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
+
+class DeprecatedCall(AssertionError):
+    """attnscope called a library in a way that library has deprecated."""
+
+
+def caller_module(frame) -> str:
+    """The module of the nearest frame, from ``frame`` outwards, that is not a library's."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.split(".")[0] not in _LIBRARIES:
+            return module
+        frame = frame.f_back
+    return ""
+
+
+def _ours(module: str) -> bool:
+    return module == "attnscope" or module.startswith("attnscope.")
+
+
+class _DeprecationLog(logging.Handler):
+    def emit(self, record):
+        text = record.getMessage()
+        if "deprecated" in text.lower() and _ours(caller_module(sys._getframe(1))):
+            raise DeprecatedCall(f"attnscope's call is deprecated: {text}")
+
+
+@pytest.fixture(autouse=True)
+def no_deprecated_calls(monkeypatch):
+    """Turn a deprecation warning (Python's, or transformers' logged one) raised under a call
+    that attnscope made into an error (tests/test_deprecations.py checks both ways)."""
+    warn = warnings.warn
+
+    def guarded(message, category=None, stacklevel=1, source=None, **kwargs):
+        cat = type(message) if isinstance(message, Warning) else category or UserWarning
+        if issubclass(cat, _DEPRECATIONS) and _ours(caller_module(sys._getframe(1))):
+            raise DeprecatedCall(f"attnscope's call is deprecated: {message}")
+        return warn(message, category, stacklevel + 1, source, **kwargs)
+
+    monkeypatch.setattr(warnings, "warn", guarded)
+    handler = _DeprecationLog()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 @pytest.fixture(scope="session")

@@ -65,5 +65,17 @@ class ModelError(AttnscopeError):
     """A model that cannot be found, loaded or used as asked."""
 
 
+class NoAttentionError(AttnscopeError):
+    """Attention weights that are empty or None: the model ran a fused kernel (sdpa, flash
+    attention), which computes no probabilities, so ``output_attentions=True`` gave nothing."""
+
+    def __init__(self, what: str = "attention"):
+        super().__init__(
+            f"{what} is empty: the model ran a fused attention kernel (sdpa or flash attention), "
+            "which returns no attention weights. Load it with attn_implementation=\"eager\", or "
+            "pass attnscope the model, its tokenizer and the text (head_view(model, text, "
+            "tokenizer=tokenizer)) and it captures the attention itself")
+
+
 class StoreError(AttnscopeError):
     """A store that is missing, corrupt, or in conflict with what was asked."""

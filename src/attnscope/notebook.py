@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.data.records import Example
+from attnscope.errors import NoAttentionError
 from attnscope.maps import AttentionMap, token_word_ids
 
 
@@ -168,10 +169,15 @@ def as_map(attention, tokens=None, *, special=None, segment=None, key_tokens=Non
     ``[H n n]`` tensors (what ``model(..., output_attentions=True).attentions`` gives).
     ``special`` marks special tokens (none by default); ``segment`` gives 0/1 segment ids.
     A cross-attention map ``[L H t s]`` takes the decoder's ``tokens`` (rows) and the encoder's
-    ``key_tokens`` (columns).
+    ``key_tokens`` (columns). Empty or None attention (what a model running sdpa or flash
+    attention returns for ``output_attentions=True``) raises :class:`NoAttentionError`, which
+    names both ways out.
     """
     if isinstance(attention, AttentionMap):
         return attention
+    if attention is None or (isinstance(attention, (tuple, list))
+                             and (not attention or any(a is None for a in attention))):
+        raise NoAttentionError(f"{kind}_attention" if kind else "attention")
     if tokens is None:
         raise TypeError("pass tokens with a raw attention array")
     if isinstance(attention, (tuple, list)):
@@ -205,13 +211,14 @@ def _to_numpy(a):
 
 def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=None,
           decoder_attention=None, cross_attention=None, encoder_tokens=None, decoder_tokens=None,
-          sentence_b_start=None, window: int = 256, offset: int | None = None,
+          sentence_b_start=None, window: int = 256, offset: int | None = None, tokenizer=None,
           **map_kwargs) -> AttentionMap | dict[str, AttentionMap]:
     """What a view shows: one map, or an encoder-decoder model's ``{kind: map}``.
 
     Three ways in: a map or BertViz-style ``(attention, tokens)``; BertViz's encoder-decoder
     keywords (``encoder_attention=``, ``decoder_attention=``, ``cross_attention=`` with
-    ``encoder_tokens=``/``decoder_tokens=``); or a model (a name or a loaded model) and a text,
+    ``encoder_tokens=``/``decoder_tokens=``); or a model (a name, a loaded model, or a
+    transformers model object with its ``tokenizer=``, loaded any way) and a text,
     with ``generate=N`` (the model's greedy continuation) or, for an encoder-decoder model,
     ``target=``. A continuation past 512 tokens comes as the long-input window of ``window``
     rows from ``offset``, made layer by layer (:class:`~attnscope.viz.payload.Windowed`).
@@ -230,17 +237,21 @@ def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=No
             maps["cross"] = as_map(cross_attention, decoder_tokens, key_tokens=encoder_tokens,
                                    kind="cross")
         return maps
-    if isinstance(attention, (LoadedModel, str)):
+    if isinstance(attention, (LoadedModel, str)) or hasattr(attention, "set_attn_implementation"):
+        from attnscope.extract.generate import model_maps
         from attnscope.models import load_model
+        from attnscope.models.loading import borrowed
+        from attnscope.viz.payload import LONG_INPUT
 
         if not isinstance(tokens, str):
             raise TypeError("with a model, pass the text to read: head_view(model, text, generate=N)")
-        from attnscope.extract.generate import model_maps
-        from attnscope.viz.payload import LONG_INPUT
-
-        lm = load_model(attention) if isinstance(attention, str) else attention
-        return model_maps(lm, tokens, generate=generate, target=target, long_input=LONG_INPUT,
-                          window=window, offset=offset)
+        options = {"generate": generate, "target": target, "long_input": LONG_INPUT,
+                   "window": window, "offset": offset}
+        if isinstance(attention, (LoadedModel, str)):
+            lm = load_model(attention) if isinstance(attention, str) else attention
+            return model_maps(lm, tokens, **options)
+        with borrowed(attention, tokenizer) as lm:  # a transformers model, loaded any way
+            return model_maps(lm, tokens, **options)
     if generate or target is not None:
         raise TypeError("generate= and target= need a model: head_view(model, text, generate=N)")
     if sentence_b_start is not None and "segment" not in map_kwargs and tokens is not None:
@@ -264,7 +275,9 @@ def head_view(attention=None, tokens=None, *, layer: int = 0, heads=None, pair_f
     encoder_tokens=..., decoder_tokens=...)`` for encoder-decoder outputs (the page switches
     between the three; ``kind`` picks the one it opens on), or ``head_view(model, text,
     generate=N)``: the model's greedy continuation of ``text``, generated tokens marked
-    (``target=`` instead gives an encoder-decoder model's decoder a text to read).
+    (``target=`` instead gives an encoder-decoder model's decoder a text to read). ``model`` is
+    a name, a loaded model, or a transformers model loaded any way (transformers' default sdpa
+    attention returns no weights; attnscope captures them) with ``tokenizer=``.
 
     Inputs longer than 512 units show ``window`` query rows from ``offset`` (default: the last
     ones, so a long continuation's own rows) plus the first token, and a distance-profile tab

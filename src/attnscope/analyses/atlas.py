@@ -415,7 +415,7 @@ def prefill(lm, model, enc: Encoded, recorder: Recorder | None = None, *, sink: 
     press = Press(lm.num_layers, len(enc.context), sink, window, recorder=recorder)
     with torch.no_grad(), hooked(lm, {"attend": press}):
         out = model(input_ids=torch.tensor([enc.context], device=model.device), use_cache=True)
-    return [(lay.keys, lay.values) for lay in out.past_key_values.layers]
+    return [(lay.keys, lay.values) for lay in out.cache.layers]
 
 
 def answer(lm, model, context: list, enc: Encoded, full: np.ndarray | None, *, sink: int,

@@ -193,7 +193,8 @@ def greedy_continue(model, ids: list[int], new_tokens: int) -> list[int]:
     """The ``new_tokens`` ids that greedy decoding appends to ``ids`` (fewer when the model
     emits one of its end-of-sequence ids, which is kept, as ``generate`` does).
 
-    One pass over the prompt, then one token at a time with the key/value cache; the next
+    One pass over the prompt, then one token at a time with the key/value cache (transformers'
+    ``cache=`` argument and output, which replaced ``past_key_values`` in 5.24); the next
     token is the arg-max of the last position's logits (the first on ties), which is what
     ``model.generate(do_sample=False)`` does with the default generation settings.
     """
@@ -212,6 +213,6 @@ def greedy_continue(model, ids: list[int], new_tokens: int) -> list[int]:
             out.append(nxt)
             if nxt in eos or len(out) == new_tokens:
                 break
-            step = model(input_ids=torch.tensor([[nxt]], device=device),
-                         past_key_values=step.past_key_values, use_cache=True)
+            step = model(input_ids=torch.tensor([[nxt]], device=device), cache=step.cache,
+                         use_cache=True)
     return out

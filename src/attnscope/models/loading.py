@@ -9,6 +9,7 @@ there, and every consumer brings tensors back with ``.cpu()`` before numpy.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -259,6 +260,47 @@ def _load(name: str, *, mlm_head: bool | str, seed: int, revision: str | None) -
         raise ModelError(f"{name}: model not found locally (no such folder, not in the Hugging Face "
                          f"cache) and the Hub cannot be reached{_did_you_mean(name)}")
     return _load_pretrained(name, name, None, mlm_head, revision, local_only=False)
+
+
+@contextlib.contextmanager
+def borrowed(model, tokenizer, *, name: str | None = None):
+    """A caller's own transformers ``model`` and fast ``tokenizer`` as a :class:`LoadedModel`,
+    for the duration of the block.
+
+    A model loaded with transformers' defaults runs a fused attention kernel (sdpa or flash
+    attention), which returns no attention probabilities; inside the block its attention runs
+    through attnscope's function (eager attention where its family has no
+    ``AttentionInterface``) and the model is in eval mode; both are restored afterwards.
+
+    >>> import transformers
+    >>> from attnscope.models import load_model
+    >>> tok = load_model("debug:bert").tokenizer
+    >>> bert = transformers.BertModel(transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=8,
+    ...     num_hidden_layers=1, num_attention_heads=2, intermediate_size=8))
+    >>> bert.config._attn_implementation
+    'sdpa'
+    >>> with borrowed(bert, tok) as lm:
+    ...     inside = lm.model.config._attn_implementation
+    >>> inside, bert.config._attn_implementation
+    ('attnscope', 'sdpa')
+    """
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "set_attn_implementation"):
+        raise ModelError(f"{type(model).__name__} is not a transformers model (no config)")
+    if tokenizer is None or not getattr(tokenizer, "is_fast", False):
+        raise ModelError("pass the model's fast tokenizer with its model (tokenizer=...): attnscope "
+                         "reads the text with it and aligns words with its offsets")
+    implementation, training = config._attn_implementation, model.training
+    if not install(model):
+        model.set_attn_implementation("eager")
+    model.eval()
+    try:
+        yield LoadedModel(model=model, tokenizer=tokenizer, family=family_for(config.model_type),
+                          name=name or getattr(config, "_name_or_path", "") or type(model).__name__,
+                          source="the caller's model object", weights_hash="unknown")
+    finally:
+        model.set_attn_implementation(implementation)
+        model.train(training)
 
 
 #: Model names that load_model knows without a folder or the Hub (for "did you mean").
