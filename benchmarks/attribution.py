@@ -337,7 +337,7 @@ def numbers(lm, objective, encoded, args, fit_note) -> None:
     from attnscope.analyses.importance import HeadImportance
     from attnscope.analyses.norms import SHARE_CLASSES, NormShares
     from attnscope.report.attribution import behaviour_labels
-    from attnscope.report.results import ResultsFolder
+    from attnscope.store.results import ResultsFolder
 
     labels = behaviour_labels(ResultsFolder(args.numbers).get("general"))
     t0 = time.perf_counter()
@@ -379,7 +379,7 @@ def numbers(lm, objective, encoded, args, fit_note) -> None:
     for layer in range(L):
         print(f"{layer + 1} | {w[layer, 0]:.3f} | {n[layer, 0]:.3f} | {w[layer, 1]:.3f} | {n[layer, 1]:.3f}")
     if args.json:
-        from attnscope.report.results import write_json
+        from attnscope.store.results import write_json
 
         write_json(args.json, {"segments": len(encoded), "seconds": seconds, "fitted_head": fit_note,
                                "importance": res.to_json(), "pruning": curve.to_json(),

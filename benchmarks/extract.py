@@ -97,8 +97,8 @@ def read_examples(data: Path, limit: int | None):
 # -- (a) attnscope --------------------------------------------------------------------------
 def worker_attnscope(args) -> dict:
     from attnscope.extract.runner import ExtractOptions
+    from attnscope.jobs import extract_to_store
     from attnscope.models import load_model
-    from attnscope.store import extract_to_store
 
     examples = read_examples(args.data, args.limit)
     lm = load_model("default")
@@ -356,8 +356,8 @@ def profile_attnscope(args, tmp: Path) -> None:
     import pstats
 
     from attnscope.extract.runner import ExtractOptions
+    from attnscope.jobs import extract_to_store
     from attnscope.models import load_model
-    from attnscope.store import extract_to_store
 
     examples = read_examples(args.data, args.limit)
     lm = load_model("default")

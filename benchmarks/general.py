@@ -44,8 +44,9 @@ def main() -> None:
     from attnscope.data.unlabeled import prepare_unlabeled
     from attnscope.extract.runner import ExtractOptions, Extractor
     from attnscope.families.general import general_analyses
+    from attnscope.jobs import extract_to_store
     from attnscope.models import load_model
-    from attnscope.store import extract_to_store, open_store
+    from attnscope.store import open_store
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-examples", type=int, default=1000)

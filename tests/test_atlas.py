@@ -335,8 +335,8 @@ def test_the_viewer_and_compare_read_what_the_family_wrote(atlas_run, tmp_path):
     import shutil
 
     from attnscope.families.atlas import Atlas
-    from attnscope.report.results import ResultsFolder
-    from attnscope.viz.results_views import family_views
+    from attnscope.store.results import ResultsFolder
+    from attnscope.views import family_views
 
     found = ResultsFolder(atlas_run)
     (key, source, d, panels), = [v for v in family_views(found) if v[0] == "atlas"]

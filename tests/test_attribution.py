@@ -576,7 +576,7 @@ def _instances(lm):
 def test_contract_empty_one_and_json(name, bert_mlm):
     from attnscope.analyses import ANALYSES
     from attnscope.analyses.base import Result
-    from attnscope.report.results import dumps
+    from attnscope.store.results import dumps
 
     make = _instances(bert_mlm)[name]
     assert isinstance(make(), ANALYSES[name])

@@ -19,7 +19,7 @@ def test_view_command_exports_png_and_svg(tmp_path, debug_bert):
     pytest.importorskip("playwright.sync_api")
     from attnscope.cli.main import main
     from attnscope.data.io import example_from_dict
-    from attnscope.store import extract_to_store
+    from attnscope.jobs import extract_to_store
 
     store = tmp_path / "store"
     extract_to_store([example_from_dict({"text": "the cat sat"}, 0)], store, debug_bert)

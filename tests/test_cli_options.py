@@ -189,9 +189,9 @@ def _library_cases(tmp_path):
     """(a library call, its message naming parameters, a command line reaching the same check,
     the line that command prints naming its flags)."""
     from attnscope.compare import compare
+    from attnscope.jobs import extract_to_store
     from attnscope.models.loading import resolve_device
     from attnscope.on_ray import check_ray
-    from attnscope.store import extract_to_store
 
     text = tmp_path / "t.txt"
     text.write_text("the cat sat on the mat .\nthe dog ran .\n")

@@ -30,7 +30,7 @@ SENTENCES = [
 
 def _store(tmp_path, name, model, examples=SENTENCES, word_level=False):
     from attnscope.extract.runner import ExtractOptions
-    from attnscope.store import extract_to_store
+    from attnscope.jobs import extract_to_store
 
     path = tmp_path / name
     extract_to_store([Example.from_dict(e) if isinstance(e, dict) else e for e in examples], path, model,
@@ -183,7 +183,7 @@ def test_swapped_heads_are_matched_back(tmp_path):
     assert cmp.same_head()[1].max() < off / 100
     # the statistics of head 0 in B are head 1's in A
     assert np.allclose(cmp.stats["b"][:, 0, 0], cmp.stats["a"][:, 0, 1], atol=1e-5)
-    from attnscope.report.compare import findings
+    from attnscope.compare.report import findings
 
     said = " ".join(findings(cmp))
     assert "keeps 2 of 4 heads in place" in said
@@ -298,7 +298,7 @@ def test_two_run_folders_with_saved_maps(tmp_path, capsys):
 
     from attnscope.cli.main import main
     from attnscope.pipeline import RunConfig, demo_inputs, run_pipeline
-    from attnscope.report.results import read_json
+    from attnscope.store.results import read_json
 
     run1 = tmp_path / "run1"
     run_pipeline(RunConfig(model="debug:bert", deps=demo_inputs()["deps"], save_maps=True), run1)
@@ -347,7 +347,7 @@ def test_two_models_of_different_shapes_from_the_command_line(tmp_path, debug_be
 
     from attnscope.cli.main import main
     from attnscope.data.io import write_examples
-    from attnscope.report.results import read_json
+    from attnscope.store.results import read_json
 
     torch.manual_seed(1)
     config = transformers.BertConfig(vocab_size=len(debug_bert.tokenizer), hidden_size=32,

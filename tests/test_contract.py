@@ -20,7 +20,7 @@ import pytest
 
 from attnscope.analyses import ANALYSES
 from attnscope.families import load_families
-from attnscope.report.results import dumps
+from attnscope.store.results import dumps
 
 ANALYSIS_NAMES = sorted(ANALYSES)  # complete on import: attnscope.analyses imports every module
 

@@ -159,7 +159,7 @@ def test_an_unfinished_store_is_refused(tmp_path, capsys, debug_bert):
     "incomplete"."""
     from attnscope.data.io import example_from_dict
     from attnscope.extract.runner import ExtractOptions
-    from attnscope.store import extract_to_store
+    from attnscope.jobs import extract_to_store
 
     store = tmp_path / "maps"
 

@@ -382,8 +382,8 @@ def test_pickle_with_a_forbidden_class_is_refused(tmp_path):
 @pytest.fixture(scope="module")
 def seed_store(tmp_path_factory):
     from attnscope.data.records import Example
+    from attnscope.jobs import extract_to_store
     from attnscope.models import load_model
-    from attnscope.store import extract_to_store
 
     out = tmp_path_factory.mktemp("store") / "s"
     examples = [Example(words=["the", "cat", "sat"]), Example(text="a dog ran."), Example(text="hi")]

@@ -77,7 +77,8 @@ def test_run_general_writes_everything(bert_run):
 
 def test_store_input_gives_the_same_numbers(bert_run, tmp_path):
     from attnscope.extract.runner import ExtractOptions
-    from attnscope.store import extract_to_store, open_store
+    from attnscope.jobs import extract_to_store
+    from attnscope.store import open_store
 
     lm, out, sec, _ = bert_run
     extract_to_store(TEXTS, tmp_path / "maps", lm, options=ExtractOptions(max_seq_len=256),

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from attnscope.cli.main import main
-from attnscope.extract.generate import continuation_map
 from attnscope.models import load_model
 from attnscope.models.gguf import causal_lm_for
 from attnscope.notebook import head_view
+from attnscope.viz.generate import continuation_map
 from attnscope.viz.payload import page_payload
 
 PROMPT = "the cat sat on the mat and the dog ran to the house"
@@ -74,11 +74,11 @@ def test_a_long_continuation_is_windowed_layer_by_layer_as_the_whole_map_would_b
         got = page_payload(win, long_input=10, window=8)
         assert got == want
     # no forward pass of the windowed path asked for all layers' maps
-    import attnscope.models.forward as fw
+    import attnscope.viz.generate as gen
 
     seen = []
-    real = fw.forward
-    monkeypatch.setattr(fw, "forward", lambda *a, **k: seen.append(k.get("attentions", False)) or real(*a, **k))
+    real = gen.forward
+    monkeypatch.setattr(gen, "forward", lambda *a, **k: seen.append(k.get("attentions", False)) or real(*a, **k))
     continuation_map(lm, PROMPT, 5, long_input=10, window=8)
     assert seen == [False]
 

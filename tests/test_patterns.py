@@ -356,7 +356,7 @@ def test_family_end_to_end(name, request, tmp_path):
 def test_family_text_input_and_store_agree(debug_bert, tmp_path):
     from attnscope.data.unlabeled import prepare_unlabeled
     from attnscope.extract.runner import ExtractOptions
-    from attnscope.store import extract_to_store
+    from attnscope.jobs import extract_to_store
 
     text = tmp_path / "doc.txt"
     text.write_text("The cat sat.\nThe cat ran away.\nIt was late.\n\nA dog barked.\nThe dog slept.\n",
@@ -402,7 +402,7 @@ def test_family_refuses_word_level_store(debug_bert, tmp_path):
     from attnscope.data.records import Example
     from attnscope.extract.runner import ExtractOptions
     from attnscope.families import Context
-    from attnscope.store import extract_to_store
+    from attnscope.jobs import extract_to_store
 
     extract_to_store([Example(text="The cat sat.")], tmp_path / "store", debug_bert,
                      options=ExtractOptions(word_level=True))

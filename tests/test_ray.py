@@ -25,7 +25,8 @@ from attnscope.analyses.runner import run_analyses
 from attnscope.data.io import example_from_dict
 from attnscope.errors import AttnscopeError
 from attnscope.extract import ExtractOptions, ExtractStats, extract
-from attnscope.store import extract_to_store, open_store
+from attnscope.jobs import extract_to_store
+from attnscope.store import open_store
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 WORDS = ("the a cat dog sat mat ran saw man woman house big small red old new said who what "
@@ -445,8 +446,8 @@ def test_a_killed_worker_still_ends_in_the_same_store_and_results(cluster, debug
 
 @pytest.mark.slow
 def test_a_killed_driver_leaves_a_store_that_resume_completes_identically(cluster, debug_bert, tmp_path):
-    from attnscope.data.sources import open_input_store
     from attnscope.on_ray.cluster import extract_on_ray
+    from attnscope.sources import open_input_store
 
     exs = corpus(600, seed=7, longest=60)
     inp = tmp_path / "in.json"

@@ -69,7 +69,7 @@ def test_results_json_records_everything(run_dir):
     import hashlib
 
     from attnscope.models import load_model
-    from attnscope.report.results import ResultsFolder
+    from attnscope.store.results import ResultsFolder
 
     res = json.loads((run_dir / "results.json").read_text())
     assert set(res["families"]) == {"general", "syntax", "coref"}

@@ -17,7 +17,7 @@ TEXTS = ["the cat sat on the mat", "a dog ran to the house", "<b>who</b> saw the
 
 def build_store(path, lm, texts=TEXTS, shard_size=2):
     from attnscope.data.io import example_from_dict
-    from attnscope.store import extract_to_store
+    from attnscope.jobs import extract_to_store
 
     extract_to_store([example_from_dict({"text": t}, i) for i, t in enumerate(texts)], path, lm,
                      shard_size=shard_size)

@@ -21,7 +21,7 @@ TEXTS = ["the cat sat", "a dog ran", "who saw it", "she said so", "the man left"
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory, debug_bert):
     from attnscope.data.io import example_from_dict
-    from attnscope.store import extract_to_store
+    from attnscope.jobs import extract_to_store
 
     path = tmp_path_factory.mktemp("hardening") / "store"
     extract_to_store([example_from_dict({"text": t}, i) for i, t in enumerate(TEXTS)], path,

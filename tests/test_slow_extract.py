@@ -5,7 +5,8 @@ import pytest
 
 from attnscope.data.depparse import iter_depparse
 from attnscope.extract import ExtractOptions
-from attnscope.store import extract_to_store, open_store
+from attnscope.jobs import extract_to_store
+from attnscope.store import open_store
 
 
 @pytest.mark.slow

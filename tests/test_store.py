@@ -13,7 +13,8 @@ import pytest
 
 from attnscope.errors import InputError, StoreError
 from attnscope.extract import ExtractOptions, extract
-from attnscope.store import extract_to_store, open_store
+from attnscope.jobs import extract_to_store
+from attnscope.store import open_store
 from attnscope.store.paper_pickle import export_paper_pickle, import_paper_pickle, read_paper_pickle
 
 WORDS = "the cat sat on the old mat because it was big and red".split()

@@ -89,7 +89,8 @@ def test_run_syntax_from_stores_and_section(tmp_path, debug_bert, capsys):
     from attnscope.errors import AttnscopeError
     from attnscope.extract.runner import ExtractOptions
     from attnscope.families.syntax import run_syntax
-    from attnscope.store import extract_to_store, open_store
+    from attnscope.jobs import extract_to_store
+    from attnscope.store import open_store
 
     write_conllu(tmp_path / "d.conllu", SENTS)
     examples = list(iter_depparse(tmp_path / "d.conllu"))

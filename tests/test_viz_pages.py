@@ -24,7 +24,7 @@ def payload_of(html: str) -> dict:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, debug_bert):
     from attnscope.data.io import example_from_dict
-    from attnscope.store import extract_to_store
+    from attnscope.jobs import extract_to_store
 
     out = tmp_path_factory.mktemp("viz") / "store"
     examples = [{"text": "the cat sat on the mat", "text_pair": "a dog ran"},

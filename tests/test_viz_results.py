@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from attnscope.errors import AttnscopeError
+from attnscope.views import results_payload
 from attnscope.viz.encoding import decode
-from attnscope.viz.results_views import results_payload
 
 EVIL = "<script>window.pwned=1</script>"
 LONG_INPUT, WINDOW = 128, 64  # debug:llama allows 512 positions: a "long" input is made shorter
@@ -40,9 +40,9 @@ def longctx(tmp_path_factory):
     """One 512-token document: stored (float32 maps) and analysed by the longctx family."""
     from attnscope.data.io import example_from_dict
     from attnscope.extract.runner import ExtractOptions
+    from attnscope.jobs import extract_to_store
     from attnscope.models import load_model
     from attnscope.pipeline import run_family
-    from attnscope.store import extract_to_store
 
     root = tmp_path_factory.mktemp("longctx")
     lm = load_model("debug:llama")  # 2 layers x 4 heads

@@ -8,15 +8,15 @@ against syntax and coreference, and draw it.
 >>> store = attnscope.open_store("maps/")                                     # doctest: +SKIP
 """
 
-__version__ = "0.1.0"
-
-from attnscope.data.records import Example, HeadId  # noqa: E402
-from attnscope.errors import AttnscopeError  # noqa: E402
-from attnscope.extract import ExtractOptions, extract  # noqa: E402
-from attnscope.families.atlas import atlas  # noqa: E402
-from attnscope.maps import AttentionBatch, AttentionMap  # noqa: E402
-from attnscope.models import load_model  # noqa: E402
-from attnscope.store import Store, extract_to_store, open_store  # noqa: E402
+from attnscope.data.records import Example, HeadId
+from attnscope.errors import AttnscopeError
+from attnscope.extract import ExtractOptions, extract
+from attnscope.jobs import extract_to_store
+from attnscope.maps import AttentionBatch, AttentionMap
+from attnscope.models import load_model
+from attnscope.pipeline import atlas
+from attnscope.store import Store, open_store
+from attnscope.version import __version__
 
 __all__ = ["AttentionBatch", "AttentionMap", "AttnscopeError", "Example", "ExtractOptions", "atlas",
            "HeadId", "Store", "__version__", "extract", "extract_to_store", "load_model",

@@ -238,9 +238,9 @@ def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=No
                                    kind="cross")
         return maps
     if isinstance(attention, (LoadedModel, str)) or hasattr(attention, "set_attn_implementation"):
-        from attnscope.extract.generate import model_maps
         from attnscope.models import load_model
         from attnscope.models.loading import borrowed
+        from attnscope.viz.generate import model_maps
         from attnscope.viz.payload import LONG_INPUT
 
         if not isinstance(tokens, str):
@@ -299,7 +299,7 @@ def model_view(attention=None, tokens=None, *, title: str | None = None, offset:
 
 def results_view(folder, *, title: str | None = None) -> View:
     """The attribution maps and long-context profiles of an analysis output folder."""
-    from attnscope.viz.pages import results_view_html
+    from attnscope.views import results_view_html
 
     return View(results_view_html(folder, title=title), "results")
 

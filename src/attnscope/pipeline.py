@@ -10,7 +10,7 @@ figures and ``results/<family>.json`` under the output folder and returns a
 heads (``views/``), a checkpoint per family (``run/<family>.json``: the section without its
 maps, plus a fingerprint of everything that decides its numbers), the report
 (``report.html``) and ``results.json`` (all results and the provenance), all through the one
-strict-JSON serialisation of :mod:`attnscope.report.results`.
+strict-JSON serialisation of :mod:`attnscope.store.results`.
 
 Resuming: a run that was interrupted is continued with ``resume=True``; families whose
 checkpoint has the same fingerprint are not run again.
@@ -36,8 +36,8 @@ from attnscope.errors import AttnscopeError, InputError
 from attnscope.executor import executor
 from attnscope.families import Context, Family, Prepared, check_options, load_families
 from attnscope.on_ray import check_ray
-from attnscope.report.results import ResultsFolder, read_json, write_json
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
+from attnscope.store.results import ResultsFolder, read_json, write_json
 
 #: Name of the folder (inside the output folder) holding the run's state and checkpoints.
 STATE_DIR = "run"
@@ -580,7 +580,7 @@ def _replace_stores(folder: Path) -> None:
 
 
 def _collect_results(out_dir: Path) -> dict[str, Any]:
-    """Every family's results in ``out_dir``, by key (:class:`~attnscope.report.results.ResultsFolder`)."""
+    """Every family's results in ``out_dir``, by key (:class:`~attnscope.store.results.ResultsFolder`)."""
     return {key: d for key, _, d in ResultsFolder(out_dir).items()}
 
 
@@ -612,3 +612,15 @@ def run_demo(out_dir: str | Path, *, model: str = "default", resume: bool = Fals
     overwrite = not resume and state.exists()
     return run_pipeline(demo_config(model), out_dir, resume=resume, overwrite=overwrite,
                         progress=progress, command=command)
+
+
+def atlas(source: str | Path, out_dir: str | Path, *, model: Any = "smollm2", seed: int = 0,
+          max_seq_len: int | None = None, **options: Any):
+    """The head atlas from Python: the report :class:`~attnscope.report.section.Section`, with
+    tables, figures and ``results/atlas.json`` under ``out_dir`` (``options``: the fields of
+    :class:`attnscope.families.atlas.Options`, e.g. ``atlas_tasks=12``).
+
+    >>> atlas("wiki.txt", "out/", atlas_tasks=12, max_seq_len=1024)  # doctest: +SKIP
+    """
+    return run_family("atlas", {"atlas": source}, out_dir, model=model, seed=seed,
+                      max_seq_len=max_seq_len, **options)

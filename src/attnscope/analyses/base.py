@@ -63,8 +63,8 @@ class Result:
                    arrays=arrays, summary=d.get("summary", []), meta=d.get("meta", {}))
 
     def save(self, path: str | Path) -> None:
-        """Write as strict JSON (NaN as null) with :func:`attnscope.report.results.write_json`."""
-        from attnscope.report.results import write_json
+        """Write as strict JSON (NaN as null) with :func:`attnscope.store.results.write_json`."""
+        from attnscope.store.results import write_json
 
         write_json(path, self.to_json())
 

@@ -68,7 +68,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         if not quiet and not hasattr(cmp, "pairing"):  # two output folders without maps: tables only
             console.print(f"compared the tables {', '.join(k for k, v in cmp.run_tables.items() if v)}")
         elif not quiet:
-            from attnscope.report.compare import findings
+            from attnscope.compare.report import findings
 
             console.print(f"compared {len(cmp.pairing.indices)} examples at {cmp.pairing.level} level "
                           f"({cmp.pairing.layout})")

@@ -61,9 +61,9 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         from attnscope.data.io import file_fingerprint
         from attnscope.errors import InputError
         from attnscope.extract.runner import ExtractOptions
+        from attnscope.jobs import extract_to_store
         from attnscope.models import load_model
         from attnscope.models.loading import resolve_device
-        from attnscope.store import extract_to_store
         from attnscope.store.writer import check_output_folder
 
         check_ray(ray, workers)  # before anything is read or written

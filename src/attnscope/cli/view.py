@@ -84,7 +84,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                                                           "continues (default: the stored example's)."),
     ) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
-        from attnscope.viz.write import write_view
+        from attnscope.views import write_view
 
         for path, option in ((out, "--out"), (png, "--png"), (svg, "--svg")):
             if path is not None:

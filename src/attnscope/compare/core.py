@@ -105,7 +105,7 @@ def _compare(a, b, out: Path | None, *, which, level, n_boot, seed, smoothing, c
     result = compute(side_a, side_b, pairing, n_boot=n_boot, seed=seed, smoothing=smoothing,
                      progress=progress)
     if out is not None:
-        from attnscope.report.compare import write_compare
+        from attnscope.compare.report import write_compare
 
         if clear and out.exists():
             _clear(out)
@@ -165,7 +165,7 @@ def results_tables(a: Path, b: Path) -> dict[str, list[dict]]:
     """Every family's :class:`~attnscope.families.base.CompareTable` that both output folders'
     results hold, by name, with the change (B - A)."""
     from attnscope.families import load_families
-    from attnscope.report.results import ResultsFolder
+    from attnscope.store.results import ResultsFolder
 
     out: dict[str, list[dict]] = {}
     ra, rb = ResultsFolder(a), ResultsFolder(b)
@@ -233,7 +233,7 @@ def compare_results(a: str | Path, b: str | Path, out: Path | None = None, *, cl
                              "side (and no saved maps: keep them with 'attnscope run ... --save-maps')")
     cmp = TablesComparison(pa, pb, tables, {t.name: t.caption for t in _compare_tables()})
     if out is not None:
-        from attnscope.report.compare import write_tables_compare
+        from attnscope.compare.report import write_tables_compare
 
         if clear and out.exists():
             _clear(out)
@@ -271,8 +271,8 @@ def compare_models(model_a: str, model_b: str, inputs: str | Path, out_dir: str 
     from attnscope.data.depparse import iter_depparse
     from attnscope.data.io import file_fingerprint, read_examples
     from attnscope.extract.runner import ExtractOptions
+    from attnscope.jobs import extract_to_store
     from attnscope.models import load_model
-    from attnscope.store import extract_to_store
 
     out = Path(out_dir)
     check_out_dir(out, overwrite=overwrite)

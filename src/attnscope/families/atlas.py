@@ -211,7 +211,7 @@ class Atlas(Family):
         from attnscope.analyses import atlas as A
         from attnscope.models.gguf import causal_lm_for
         from attnscope.report.atlas import write_atlas
-        from attnscope.report.results import write_results
+        from attnscope.store.results import write_results
 
         lm = ctx.model
         model = causal_lm_for(lm, seed=ctx.seed)
@@ -279,16 +279,3 @@ class Atlas(Family):
         a = stats.finalize().arrays
         return {"echo": a["target_duplicate"], "induction": a["target_induction"]}
 
-
-def atlas(source: str | Path, out_dir: str | Path, *, model: Any = "smollm2", seed: int = 0,
-          max_seq_len: int | None = None, **options: Any):
-    """The head atlas from Python: the report :class:`~attnscope.report.section.Section`, with
-    tables, figures and ``results/atlas.json`` under ``out_dir`` (``options``: the fields of
-    :class:`Options`, e.g. ``atlas_tasks=12``).
-
-    >>> atlas("wiki.txt", "out/", atlas_tasks=12, max_seq_len=1024)  # doctest: +SKIP
-    """
-    from attnscope.pipeline import run_family
-
-    return run_family("atlas", {"atlas": source}, out_dir, model=model, seed=seed,
-                      max_seq_len=max_seq_len, **options)

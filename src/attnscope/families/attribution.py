@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.data.sources import read_source
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
+from attnscope.sources import read_source
 
 ALL_METHODS = ("importance", "ablation", "pruning", "rollout", "norms", "value-zeroing")
 #: Every method but per-head ablation, whose two modes alone take longer than all the others

@@ -7,7 +7,7 @@ A family is the one plug-in path from analyses to every output. Register a subcl
   field of its :attr:`Family.Options` dataclass, and runs it whenever its first input is given;
 - ``attnscope analyze <key>`` is built from the same inputs and options;
 - the HTML report shows the :class:`Section` it returns, ``results.json`` and ``--resume`` read
-  its ``results/<key>.json`` through :mod:`attnscope.report.results`, and the viewer finds it
+  its ``results/<key>.json`` through :mod:`attnscope.store.results`, and the viewer finds it
   there too.
 
 Options are a dataclass whose fields carry their help text (and choices) as metadata, made with
@@ -46,7 +46,7 @@ class Input:
     name: str
     help: str
     multiple: bool = False  # several files (e.g. --coref a.conllu --coref b.conllu)
-    #: what :func:`attnscope.data.sources.read_source` accepts for it (``store``,
+    #: what :func:`attnscope.sources.read_source` accepts for it (``store``,
     #: ``examples``, ``trees``, ``text``); empty: the family reads it with a reader of its own
     kinds: tuple[str, ...] = ()
     argument: str | None = None  # name of the positional argument in ``attnscope analyze``
@@ -122,7 +122,7 @@ class Context:
     save_maps: Path | None = None  # keep the family's maps in a store under this folder
     executor: Any = None  # attnscope.executor.LocalExecutor (None: local) or RayExecutor
     #: results of the families this one :attr:`~Family.uses` that ran in the same job, by key
-    #: (read back through :class:`~attnscope.report.results.ResultsFolder`); never a file that
+    #: (read back through :class:`~attnscope.store.results.ResultsFolder`); never a file that
     #: happens to be in the output folder
     results: dict[str, dict] = field(default_factory=dict)
     #: the kind of attention an encoder-decoder store is read as ("encoder", "decoder"; None:

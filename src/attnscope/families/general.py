@@ -31,7 +31,6 @@ from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.streaming import ENGINES
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import Example
-from attnscope.data.sources import read_source
 from attnscope.data.unlabeled import PACKINGS, UnlabeledStats
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import (
@@ -47,6 +46,7 @@ from attnscope.report.general import (
     write_general,
 )
 from attnscope.report.section import Section
+from attnscope.sources import read_source
 from attnscope.store import Store
 
 GRADIENT_MODES = ("auto", "off", "on", "fit-head")
@@ -140,8 +140,9 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
 
 def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: str | None = None) -> Section:
     """The general family's job on ``source`` (examples or a store); see :func:`run_general`."""
+    from attnscope.jobs import extract_to_store
     from attnscope.models.loading import seed_everything
-    from attnscope.store import extract_to_store, open_store
+    from attnscope.store import open_store
 
     seed_everything(ctx.seed)
     model, engine, notes = ctx.model, options.general_engine, [note] if note else []

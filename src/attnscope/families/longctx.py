@@ -127,7 +127,7 @@ class LongContext(Family):
         from attnscope.analyses.longctx import LongContextStats
         from attnscope.analyses.streaming import choose_engine, maps_bytes, maps_update
         from attnscope.report.longctx import run_findings, write_section
-        from attnscope.report.results import write_results
+        from attnscope.store.results import write_results
 
         lm, docs = ctx.model, prepared.data["documents"]
         seqs, notes, generated = [d.ids for d in docs], [], []
@@ -176,7 +176,7 @@ class LongContext(Family):
         clusters = next((t for t in sec.tables if t.name == "longctx_clusters"), None)
         if clusters is not None:  # the MDS placement the viewer's scatter draws
             res.tables["clusters"] = clusters.rows
-        write_results(ctx.out_dir, self.key, res)  # strict JSON (report.results)
+        write_results(ctx.out_dir, self.key, res)  # strict JSON (store.results)
         return sec
 
     @staticmethod

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.analyses.patterns import KeyConcentration, PatternThresholds, VigPatterns
-from attnscope.data.sources import read_source
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.families.base import (
     Context,
@@ -30,6 +29,7 @@ from attnscope.families.base import (
     option,
     register_family,
 )
+from attnscope.sources import read_source
 
 _D = PatternThresholds()
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from attnscope.analyses.syntax import DependencyHeads
 from attnscope.analyses.units import TIE_RULES
 from attnscope.data.records import Example
-from attnscope.data.sources import read_source
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.families.base import (
     CompareTable,
@@ -29,6 +28,7 @@ from attnscope.families.base import (
 )
 from attnscope.report.section import Section
 from attnscope.report.syntax import Progress, _table3_row, write_syntax
+from attnscope.sources import read_source
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -57,7 +57,8 @@ def _check_store(store, what: str) -> None:
 
 def _to_store(examples: list[Example], lm, path: Path, ctx: Context, *, dtype: str, step: str):
     """The word-level maps of ``examples`` by ``lm`` in a store at ``path`` (on the job's executor)."""
-    from attnscope.store import extract_to_store, open_store
+    from attnscope.jobs import extract_to_store
+    from attnscope.store import open_store
 
     extract_to_store(examples, path, lm, options=ctx.extract_options(word_level=True), dtype=dtype,
                      executor=ctx.executor, progress=lambda done, tokens: ctx.step(step, done, len(examples)))
@@ -235,7 +236,7 @@ def _probes(dev, train, dev_store, train_store, options: "SyntaxOptions", ctx: C
 def read_syntax_input(path: Path):
     """A word-level store folder, or examples with trees: CoNLL-U, the paper's
     ``word head-relation`` format, or examples JSON (``attnscope prepare depparse``), read by
-    :func:`~attnscope.data.sources.read_source`."""
+    :func:`~attnscope.sources.read_source`."""
     source = read_source(path, ("store", "examples", "trees"))
     if source.is_store:
         return source.data

@@ -13,7 +13,7 @@ import hashlib
 from attnscope.errors import ModelError
 from attnscope.models.families import family_for
 from attnscope.models.forward import install
-from attnscope.models.loading import LoadedModel, seed_everything
+from attnscope.models.loaded import LoadedModel, seed_everything
 
 _WORDS = (
     "the a an of to and in is was it that he she they his her their this on for with as at by "

@@ -13,112 +13,20 @@ import contextlib
 import hashlib
 import os
 import socket
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from attnscope.errors import ModelError
-from attnscope.models.families import ModelFamily, family_for
-from attnscope.models.forward import install, model_device
+from attnscope.models.families import family_for
+from attnscope.models.forward import install
+from attnscope.models.loaded import LoadedModel, seed_everything
+
+__all__ = ["DEFAULT_MODEL", "DEFAULT_SEED", "LoadedModel", "borrowed", "load_model", "packaged_model_dir",
+           "resolve_device", "seed_everything"]
 
 DEFAULT_MODEL = "default"
 DEFAULT_SEED = 0
-
-
-@dataclass
-class LoadedModel:
-    """A model ready for extraction.
-
-    ``name`` is what the user asked for; ``source`` where it came from (a folder, a Hub id,
-    ``debug:<family>``); ``weights_hash`` the sha256 of the weights, for provenance.
-    """
-
-    model: Any  # transformers.PreTrainedModel
-    tokenizer: Any  # transformers.PreTrainedTokenizerFast
-    family: ModelFamily
-    name: str
-    source: str
-    weights_hash: str
-    revision: str | None = None
-    has_mlm_head: bool = False
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def num_layers(self) -> int:
-        cfg = self.model.config
-        return getattr(cfg, "num_hidden_layers", None) or cfg.n_layer
-
-    @property
-    def num_heads(self) -> int:
-        cfg = self.model.config
-        return getattr(cfg, "num_attention_heads", None) or cfg.n_head
-
-    @property
-    def num_kv_heads(self) -> int:
-        """Key/value heads per layer (fewer than :attr:`num_heads` under grouped-query attention)."""
-        attr = self.family.kv_heads
-        value = getattr(self.model.config, attr, None) if attr else None
-        return int(value or self.num_heads)
-
-    @property
-    def max_positions(self) -> int:
-        """The longest input, in tokens, that the model's position table allows."""
-        cfg = self.model.config
-        limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-        if limit is None:
-            limit = 512
-        if self.family.name in ("roberta", "xlm-roberta", "camembert"):
-            limit -= cfg.pad_token_id + 1  # positions start after the padding index
-        tok_max = getattr(self.tokenizer, "model_max_length", None)
-        if tok_max and tok_max < 1_000_000:
-            limit = min(limit, tok_max)
-        return int(limit)
-
-    @property
-    def do_lower_case(self) -> bool | None:
-        """Whether the tokenizer lowercases its input (None if it cannot be told)."""
-        tok = self.tokenizer
-        if getattr(tok, "do_lower_case", None) is not None:
-            return bool(tok.do_lower_case)
-        try:
-            normalized = tok.backend_tokenizer.normalizer.normalize_str("AbC")
-        except Exception:  # no normalizer
-            return False
-        return normalized.lower() == normalized and normalized != "AbC"
-
-    @property
-    def device(self) -> Any:
-        """The ``torch.device`` the weights are on (the first parameter's)."""
-        return model_device(self.model)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "source": self.source,
-            "revision": self.revision,
-            "weights_sha256": self.weights_hash,
-            "family": self.family.name,
-            "model_class": type(self.model).__name__,
-            "tokenizer_class": type(self.tokenizer).__name__,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "num_kv_heads": self.num_kv_heads,
-            "causal": self.family.causal,
-            "lowercase": self.do_lower_case,
-            "device": str(self.device),
-        }
-
-
-def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def packaged_model_dir() -> Path:

@@ -68,9 +68,7 @@ def check_workers(workers: int) -> None:
 def worker_runtime_env() -> dict[str, Any]:
     """Ship this process's attnscope package to the workers (``py_modules``), so a cluster runs
     the very code the driver runs, whatever attnscope its nodes have installed."""
-    import attnscope
-
-    return {"py_modules": [str(Path(attnscope.__file__).parent)]}
+    return {"py_modules": [str(Path(__file__).resolve().parents[1])]}  # the attnscope package
 
 
 def _quiet_logs() -> None:

@@ -74,7 +74,7 @@ def write_attribution(results: dict[str, Any], out_dir: Path, *, notes: list[str
     label), or None. ``params`` and ``extra`` (model, seed, methods, examples) go into the
     results file.
     """
-    from attnscope.report.results import family_results, write_results
+    from attnscope.store.results import family_results, write_results
 
     sec = _section(results, Path(out_dir), notes, example, behaviour_labels(general))
     write_results(out_dir, "attribution", family_results(

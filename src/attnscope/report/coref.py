@@ -20,7 +20,6 @@ from attnscope.data.coref import MENTION_TYPES
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import Example, HeadId
 from attnscope.maps import AttentionMap
-from attnscope.report.results import dumps, write_results
 from attnscope.report.section import (
     MIN_ITEMS,
     FigureArtifact,
@@ -29,6 +28,7 @@ from attnscope.report.section import (
     small_sample_caution,
 )
 from attnscope.report.tables import write_table
+from attnscope.store.results import dumps, write_results
 
 #: Table 2 of the paper (BERT-base, CoNLL-2012, documents truncated to 128 tokens), column "All".
 PAPER_TABLE2 = {"nearest": 27, "head-match": 52, "rule-based": 69, "best-head": 65}

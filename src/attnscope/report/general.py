@@ -297,8 +297,8 @@ def write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map
 def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map: AttentionMap | None,
                    notes: list[str], seed: int, run: dict) -> Section:
     from attnscope.report.figures import save_figure
-    from attnscope.report.results import family_results, write_results
     from attnscope.report.tables import write_table
+    from attnscope.store.results import family_results, write_results
 
     tables_dir, figures_dir, results_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
     for d in (tables_dir, figures_dir, results_dir):

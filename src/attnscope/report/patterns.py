@@ -25,8 +25,8 @@ from attnscope.analyses.patterns import (
     pattern_labels,
 )
 from attnscope.data.records import HeadId
-from attnscope.report.results import family_results, write_results
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
+from attnscope.store.results import family_results, write_results
 
 #: The rows of the best-heads table: (pattern, statistic ranked, what it is).
 PATTERNS = (

@@ -27,8 +27,8 @@ from attnscope.analyses.syntax import (
 )
 from attnscope.data.records import Example
 from attnscope.maps import AttentionMap
-from attnscope.report.results import write_results
 from attnscope.report.section import FigureArtifact, Section, TableArtifact, small_sample_caution
+from attnscope.store.results import write_results
 
 Progress = Callable[[str, int, "int | None"], None] | None
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnscope.data.io import atomic_write_text
-from attnscope.report.results import dumps
+from attnscope.store.results import dumps
 
 FORMATS = ("csv", "json", "md", "tex")
 

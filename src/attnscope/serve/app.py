@@ -93,9 +93,9 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
     from attnscope.serve.catalog import Catalog
     from attnscope.serve.head_stats import load_results, results_shape
     from attnscope.store import open_store
+    from attnscope.views import results_payload
     from attnscope.viz.payload import LONG_INPUT, WINDOW, page_payload
     from attnscope.viz.render import embed_json, static_text
-    from attnscope.viz.results_views import results_payload
 
     if store_path is None:
         if results is None:
@@ -245,8 +245,8 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
 
     @app.get("/api/example/<int:pos>/neuron")
     def neuron(pos: int):
+        from attnscope.views import model_for_store
         from attnscope.viz.neuron import capture_qk, neuron_payload
-        from attnscope.viz.write import model_for_store
 
         store, _ = live()
         amap = store[_pos(store, pos)]

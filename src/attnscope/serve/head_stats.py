@@ -1,6 +1,6 @@
 """The per-head statistics the viewer shows from an analysis output folder, when one is given.
 
-Reads the families' results files through :class:`~attnscope.report.results.ResultsFolder`
+Reads the families' results files through :class:`~attnscope.store.results.ResultsFolder`
 (the one reader of ``results/<key>.json``) and takes from them:
 
 - per-head statistics: every table with one row per ``(layer, head)`` gives one ``[L][H]``
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnscope.report.results import ResultsFolder
+from attnscope.store.results import ResultsFolder
 
 
 def _num(v):
@@ -56,7 +56,7 @@ def _fits(values, L: int, H: int) -> bool:
 def load_results(folder: str | Path | None, num_layers: int, num_heads: int) -> dict:
     """``{"folder": str | None, "stats": [{"name", "source", "values": [L][H]}], "scatter":
     {...} | None, "summaries": [{"analysis", "summary"}], "problems": [str]}``."""
-    from attnscope.viz.results_views import family_views
+    from attnscope.views import family_views
 
     out: dict = {"folder": None, "stats": [], "scatter": None, "summaries": [], "problems": []}
     if folder is None:

@@ -1,6 +1,6 @@
-"""The on-disk attention store: safetensors shards, a manifest, no pickle."""
+"""The on-disk formats: the attention store (safetensors shards, a manifest, no pickle) and the
+results folder (strict JSON, :mod:`attnscope.store.results`)."""
 
 from attnscope.store.reader import Store, open_store
-from attnscope.store.writer import extract_to_store
 
-__all__ = ["Store", "extract_to_store", "open_store"]
+__all__ = ["Store", "open_store"]

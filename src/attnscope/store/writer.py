@@ -8,18 +8,16 @@ import hashlib
 import json
 import platform
 import shutil
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
-from attnscope import __version__
 from attnscope.data.io import atomic_write_bytes
 from attnscope.data.io import file_fingerprint as file_sha256  # the index's shard hashes
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, StoreError
-from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats, small_matrix_threads
+from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
 from attnscope.maps import AttentionMap
 from attnscope.models.loading import LoadedModel, load_model
 from attnscope.store.format import (
@@ -31,6 +29,7 @@ from attnscope.store.format import (
     array_key,
     shard_name,
 )
+from attnscope.version import __version__
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
@@ -165,31 +164,6 @@ def check_output_folder(root: Path, *, resume: bool = False, overwrite: bool = F
                          "overwrite to replace it)", params=("resume", "overwrite"))
 
 
-def extract_to_store(examples: Iterable[Example], out: str | Path, model: LoadedModel | str = "default",
-                     *, options: ExtractOptions | None = None, dtype: str = "float16",
-                     shard_size: int = 128, resume: bool = False, overwrite: bool = False,
-                     source: dict | None = None, command: str | None = None,
-                     progress: Callable[[int, int], None] | None = None,
-                     executor=None) -> ExtractStats:
-    """Extract ``examples`` into the store folder ``out`` and return what happened.
-
-    ``progress(examples_done, tokens_done)`` is called after each batch. A store that exists
-    is refused unless ``resume`` (same inputs and options: continue) or ``overwrite``.
-    ``executor``: where the forward passes run (:mod:`attnscope.executor`; default here).
-    """
-    job = open_store_job(examples, out, model, options=options, dtype=dtype, shard_size=shard_size,
-                         resume=resume, overwrite=overwrite, source=source, command=command)
-    start = time.perf_counter()
-    writer = ShardWriter(job.root, shard_size, dtype, job.done)
-    with job.cleanup_on_error():
-        with small_matrix_threads():
-            _run_plan(job.extractor, job.examples, writer, job.stats, progress, executor)
-    writer.finish()
-    job.finish()
-    job.stats.elapsed_s = time.perf_counter() - start  # type: ignore[attr-defined]
-    return job.stats
-
-
 @dataclasses.dataclass
 class StoreJob:
     """A store folder opened for writing by :func:`open_store_job`: the checked folder, the
@@ -234,7 +208,7 @@ def open_store_job(examples: Iterable[Example], out: str | Path, model: LoadedMo
                    shard_size: int = 128, resume: bool = False, overwrite: bool = False,
                    source: dict | None = None, command: str | None = None) -> StoreJob:
     """Check ``out``, load the model, write the first (incomplete) manifest of a fresh store, or
-    find the valid shards of a store to resume; see :func:`extract_to_store`."""
+    find the valid shards of a store to resume; see :func:`attnscope.jobs.extract_to_store`."""
     if dtype not in DTYPES:
         raise StoreError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}", params=("dtype",))
     if shard_size < 1:
@@ -290,34 +264,6 @@ def open_store_job(examples: Iterable[Example], out: str | Path, model: LoadedMo
     (root / SHARDS).mkdir(parents=True, exist_ok=True)
     return StoreJob(root=root, examples=examples, extractor=extractor, stats=stats, manifest=manifest,
                     done=done, fresh=fresh, shard_size=shard_size, dtype=dtype)
-
-
-def _run_plan(extractor: Extractor, examples: list[Example], writer: ShardWriter, stats: ExtractStats,
-              progress: Callable[[int, int], None] | None, executor=None) -> None:
-    """Run every planned batch whose shard is not on disk yet on ``executor``; hand the maps to
-    the writer."""
-    from attnscope.executor import LocalExecutor
-
-    positions: dict[int, list[int]] = {}  # id of a planned batch -> its plan positions
-
-    def todo():
-        pos = 0
-        for planned in extractor.plan(examples):
-            where = list(range(pos, pos + len(planned)))
-            pos += len(planned)
-            if all(writer.shard_of(p) in writer.done for p in where):
-                extractor.count(planned)
-                if progress is not None:
-                    progress(stats.examples_out, stats.tokens)
-                continue
-            positions[id(planned)] = where
-            yield planned
-
-    for planned, batch in (executor or LocalExecutor()).run_batches(extractor, todo()):
-        for p, item in zip(positions.pop(id(planned)), batch.items):
-            writer.add(p, item)
-        if progress is not None:
-            progress(stats.examples_out, stats.tokens)
 
 
 def _read_json(path: Path) -> dict:

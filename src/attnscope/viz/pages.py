@@ -59,21 +59,6 @@ def maps_html(maps, view: str = "head", *, kind: str | None = None, **kwargs) ->
     return view_html(maps, view, **kwargs)
 
 
-def results_view_html(folder, *, title: str | None = None) -> str:
-    """The results views of an analysis output folder (``attnscope analyze attribution`` /
-    ``longctx``): one example's attribution maps side by side, per-head distance and position
-    profiles, the sink-mass heatmap. Raises when the folder has none of them."""
-    from attnscope.errors import AttnscopeError
-    from attnscope.viz.render import render_results_page
-    from attnscope.viz.results_views import results_payload
-
-    payload = results_payload(folder)
-    if not (payload["attribution"] or payload["profiles"] or payload["sinks"]):
-        why = "; ".join(payload["problems"]) or "no results/attribution.json example or long-context arrays"
-        raise AttnscopeError(f"{folder}: nothing to view ({why})")
-    return render_results_page(payload, title)
-
-
 def head_view_html(amap: AttentionMap, *, layer: int = 0, heads=None, title: str | None = None,
                    **kwargs) -> str:
     """The head view of ``layer`` (0-indexed) for ``heads`` (all by default)."""

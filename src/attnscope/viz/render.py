@@ -12,7 +12,7 @@ import json
 from functools import cache
 from importlib import resources
 
-from attnscope import __version__
+from attnscope.version import __version__
 
 
 def embed_json(obj) -> str:
@@ -52,7 +52,7 @@ def render_page(payload: dict, title: str | None = None) -> str:
 
 
 def render_results_page(payload: dict, title: str | None = None) -> str:
-    """A complete HTML page of the results views (a :func:`attnscope.viz.results_views.results_payload`):
+    """A complete HTML page of the results views (a :func:`attnscope.views.results_payload`):
     attribution maps, per-head profiles, sink mass. Same rules as :func:`render_page`."""
     from markupsafe import Markup
 

@@ -15,7 +15,8 @@ Two more feed the viewer's per-head panels (:mod:`attnscope.serve.head_stats`): 
 *scatter* (:func:`head_scatter`, e.g. the general family's MDS placement of the heads) and
 per-head *grids* of a labelled array (:func:`relation_grids`, e.g. the syntax family's accuracy
 per relation). Which family fills which panel is declared by the family
-(:meth:`attnscope.families.base.Family.view`); :func:`family_views` asks each family.
+(:meth:`attnscope.families.base.Family.view`); :func:`attnscope.views.family_views` asks each
+family.
 
 Maps travel as ``f32`` blobs (:mod:`attnscope.viz.encoding`); tokens as strings that the page
 puts in with ``textContent``. Anything malformed is named in ``problems`` and left out.
@@ -24,7 +25,6 @@ puts in with ``textContent``. Anything malformed is named in ``problems`` and le
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 
@@ -197,45 +197,4 @@ def relation_grids(d: dict, name: str, source: str, problems: list[str], *,
             label = str(rels[r]) if direction is None else f"{rels[r]}, {direction}"
             out.append({"name": f"{d.get('analysis', '?')}: {name} ({label})", "source": source,
                         "values": [[_finite_or_none(v) for v in row] for row in a[r, :, :, k].tolist()]})
-    return out
-
-
-def family_views(found) -> list[tuple[str, str, dict, dict]]:
-    """``(key, source, results, panels)`` for every results file of ``found`` (a
-    :class:`~attnscope.report.results.ResultsFolder`) whose family is registered: ``panels`` is
-    what the family's :meth:`~attnscope.families.base.Family.view` declares; malformed parts
-    are added to ``found.problems``."""
-    from attnscope.families import FAMILIES, load_families
-
-    load_families()
-    out = []
-    for key, path, d in found.items():
-        family = FAMILIES.get(key)
-        source = f"{path.parent.name}/{path.name}"
-        panels = family().view(d, source, found.problems) if family is not None else {}
-        out.append((key, source, d, panels))
-    return out
-
-
-def results_payload(folder: str | Path) -> dict:
-    """What the results views show from an analysis output folder:
-    ``{"folder", "profiles", "sinks", "attribution", "problems"}`` (empty lists / None when the
-    folder holds no such results). Each family's results file (read through
-    :class:`~attnscope.report.results.ResultsFolder`) fills the panels its family's
-    :meth:`~attnscope.families.base.Family.view` declares."""
-    from attnscope.report.results import ResultsFolder
-
-    folder = Path(folder)
-    out: dict = {"folder": folder.name, "profiles": [], "sinks": [], "attribution": None,
-                 "problems": []}
-    if not folder.is_dir():
-        out["problems"].append(f"{folder.name}: no such results folder")
-        return out
-    found = ResultsFolder(folder)
-    for _, _, _, panels in family_views(found):
-        out["profiles"] += panels.get("profiles", [])
-        out["sinks"] += panels.get("sinks", [])
-        if out["attribution"] is None:
-            out["attribution"] = panels.get("attribution")
-    out["problems"] = found.problems  # a file that cannot be read, or a malformed part, is named
     return out

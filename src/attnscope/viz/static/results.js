@@ -1,6 +1,6 @@
 /* attnscope results views: per-example attribution maps side by side, per-head profiles
  * (attention against distance or query position), and the sink-mass heatmap, drawn from
- * attnscope/viz/results_views.py (results_payload). Needs attnscope.js (AttnScope). No network;
+ * attnscope/views.py (results_payload). Needs attnscope.js (AttnScope). No network;
  * every token and name goes in with textContent.
  */
 (function (global) {
@@ -138,7 +138,7 @@
        (sink.threshold !== null ? "; a sink head puts more than " + sink.threshold + " on the first token" : ""));
   }
 
-  // draw every results view of `payload` (viz/results_views.py results_payload) into `root`
+  // draw every results view of `payload` (views.py results_payload) into `root`
   function mountResults(root, payload) {
     root.setAttribute("data-ready", "false");
     root.textContent = "";

@@ -1,7 +1,10 @@
-"""One example of a store to view files: HTML, and optionally PNG/SVG of the opening view.
+"""The ``view`` job: one example of a store, a model's continuation of a prompt, or the results
+of an analysis output folder, to view files (HTML, and optionally PNG/SVG of the opening view).
 
 This is the library side of ``attnscope view``; it returns what it wrote. Nothing is written
-unless everything succeeded: exports run first into a temporary folder.
+unless everything succeeded: exports run first into a temporary folder. The results views ask
+each registered family what it shows (:func:`family_views`), so this module sits above the
+families; :mod:`attnscope.viz` only draws the plain dicts it is given.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ import tempfile
 from pathlib import Path
 
 from attnscope.errors import AttnscopeError
+from attnscope.families import FAMILIES, load_families
+from attnscope.store.results import ResultsFolder
+from attnscope.viz.render import render_results_page
 
 
 def load_example(store, example: int):
@@ -61,9 +67,9 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
     tokens; the page spans prompt and continuation (``store_path`` may then be None).
     Returns ``{"html", "png", "svg", "png_size", "svg_size", "bytes", "warnings"}``.
     """
-    from attnscope.report.results import RESULTS_DIR
     from attnscope.store import open_store
     from attnscope.store.format import MANIFEST
+    from attnscope.store.results import RESULTS_DIR
     from attnscope.viz.pages import maps_html
 
     if generate is not None:
@@ -80,8 +86,6 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
                              params=("prompt", "generate"))
     if view == "results" or (Path(store_path).is_dir() and not (Path(store_path) / MANIFEST).exists()
                              and (Path(store_path) / RESULTS_DIR).is_dir()):
-        from attnscope.viz.pages import results_view_html
-
         if png is not None or svg is not None:
             raise AttnscopeError(f"png and svg exports: {store_path} is an analysis output folder; its "
                                  "figures are already in its figures/ folder as PNG and SVG",
@@ -116,8 +120,8 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
 def _write_generated(store_path, example: int, view: str, out, *, generate: int, prompt, model, kind,
                      png, svg, scale, chromium, **page) -> dict:
     """``write_view`` with ``generate``: the model reads the prompt and continues it."""
-    from attnscope.extract.generate import model_maps
     from attnscope.models import load_model
+    from attnscope.viz.generate import model_maps
     from attnscope.viz.pages import maps_html
 
     if view in ("neuron", "results"):
@@ -176,3 +180,55 @@ def _move_atomic(src: Path, dst: Path) -> None:
 
     atomic_write_bytes(dst, src.read_bytes())
     src.unlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# The results views of an analysis output folder
+
+
+def results_view_html(folder, *, title: str | None = None) -> str:
+    """The results views of an analysis output folder (``attnscope analyze attribution`` /
+    ``longctx``): one example's attribution maps side by side, per-head distance and position
+    profiles, the sink-mass heatmap. Raises when the folder has none of them."""
+    payload = results_payload(folder)
+    if not (payload["attribution"] or payload["profiles"] or payload["sinks"]):
+        why = "; ".join(payload["problems"]) or "no results/attribution.json example or long-context arrays"
+        raise AttnscopeError(f"{folder}: nothing to view ({why})")
+    return render_results_page(payload, title)
+
+
+def family_views(found) -> list[tuple[str, str, dict, dict]]:
+    """``(key, source, results, panels)`` for every results file of ``found`` (a
+    :class:`~attnscope.store.results.ResultsFolder`) whose family is registered: ``panels`` is
+    what the family's :meth:`~attnscope.families.base.Family.view` declares; malformed parts
+    are added to ``found.problems``."""
+    load_families()
+    out = []
+    for key, path, d in found.items():
+        family = FAMILIES.get(key)
+        source = f"{path.parent.name}/{path.name}"
+        panels = family().view(d, source, found.problems) if family is not None else {}
+        out.append((key, source, d, panels))
+    return out
+
+
+def results_payload(folder: str | Path) -> dict:
+    """What the results views show from an analysis output folder:
+    ``{"folder", "profiles", "sinks", "attribution", "problems"}`` (empty lists / None when the
+    folder holds no such results). Each family's results file (read through
+    :class:`~attnscope.store.results.ResultsFolder`) fills the panels its family's
+    :meth:`~attnscope.families.base.Family.view` declares."""
+    folder = Path(folder)
+    out: dict = {"folder": folder.name, "profiles": [], "sinks": [], "attribution": None,
+                 "problems": []}
+    if not folder.is_dir():
+        out["problems"].append(f"{folder.name}: no such results folder")
+        return out
+    found = ResultsFolder(folder)
+    for _, _, _, panels in family_views(found):
+        out["profiles"] += panels.get("profiles", [])
+        out["sinks"] += panels.get("sinks", [])
+        if out["attribution"] is None:
+            out["attribution"] = panels.get("attribution")
+    out["problems"] = found.problems  # a file that cannot be read, or a malformed part, is named
+    return out

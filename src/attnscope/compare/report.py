@@ -16,9 +16,9 @@ import numpy as np
 from attnscope.compare.stats import STAT_NAMES, STAT_WORDS
 from attnscope.data.records import HeadId
 from attnscope.report.figures import new_figure, save_figure
-from attnscope.report.results import write_json
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
+from attnscope.store.results import write_json
 
 #: Rows of the per-head table shown in the page (all rows are in its files).
 SHOWN_ROWS = 25

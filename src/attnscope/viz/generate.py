@@ -20,7 +20,13 @@ import numpy as np
 
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError
+from attnscope.extract.encode import Encoder
+from attnscope.extract.runner import extract
+from attnscope.extract.seq2seq import extract_seq2seq
 from attnscope.maps import AttentionMap
+from attnscope.models.forward import forward, pad_batch
+from attnscope.models.gguf import causal_lm_for, greedy_continue
+from attnscope.viz.payload import window_reducer, window_units
 
 
 def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: int = 0,
@@ -36,10 +42,6 @@ def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: 
     (default: the last, so the continuation's), reduced layer by layer as the model runs: one
     layer's ``[H n n]`` at a time, never the whole ``[L H n n]`` map.
     """
-    from attnscope.extract.encode import Encoder
-    from attnscope.models.forward import forward, pad_batch
-    from attnscope.models.gguf import causal_lm_for, greedy_continue
-
     if not lm.family.causal or lm.family.encoder_decoder:
         raise AttnscopeError(f"generate {new_tokens}: {lm.name} is not a decoder model; an encoder "
                              "cannot continue a prompt (encoder-decoder models: "
@@ -68,7 +70,6 @@ def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: 
     if long_input is None or len(ids) <= long_input:
         out = forward(lm, inputs, attentions=True)
         return as_map(np.stack([a[0].float().cpu().numpy() for a in out.attentions]))  # [L H n n]
-    from attnscope.viz.payload import window_reducer, window_units
 
     units = window_units(len(ids), window, offset)
     add, finish = window_reducer(units, min(window, len(ids)), thumb_size)
@@ -83,14 +84,10 @@ def model_maps(lm, text: str, *, generate: int | None = None, target: str | None
     a decoder's continuation (``generate``: :func:`continuation_map`, a windowed page past
     ``long_input``), or the map of ``text`` alone."""
     if lm.family.encoder_decoder:
-        from attnscope.extract.seq2seq import extract_seq2seq
-
         return dict(extract_seq2seq(lm, text, target=target, generate=generate).items())
     if target is not None:
         raise AttnscopeError(f"a target is for encoder-decoder models; {lm.name} is not one",
                              params=("target",))
     if generate:
         return continuation_map(lm, text, generate, long_input=long_input, window=window, offset=offset)
-    from attnscope.extract.runner import extract
-
     return next(iter(extract([Example(text=text)], lm, max_seq_len=lm.max_positions))).items[0]
