@@ -44,6 +44,9 @@ def main() -> None:
     import torch
 
     from attnscope.analyses import atlas as A
+    from attnscope.data import tasks as T
+    from attnscope.engines import press as P
+    from attnscope.extract.tasks import encode_task
     from attnscope.models import load_model
     from attnscope.models.gguf import causal_lm_for
 
@@ -51,10 +54,10 @@ def main() -> None:
     lm = load_model("smollm2")
     model = causal_lm_for(lm)
     tok = lm.tokenizer
-    hay = A.haystack_sentences(WIKITEXT.read_text(encoding="utf-8"))
-    tasks = A.generate_tasks(tok, count=args.tasks, length=args.length, kinds=A.DEFAULT_KINDS,
+    hay = T.haystack_sentences(WIKITEXT.read_text(encoding="utf-8"))
+    tasks = T.generate_tasks(tok, count=args.tasks, length=args.length, kinds=T.DEFAULT_KINDS,
                              haystack=hay, seed=0)
-    encs = [A.encode_task(tok, t) for t in tasks]
+    encs = [encode_task(tok, t) for t in tasks]
     kv = lm.num_kv_heads
     rankings = {f"random_{i}": np.random.default_rng(i).permutation(lm.num_layers * kv)
                 for i in range(args.rankings)}
@@ -75,14 +78,15 @@ def main() -> None:
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
 
     t0 = time.perf_counter()
-    sw = A.sweep(lm, model, encs, rankings, fractions, sink=4, window=64, batch=args.batch)
+    step = A.SweepStep(masks, configs, sink=4, window=64, batch=args.batch)
+    sw = A.sweep(configs, [step(lm, e) for e in encs])
     sweep_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     for e in encs:
         for c in range(args.naive_rows):
-            ctx = A.prefill(lm, model, e)
-            A.answer(lm, model, ctx, e, masks[c:c + 1], sink=4, window=64, eos=A.eos_ids(model))
+            ctx = P.prefill(lm, model, e)
+            P.answer(lm, model, ctx, e, masks[c:c + 1], sink=4, window=64, eos=A.eos_ids(model))
     naive_s = (time.perf_counter() - t0) * len(configs) / args.naive_rows
 
     print(f"SmolLM2-135M, {len(encs)} tasks of {args.length} context tokens, {len(configs)} sweep rows "

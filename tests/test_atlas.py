@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from attnscope.analyses import atlas as A
+from attnscope.data import tasks as T
+from attnscope.engines import press as P
 from attnscope.errors import InputError
+from attnscope.extract import tasks as X
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +33,11 @@ def decoder(request):
     return lm, causal_lm_for(lm, seed=0)
 
 
-def _task(lm, n_words: int = 40, *, answer: str = "4711") -> A.Encoded:
+def _task(lm, n_words: int = 40, *, answer: str = "4711") -> X.Encoded:
     words = " ".join(f"w{i}" for i in range(n_words))
     ctx = f"{words} The code is {answer}. {words}"
     at = ctx.index(answer)
-    return A.encode_task(lm.tokenizer, A.Task("file", ctx, "\n\nThe code is", (answer,), ((at, at + len(answer)),)))
+    return X.encode_task(lm.tokenizer, T.Task("file", ctx, "\n\nThe code is", (answer,), ((at, at + len(answer)),)))
 
 
 def _eager(lm, ids):
@@ -49,10 +52,10 @@ def _eager(lm, ids):
 def test_generated_tasks_are_seeded_fit_their_length_and_locate_their_needles(debug_llama):
     tok = debug_llama.tokenizer
     hay = [f"Sentence number {i} is here." for i in range(200)]
-    a = A.generate_tasks(tok, count=10, length=300, haystack=hay, seed=3)
-    b = A.generate_tasks(tok, count=10, length=300, haystack=hay, seed=3)
-    assert a == b and a != A.generate_tasks(tok, count=10, length=300, haystack=hay, seed=4)
-    assert [t.kind for t in a] == [A.KINDS[i % 5] for i in range(10)]
+    a = T.generate_tasks(tok, count=10, length=300, haystack=hay, seed=3)
+    b = T.generate_tasks(tok, count=10, length=300, haystack=hay, seed=3)
+    assert a == b and a != T.generate_tasks(tok, count=10, length=300, haystack=hay, seed=4)
+    assert [t.kind for t in a] == [T.KINDS[i % 5] for i in range(10)]
     for t in a:
         n = len(tok(t.context)["input_ids"])
         assert 200 < n <= 300
@@ -60,11 +63,11 @@ def test_generated_tasks_are_seeded_fit_their_length_and_locate_their_needles(de
         assert all(x in t.context for x in t.answer) and t.correct(" ".join(t.answer))
         assert not t.correct("nothing")
     # depth 0 puts the needle first, depth 1 last; spread depths cover (0, 1) evenly
-    first = A.generate_tasks(tok, count=1, length=300, kinds=["niah_single"], haystack=hay, depth=0.0)[0]
-    last = A.generate_tasks(tok, count=1, length=300, kinds=["niah_single"], haystack=hay, depth=1.0)[0]
+    first = T.generate_tasks(tok, count=1, length=300, kinds=["niah_single"], haystack=hay, depth=0.0)[0]
+    last = T.generate_tasks(tok, count=1, length=300, kinds=["niah_single"], haystack=hay, depth=1.0)[0]
     assert first.needles[0][0] < 60 and last.needles[0][1] > len(last.context) - 5
     assert sorted(t.depth for t in a) == pytest.approx([(i + 0.5) / 10 for i in range(10)])
-    assert "Sentence" not in A.generate_tasks(tok, count=1, length=300, kinds=["passkey"], haystack=hay)[0].context
+    assert "Sentence" not in T.generate_tasks(tok, count=1, length=300, kinds=["passkey"], haystack=hay)[0].context
 
 
 def test_encoded_needle_marks_exactly_the_answer_tokens(debug_llama):
@@ -87,7 +90,7 @@ def test_task_files_with_broken_lines_are_refused_with_file_and_line(tmp_path, l
     good = json.dumps({"context": "the code is 12", "question": "code?", "answer": "12"})
     p.write_text(good + "\n\n" + line + "\n", encoding="utf-8")
     with pytest.raises(InputError, match=message) as err:
-        A.read_tasks(p)
+        T.read_tasks(p)
     assert str(err.value).startswith(f"{p}:3:")
 
 
@@ -95,7 +98,7 @@ def test_task_file_needles_default_to_the_answers_places(tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_text(json.dumps({"context": "x 12 y 12", "question": "q", "answer": ["12"]}) + "\n"
                  + json.dumps({"context": "abcdef", "question": "q", "answer": "z", "needle": [[1, 3]]}) + "\n")
-    a, b = A.read_tasks(p)
+    a, b = T.read_tasks(p)
     assert a.needles == ((2, 4), (7, 9)) and a.line == 1
     assert b.needles == ((1, 3),) and b.answer == ("z",)
 
@@ -103,7 +106,7 @@ def test_task_file_needles_default_to_the_answers_places(tmp_path):
 # -- scores by hand -------------------------------------------------------------------------------------
 def test_retrieval_score_by_hand():
     # context tokens 10 11 12 13 14; the needle is 12 13 (positions 2, 3)
-    enc = A.Encoded(A.Task("x", "", "", ("a",)), [10, 11, 12, 13, 14], [], np.array([0, 0, 1, 1, 0], bool), 2)
+    enc = X.Encoded(T.Task("x", "", "", ("a",)), [10, 11, 12, 13, 14], [], np.array([0, 0, 1, 1, 0], bool), 2)
     # 1 layer x 3 heads; step 1 generates 12, step 2 generates 13
     top = [np.array([[2, 1, 2]]), np.array([[3, 3, 7]])]
     # head 0 copies both (2/2), head 1 only the second (1/2: its first top is outside the needle),
@@ -111,7 +114,7 @@ def test_retrieval_score_by_hand():
     assert A.retrieval_counts(enc, [12, 13], top).tolist() == [[1.0, 0.5, 0.5]]
     # a top inside the needle holding another token is no copy
     assert A.retrieval_counts(enc, [13, 12], top).tolist() == [[0.0, 0.0, 0.0]]
-    no_needle = A.Encoded(enc.task, enc.context, [], np.zeros(5, bool), 2)
+    no_needle = X.Encoded(enc.task, enc.context, [], np.zeros(5, bool), 2)
     assert A.retrieval_counts(no_needle, [12], top) is None
 
 
@@ -152,9 +155,9 @@ def test_recorded_scores_equal_the_eager_maps(decoder):
     lm, model = decoder
     enc = _task(lm, 60)
     sink, w = 2, 8
-    rec = A.Recorder(lm.num_layers, lm.num_heads)
-    ctx = A.prefill(lm, model, enc, rec, sink=sink, window=w)
-    gen = A.answer(lm, model, ctx, enc, None, sink=sink, window=w, recorder=rec)[0]
+    rec = P.Recorder(lm.num_layers, lm.num_heads)
+    ctx = P.prefill(lm, model, enc, rec, sink=sink, window=w)
+    gen = P.answer(lm, model, ctx, enc, None, sink=sink, window=w, recorder=rec)[0]
     n, q = len(enc.context), len(enc.question)
     maps = _eager(lm, enc.context + enc.question + gen)  # the whole sequence, the model's own attention
     rows = np.arange(sink + w, n)
@@ -228,11 +231,11 @@ def test_f1_equals_the_full_cache_token_for_token(decoder):
     for words in (20, 50):
         enc = _task(lm, words)
         own = greedy_continue(model, enc.context + enc.question, enc.max_new)  # eager, no hooks
-        ctx = A.prefill(lm, model, enc)
+        ctx = P.prefill(lm, model, enc)
         full = np.ones((2, lm.num_layers, lm.num_kv_heads), bool)
         eos = A.eos_ids(model)
-        assert A.answer(lm, model, ctx, enc, None, sink=2, window=4, eos=eos)[0] == own
-        assert A.answer(lm, model, ctx, enc, full, sink=2, window=4, eos=eos) == [own, own]
+        assert P.answer(lm, model, ctx, enc, None, sink=2, window=4, eos=eos)[0] == own
+        assert P.answer(lm, model, ctx, enc, full, sink=2, window=4, eos=eos) == [own, own]
 
 
 def _streaming_llm(model, enc, sink, window, steps):
@@ -263,9 +266,9 @@ def _streaming_llm(model, enc, sink, window, steps):
 def test_f0_equals_streaming_llm_built_independently(decoder):
     lm, model = decoder
     enc = _task(lm, 50)
-    ctx = A.prefill(lm, model, enc, sink=3, window=7)
+    ctx = P.prefill(lm, model, enc, sink=3, window=7)
     none_kept = np.zeros((1, lm.num_layers, lm.num_kv_heads), bool)
-    got = A.answer(lm, model, ctx, enc, none_kept, sink=3, window=7)[0]
+    got = P.answer(lm, model, ctx, enc, none_kept, sink=3, window=7)[0]
     assert got == _streaming_llm(model, enc, 3, 7, enc.max_new)
 
 
@@ -273,22 +276,22 @@ def test_f0_is_not_the_full_cache_on_this_context(llama):
     """The test above can tell the two caches apart: on tiny Llama they answer differently."""
     lm, model = llama
     enc = _task(lm, 50)
-    ctx = A.prefill(lm, model, enc, sink=3, window=7)
+    ctx = P.prefill(lm, model, enc, sink=3, window=7)
     none_kept = np.zeros((1, lm.num_layers, lm.num_kv_heads), bool)
-    assert (A.answer(lm, model, ctx, enc, none_kept, sink=3, window=7)[0]
-            != A.answer(lm, model, ctx, enc, None, sink=3, window=7)[0])
+    assert (P.answer(lm, model, ctx, enc, none_kept, sink=3, window=7)[0]
+            != P.answer(lm, model, ctx, enc, None, sink=3, window=7)[0])
 
 
 def test_a_kept_head_changes_only_its_own_rows_in_a_batch(llama):
     lm, model = llama
     enc = _task(lm, 40)
-    ctx = A.prefill(lm, model, enc)
+    ctx = P.prefill(lm, model, enc)
     K = lm.num_kv_heads
     rows = np.zeros((3, lm.num_layers, K), bool)
     rows[1] = True
     rows[2, 0, 0] = True
-    outs = A.answer(lm, model, ctx, enc, rows, sink=2, window=4)
-    alone = [A.answer(lm, model, ctx, enc, rows[i:i + 1], sink=2, window=4)[0] for i in range(3)]
+    outs = P.answer(lm, model, ctx, enc, rows, sink=2, window=4)
+    alone = [P.answer(lm, model, ctx, enc, rows[i:i + 1], sink=2, window=4)[0] for i in range(3)]
     assert outs == alone
 
 
@@ -420,7 +423,7 @@ def test_a_task_file_runs_with_a_seeded_calibration_draw(debug_llama, tmp_path):
     from attnscope.pipeline import run_family
 
     hay = [f"Line {i} of the haystack." for i in range(50)]
-    tasks = A.generate_tasks(debug_llama.tokenizer, count=7, length=80, kinds=["niah_single"], haystack=hay)
+    tasks = T.generate_tasks(debug_llama.tokenizer, count=7, length=80, kinds=["niah_single"], haystack=hay)
     p = tmp_path / "tasks.jsonl"
     p.write_text("".join(json.dumps({"context": t.context, "question": t.question, "answer": list(t.answer),
                                      "needle": [list(s) for s in t.needles], "kind": "mine"}) + "\n"
@@ -458,15 +461,15 @@ def test_a_killed_run_resumes_from_its_finished_tasks(debug_llama, tmp_path, mon
     with open(tmp_path / "killed" / "run" / "atlas-sweep.jsonl", "a") as f:
         f.write('{"task": 3, "corr')  # a line torn by the kill
     ran = []
-    real = A._sweep_one
-    monkeypatch.setattr(A, "_sweep_one", lambda *a, **k: ran.append(1) or real(*a, **k))
+    real = A.SweepStep.__call__
+    monkeypatch.setattr(A.SweepStep, "__call__", lambda *a, **k: ran.append(1) or real(*a, **k))
     run_family("atlas", {"atlas": text}, tmp_path / "killed", **opts)
     assert len(ran) == 2  # tasks 4 and 5 only
     whole, resumed = (json.loads((tmp_path / d / "results" / "atlas.json").read_text()) for d in ("whole", "killed"))
     assert whole["tables"] == resumed["tables"]
     assert not (tmp_path / "killed" / "run").exists()  # the partial logs are gone once the results are written
     # another job in the same folder does not read those tasks back
-    monkeypatch.setattr(A, "_sweep_one", real)
+    monkeypatch.setattr(A.SweepStep, "__call__", real)
     (tmp_path / "killed" / "run").mkdir()
     (tmp_path / "killed" / "run" / "atlas-sweep.jsonl").write_text('{"fingerprint": "other"}\n{"task": 0}\n')
     run_family("atlas", {"atlas": text}, tmp_path / "killed", **{**opts, "atlas_tasks": 4})

@@ -571,3 +571,29 @@ def _close(a, b, where: str) -> None:
         assert b == pytest.approx(a, rel=1e-7, nan_ok=True), where
     else:
         assert a == b, where
+
+
+@pytest.mark.slow
+def test_the_atlas_runs_its_tasks_on_the_workers_and_equals_local(cluster, tmp_path, monkeypatch):
+    """`analyze atlas --ray`: every calibration and sweep task runs on the workers (the driver's
+    own steps are made to fail) and the curve, the areas and the scores equal the local run's."""
+    from importlib.resources import files
+
+    from attnscope.analyses import atlas as A
+    from attnscope.pipeline import run_family
+
+    text = str(files("attnscope") / "demo_data" / "text.txt")
+    opts = dict(model="debug:llama", max_seq_len=96, atlas_tasks=4, atlas_calibration=2, atlas_random=1,
+                atlas_bootstrap=100, atlas_fractions="0,0.5,1", atlas_scores="streaming,snapkv",
+                atlas_probes=0)
+    run_family("atlas", {"atlas": text}, tmp_path / "local", **opts)
+
+    def here(*args, **kwargs):
+        raise AssertionError("a task step ran in the driver")
+
+    monkeypatch.setattr(A.CalibrationStep, "__call__", here)
+    monkeypatch.setattr(A.SweepStep, "__call__", here)
+    run_family("atlas", {"atlas": text}, tmp_path / "ray", ray=True, workers=2, **opts)
+    local, on_ray = (json.loads((tmp_path / d / "results" / "atlas.json").read_text()) for d in ("local", "ray"))
+    for table in ("curve", "areas", "heads"):
+        assert local["tables"][table] == on_ray["tables"][table], table

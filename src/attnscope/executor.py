@@ -14,7 +14,10 @@ feed, how the maps are made) and gets back the finalized results (:func:`run_pas
   (:class:`~attnscope.analyses.base.EncodedAnalysis`) run here on the same planned batches; one
   that reads the forward pass through hook points (``hooks(batch)``, e.g. key vectors) rides
   along on the maps pass when the maps are made here, and runs its own pass otherwise;
-- a store is read back shard by shard, and an empty pass is refused with one message.
+- a store is read back shard by shard, and an empty pass is refused with one message;
+- a step made of units of its own (the atlas's tasks: a prefill and greedy answers each) runs
+  unit by unit through :meth:`LocalExecutor.tasks`, here or on the workers, each finished
+  unit kept in a resumable log (:class:`~attnscope.store.checkpoints.UnitLog`).
 
 Results do not depend on the executor: the Ray tests compare both on every family that uses it.
 """
@@ -31,6 +34,7 @@ from attnscope.analyses.base import Analysis, Result
 from attnscope.errors import AttnscopeError
 from attnscope.maps import AttentionBatch
 from attnscope.store import Store
+from attnscope.store.checkpoints import UnitLog
 
 Progress = Callable[[str, int, "int | None"], None]
 
@@ -75,6 +79,23 @@ class LocalExecutor:
         return 0
 
 
+    def tasks(self, lm, step: Callable[[Any, Any], dict], items: Sequence, *, log: UnitLog,
+              progress: Callable[[int], None] | None = None) -> list[dict]:
+        """``step(lm, item)``, a JSON-able record, for every item, in item order (a task's
+        prefill and answers, a document's pass): an item whose record ``log`` holds from an
+        earlier run of the same job is not run again, and each new record is kept in ``log`` as
+        soon as it is made. ``step`` is a picklable callable (it travels to Ray workers)."""
+        out = []
+        for i, item in enumerate(items):
+            record = log.done.get(i)
+            if record is None:
+                record = log.add(i, step(lm, item))
+            out.append(record)
+            if progress is not None:
+                progress(1)
+        return out
+
+
 class RayExecutor(LocalExecutor):
     """The forward passes on ``workers`` Ray workers (``--ray``, ``docs/scale.md``); open it
     with :func:`executor`. Maps analyses fold on the workers; what needs this process's model
@@ -109,6 +130,20 @@ class RayExecutor(LocalExecutor):
         if progress is not None:
             progress(len(sequences))
         return self.workers
+
+
+    def tasks(self, lm, step, items: Sequence, *, log: UnitLog,
+              progress: Callable[[int], None] | None = None) -> list[dict]:
+        """The items ``log`` does not hold yet run on the workers (each loads the model once);
+        the records are kept in ``log`` as they arrive and returned in item order."""
+        todo = [i for i in range(len(items)) if i not in log.done]
+        if progress is not None and len(todo) < len(items):
+            progress(len(items) - len(todo))
+        for i, record in self.runner.tasks(lm, step, [items[i] for i in todo], todo):
+            log.add(i, record)
+            if progress is not None:
+                progress(1)
+        return [log.done[i] for i in range(len(items))]
 
 
 @contextmanager

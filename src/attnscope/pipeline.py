@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import hashlib
-import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -31,17 +29,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from attnscope.data.io import check_writable, file_fingerprint, to_plain
+from attnscope.data.io import check_writable, file_fingerprint, fingerprint, to_plain
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.executor import executor
 from attnscope.families import Context, Family, Prepared, check_options, load_families
 from attnscope.on_ray import check_ray
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
+from attnscope.store.checkpoints import STATE_DIR, drop_unit_logs
 from attnscope.store.results import ResultsFolder, read_json, write_json
 
-#: Name of the folder (inside the output folder) holding the run's state and checkpoints.
-STATE_DIR = "run"
-STATE_FILE = "state.json"
+STATE_FILE = "state.json"  # in STATE_DIR (attnscope.store.checkpoints)
 #: The shortest maximum length accepted: room for the special tokens and a few words.
 MIN_MAX_SEQ_LEN = 8
 
@@ -207,8 +204,13 @@ def section_from_json(d: dict[str, Any], out_dir: Path) -> Section:
         best_heads=[tuple(b) for b in d.get("best_heads", [])])
 
 
-def _fingerprint(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+def _data_fingerprint(path: Path) -> str:
+    """A file's sha256; a store folder's by its manifest (which holds its inputs' sha256)."""
+    from attnscope.store.format import MANIFEST
+
+    path = Path(path)
+    target = path / MANIFEST if path.is_dir() else path
+    return file_fingerprint(target) if target.is_file() else "missing"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,7 +404,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     arguments = cfg.as_dict()
     path_args = {role.replace("-", "_") for role, _ in cfg.paths()} | set(cfg.inputs)
     # the device is recorded but not fingerprinted: a run may be resumed on another device
-    run_fp = _fingerprint({"arguments": {k: v for k, v in arguments.items()
+    run_fp = fingerprint({"arguments": {k: v for k, v in arguments.items()
                                          if k not in path_args and k != "device"},
                            "data": [(d["role"], d["sha256"]) for d in files],
                            "weights": model_info["weights_sha256"],
@@ -424,7 +426,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
         for fam in run_order(families):
             counts.update(prepared[fam.key].counts)
             ckpt_path = out_dir / STATE_DIR / f"{fam.key}.json"
-            family_fp = _fingerprint({"run": run_fp, "family": fam.key})
+            family_fp = fingerprint(run_fp, fam.key, fam.fingerprint(cfg.options[fam.key]))
             old = read_json(ckpt_path) if old_state is not None else None
             router.start(fam.key)
             if old is not None and old.get("fingerprint") == family_fp and old.get("status") == "done":
@@ -436,7 +438,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                 written[fam.key] = ResultsFolder(out_dir).get(fam.key)
                 continue
             tf = time.perf_counter()
-            ctx = dataclasses.replace(base, progress=router.family_progress(fam.key),
+            ctx = dataclasses.replace(base, progress=router.family_progress(fam.key), family=fam.key, job=family_fp,
                                       save_maps=out_dir / "maps" / fam.key if cfg.save_maps else None,
                                       results={k: written[k] for k in fam.uses if written.get(k) is not None})
             section = fam.run(prepared[fam.key], cfg.options[fam.key], ctx)
@@ -444,6 +446,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
             times[fam.key] = time.perf_counter() - tf
             write_json(ckpt_path, {"fingerprint": family_fp, "status": "done", "elapsed_s": times[fam.key],
                                    "section": section_to_json(section, out_dir), "views": views})
+            drop_unit_logs(out_dir, fam.key)  # the checkpoint holds the family now
             sections.append(section)
             links[fam.key] = views
             status[fam.key] = "done"
@@ -541,14 +544,22 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
         lm = None
     if max_seq_len is None:
         max_seq_len = fam.default_max_seq_len if lm is None else min(fam.default_max_seq_len, lm.max_positions)
+    # what decides the family's numbers: a killed run's finished units are read back under it
+    job = fingerprint({"family": key, "options": fam.fingerprint(opts), "seed": seed,
+                       "max_seq_len": max_seq_len, "batch_size": batch_size, "attention": attention,
+                       "model": None if lm is None else {k: v for k, v in lm.describe().items() if k != "device"},
+                       "data": [_data_fingerprint(p) for p in files]})
     ctx = Context(model=lm, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
                   batch_size=batch_size, progress=progress,
-                  save_maps=Path(save_maps) if save_maps is not None else None, attention=attention)
+                  save_maps=Path(save_maps) if save_maps is not None else None, attention=attention,
+                  family=key, job=job)
     prepared = fam.prepare(inputs, opts, ctx)
     if ctx.save_maps is not None:
         _replace_stores(ctx.save_maps)
     with refused_writes(Path(out_dir), resumable=False), executor(ray, workers) as ex:
-        return fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
+        section = fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
+    drop_unit_logs(Path(out_dir), key)  # the results are written: nothing is left to resume
+    return section
 
 
 def check_attention(attention: str | None) -> None:

@@ -8,6 +8,7 @@ through untouched.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -227,10 +228,23 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def fingerprint(*parts: Any) -> str:
+    """sha256 of ``parts`` as canonical JSON, one line each (keys sorted, non-ASCII kept, any
+    other object as its ``str``): the one fingerprint of what decides a job's numbers, for
+    ``--resume`` and the resumable unit logs (:class:`attnscope.store.checkpoints.UnitLog`).
+
+    >>> fingerprint({"b": 1, "a": "é"}) == fingerprint({"a": "é", "b": 1}) != fingerprint({"a": 1})
+    True
+    """
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(json.dumps(part, sort_keys=True, ensure_ascii=False, default=str).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
 def file_fingerprint(path: str | Path) -> str:
     """sha256 of a file's bytes (for provenance records)."""
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnscope.analyses.atlas import DEFAULT_KINDS, KINDS, REDUCTIONS, SCORES
+from attnscope.analyses.atlas import REDUCTIONS, SCORES
+from attnscope.data.tasks import DEFAULT_KINDS, KINDS
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import (
     CompareTable,
@@ -117,13 +118,9 @@ class Atlas(Family):
                 "scatter": head_scatter(results, "heads", "streaming", "snapkv", "label", source)}
 
     def prepare(self, inputs: dict[str, Any], options: Options, ctx: Context) -> Prepared:
-        from attnscope.analyses.atlas import (
-            encode_task,
-            generate_tasks,
-            haystack_sentences,
-            read_tasks,
-        )
         from attnscope.data.io import read_text
+        from attnscope.data.tasks import generate_tasks, haystack_sentences, read_tasks
+        from attnscope.extract.tasks import encode_task
         from attnscope.models.forward import supports_hooks
 
         path = inputs.get("atlas")
@@ -206,28 +203,20 @@ class Atlas(Family):
         return ([t for i, t in enumerate(pool) if i in pick], [t for i, t in enumerate(pool) if i not in pick])
 
     def run(self, prepared: Prepared, options: Options, ctx: Context):
-        import dataclasses
-
         from attnscope.analyses import atlas as A
-        from attnscope.models.gguf import causal_lm_for
         from attnscope.report.atlas import write_atlas
         from attnscope.store.results import write_results
 
         lm = ctx.model
-        model = causal_lm_for(lm, seed=ctx.seed)
         encs, calib = prepared.data["tasks"], prepared.data["calibration"]
         notes = list(prepared.data["notes"])
         use = _names(options.atlas_scores, SCORES, "atlas_scores")
         importance = "importance" in use and self._importance_possible(lm, notes)
         sink, window = options.atlas_sink, options.atlas_window
 
-        # a killed run picks up where it stopped: finished tasks are kept under run/ until the end
-        job = A.fingerprint({k: v for k, v in lm.describe().items() if k != "device"},
-                            dataclasses.asdict(options), ctx.seed, importance, calib, encs)
-        partial = ctx.out_dir / "run"
-        logs = [A.TaskLog(partial / f"atlas-{step}.jsonl", job) for step in ("calibration", "sweep")]
-        cal = A.calibrate(lm, model, calib, sink=sink, window=window, importance=importance,
-                          progress=ctx.counter("atlas: calibration tasks", len(calib)), log=logs[0])
+        records = ctx.tasks(A.CalibrationStep(sink, window, importance, seed=ctx.seed), calib,
+                            name="calibration", label="atlas: calibration tasks")
+        cal = A.calibration(records, (lm.num_layers, lm.num_heads), importance=importance)
         if {"echo", "induction"} & set(use) and options.atlas_probes:
             cal.scores.update(self._echo_induction(lm, options, ctx, notes))
         kv_heads = lm.num_kv_heads
@@ -241,17 +230,14 @@ class Atlas(Family):
                             "score was measured; " if "retrieval" in missing else "")
                          + "a score that was not measured ranks nothing.")
         fractions = _fractions(options.atlas_fractions)
-        sw = A.sweep(lm, model, encs, rankings, fractions, sink=sink, window=window,
-                     batch=options.atlas_batch, progress=ctx.counter("atlas: sweep", len(encs)), log=logs[1])
+        configs, masks = A.configs_for(rankings, fractions, (lm.num_layers, kv_heads))
+        step = A.SweepStep(masks, configs, sink, window, batch=options.atlas_batch, seed=ctx.seed)
+        sw = A.sweep(configs, ctx.tasks(step, encs, name="sweep", label="atlas: sweep"))
         res, sec = write_atlas(ctx.out_dir, lm=lm, kv_heads=kv_heads, cal=cal, sweep=sw,
                                rankings=rankings, fractions=fractions, options=options, seed=ctx.seed,
                                notes=notes, source=prepared.data["source"], tasks=encs,
                                title=self.title, key=self.key)
         write_results(ctx.out_dir, self.key, res)
-        for log in logs:
-            log.path.unlink(missing_ok=True)
-        if partial.is_dir() and not any(partial.iterdir()):
-            partial.rmdir()
         return sec
 
     @staticmethod

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from attnscope.data.io import fingerprint
 from attnscope.errors import AttnscopeError
+from attnscope.store.checkpoints import UnitLog, unit_log_path
 
 Progress = Callable[[str, int, "int | None"], None]
 
@@ -128,6 +130,11 @@ class Context:
     #: the kind of attention an encoder-decoder store is read as ("encoder", "decoder"; None:
     #: the store's default, its encoder), see :class:`attnscope.store.reader.Store`
     attention: str | None = None
+    #: the family this context runs, and the fingerprint of what decides its numbers (model,
+    #: options, seed, data), set by the pipeline: the resumable steps of :meth:`tasks` are kept
+    #: under them
+    family: str = ""
+    job: str = ""
 
     def step(self, name: str, done: int, total: int | None) -> None:
         if self.progress is not None:
@@ -178,6 +185,19 @@ class Context:
         ex = LocalExecutor() if here or self.executor is None else self.executor
         return ex.stream(self.model, sequences, stats, progress=self.counter(step, total or len(sequences), start),
                          **kwargs)
+
+    def tasks(self, step: Callable[[Any, Any], dict], items: Sequence, *, name: str, label: str) -> list[dict]:
+        """``step(model, item)`` -> a JSON-able record for each item (a task, a document), run on
+        the job's executor with progress under ``label``; returns the records in item order.
+        Each finished item's record is kept in ``run/<family>-<name>.jsonl`` of the output
+        folder under the job's fingerprint, so a killed run picks up where it stopped (the
+        pipeline removes the log once the family's results are written). ``step`` is a
+        picklable callable: on Ray it runs on the workers."""
+        from attnscope.executor import LocalExecutor
+
+        log = UnitLog(unit_log_path(self.out_dir, self.family, name), fingerprint(self.job, name, len(items)))
+        return (self.executor or LocalExecutor()).tasks(self.model, step, items, log=log,
+                                                        progress=self.counter(label, len(items)))
 
     def counter(self, step: str, total: int, start: int = 0) -> Callable[[int], None]:
         """A ``tick(k)`` that counts ``k`` more items done of ``total`` (from ``start``) and

@@ -210,12 +210,13 @@ class UnitWorker:
 
     ``mode``: ``"extract"`` (maps: write shards and/or fold analyses), ``"maps"`` (send the maps
     back: the Ray executor behind ``analyze/run --ray``), ``"stream"`` (long-context statistics
-    computed inside attention, :func:`attnscope.analyses.streaming.stream_stats`).
+    computed inside attention, :func:`attnscope.analyses.streaming.stream_stats`), ``"tasks"``
+    (``step(lm, item)`` for each item: :meth:`attnscope.executor.RayExecutor.tasks`).
     """
 
     def __init__(self, model, options: dict, mode: str = "extract", root: str | None = None,
                  shard_size: int = 128, dtype: str = "float16", done: Sequence[int] = (),
-                 analyses: list | None = None, stream: dict | None = None):
+                 analyses: list | None = None, stream: dict | None = None, step=None):
         from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
 
         if isinstance(model, ModelParcel):
@@ -227,6 +228,7 @@ class UnitWorker:
         self.shard_size, self.dtype, self.done = shard_size, dtype, set(done)
         self.analyses = analyses or []
         self.stream = stream or {}
+        self.step = step
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from ray import cloudpickle  # analyses defined in a notebook or script travel by value
@@ -248,6 +250,8 @@ class UnitWorker:
     def run(self, unit) -> dict:
         if self.mode == "stream":
             return self._stream(unit)
+        if self.mode == "tasks":  # one item of a step of units (attnscope.executor.LocalExecutor.tasks)
+            return {"record": self.step(self.lm, unit)}
         from attnscope.store.writer import ShardWriter
 
         partial = [copy.deepcopy(a) for a in self.analyses]
@@ -513,6 +517,20 @@ class RayBatchRunner:
         ``stats`` in order (:func:`stream_stats_on_ray`)."""
         stream_stats_on_ray(lm, sequences, stats, workers=self.workers, chunk=chunk,
                             batch_size=batch_size, targets=targets)
+
+    def tasks(self, lm, step, items: Sequence, uids: Sequence[int]) -> Iterator[tuple[int, dict]]:
+        """``(uid, step(lm, item))`` for each item, run on the workers, as the records arrive."""
+        from attnscope.extract.runner import ExtractOptions
+
+        worker = {"model": ModelParcel.pack(lm), "mode": "tasks", "step": step,
+                  "options": ExtractOptions(max_seq_len=min(lm.max_positions, 128)).as_dict()}
+        try:
+            for uid, result in map_units(self.ray, list(items), list(uids), worker, self.workers):
+                yield uid, result["record"]
+        except AttnscopeError:
+            raise
+        except Exception as exc:
+            raise _ray_failure(exc, "tasks") from None
 
     def maps(self, extractor, planned: list[list]) -> Iterator:
         """The maps of each planned batch, run on the workers ahead of the caller and returned

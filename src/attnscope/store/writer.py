@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import platform
 import shutil
@@ -15,6 +14,7 @@ import numpy as np
 
 from attnscope.data.io import atomic_write_bytes
 from attnscope.data.io import file_fingerprint as file_sha256  # the index's shard hashes
+from attnscope.data.io import fingerprint as data_fingerprint
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, StoreError
 from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
@@ -134,14 +134,6 @@ def _others_records(item: AttentionMap) -> dict:
                        for k, m in sorted(item.others.items())}}
 
 
-def _input_fingerprint(examples: list[Example]) -> str:
-    h = hashlib.sha256()
-    for ex in examples:
-        h.update(json.dumps(ex.to_dict(), sort_keys=True, ensure_ascii=False).encode())
-        h.update(b"\n")
-    return h.hexdigest()
-
-
 def check_output_folder(root: Path, *, resume: bool = False, overwrite: bool = False) -> None:
     """Refuse an output folder that cannot be used, before any model is loaded.
 
@@ -223,7 +215,7 @@ def open_store_job(examples: Iterable[Example], out: str | Path, model: LoadedMo
     for i, ex in enumerate(examples):  # before anything is written
         extractor.check_target(ex, i)
     arguments = {"options": options.as_dict(), "dtype": dtype, "shard_size": shard_size}
-    fingerprint = _input_fingerprint(examples)
+    fingerprint = data_fingerprint(*(ex.to_dict() for ex in examples))
     manifest = {
         "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "status": "incomplete",
         "model": lm.describe(),

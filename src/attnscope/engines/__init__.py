@@ -1,0 +1,1 @@
+"""Engines: computations inside attention (statistics without ``[n n]`` maps; the KV press)."""
