@@ -147,12 +147,16 @@ def test_long_methods_announce_their_estimated_time_and_the_option_that_skips_th
         bert_mlm, tmp_path, monkeypatch, capsys):
     import re
 
+    from attnscope.analyses import example_maps
     from attnscope.families import attribution
 
     monkeypatch.setattr(attribution, "ANNOUNCE_S", 0.0)  # announce every method, however short
     # the measured rates, fixed: 1 ms per token of a forward pass, 3 ms more with the loss
-    monkeypatch.setattr(attribution, "_seconds_per_token", lambda lm, enc, bs, objective=None:
-                        (1e-3, 3e-3 if objective is not None else 0.0))
+    def rates(lm, enc, bs, objective=None):
+        return 1e-3, 3e-3 if objective is not None else 0.0
+
+    for module in (attribution, example_maps):  # the family's passes, and the example's
+        monkeypatch.setattr(module, "seconds_per_token", rates)
     _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, attribution_examples=3,
          attribution_methods="ablation,pruning,value-zeroing", ablation="zero")
     lines = capsys.readouterr().err.strip().splitlines()

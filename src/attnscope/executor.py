@@ -69,15 +69,28 @@ class LocalExecutor:
 
     def stream(self, lm, sequences: Sequence[Sequence[int]], stats, *, chunk: int = 0,
                batch_size: int = 1, targets: Sequence | None = None, units=None,
-               progress: Callable[[int], None] | None = None) -> int:
-        """The streaming statistics of ``sequences`` (no ``[n n]`` maps) folded into ``stats``;
-        returns the number of workers that ran them (0: this process)."""
-        from attnscope.analyses.streaming import stream_stats
+               progress: Callable[[int], None] | None = None, engine: str = "streaming") -> int:
+        """The long-context statistics of ``sequences`` folded into ``stats``: computed inside
+        attention with no ``[n n]`` maps (``engine`` "streaming"), or from each layer's eager
+        maps as they are made ("maps", the reference); returns the number of workers that ran
+        them (0: this process)."""
+        from attnscope.analyses.streaming import maps_update, stream_stats
 
-        stream_stats(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets,
-                     progress=progress, units=units)
+        if engine == "maps":
+            maps_update(lm, sequences, stats, batch_size=batch_size, targets=targets, keep_all=False,
+                        units=units)
+            if progress is not None:
+                progress(len(sequences))
+        else:
+            stream_stats(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets,
+                         progress=progress, units=units)
         return 0
 
+
+    def call(self, lm, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(lm, *args, **kwargs)``: one small pass (one example's maps, a timing probe), in
+        this process on every executor (shipping the model to a worker would cost more)."""
+        return fn(lm, *args, **kwargs)
 
     def tasks(self, lm, step: Callable[[Any, Any], dict], items: Sequence, *, log: UnitLog,
               progress: Callable[[int], None] | None = None) -> list[dict]:
@@ -122,10 +135,11 @@ class RayExecutor(LocalExecutor):
         self.runner.fold(extractor, examples, analyses, on_unit=on_unit)
 
     def stream(self, lm, sequences, stats, *, chunk: int = 0, batch_size: int = 1, targets=None,
-               units=None, progress: Callable[[int], None] | None = None) -> None:
-        if units is not None:  # word-level statistics fold here (the workers fold token level)
+               units=None, progress: Callable[[int], None] | None = None,
+               engine: str = "streaming") -> int:
+        if units is not None or engine != "streaming":  # word level and eager maps fold here
             return super().stream(lm, sequences, stats, chunk=chunk, batch_size=batch_size,
-                                  targets=targets, units=units, progress=progress)
+                                  targets=targets, units=units, progress=progress, engine=engine)
         self.runner.stream(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets)
         if progress is not None:
             progress(len(sequences))

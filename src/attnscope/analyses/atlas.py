@@ -35,6 +35,7 @@ import numpy as np
 
 from attnscope.engines.press import Recorder, answer, prefill
 from attnscope.extract.tasks import Encoded
+from attnscope.models.gguf import DecoderStep
 
 #: The scores a ranking can follow; each is a "need" (higher: keep the head's whole cache).
 SCORES = ("retrieval", "streaming", "snapkv", "echo", "induction", "importance")
@@ -162,24 +163,6 @@ def eos_ids(model) -> frozenset[int]:
     return frozenset() if eos is None else frozenset(eos if isinstance(eos, list) else [eos])
 
 
-class _Step:
-    """A task step's decoder: the loaded model with its language-model head, made once per
-    process that runs the step (:func:`attnscope.models.gguf.causal_lm_for`) and never pickled."""
-
-    seed: int
-
-    def decoder(self, lm):
-        from attnscope.models.gguf import causal_lm_for
-
-        cached = self.__dict__.get("_decoder")
-        if cached is None or cached[0] is not lm.model:
-            cached = self.__dict__["_decoder"] = (lm.model, causal_lm_for(lm, seed=self.seed))
-        return cached[1]
-
-    def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_decoder"}
-
-
 @dataclass
 class Calibration:
     """The scores ``[L Hq]`` from calibration tasks, and how many tasks each rests on."""
@@ -192,7 +175,7 @@ class Calibration:
 
 
 @dataclass
-class CalibrationStep(_Step):
+class CalibrationStep(DecoderStep):
     """One calibration task: its prefill and full-cache answer, recorded (:class:`Recorder`),
     as the sums :func:`calibration` folds (plain lists)."""
 
@@ -304,7 +287,7 @@ def configs_for(rankings: dict[str, np.ndarray], fractions: Sequence[float], sha
 
 
 @dataclass
-class SweepStep(_Step):
+class SweepStep(DecoderStep):
     """One task of the proof: one prefill, the full-cache answer, then every row of ``masks``
     (``[C L Hkv]``, :func:`configs_for`) answered on that same prefill, ``batch`` rows at a
     time (plain lists, for :func:`sweep`)."""

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from attnscope.analyses.example_maps import example_maps, seconds_per_token
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
 from attnscope.sources import read_source
@@ -118,29 +118,12 @@ def _objective(lm, options: AttributionOptions, encoded, seed: int, notes: list[
     return Objective(lm, head=head, seed=seed)
 
 
-def _seconds_per_token(lm, encoded, batch_size: int, objective=None) -> tuple[float, float]:
-    """Measured seconds per token over the first batch: of a forward pass, and of ``objective``'s
-    loss on top of it (its loss pass less the forward pass; 0 without ``objective``)."""
-    from attnscope.analyses.lm_objective import loss_inputs
-    from attnscope.models.forward import forward, pad_batch
-
-    chunk = encoded[:batch_size]
-    tokens = max(1, sum(len(e) for e in chunk))
-    t = time.perf_counter()
-    forward(lm, pad_batch(lm, [e.input_ids for e in chunk], [e.token_type_ids for e in chunk]))
-    passed = time.perf_counter() - t
-    if objective is None:
-        return passed / tokens, 0.0
-    t = time.perf_counter()
-    objective.run(loss_inputs(objective, chunk))
-    return passed / tokens, max(0.0, time.perf_counter() - t - passed) / tokens
-
-
 def _announce(name: str, method: str, cost: tuple[float, int], tokens: int,
               per_token: tuple[float, float]) -> None:
     """One line on stderr before a method estimated at :data:`ANNOUNCE_S` seconds or more,
     naming the option that skips it. ``cost``: its forward passes and loss passes over
-    ``tokens`` (``cost()`` of the analysis); ``per_token``: :func:`_seconds_per_token`."""
+    ``tokens`` (``cost()`` of the analysis); ``per_token``:
+    :func:`~attnscope.analyses.example_maps.seconds_per_token`."""
     passes, losses = cost
     seconds = tokens * (passes * per_token[0] + losses * per_token[1])
     if seconds >= ANNOUNCE_S:
@@ -212,52 +195,13 @@ def _run_passes(examples, agreement: list, methods: list[str], objective, option
         for key, a in built:
             if key in ANNOUNCED:
                 if per_token is None:
-                    per_token = _seconds_per_token(ctx.model, encoded, ctx.batch_size, objective)
+                    per_token = ctx.call(seconds_per_token, encoded, ctx.batch_size, objective)
                 _announce(*ANNOUNCED[key], a.cost(), tokens, per_token)
         if built:
             step = step or "attribution: " + " and ".join(ANNOUNCED[key][0] for key, _ in built)  # pass 1
             out = ctx.run_pass(source, [a for _, a in built], step=step)
             results.update({key: out.results[a.name] for key, a in built})
     return {k: r for k, r in results.items() if k not in INTERMEDIATE}
-
-
-def example_maps(lm, e, methods: list[str], options: AttributionOptions, notes: list[str]) -> dict | None:
-    """The maps of one encoded example ``e`` by every method that draws one (rollout, flow,
-    norms, value zeroing), or None when none was chosen; what is skipped goes to ``notes``."""
-    from attnscope.analyses.norms import NormDecomposer, example_norm_maps
-    from attnscope.analyses.rollout import attention_flow, attention_rollout
-    from attnscope.analyses.value_zeroing import MAX_VZ_TOKENS, forward_passes, value_zeroing
-
-    if not any(m in methods for m in ("rollout", "norms", "value-zeroing")):
-        return None
-    maps = example_norm_maps(NormDecomposer(lm), e) if "norms" in methods else None
-    weights = maps["weights"] if maps is not None else _example_attention(lm, e)  # [L H n n]
-    example = {"index": e.index, "tokens": list(e.tokens), "weights": weights.mean(1),
-               "norms": maps["layer_norms"] if maps is not None else None}
-    if "rollout" in methods:
-        example["rollout"] = attention_rollout(weights)
-        if len(e) <= options.flow_max_tokens:
-            example["flow"] = attention_flow(weights, max_tokens=options.flow_max_tokens)
-        else:
-            notes.append(f"attention flow of example {e.index} skipped: {len(e)} tokens is above "
-                         f"--attribution-flow-max-tokens {options.flow_max_tokens}")
-    if "value-zeroing" in methods:
-        if len(e) <= MAX_VZ_TOKENS:
-            _announce("value zeroing", "value-zeroing", (forward_passes(lm, len(e)), 0), len(e),
-                      _seconds_per_token(lm, [e], 1))
-            example["value_zeroing"] = value_zeroing(lm, e)
-        else:
-            notes.append(f"value zeroing of example {e.index} skipped: {len(e)} tokens is above "
-                         f"{MAX_VZ_TOKENS}")
-    return example
-
-
-def _example_attention(lm, encoded) -> np.ndarray:
-    """One example's attention maps ``[L H n n]`` float64 (the model's own, no hook needed)."""
-    from attnscope.models.forward import forward, pad_batch
-
-    out = forward(lm, pad_batch(lm, [encoded.input_ids], [encoded.token_type_ids]), attentions=True)
-    return np.stack([a[0].double().cpu().numpy() for a in out.attentions])
 
 
 @register_family
@@ -335,7 +279,8 @@ class Attribution(Family):
         # the agreement pass: the examples up to the attribution_map_examples-th that fits
         last = encoded[min(options.attribution_map_examples, len(encoded)) - 1].index
         results = _run_passes(examples, examples[: last + 1], methods, objective, options, ctx, encoded)
-        example = example_maps(lm, encoded[pick], methods, options, notes)
+        example = ctx.call(example_maps, encoded[pick], methods, flow_max_tokens=options.flow_max_tokens,
+                           notes=notes, announce=_announce)
         return write_attribution(results, ctx.out_dir, notes=notes, example=example,
                                  general=ctx.results.get("general"),
                                  params={"seed": ctx.seed, **dataclasses.asdict(options)},

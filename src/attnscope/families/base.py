@@ -186,6 +186,32 @@ class Context:
         return ex.stream(self.model, sequences, stats, progress=self.counter(step, total or len(sequences), start),
                          **kwargs)
 
+    def encoded(self, examples: Sequence, **overrides: Any) -> list:
+        """``examples`` encoded with the job's options and ``overrides`` (token ids, word
+        alignment; no forward pass), those over the maximum length left out."""
+        from attnscope.extract.runner import Extractor
+
+        return list(Extractor(self.model, self.extract_options(**overrides)).encode_all(examples))
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(model, *args, **kwargs)`` for one small pass (one example's maps, a timing
+        probe) through the job's executor, which runs it here."""
+        from attnscope.executor import LocalExecutor
+
+        return (self.executor or LocalExecutor()).call(self.model, fn, *args, **kwargs)
+
+    def save_store(self, examples: Sequence, path: Path, *, step: str, dtype: str = "float16",
+                   **overrides: Any):
+        """Extract ``examples`` into a store at ``path`` on the job's executor, with the job's
+        options and ``overrides`` (e.g. ``word_level=True``) and progress under ``step``, and
+        return it opened (:func:`attnscope.jobs.extract_to_store`)."""
+        from attnscope.jobs import extract_to_store
+        from attnscope.store import open_store
+
+        extract_to_store(examples, path, self.model, options=self.extract_options(**overrides), dtype=dtype,
+                         executor=self.executor, progress=lambda done, tokens: self.step(step, done, len(examples)))
+        return open_store(path)
+
     def tasks(self, step: Callable[[Any, Any], dict], items: Sequence, *, name: str, label: str) -> list[dict]:
         """``step(model, item)`` -> a JSON-able record for each item (a task, a document), run on
         the job's executor with progress under ``label``; returns the records in item order.

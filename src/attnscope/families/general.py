@@ -140,9 +140,7 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
 
 def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: str | None = None) -> Section:
     """The general family's job on ``source`` (examples or a store); see :func:`run_general`."""
-    from attnscope.jobs import extract_to_store
     from attnscope.models.loading import seed_everything
-    from attnscope.store import open_store
 
     seed_everything(ctx.seed)
     model, engine, notes = ctx.model, options.general_engine, [note] if note else []
@@ -162,10 +160,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
                 return _run_streaming(source, ctx, options, line=line, text=text, note=note)
             notes.append(line)
         if ctx.save_maps is not None:
-            extract_to_store(source, ctx.save_maps, model, options=ctx.extract_options(),
-                             executor=ctx.executor,
-                             progress=lambda d, t: ctx.step("extract", d, len(source)))
-            source, is_store = open_store(ctx.save_maps), True
+            source, is_store = ctx.save_store(source, ctx.save_maps, step="extract"), True
             notes.append(f"maps saved to {ctx.save_maps}; the analyses read them back from there")
     if is_store and source.level != "token":
         notes.append("the store holds word-level maps: statistics are per word, not per token")
@@ -194,10 +189,9 @@ def _pick_engine(source, model, engine: str, ctx: Context, options: "GeneralOpti
                  saving: bool) -> tuple[str, str]:
     """``(engine, one line saying which and why)`` for ``engine`` auto or streaming."""
     from attnscope.analyses.streaming import choose_engine, maps_bytes
-    from attnscope.extract.runner import Extractor
 
     batch_size, budget_gb = ctx.batch_size, options.general_maps_budget_gb
-    lengths = [len(e) for e in Extractor(model, ctx.extract_options()).encode_all(source)]
+    lengths = [len(e) for e in ctx.encoded(source)]
     longest = max(lengths, default=0)
     bs = max(1, min(batch_size, len(lengths)))
     gb = maps_bytes(model, longest, bs) / 2 ** 30

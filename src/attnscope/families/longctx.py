@@ -125,7 +125,7 @@ class LongContext(Family):
         import torch
 
         from attnscope.analyses.longctx import LongContextStats
-        from attnscope.analyses.streaming import choose_engine, maps_bytes, maps_update
+        from attnscope.analyses.streaming import choose_engine, maps_bytes
         from attnscope.report.longctx import run_findings, write_section
         from attnscope.store.results import write_results
 
@@ -158,14 +158,11 @@ class LongContext(Family):
         total, done, on_workers = sum(len(g) for g, _, _ in groups), 0, 0
         with autocast:
             for (group, targets, _), (_, size) in zip(groups, plans):
-                if engine == "streaming":  # autocast applies in this process only: here
-                    on_workers = ctx.stream(group, stats, step="longctx", chunk=options.chunk,
-                                            batch_size=size, targets=None if units else targets,
-                                            units=units, here=options.dtype != "float32", start=done,
-                                            total=total)
-                else:
-                    maps_update(lm, group, stats, batch_size=size, targets=None if units else targets,
-                                keep_all=False, units=units)
+                # autocast applies in this process only: here
+                on_workers = ctx.stream(group, stats, step="longctx", chunk=options.chunk, engine=engine,
+                                        batch_size=size, targets=None if units else targets,
+                                        units=units, here=options.dtype != "float32", start=done,
+                                        total=total)
                 done += len(group)
         res = stats.finalize()
         extra = notes + run_findings(res, options, engine=engine, ray_workers=on_workers, model=lm,
@@ -182,17 +179,14 @@ class LongContext(Family):
     @staticmethod
     def _continue(lm, seqs: list[list[int]], new_tokens: int, ctx: Context):
         """Each prompt plus its greedy continuation, a record per document, and one line."""
-        from attnscope.models.gguf import causal_lm_for, greedy_continue
+        from attnscope.models.gguf import ContinueStep
 
-        model = causal_lm_for(lm, seed=ctx.seed)
-        out, records = [], []
-        for i, ids in enumerate(seqs):
-            cont = greedy_continue(model, ids, new_tokens)
-            out.append(list(ids) + cont)
-            records.append({"document": i, "generated_from": len(ids), "length": len(ids) + len(cont),
-                            "continuation_ids": cont,
-                            "continuation": lm.tokenizer.decode(cont, skip_special_tokens=False)})
-            ctx.step("longctx: generate", i + 1, len(seqs))
+        conts = [r["ids"] for r in ctx.tasks(ContinueStep(new_tokens, seed=ctx.seed), seqs, name="generate",
+                                             label="longctx: generate")]
+        out = [list(ids) + cont for ids, cont in zip(seqs, conts)]
+        records = [{"document": i, "generated_from": len(ids), "length": len(ids) + len(cont),
+                    "continuation_ids": cont, "continuation": lm.tokenizer.decode(cont, skip_special_tokens=False)}
+                   for i, (ids, cont) in enumerate(zip(seqs, conts))]
         shortest = min(len(r["continuation_ids"]) for r in records)
         first = records[0]["continuation"].replace("\n", " ")
         line = (f"Each document was continued greedily by the model ({new_tokens} tokens asked"

@@ -8,6 +8,7 @@ per-relation heatmaps and Figure 5 style examples.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -53,16 +54,6 @@ def _check_store(store, what: str) -> None:
     if store.level != "word":
         raise AttnscopeError(f"{store.path}: {what} store holds token-level maps; syntax needs "
                              "word-level maps (a store extracted with word_level)", params=("word_level",))
-
-
-def _to_store(examples: list[Example], lm, path: Path, ctx: Context, *, dtype: str, step: str):
-    """The word-level maps of ``examples`` by ``lm`` in a store at ``path`` (on the job's executor)."""
-    from attnscope.jobs import extract_to_store
-    from attnscope.store import open_store
-
-    extract_to_store(examples, path, lm, options=ctx.extract_options(word_level=True), dtype=dtype,
-                     executor=ctx.executor, progress=lambda done, tokens: ctx.step(step, done, len(examples)))
-    return open_store(path)
 
 
 def _store_examples(store) -> list[tuple[int, Example]]:
@@ -175,7 +166,8 @@ def _syntax(dev, train, options: "SyntaxOptions", ctx: Context, *, n_boot: int =
         # dev maps: a store when they are read more than once (the probes, or kept maps)
         dev_store = dev if _is_store(dev) else None
         if dev_store is None and (train is not None or ctx.save_maps is not None):
-            dev_store = _to_store(dev, ctx.model, maps_root / "dev", ctx, dtype="float32", step="extract dev")
+            dev_store = ctx.save_store(dev, maps_root / "dev", dtype="float32", step="extract dev",
+                                       word_level=True)
         ctx.run_pass(dev if dev_store is None else dev_store, [heads_dev], step="score heads (dev)",
                      word_level=True)
         skipped = (len(dev.manifest.get("summary", {}).get("skipped", [])) if _is_store(dev)
@@ -186,8 +178,8 @@ def _syntax(dev, train, options: "SyntaxOptions", ctx: Context, *, n_boot: int =
         rows3: list[dict] = []
         probe_details: dict = {}
         if train is not None:
-            train_store = train if _is_store(train) else _to_store(
-                train, ctx.model, maps_root / "train", ctx, dtype="float16", step="extract train")
+            train_store = train if _is_store(train) else ctx.save_store(
+                train, maps_root / "train", dtype="float16", step="extract train", word_level=True)
             ctx.run_pass(train_store, [heads_train], step="score heads (train)")
             rows3, probe_details = _probes(dev, train, dev_store, train_store, options, ctx, maps_root,
                                            notes, n_boot=n_boot, config=probe_config, root=root,
@@ -219,10 +211,10 @@ def _probes(dev, train, dev_store, train_store, options: "SyntaxOptions", ctx: C
     if random_baseline and ctx.model is not None:
         from attnscope.analyses.probes.random_init import random_init_model
 
-        rlm = random_init_model(ctx.model, ctx.seed)
-        rtrain, rdev = (_to_store(split if not _is_store(split) else [ex for _, ex in _store_examples(split)],
-                                  rlm, maps_root / f"{name}-random-init", ctx, dtype="float16",
-                                  step=f"extract {name} (random init)")
+        rctx = dataclasses.replace(ctx, model=random_init_model(ctx.model, ctx.seed))
+        rtrain, rdev = (rctx.save_store(split if not _is_store(split) else [ex for _, ex in _store_examples(split)],
+                                        maps_root / f"{name}-random-init", dtype="float16",
+                                        step=f"extract {name} (random init)", word_level=True)
                         for name, split in (("train", train), ("dev", dev)))
     elif random_baseline:
         notes.append("random-init baseline skipped: it needs the model, and only stores were given")

@@ -22,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnscope.data.io import file_fingerprint
@@ -177,6 +178,35 @@ def causal_lm_for(lm, *, seed: int = 0):
     wrapper.to(base.device)
     wrapper.eval()
     return wrapper
+
+
+class DecoderStep:
+    """Base of a picklable per-item step (:meth:`attnscope.families.base.Context.tasks`) that
+    needs the model's decoder with its language-model head: :meth:`decoder` makes it once per
+    process that runs the step (:func:`causal_lm_for`, head seeded by ``seed``), and it is never
+    pickled with the step."""
+
+    seed: int = 0
+
+    def decoder(self, lm):
+        cached = self.__dict__.get("_decoder")
+        if cached is None or cached[0] is not lm.model:
+            cached = self.__dict__["_decoder"] = (lm.model, causal_lm_for(lm, seed=self.seed))
+        return cached[1]
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_decoder"}
+
+
+@dataclass
+class ContinueStep(DecoderStep):
+    """One prompt's greedy continuation by up to ``new_tokens`` tokens: ``{"ids": [...]}``."""
+
+    new_tokens: int
+    seed: int = 0
+
+    def __call__(self, lm, ids: list[int]) -> dict:
+        return {"ids": greedy_continue(self.decoder(lm), ids, self.new_tokens)}
 
 
 def _tensor_from_folder(folder: Path, key: str):
