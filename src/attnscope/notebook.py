@@ -238,8 +238,7 @@ def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=No
                                    kind="cross")
         return maps
     if isinstance(attention, (LoadedModel, str)) or hasattr(attention, "set_attn_implementation"):
-        from attnscope.models import load_model
-        from attnscope.models.loading import borrowed
+        from attnscope.models.loading import as_loaded, borrowed
         from attnscope.viz.generate import model_maps
         from attnscope.viz.payload import LONG_INPUT
 
@@ -248,8 +247,7 @@ def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=No
         options = {"generate": generate, "target": target, "long_input": LONG_INPUT,
                    "window": window, "offset": offset}
         if isinstance(attention, (LoadedModel, str)):
-            lm = load_model(attention) if isinstance(attention, str) else attention
-            return model_maps(lm, tokens, **options)
+            return model_maps(as_loaded(attention), tokens, **options)
         with borrowed(attention, tokenizer) as lm:  # a transformers model, loaded any way
             return model_maps(lm, tokens, **options)
     if generate or target is not None:
@@ -321,10 +319,10 @@ def neuron_view(model, example, *, layer: int = 0, head: int = 0, query: int = 0
     :class:`Example`. Works for every family with query/key paths in the family table.
     """
     from attnscope.extract.runner import extract
-    from attnscope.models import load_model
+    from attnscope.models.loading import as_loaded
     from attnscope.viz.pages import neuron_view_html
 
-    lm = load_model(model) if isinstance(model, str) else model
+    lm = as_loaded(model)
     if isinstance(example, str):
         example = Example(text=example)
     amap = next(iter(extract([example], lm, max_seq_len=lm.max_positions))).items[0]

@@ -1,27 +1,14 @@
 """Streaming, mergeable analyses, registered by name in :data:`ANALYSES`.
 
-Every analysis module is imported here, so :data:`ANALYSES` is complete as soon as this package
-is imported (whatever else was imported before). The modules import numpy only; torch is
-imported inside the functions that run a model.
+Every module of this package is imported here (:func:`load_analyses`, as the families are), so
+:data:`ANALYSES` is complete as soon as this package is imported, and a new analysis is one new
+module and nothing else. The modules import numpy only; torch is imported inside the functions
+that run a model.
 """
 
-from attnscope.analyses import (  # noqa: F401  (each module registers its analyses)
-    ablation,
-    agreement,
-    coref,
-    distances,
-    entropy,
-    figure_example,
-    gradients,
-    importance,
-    longctx,
-    norms,
-    patterns,
-    relative_position,
-    special_tokens,
-    streamed_general,
-    syntax,
-)
+import importlib
+import pkgutil
+
 from attnscope.analyses.base import (
     ANALYSES,
     Analysis,
@@ -34,4 +21,16 @@ from attnscope.analyses.base import (
 from attnscope.analyses.runner import check_requirements, run_analyses
 
 __all__ = ["ANALYSES", "Analysis", "EncodedAnalysis", "MapsAnalysis", "Result", "check_requirements",
-           "get_analysis", "register", "run_analyses"]
+           "get_analysis", "load_analyses", "register", "run_analyses"]
+
+
+def load_analyses() -> dict[str, type[Analysis]]:
+    """Every registered analysis by name (imports each module of this package once; the
+    ``probes`` sub-package registers none and imports torch, so it is left to its users)."""
+    for info in pkgutil.iter_modules(__path__, f"{__name__}."):
+        if not info.ispkg:
+            importlib.import_module(info.name)
+    return ANALYSES
+
+
+load_analyses()

@@ -18,7 +18,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.extract.encode import Encoded, Encoder, word_units
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.maps import AttentionBatch, AttentionMap
-from attnscope.models.loading import LoadedModel, load_model
+from attnscope.models.loading import LoadedModel, as_loaded
 
 
 @dataclass
@@ -58,8 +58,8 @@ class Extractor:
 
     def __init__(self, model: LoadedModel | str = "default", options: ExtractOptions | None = None,
                  stats: ExtractStats | None = None):
-        self.lm = load_model(model) if isinstance(model, str) else model
         self.options = options or ExtractOptions()
+        self.lm = as_loaded(model, seed=self.options.seed)
         self.stats = stats if stats is not None else ExtractStats()
         limit = self.lm.max_positions
         # decoder LLMs (rotary positions) run past their configured length; the families say so

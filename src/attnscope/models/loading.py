@@ -22,7 +22,7 @@ from attnscope.models.families import family_for
 from attnscope.models.forward import install
 from attnscope.models.loaded import LoadedModel, seed_everything
 
-__all__ = ["DEFAULT_MODEL", "DEFAULT_SEED", "LoadedModel", "borrowed", "load_model", "packaged_model_dir",
+__all__ = ["DEFAULT_MODEL", "DEFAULT_SEED", "LoadedModel", "as_loaded", "borrowed", "load_model", "packaged_model_dir",
            "resolve_device", "seed_everything"]
 
 DEFAULT_MODEL = "default"
@@ -119,6 +119,12 @@ def load_model(name: str = DEFAULT_MODEL, *, mlm_head: bool | str = False, seed:
     if target != "cpu":  # every branch loads on the CPU; this is the one place a model moves
         lm.model.to(target)
     return lm
+
+
+def as_loaded(model: LoadedModel | str, *, seed: int = DEFAULT_SEED, **kwargs: Any) -> LoadedModel:
+    """``model`` itself when it is loaded, else :func:`load_model` of that name (with ``seed``
+    and ``kwargs``): the one place where a model given by name or loaded becomes loaded."""
+    return model if isinstance(model, LoadedModel) else load_model(model, seed=seed, **kwargs)
 
 
 def _load(name: str, *, mlm_head: bool | str, seed: int, revision: str | None) -> LoadedModel:

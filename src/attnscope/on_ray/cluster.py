@@ -400,7 +400,7 @@ def extract_on_ray(examples: Iterable, out: str | Path | None = None, model: Any
     >>> out.analyses[0].finalize()  # doctest: +SKIP
     """
     from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
-    from attnscope.models.loading import load_model
+    from attnscope.models.loading import as_loaded
     from attnscope.store.writer import StoreJob, open_store_job
 
     require_ray()
@@ -418,7 +418,7 @@ def extract_on_ray(examples: Iterable, out: str | Path | None = None, model: Any
                              resume=resume, overwrite=overwrite, source=source, command=command)
         extractor, stats, examples, done = job.extractor, job.stats, job.examples, set(job.done)
     else:
-        lm = load_model(model, seed=options.seed) if isinstance(model, str) else model
+        lm = as_loaded(model, seed=options.seed)
         stats = ExtractStats()
         extractor, examples, done = Extractor(lm, options, stats), list(examples), set()
     size = shard_size if job is not None else 1

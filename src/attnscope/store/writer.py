@@ -19,7 +19,7 @@ from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, StoreError
 from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
 from attnscope.maps import AttentionMap
-from attnscope.models.loading import LoadedModel, load_model
+from attnscope.models.loading import LoadedModel, as_loaded
 from attnscope.store.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -209,7 +209,7 @@ def open_store_job(examples: Iterable[Example], out: str | Path, model: LoadedMo
     examples = list(examples)
     root = Path(out)
     check_output_folder(root, resume=resume, overwrite=overwrite)  # before the model loads
-    lm = load_model(model, seed=options.seed) if isinstance(model, str) else model
+    lm = as_loaded(model, seed=options.seed)
     stats = ExtractStats()
     extractor = Extractor(lm, options, stats)  # validates options against the model
     for i, ex in enumerate(examples):  # before anything is written
