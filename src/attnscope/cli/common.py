@@ -133,6 +133,17 @@ def read_depparse(path: Path, limit: int | None = None) -> list:
     return examples
 
 
+def check_new_files(paths, *, overwrite: bool) -> None:
+    """Refuse to replace an existing output file unless ``overwrite`` (``--overwrite``), before
+    any work: a command never overwrites a file silently."""
+    from attnscope.errors import AttnscopeError
+
+    for path in paths:
+        if Path(path).is_file() and not overwrite:
+            raise AttnscopeError(f"{path}: already exists (use overwrite to replace it)",
+                                 params=("overwrite",))
+
+
 def check_writable(path: Path, *, folder: bool, option: str = "--out") -> None:
     """:func:`attnscope.data.io.check_writable` naming the command's ``option``."""
     from attnscope.data.io import check_writable as check

@@ -169,6 +169,9 @@ def iter_examples(path: str | Path) -> Iterator[Example]:
         for i, d in enumerate(data):
             yield example_from_dict(d, i, path)
         return
+    if stripped.startswith("{") and _one_object(text, path):
+        raise InputError(path, "holds one JSON object, not a list of examples: write [{...}, ...] "
+                               "(or JSON Lines, one object per line, in a .jsonl file)")
     count = 0
     for lineno, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
@@ -191,6 +194,23 @@ def iter_examples(path: str | Path) -> Iterator[Example]:
         count += 1
     if count == 0:
         raise InputError(path, "holds no examples")
+
+
+#: Suffixes that say a file is JSON Lines, where one line holding one object is one example.
+JSON_LINES = (".jsonl", ".ndjson")
+
+
+def _one_object(text: str, path: Path) -> bool:
+    """Whether ``text`` is a single JSON object where a list is expected: the whole file parses
+    as one object, and it is not a one-line JSON Lines file (named ``.jsonl``)."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return False  # JSON Lines (several objects), or bad JSON that the line reader reports
+    if not isinstance(data, dict):
+        return False
+    one_line = len([line for line in text.splitlines() if line.strip()]) == 1
+    return not (one_line and path.suffix.lower() in JSON_LINES)
 
 
 def write_examples(examples: Iterable[Example | dict], path: str | Path) -> int:
