@@ -313,3 +313,14 @@ def test_the_library_refuses_a_file_as_the_output_folder_naming_its_parameter(tm
     with pytest.raises(AttnscopeError, match="choose another out_dir"):
         run_family("general", {"text": text}, taken, model="no-such-model-is-loaded")
     assert taken.read_text(encoding="utf-8") == "mine"
+
+
+def test_one_object_spread_over_lines_is_refused_whatever_the_name(tmp_path):
+    """Indented, one object cannot be JSON Lines, whatever the file is called."""
+    from attnscope.data.io import read_examples
+    from attnscope.errors import InputError
+
+    p = tmp_path / "one.jsonl"
+    p.write_text(json.dumps({"text": "the cat sat"}, indent=2))
+    with pytest.raises(InputError, match="holds one JSON object"):
+        read_examples(p)

@@ -196,21 +196,18 @@ def iter_examples(path: str | Path) -> Iterator[Example]:
         raise InputError(path, "holds no examples")
 
 
-#: Suffixes that say a file is JSON Lines, where one line holding one object is one example.
-JSON_LINES = (".jsonl", ".ndjson")
-
-
 def _one_object(text: str, path: Path) -> bool:
     """Whether ``text`` is a single JSON object where a list is expected: the whole file parses
-    as one object, and it is not a one-line JSON Lines file (named ``.jsonl``)."""
+    as one object, and it is either named ``.json`` or spread over several lines (so it cannot
+    be JSON Lines); a one-line object in a ``.jsonl`` (or ``.txt``) file is one example."""
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError):
         return False  # JSON Lines (several objects), or bad JSON that the line reader reports
     if not isinstance(data, dict):
         return False
-    one_line = len([line for line in text.splitlines() if line.strip()]) == 1
-    return not (one_line and path.suffix.lower() in JSON_LINES)
+    lines = len([line for line in text.splitlines() if line.strip()])
+    return path.suffix.lower() == ".json" or lines > 1
 
 
 def write_examples(examples: Iterable[Example | dict], path: str | Path) -> int:
