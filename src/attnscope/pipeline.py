@@ -24,7 +24,7 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,6 +36,7 @@ from attnscope.errors import AttnscopeError, InputError
 from attnscope.executor import executor
 from attnscope.families import Context, Family, Prepared, check_options, load_families
 from attnscope.on_ray import check_ray
+from attnscope.progress import Progress, Step, unit_of
 from attnscope.report.results import ResultsFolder, read_json, write_json
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
@@ -45,7 +46,6 @@ STATE_FILE = "state.json"
 #: The shortest maximum length accepted: room for the special tokens and a few words.
 MIN_MAX_SEQ_LEN = 8
 
-Progress = Callable[[str, int, "int | None"], None]
 
 #: Settings every family shares (they reach a family through its Context).
 SHARED = {"model": "default", "max_seq_len": 128, "batch_size": 16, "seed": 0, "save_maps": False,
@@ -215,6 +215,22 @@ def _fingerprint(obj: Any) -> str:
 # Progress: every family's steps, plus one overall bar weighted by each family's work
 
 
+#: The overall count: each family's work estimate (``Prepared.weight``), in examples.
+OVERALL = Step("overall", "examples")
+
+
+def prefixed(progress: Progress | None, key: str) -> Progress | None:
+    """``progress`` with each step named under the family ``key`` ("syntax: extract dev"),
+    keeping the step's unit; what ``run`` and ``analyze`` show alike."""
+    if progress is None:
+        return None
+
+    def report(step: str, done: int, total: int | None) -> None:
+        progress(Step(f"{key}: {step}", unit_of(step)), done, total)
+
+    return report
+
+
 class _ProgressRouter:
     """Turns each family's ``progress(step, done, total)`` calls into prefixed step names and
     an ``overall`` count in units of examples, so a display can show one ETA for the run."""
@@ -238,9 +254,11 @@ class _ProgressRouter:
         self._overall()
 
     def family_progress(self, key: str) -> Progress:
+        shown = prefixed(self.progress, key)
+
         def report(step: str, done: int, total: int | None) -> None:
-            if self.progress is not None:
-                self.progress(f"{key}: {step}", done, total)
+            if shown is not None:
+                shown(step, done, total)
             if total:
                 self.steps[step] = min(1.0, done / total)
                 # Steps seen so far share the family's weight; at least two are assumed so
@@ -255,7 +273,7 @@ class _ProgressRouter:
         if self.progress is None:
             return
         w = self.weights.get(self.key or "", 0)
-        self.progress("overall", int(round(self.done + self.current * w)), self.total)
+        self.progress(OVERALL, int(round(self.done + self.current * w)), self.total)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,7 +560,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     if max_seq_len is None:
         max_seq_len = fam.default_max_seq_len if lm is None else min(fam.default_max_seq_len, lm.max_positions)
     ctx = Context(model=lm, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
-                  batch_size=batch_size, progress=progress,
+                  batch_size=batch_size, progress=prefixed(progress, key),
                   save_maps=Path(save_maps) if save_maps is not None else None, attention=attention)
     prepared = fam.prepare(inputs, opts, ctx)
     if ctx.save_maps is not None:

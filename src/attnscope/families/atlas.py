@@ -227,7 +227,7 @@ class Atlas(Family):
         partial = ctx.out_dir / "run"
         logs = [A.TaskLog(partial / f"atlas-{step}.jsonl", job) for step in ("calibration", "sweep")]
         cal = A.calibrate(lm, model, calib, sink=sink, window=window, importance=importance,
-                          progress=ctx.counter("atlas: calibration tasks", len(calib)), log=logs[0])
+                          progress=ctx.counter("calibration", len(calib), unit="tasks"), log=logs[0])
         if {"echo", "induction"} & set(use) and options.atlas_probes:
             cal.scores.update(self._echo_induction(lm, options, ctx, notes))
         kv_heads = lm.num_kv_heads
@@ -242,7 +242,7 @@ class Atlas(Family):
                          + "a score that was not measured ranks nothing.")
         fractions = _fractions(options.atlas_fractions)
         sw = A.sweep(lm, model, encs, rankings, fractions, sink=sink, window=window,
-                     batch=options.atlas_batch, progress=ctx.counter("atlas: sweep", len(encs)), log=logs[1])
+                     batch=options.atlas_batch, progress=ctx.counter("sweep", len(encs), unit="tasks"), log=logs[1])
         res, sec = write_atlas(ctx.out_dir, lm=lm, kv_heads=kv_heads, cal=cal, sweep=sw,
                                rankings=rankings, fractions=fractions, options=options, seed=ctx.seed,
                                notes=notes, source=prepared.data["source"], tasks=encs,
@@ -275,7 +275,7 @@ class Atlas(Family):
 
         seqs, targets = induction_probes(lm, options.atlas_probes, options.atlas_probe_length, ctx.seed, notes)
         stats = LongContextStats(seed=ctx.seed, causal=True)
-        ctx.stream(seqs, stats, step="atlas: echo and induction", targets=targets)
+        ctx.stream(seqs, stats, step="echo and induction", targets=targets)
         a = stats.finalize().arrays
         return {"echo": a["target_duplicate"], "induction": a["target_induction"]}
 

@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from attnscope.errors import AttnscopeError
-
-Progress = Callable[[str, int, "int | None"], None]
+from attnscope.progress import Progress, with_unit
 
 
 @dataclass(frozen=True)
@@ -129,9 +128,10 @@ class Context:
     #: the store's default, its encoder), see :class:`attnscope.store.reader.Store`
     attention: str | None = None
 
-    def step(self, name: str, done: int, total: int | None) -> None:
+    def step(self, name: str, done: int, total: int | None, unit: str | None = None) -> None:
+        """Report ``done`` of ``total`` ``unit`` ("examples", "documents") of step ``name``."""
         if self.progress is not None:
-            self.progress(name, done, total)
+            self.progress(with_unit(name, unit), done, total)
 
     def extract_options(self, **overrides: Any):
         """The job's :class:`~attnscope.extract.runner.ExtractOptions` (maximum length, batch
@@ -168,26 +168,26 @@ class Context:
         return [dataclasses.replace(m, index=indices[m.index]) for m in sorted(maps, key=lambda m: m.index)]
 
     def stream(self, sequences, stats, *, step: str, here: bool = False, start: int = 0,
-               total: int | None = None, **kwargs: Any) -> int:
+               total: int | None = None, unit: str = "sequences", **kwargs: Any) -> int:
         """Fold the streaming statistics of token id ``sequences`` into ``stats`` (no ``[n n]``
-        maps) on the job's executor, with progress under ``step`` (counting on from ``start`` of
-        ``total``, for a step made of several calls); ``here``: in this process whatever the
-        executor (e.g. under autocast). Returns how many workers ran it (0: here)."""
+        maps) on the job's executor, with progress under ``step`` in ``unit`` (counting on from
+        ``start`` of ``total``, for a step made of several calls); ``here``: in this process
+        whatever the executor (e.g. under autocast). Returns how many workers ran it (0: here)."""
         from attnscope.executor import LocalExecutor
 
         ex = LocalExecutor() if here or self.executor is None else self.executor
-        return ex.stream(self.model, sequences, stats, progress=self.counter(step, total or len(sequences), start),
-                         **kwargs)
+        return ex.stream(self.model, sequences, stats,
+                         progress=self.counter(step, total or len(sequences), start, unit=unit), **kwargs)
 
-    def counter(self, step: str, total: int, start: int = 0) -> Callable[[int], None]:
-        """A ``tick(k)`` that counts ``k`` more items done of ``total`` (from ``start``) and
+    def counter(self, step: str, total: int, start: int = 0, *, unit: str = "items") -> Callable[[int], None]:
+        """A ``tick(k)`` that counts ``k`` more ``unit`` done of ``total`` (from ``start``) and
         shows the progress under ``step``."""
         done = start
 
         def tick(k: int) -> None:
             nonlocal done
             done += k
-            self.step(step, done, total)
+            self.step(step, done, total, unit)
         return tick
 
 

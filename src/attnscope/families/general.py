@@ -163,7 +163,8 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
         if ctx.save_maps is not None:
             extract_to_store(source, ctx.save_maps, model, options=ctx.extract_options(),
                              executor=ctx.executor,
-                             progress=lambda d, t: ctx.step("extract", d, len(source)))
+                             progress=lambda d, t: ctx.step("extract", d, len(source), "examples"))
+            ctx.step("extract", len(source), len(source), "examples")  # the too long ones skipped
             source, is_store = open_store(ctx.save_maps), True
             notes.append(f"maps saved to {ctx.save_maps}; the analyses read them back from there")
     if is_store and source.level != "token":

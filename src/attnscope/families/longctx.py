@@ -159,7 +159,7 @@ class LongContext(Family):
         with autocast:
             for (group, targets, _), (_, size) in zip(groups, plans):
                 if engine == "streaming":  # autocast applies in this process only: here
-                    on_workers = ctx.stream(group, stats, step="longctx", chunk=options.chunk,
+                    on_workers = ctx.stream(group, stats, step="statistics", chunk=options.chunk,
                                             batch_size=size, targets=None if units else targets,
                                             units=units, here=options.dtype != "float32", start=done,
                                             total=total)
@@ -192,7 +192,7 @@ class LongContext(Family):
             records.append({"document": i, "generated_from": len(ids), "length": len(ids) + len(cont),
                             "continuation_ids": cont,
                             "continuation": lm.tokenizer.decode(cont, skip_special_tokens=False)})
-            ctx.step("longctx: generate", i + 1, len(seqs))
+            ctx.step("generate", i + 1, len(seqs), "documents")
         shortest = min(len(r["continuation_ids"]) for r in records)
         first = records[0]["continuation"].replace("\n", " ")
         line = (f"Each document was continued greedily by the model ({new_tokens} tokens asked"
