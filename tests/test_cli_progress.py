@@ -1,23 +1,90 @@
-"""Progress when stderr is not a terminal (a log file, a pipe): plain lines now and then."""
+"""Progress when stderr is not a terminal (a log file, a pipe): plain lines now and then, each
+count with its unit, and a last line for every count shown, so the totals are seen reached."""
 
 from __future__ import annotations
 
+import re
+from importlib.resources import files
+from pathlib import Path
+
 from attnscope.cli.common import plain_progress, step_progress
+from attnscope.progress import Step
+
+LINE = re.compile(r"^(?P<step>.+?): (?:(?P<once>started|done)|(?P<done>\d+)(?:/(?P<total>\d+))? "
+                  r"(?P<unit>[a-z][a-z ()]*)) after (?P<s>\d+) s$")
 
 
-def test_plain_progress_writes_a_line_every_so_often(capsys):
+def test_plain_progress_writes_a_line_every_so_often_and_one_when_a_total_is_reached(capsys):
     now = [100.0]
     progress = plain_progress(every_s=30, clock=lambda: now[0])
-    for t, step, done in ((100, "longctx", 0), (110, "longctx", 1), (131, "longctx", 2), (140, "longctx", 3),
-                          (145, "syntax: probes epoch 1", 4), (150, "longctx", 4), (161, "longctx", 5)):
+    docs, epoch = Step("longctx: statistics", "documents"), Step("syntax: probes epoch 1", "sentences")
+    for t, step, done, total in ((100, docs, 0, 60), (110, docs, 1, 60), (131, docs, 2, 60), (140, docs, 3, 60),
+                                 (145, epoch, 4, 9), (150, docs, 4, 60), (161, docs, 5, 60),
+                                 (170, docs, 60, 60), (171, epoch, 9, 9), (172, "report", 0, 1),
+                                 (210, "report", 1, 1)):
         now[0] = t
-        progress(step, done, 60 if step == "longctx" else None)
-    # 31 s after the start, then 30 s after that line; another family counts from the start
+        progress(step, done, total)
+    # 31 s after the start, then 30 s after that line; another family counts from the start;
+    # a count shown reaches its total on a line of its own, however soon; a step done once
+    # (the report) that took long enough to be shown says when it is done
     assert capsys.readouterr().err.splitlines() == [
-        "longctx: 2/60 after 31 s", "syntax: probes epoch 1: 4 after 45 s", "longctx: 5/60 after 61 s"]
+        "longctx: statistics: 2/60 documents after 31 s", "syntax: probes epoch 1: 4/9 sentences after 45 s",
+        "longctx: statistics: 5/60 documents after 61 s", "longctx: statistics: 60/60 documents after 70 s",
+        "syntax: probes epoch 1: 9/9 sentences after 71 s", "report: started after 72 s",
+        "report: done after 110 s"]
+
+
+def test_a_step_never_shown_prints_nothing_when_it_ends(capsys):
+    now = [0.0]
+    progress = plain_progress(every_s=30, clock=lambda: now[0])
+    for t, done in ((1, 1), (2, 2), (3, 3)):
+        now[0] = t
+        progress(Step("general: general", "examples"), done, 3)
+    assert capsys.readouterr().err == ""
 
 
 def test_step_progress_off_a_terminal_is_plain_and_silent_for_short_runs(capsys):
     with step_progress(quiet=False, overall=True) as progress:  # pytest's stderr is not a terminal
         progress("longctx", 1, 2)
     assert progress.__qualname__.startswith("plain_progress") and capsys.readouterr().err == ""
+
+
+def _sentences(path: Path) -> int:
+    return len([b for b in path.read_text(encoding="utf-8").split("\n\n") if b.strip()])
+
+
+def test_a_run_without_a_terminal_reaches_every_total_it_shows(tmp_path, capsys, monkeypatch):
+    """`run` off a terminal printed "overall: 4/86 after 32 s" and ended there, "report: 0/1",
+    and "syntax: probes epoch 8: 3" (no total, no unit). With a line for every call (every_s
+    0), each count names its unit, the last line of each step reaches its total, and the totals
+    are the inputs' sizes counted here."""
+    import json
+
+    import attnscope.cli.common as common
+    from attnscope.cli.main import main
+
+    monkeypatch.setattr(common, "PLAIN_EVERY_S", 0.0)
+    demo = Path(str(files("attnscope") / "demo_data"))
+    dev, train = demo / "deps-dev.conllu", demo / "deps-train.conllu"
+    out = tmp_path / "out"
+    code = main(["run", "--model", "debug:bert", "--out", str(out), "--text", str(demo / "text.txt"),
+                 "--general-gradients", "off", "--deps", str(dev), "--deps-train", str(train),
+                 "--syntax-epochs", "2"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 0, err
+    progress = [m.groupdict() for m in map(LINE.match, err) if m]
+    assert len(progress) > 10
+    last: dict[str, dict] = {}
+    for p in progress:
+        assert p["once"] or (p["unit"] and p["total"]), p  # every count has a total and a unit
+        last[p["step"]] = p
+    for step, p in last.items():
+        assert p["once"] == "done" or p["done"] == p["total"], (step, p)
+    assert last["report"]["once"] == "done" and last["load model"]["once"] == "done"
+    assert last["overall"]["unit"] == "examples"
+    counts = json.loads((out / "results.json").read_text())["provenance"]["counts"]
+    assert int(last["general: general"]["total"]) == counts["text examples"]
+    assert int(last["syntax: score heads (dev)"]["total"]) == _sentences(dev)
+    for epoch in (1, 2):
+        assert int(last[f"syntax: probes epoch {epoch}"]["total"]) == _sentences(train)
+        assert last[f"syntax: probes epoch {epoch}"]["unit"] == "sentences"

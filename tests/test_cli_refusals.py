@@ -185,6 +185,62 @@ def test_empty_dependency_file_is_refused(tmp_path, capsys, files, no_model, arg
     assert not list(tmp_path.glob("o*"))
 
 
+@pytest.mark.parametrize("args,targets", [
+    (["prepare", "depparse", "{in}/one.conllu", "--out", "{tmp}/o.json"], ["o.json"]),
+    (["prepare", "depparse", "{in}/deps", "--out", "{tmp}/o"], ["o/dev.json"]),
+    (["prepare", "unlabeled", "{in}/text.txt", "--model", "debug", "--out", "{tmp}/o.json"], ["o.json"]),
+], ids=["depparse-file", "depparse-folder", "unlabeled"])
+def test_prepare_refuses_an_existing_output_unless_overwrite(tmp_path, capsys, files, monkeypatch,
+                                                             args, targets):
+    """`prepare depparse --out EXISTING` replaced the file and exited 0, while every other
+    command refused: one line, exit 2, nothing written, before any model loads; --overwrite
+    replaces it."""
+    args = [a.format(**{"in": files, "tmp": tmp_path}) for a in args]
+    existing = tmp_path / targets[0]
+    existing.parent.mkdir(parents=True, exist_ok=True)
+    existing.write_text("keep me")
+    before = _snapshot(tmp_path)
+    with monkeypatch.context() as m:
+        import attnscope.models
+
+        m.setattr(attnscope.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+        code, stdout, err = run(capsys, *args)
+    assert code == 2 and stdout == "", err
+    assert err.splitlines() == [f"error: {existing}: already exists (use --overwrite to replace it)"]
+    assert existing.read_text() == "keep me" and _snapshot(tmp_path) == before
+    code, stdout, err = run(capsys, *args, "--overwrite")
+    assert code == 0, err
+    written = json.loads(existing.read_text())
+    assert isinstance(written, list) and written and all(isinstance(e, dict) for e in written)
+
+
+@pytest.mark.parametrize("command", [
+    ["extract", "{one}", "--model", "debug", "--out", "{tmp}/o"],
+    ["analyze", "general", "{one}", "--model", "debug:bert", "--out", "{tmp}/o"],
+    ["run", "--model", "debug:bert", "--text", "{one}", "--out", "{tmp}/o"],
+], ids=["extract", "analyze", "run"])
+@pytest.mark.parametrize("text", [json.dumps({"text": "the cat sat"}),
+                                  json.dumps({"text": "the cat sat"}, indent=2)], ids=["line", "indented"])
+def test_a_json_file_holding_one_object_is_refused(tmp_path, capsys, command, text):
+    """A .json file holding one object (not a list of them) was taken as one example, exit 0."""
+    one = tmp_path / "one.json"
+    one.write_text(text)
+    args = [a.format(one=one, tmp=tmp_path) for a in command]
+    code, stdout, err = run(capsys, *args)
+    assert code == 2 and stdout == "", err
+    assert err.splitlines() == [err.strip()] and err.startswith(f"error: {one}: holds one JSON object"), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_one_line_json_lines_file_is_one_example(tmp_path):
+    """The same object in a .jsonl file is JSON Lines: one example."""
+    from attnscope.data.io import read_examples
+
+    p = tmp_path / "one.jsonl"
+    p.write_text(json.dumps({"text": "the cat sat"}) + "\n")
+    assert [e.text for e in read_examples(p)] == ["the cat sat"]
+
+
 def test_a_run_error_is_one_line_with_no_empty_line_before_it(tmp_path, capsys, files):
     """rich ended the (invisible) progress display of `run` with an empty line on a stderr that
     is not a terminal, so every error came after a blank line."""
@@ -257,3 +313,14 @@ def test_the_library_refuses_a_file_as_the_output_folder_naming_its_parameter(tm
     with pytest.raises(AttnscopeError, match="choose another out_dir"):
         run_family("general", {"text": text}, taken, model="no-such-model-is-loaded")
     assert taken.read_text(encoding="utf-8") == "mine"
+
+
+def test_one_object_spread_over_lines_is_refused_whatever_the_name(tmp_path):
+    """Indented, one object cannot be JSON Lines, whatever the file is called."""
+    from attnscope.data.io import read_examples
+    from attnscope.errors import InputError
+
+    p = tmp_path / "one.jsonl"
+    p.write_text(json.dumps({"text": "the cat sat"}, indent=2))
+    with pytest.raises(InputError, match="holds one JSON object"):
+        read_examples(p)

@@ -125,16 +125,79 @@ def test_few_mentions_get_a_caution_and_no_comparison_with_the_rules():
         "compared with the paper or between rows (a bootstrap interval over so few items, here 0.0 "
         "points wide, understates the uncertainty).")
     assert against_rules(rows, "with mentions as candidates") == (
-        "With mentions as candidates, the best head (5-4, 100.0%) is not compared with the rule-based "
-        "system (100.0% [100.0, 100.0]): 7 mentions are fewer than 30.")
+        "With mentions as candidates, the best head (5-4, 100.0% [100.0, 100.0]) is not compared with "
+        "the rule-based system (100.0% [100.0, 100.0]): 7 mentions are fewer than 30.")
     # 30 mentions, 27 and 26 right: a verdict again, and a narrow enough interval needs no caution
     rows = _table2(best=[1] * 27 + [0] * 3, rules=[1] * 26 + [0] * 4)
     lo, hi = 100 * rows[2]["all_lo"], 100 * rows[2]["all_hi"]
+    blo, bhi = 100 * rows[3]["all_lo"], 100 * rows[3]["all_hi"]
     assert lo <= 90.0 <= hi
     assert against_rules(rows, "with mentions as candidates") == (
-        f"With mentions as candidates, the best head (5-4, 90.0%) comes close to the rule-based "
-        f"system (86.7% [{lo:.1f}, {hi:.1f}]).")
+        f"With mentions as candidates, the best head (5-4, 90.0% [{blo:.1f}, {bhi:.1f}]) comes close to "
+        f"the rule-based system (86.7% [{lo:.1f}, {hi:.1f}]).")
     assert small_sample_caution("Table 2", 30, 80.0, 95.0) is None
+
+
+VERDICT = re.compile(r"the best head \((?P<name>[^,]+), (?P<acc>[\d.]+)% \[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]\) "
+                     r"(?P<verdict>beats|falls short of|comes close to|is below|is not compared with) "
+                     r"the rule-based system \((?P<racc>[\d.]+)% \[(?P<rlo>[\d.]+), (?P<rhi>[\d.]+)\]\)")
+
+
+def check_verdict(sentence: str, rows: list[dict]) -> str:
+    """The verdict of an against_rules sentence agrees with the two rows it cites."""
+    m = VERDICT.search(sentence)
+    assert m, sentence
+    best, rb = rows[len(BASELINES)], rows[BASELINES.index("rule-based")]
+    assert m["name"] == best["name"]
+    for key, row, col in (("acc", best, "all"), ("lo", best, "all_lo"), ("hi", best, "all_hi"),
+                          ("racc", rb, "all"), ("rlo", rb, "all_lo"), ("rhi", rb, "all_hi")):
+        assert float(m[key]) == pytest.approx(100 * row[col], abs=0.051), (sentence, key)
+    expect = ("is not compared with" if best["all_n"] < 30 else
+              "beats" if best["all_lo"] > rb["all_hi"] else
+              "falls short of" if best["all_hi"] < rb["all_lo"] else
+              "comes close to" if best["all"] >= rb["all_lo"] else "is below")
+    assert m["verdict"] == expect, sentence
+    return expect
+
+
+def test_the_verdict_on_the_rule_based_system_follows_both_intervals():
+    """'beats' was said when the head's accuracy lay above the system's interval, however wide
+    the head's own interval: now only when the two intervals do not overlap."""
+    from attnscope.report.coref import against_rules
+
+    seen = set()
+    for best, rules in (([1] * 29 + [0] * 11, [1] * 12 + [0] * 28),   # apart, above
+                        ([1] * 12 + [0] * 28, [1] * 29 + [0] * 11),   # apart, below
+                        ([1] * 27 + [0] * 13, [1] * 25 + [0] * 15),   # within the interval
+                        ([1] * 20 + [0] * 20, [1] * 27 + [0] * 13)):  # below it, overlapping
+        rows = _table2(best=best, rules=rules)
+        seen.add(check_verdict(against_rules(rows, "with mentions as candidates"), rows))
+    assert seen == {"beats", "falls short of", "comes close to", "is below"}
+
+
+def test_coref_findings_agree_with_the_rows_of_a_real_run(tmp_path, debug_bert):
+    """On real computed rows (debug:bert over the packaged coreference sample): the verdicts
+    and the best head named in the findings are those of Table 2's rows."""
+    from importlib.resources import files
+
+    from attnscope.families.coref import run_coref
+
+    src = Path(str(files("attnscope") / "demo_data" / "coref.conllu"))
+    section = run_coref([src], debug_bert, tmp_path / "out", window="sliding", n_boot=200)
+    res = json.loads((tmp_path / "out" / "results" / "coref.json").read_text())
+    for key in ("table2", "table2_all_words"):
+        rows = res["tables"][key]
+        sentences = [f for f in section.findings if "the rule-based system (" in f
+                     and f.startswith("With the paper's" if key == "table2_all_words" else "With mentions")]
+        assert len(sentences) == 1
+        check_verdict(sentences[0], rows)
+    rows = res["tables"]["table2"]
+    best = rows[len(BASELINES)]
+    heads = res["tables"]["heads"]
+    top = max(h["all"] for h in heads if h["all"] is not None)
+    assert best["all"] == pytest.approx(top)  # the best head is the best of every head
+    said = next(f for f in section.findings if f.startswith("best head "))
+    assert said.startswith(f"best head {best['name']} selects the antecedent of {100 * best['all']:.1f}%")
 
 
 def test_cli_coref_runs_and_bad_input_fails_cleanly(tmp_path, capsys):

@@ -189,3 +189,23 @@ def test_smollm2_long_continuation_is_a_window(smollm2, shared_data):
     assert win.amap.num_units - g == len(win.amap.example.fields["generated_ids"])
     assert win.units[g] == win.num_units - (win.amap.num_units - g)
     np.testing.assert_allclose(win.amap.attn.sum(-1) + win.outside, 1.0, atol=1e-4)
+
+
+@pytest.mark.parametrize("layer", [1, 2])
+def test_cli_generate_opens_on_the_layer_the_flag_names(tmp_path, layer):
+    """`view --generate ... --layer 29` showed "layer 30": the flag is 1-indexed, as the page's
+    caption and layer menu are, and the page opens on that layer's weights."""
+    import json
+    import re
+
+    from attnscope.viz.encoding import decode
+
+    page = tmp_path / "g.html"
+    assert main(["view", "--generate", "3", "--model", "debug:llama", "--prompt", PROMPT, "--layer",
+                 str(layer), "--out", str(page)]) == 0
+    data = json.loads(re.search(r'<script id="attnscope-data" type="application/json">(.*?)</script>',
+                                page.read_text(), re.S).group(1))
+    assert data["state"]["layer"] + 1 == layer
+    amap = continuation_map(load_model("debug:llama"), PROMPT, 3)
+    np.testing.assert_allclose(decode(data["attn"])[data["state"]["layer"]], amap.attn[layer - 1],
+                               atol=0.5 / 255 + 1e-3)

@@ -42,7 +42,8 @@ def test_json_list_and_jsonl_carry_extra_fields(tmp_path):
     ('[]', "holds no examples", None),
 ])
 def test_json_errors_name_file_and_line(tmp_path, content, message, line):
-    p = write(tmp_path, "bad.json", content)
+    # JSON Lines in a .jsonl file: a .json file holding one object is refused as not a list
+    p = write(tmp_path, "bad.jsonl" if content.startswith("{") else "bad.json", content)
     with pytest.raises(InputError) as err:
         read_examples(p)
     text = str(err.value)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -126,6 +128,87 @@ def _row(relation, accuracy, offset_accuracy, count=8):
             "offset_ci_high": offset_accuracy}
 
 
+#: A relation that a syntax finding cites: "'det': head 1-3 (head->dep) 94.1% [lo, hi] vs offset
+#: +1 70.6% [lo, hi] (n=8)".
+CITED = re.compile(r"^'(?P<relation>[^']+)': head (?P<head>\S+) \((?P<direction>[^)]+)\) "
+                   r"(?P<accuracy>[\d.]+)% \[(?P<ci_low>[\d.]+), (?P<ci_high>[\d.]+)\] vs offset "
+                   r"(?P<offset>\S+) (?P<offset_accuracy>[\d.]+)% \[(?P<offset_ci_low>[\d.]+), "
+                   r"(?P<offset_ci_high>[\d.]+)\] \(n=(?P<count>\d+)\)")
+
+
+def cited(sentence: str) -> dict | None:
+    m = CITED.match(sentence)
+    return None if m is None else m.groupdict()
+
+
+def check_cited_rows(findings: list[str], rows: list[dict]) -> list[dict]:
+    """Every relation a finding cites is a Table 1 row with the numbers quoted, and belongs to
+    the set its sentence names: head interval above the offset's, or said to overlap."""
+    by_rel = {r["relation"]: r for r in rows}
+    out = []
+    for f in findings:
+        c = cited(f)
+        if c is None:
+            continue
+        r = by_rel[c["relation"]]
+        assert (c["head"], c["direction"], c["offset"], int(c["count"])) == (
+            r["head"], r["direction"], r["offset"], r["count"]), f
+        for k in ("accuracy", "ci_low", "ci_high", "offset_accuracy", "offset_ci_low", "offset_ci_high"):
+            assert float(c[k]) == pytest.approx(r[k], abs=0.051), (f, k)
+        above = r["ci_low"] > r["offset_ci_high"]
+        assert above != ("overlap" in f), f
+        assert r["accuracy"] > r["offset_accuracy"], f  # never a tie or a loss
+        out.append(r)
+    return out
+
+
+def test_examples_come_from_the_set_the_sentence_names():
+    """EWT dev: "18 of 30 relations have a head whose accuracy interval lies above the best
+    offset's", then 'aux:pass' 85.2% [79.6, 90.7] vs 82.7% [76.5, 88.3] as its first example,
+    chosen by point estimate. The examples are now from the counted set; with none there, the
+    relations ahead by point estimate are cited as overlapping."""
+    from attnscope.report.syntax import _findings
+
+    def row(rel, acc, lo, hi, off, olo, ohi, n):
+        return {**_row(rel, acc, off, n), "ci_low": lo, "ci_high": hi, "offset_ci_low": olo,
+                "offset_ci_high": ohi}
+
+    rows = [row("aux:pass", 85.2, 79.6, 90.7, 82.7, 76.5, 88.3, 162),
+            row("compound", 83.5, 81.1, 85.9, 82.5, 80.2, 85.0, 898),
+            row("det", 80.0, 77.0, 83.0, 40.0, 37.0, 43.0, 900),
+            row("all", 50.0, 49.0, 51.0, 30.0, 29.0, 31.0, 5000)]
+    out = _findings(rows, [], [])
+    assert out[0].startswith("1 of 3 relations")
+    assert [r["relation"] for r in check_cited_rows(out, rows)] == ["det"]
+    out = _findings(rows[:2] + rows[3:], [], [])
+    assert out[0].startswith("0 of 2 relations")
+    assert [r["relation"] for r in check_cited_rows(out, rows)] == ["aux:pass", "compound"]
+
+
+def test_findings_agree_with_the_rows_of_a_real_run(tmp_path):
+    """On real computed rows (debug:bert over the packaged dependency sample): every relation
+    a finding cites is in the set its sentence names, and the count is that set's size."""
+    from importlib.resources import files
+
+    dev = Path(str(files("attnscope") / "demo_data" / "deps-dev.conllu"))
+    out = tmp_path / "out"
+    assert main(["analyze", "syntax", str(dev), "--model", "debug:bert", "--out", str(out),
+                 "--syntax-min-count", "2", "-q"]) == 0
+    res = json.loads((out / "results" / "syntax.json").read_text())
+    rows = [r for r in res["tables"]["table1"]]
+    relations = [r for r in rows if r["relation"] != "all"]
+    beat = [r for r in relations if r["ci_low"] > r["offset_ci_high"]]
+    summary = res["summary"]
+    count = next(f for f in summary if "relations have a head whose accuracy interval" in f)
+    assert count.startswith(f"{len(beat)} of {len(relations)} relations")
+    shown = check_cited_rows(summary, rows)
+    if beat:
+        best = sorted(beat, key=lambda r: -r["accuracy"])[:3]
+        assert [r["relation"] for r in shown] == [r["relation"] for r in best]
+    else:
+        assert all(r["accuracy"] > r["offset_accuracy"] for r in shown)
+
+
 def test_a_tie_with_the_offset_is_not_a_head_above_it():
     """The demo's 'amod': head 100.0% vs offset 100.0% is a tie: neither counted nor listed as a
     relation where the head is above the offset, nor drawn as one in Figure 5."""
@@ -134,8 +217,8 @@ def test_a_tie_with_the_offset_is_not_a_head_above_it():
     rows = [_row("amod", 100.0, 100.0), _row("det", 94.1, 70.6), _row("case", 60.0, 71.4),
             _row("all", 67.0, 41.5, count=94)]
     out = _findings(rows, [], [])
-    assert out[0] == "1 of 3 relations have a head whose accuracy interval lies above the best offset's."
-    assert out[1:] == ["'det': head 1-3 (head->dep) 94.1% vs offset +1 70.6% (n=8)."]
+    assert out[0].startswith("1 of 3 relations have a head whose accuracy interval lies above")
+    assert [cited(f)["relation"] for f in out[1:]] == ["det"]
     from attnscope.data.records import Example
 
     ex = Example(words=["the", "big", "cat", "saw", "a", "dog"], heads=[3, 3, 4, 0, 6, 4],

@@ -82,22 +82,47 @@ def test_importing_views_pulls_in_no_ipython_or_flask():
 def test_view_command_writes_each_view(store, tmp_path, capsys):
     from attnscope.cli.main import main
 
-    for view, extra in (("head", ["--heads", "1"]), ("model", []),
+    for view, extra in (("head", ["--heads", "2"]), ("model", []),
                         ("heatmap", ["--head", "1", "--hide-special"]),
-                        ("neuron", ["--layer", "1", "--head", "1", "--query", "2"])):
+                        ("neuron", ["--layer", "2", "--head", "2", "--query", "2"])):
         out = tmp_path / f"{view}.html"
         assert main(["view", str(store), "--example", "0", "--view", view, "--out", str(out), *extra]) == 0
         p = payload_of(out.read_text(encoding="utf-8"))
         assert p["state"]["view"] == view and p["index"] == 0
     p = payload_of((tmp_path / "neuron.html").read_text(encoding="utf-8"))
     assert p["neuron"]["selected"]["query"] == 2 and p["neuron"]["softmax_matches_model"]
+    assert p["neuron"]["layer"] == 1 and p["state"]["head"] == 1  # layer 2, head 2: 0-indexed 1, 1
     assert payload_of((tmp_path / "head.html").read_text(encoding="utf-8"))["state"]["heads"] == [1]
+
+
+@pytest.mark.parametrize("view", ["head", "heatmap"])
+@pytest.mark.parametrize("layer, head", [(1, 2), (2, 1)])
+def test_view_flags_are_the_numbers_the_pages_show(store, tmp_path, view, layer, head):
+    """`view --layer 2` drew "Layer 3": the flags now take the 1-indexed numbers that the pages
+    (captions, menus, layer-head names) show. The page opens on the map's layer ``layer - 1``
+    in code, whose weights it carries."""
+    from attnscope.cli.main import main
+    from attnscope.store import open_store
+
+    out = tmp_path / "v.html"
+    which = ["--heads", str(head)] if view == "head" else ["--head", str(head)]
+    assert main(["view", str(store), "--view", view, "--layer", str(layer), *which, "--out", str(out)]) == 0
+    p = payload_of(out.read_text(encoding="utf-8"))
+    assert (p["state"]["layer"] + 1, p["state"]["head"] + 1) == (layer, head)
+    shown = decode(p["attn"])[p["state"]["layer"], p["state"]["head"]]
+    stored = open_store(store).by_index(0).attn[layer - 1, head - 1]
+    np.testing.assert_allclose(shown, stored, atol=0.5 / 255 + 1e-3)
 
 
 @pytest.mark.parametrize("args, message", [
     (["--example", "7"], "example 7 is not in the store"),
     (["--example", "2", "--pair-filter", "A->B"], "example 2: filter A->B needs a sentence pair"),
-    (["--layer", "9"], "layer 9 out of range"),
+    (["--layer", "9"], "--layer 9 out of range (the model has 2 layers: 1 to 2)"),
+    (["--layer", "3"], "--layer 3 out of range (the model has 2 layers: 1 to 2)"),
+    (["--heads", "1,3"], "--heads 3 out of range (the model has 2 heads per layer: 1 to 2)"),
+    (["--view", "heatmap", "--head", "3"], "--head 3 out of range"),
+    (["--heads", "0"], "--heads 0: heads are numbered from 1"),
+    (["--layer", "0"], "--layer"),
     (["--heads", "x"], "--heads: expected comma-separated"),
 ])
 def test_view_command_errors(store, tmp_path, capsys, args, message):

@@ -77,5 +77,28 @@ class NoAttentionError(AttnscopeError):
             "tokenizer=tokenizer)) and it captures the attention itself")
 
 
+class IndexRangeError(AttnscopeError):
+    """A layer or head number that the model does not have. ``what`` is "layer" or "head",
+    ``value`` the number asked for (0-indexed, as in code), ``count`` how many there are; the
+    command line, whose flags are 1-indexed as the pages show heads, says it with
+    :meth:`one_indexed`.
+
+    >>> e = IndexRangeError("example 0", "layer", 6, 6)
+    >>> str(e), e.one_indexed("--layer")
+    ('example 0: layer 6 out of range (the model has 6 layers, 0-indexed)', 'example 0: --layer 7 out of range (the model has 6 layers: 1 to 6)')
+    """
+
+    def __init__(self, where: str, what: str, value: int, count: int):
+        self.where, self.what, self.value, self.count = where, what, value, count
+        per = " per layer" if what == "head" else ""
+        super().__init__(f"{where}: {what} {value} out of range (the model has {count} {what}s{per}, 0-indexed)")
+
+    def one_indexed(self, flag: str) -> str:
+        """The message for a 1-indexed ``flag`` (the number as the user typed it)."""
+        per = " per layer" if self.what == "head" else ""
+        return (f"{self.where}: {flag} {self.value + 1} out of range (the model has {self.count} "
+                f"{self.what}s{per}: 1 to {self.count})")
+
+
 class StoreError(AttnscopeError):
     """A store that is missing, corrupt, or in conflict with what was asked."""

@@ -33,10 +33,9 @@ from typing import Any
 from attnscope.analyses.base import Analysis, Result
 from attnscope.errors import AttnscopeError
 from attnscope.maps import AttentionBatch
+from attnscope.progress import Progress, with_unit
 from attnscope.store import Store
 from attnscope.store.checkpoints import UnitLog
-
-Progress = Callable[[str, int, "int | None"], None]
 
 
 class LocalExecutor:
@@ -224,7 +223,7 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
         nonlocal done
         done += k
         if progress is not None:
-            progress(step, done, total)
+            progress(with_unit(step, "examples"), done, total)
 
     t0 = time.perf_counter()
     if isinstance(source, Store):  # the maps are on disk
@@ -272,6 +271,8 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
                 for a in maps_side:
                     timings.pop(a.name, None)
                 timings["maps analyses on the workers (wall)"] = wall
+    if progress is not None and done < total:  # every example was read; the rest were skipped
+        progress(with_unit(step, "examples"), total, total)
     if done == 0:
         raise AttnscopeError("no examples to analyse (all were empty"
                              + (f" or longer than max_seq_len {options.max_seq_len})" if options else ")")

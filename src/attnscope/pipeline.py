@@ -22,7 +22,7 @@ import dataclasses
 import errno
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,6 +34,7 @@ from attnscope.errors import AttnscopeError, InputError
 from attnscope.executor import executor
 from attnscope.families import Context, Family, Prepared, check_options, load_families
 from attnscope.on_ray import check_ray
+from attnscope.progress import Progress, Step, unit_of
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.store.checkpoints import STATE_DIR, drop_unit_logs
 from attnscope.store.results import ResultsFolder, read_json, write_json
@@ -42,7 +43,6 @@ STATE_FILE = "state.json"  # in STATE_DIR (attnscope.store.checkpoints)
 #: The shortest maximum length accepted: room for the special tokens and a few words.
 MIN_MAX_SEQ_LEN = 8
 
-Progress = Callable[[str, int, "int | None"], None]
 
 #: Settings every family shares (they reach a family through its Context).
 SHARED = {"model": "default", "max_seq_len": 128, "batch_size": 16, "seed": 0, "save_maps": False,
@@ -217,6 +217,22 @@ def _data_fingerprint(path: Path) -> str:
 # Progress: every family's steps, plus one overall bar weighted by each family's work
 
 
+#: The overall count: each family's work estimate (``Prepared.weight``), in examples.
+OVERALL = Step("overall", "examples")
+
+
+def prefixed(progress: Progress | None, key: str) -> Progress | None:
+    """``progress`` with each step named under the family ``key`` ("syntax: extract dev"),
+    keeping the step's unit; what ``run`` and ``analyze`` show alike."""
+    if progress is None:
+        return None
+
+    def report(step: str, done: int, total: int | None) -> None:
+        progress(Step(f"{key}: {step}", unit_of(step)), done, total)
+
+    return report
+
+
 class _ProgressRouter:
     """Turns each family's ``progress(step, done, total)`` calls into prefixed step names and
     an ``overall`` count in units of examples, so a display can show one ETA for the run."""
@@ -240,9 +256,11 @@ class _ProgressRouter:
         self._overall()
 
     def family_progress(self, key: str) -> Progress:
+        shown = prefixed(self.progress, key)
+
         def report(step: str, done: int, total: int | None) -> None:
-            if self.progress is not None:
-                self.progress(f"{key}: {step}", done, total)
+            if shown is not None:
+                shown(step, done, total)
             if total:
                 self.steps[step] = min(1.0, done / total)
                 # Steps seen so far share the family's weight; at least two are assumed so
@@ -257,7 +275,7 @@ class _ProgressRouter:
         if self.progress is None:
             return
         w = self.weights.get(self.key or "", 0)
-        self.progress("overall", int(round(self.done + self.current * w)), self.total)
+        self.progress(OVERALL, int(round(self.done + self.current * w)), self.total)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,7 +568,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                        "model": None if lm is None else {k: v for k, v in lm.describe().items() if k != "device"},
                        "data": [_data_fingerprint(p) for p in files]})
     ctx = Context(model=lm, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
-                  batch_size=batch_size, progress=progress,
+                  batch_size=batch_size, progress=prefixed(progress, key),
                   save_maps=Path(save_maps) if save_maps is not None else None, attention=attention,
                   family=key, job=job)
     prepared = fam.prepare(inputs, opts, ctx)

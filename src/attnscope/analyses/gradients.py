@@ -28,6 +28,7 @@ import numpy as np
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.errors import ModelError
+from attnscope.progress import Step
 
 #: Key classes of Figure 3 (the first special token is kept apart, not hidden in "other").
 GRAD_CLASSES = ("separator", "punct", "first", "other")
@@ -367,7 +368,7 @@ def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]
                 feats.append(hidden[b, torch.as_tensor(x.masked, device=hidden.device)].cpu().clone())
                 targets.append(torch.as_tensor(x.targets))
         if progress is not None:
-            progress("fit-mlm-head: encode", min(start + 16, len(inputs)), len(inputs))
+            progress(Step("fit-mlm-head: encode", "examples"), min(start + 16, len(inputs)), len(inputs))
     if not feats:
         raise ModelError("no maskable tokens to fit a masked-LM head on")
     X = torch.cat(feats).float()  # [N d]
@@ -393,8 +394,8 @@ def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]
             loss.backward()
             optim.step()
             losses.append(loss.item())
-            if progress is not None and (step + 1) % 25 == 0:
-                progress("fit-mlm-head: train", step + 1, opts.steps)
+            if progress is not None and ((step + 1) % 25 == 0 or step + 1 == opts.steps):
+                progress(Step("fit-mlm-head: train", "steps"), step + 1, opts.steps)
     module.eval()
     for p in module.parameters():
         p.requires_grad_(False)

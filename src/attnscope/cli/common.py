@@ -11,6 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from attnscope.progress import unit_of
+
 console = Console(stderr=True, soft_wrap=True)
 #: Seconds between the plain progress lines written when stderr is not a terminal.
 PLAIN_EVERY_S = 30.0
@@ -73,18 +75,18 @@ def step_progress(quiet: bool, overall: bool = False):
     if not console.is_terminal:  # no live bars (a log file, a pipe): a plain line now and then
         yield plain_progress()
         return
-    with _progress("[bold]{task.description:<28}", transient=True) as prog:
+    with _progress("[bold]{task.description:<28}", "{task.fields[unit]}", transient=True) as prog:
         tasks: dict[str, int] = {}
         current: dict[str, str] = {}
 
         def progress(step: str, done: int, total: int | None) -> None:
             # One bar per family ("syntax: probes epoch 3" -> the "syntax" bar); a new step of
             # the family restarts that bar with the step's own total.
-            bar = step.split(": ", 1)[0]
+            bar, unit = step.split(": ", 1)[0], unit_of(step) or ""
             if bar not in tasks:
-                tasks[bar] = prog.add_task(step, total=total)
+                tasks[bar] = prog.add_task(step, total=total, unit=unit)
             elif current.get(bar) != step:
-                prog.reset(tasks[bar], total=total, description=step)
+                prog.reset(tasks[bar], total=total, description=step, unit=unit)
             current[bar] = step
             prog.update(tasks[bar], completed=done, total=total)
 
@@ -93,19 +95,39 @@ def step_progress(quiet: bool, overall: bool = False):
         yield progress
 
 
-def plain_progress(every_s: float = PLAIN_EVERY_S, clock=time.monotonic):
+def plain_progress(every_s: float | None = None, clock=None):
     """A ``progress(step, done, total)`` callback for a stderr that is not a terminal: one
-    line, e.g. ``longctx: 3/60 after 95 s``, when a step moves on at least ``every_s`` seconds
-    after the last line of its family (or the start), so short commands print nothing."""
+    line, e.g. ``longctx: statistics: 3/60 sequences after 95 s``, when a step moves on at least
+    ``every_s`` seconds (default :data:`PLAIN_EVERY_S`) after the last line of its family (or
+    the start), so short commands print nothing; and, for a step that has shown a line, one
+    more when it reaches its total (``... 60/60 sequences after 140 s``), so every count
+    shown is seen to end. A step done once (loading the model, writing the report) says
+    ``started`` and ``done``; every other count names its unit (:func:`attnscope.progress.unit_of`)."""
+    every_s = PLAIN_EVERY_S if every_s is None else every_s
+    clock = clock or time.monotonic
     start = clock()
     last: dict[str, float] = {}
+    shown: set[str] = set()  # steps with a line whose total has not been reached yet
+
+    def say(step: str, done: int, total: int | None, now: float) -> None:
+        unit = unit_of(step)
+        if unit is None and total == 1:
+            what = "done" if done >= 1 else "started"
+        else:
+            what = f"{done}" + ("" if total is None else f"/{total}") + (f" {unit}" if unit else "")
+        console.print(f"{step}: {what} after {now - start:.0f} s", highlight=False)
 
     def progress(step: str, done: int, total: int | None) -> None:
-        now, bar = clock(), step.split(": ", 1)[0]
-        if now - last.get(bar, start) >= every_s:
-            last[bar] = now
-            console.print(f"{step}: {done}" + ("" if total is None else f"/{total}")
-                          + f" after {now - start:.0f} s", highlight=False)
+        now, bar, key = clock(), step.split(": ", 1)[0], str(step)
+        reached = total is not None and done >= total
+        if reached and key in shown:
+            shown.discard(key)
+        elif now - last.get(bar, start) < every_s:
+            return
+        elif not reached:
+            shown.add(key)
+        last[bar] = now
+        say(step, done, total, now)
 
     return progress
 
@@ -131,6 +153,17 @@ def read_depparse(path: Path, limit: int | None = None) -> list:
     if not examples:
         raise InputError(path, "holds no sentences")
     return examples
+
+
+def check_new_files(paths, *, overwrite: bool) -> None:
+    """Refuse to replace an existing output file unless ``overwrite`` (``--overwrite``), before
+    any work: a command never overwrites a file silently."""
+    from attnscope.errors import AttnscopeError
+
+    for path in paths:
+        if Path(path).is_file() and not overwrite:
+            raise AttnscopeError(f"{path}: already exists (use overwrite to replace it)",
+                                 params=("overwrite",))
 
 
 def check_writable(path: Path, *, folder: bool, option: str = "--out") -> None:

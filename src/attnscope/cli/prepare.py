@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from attnscope.cli.common import check_writable, read_depparse
+from attnscope.cli.common import check_new_files, check_writable, read_depparse
 from attnscope.cli.options import max_seq_len_option
 from attnscope.cli.output import results
 
@@ -32,6 +32,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         keep_unk: bool = typer.Option(False, "--keep-unk",
                                       help="Keep WikiText's '<unk>' words as text instead of mapping them "
                                            "to the tokenizer's unknown token."),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
     ) -> None:
         """Build [CLS] A [SEP] B [SEP] examples (segment ids 0/1) as in BERT pre-training."""
         from attnscope.data.unlabeled import PACKINGS
@@ -40,6 +41,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         if packing not in PACKINGS:
             raise AttnscopeError(f"--packing must be one of {', '.join(PACKINGS)}, not {packing!r}")
         check_writable(out, folder=False)
+        check_new_files([out], overwrite=overwrite)
         from attnscope.data.io import write_examples
         from attnscope.data.unlabeled import UnlabeledStats, prepare_unlabeled
         from attnscope.models import load_model
@@ -59,6 +61,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                                               "a folder with train/dev files writes one output per split."),
         out: Path = typer.Option(..., "--out", "-o", help="Output JSON (or a folder for a split folder)."),
         limit: int = typer.Option(None, "--limit", min=1, help="Keep at most this many sentences per file."),
+        overwrite: bool = typer.Option(False, "--overwrite",
+                                       help="Replace existing output files (--out, or its split files)."),
     ) -> None:
         """Read dependency trees into examples with words, heads, relns and pos."""
         from attnscope.data.depparse import depparse_splits
@@ -67,6 +71,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         check_writable(out, folder=path.is_dir())
         # every file is read (and refused when bad or empty) before anything is written
         sources = depparse_splits(path) if path.is_dir() else {None: path}
+        check_new_files([out if split is None else out / f"{split}.json" for split in sources],
+                        overwrite=overwrite)
         read = {split: read_depparse(f, limit) for split, f in sources.items()}
         for split, examples in read.items():
             target = out if split is None else out / f"{split}.json"

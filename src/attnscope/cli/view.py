@@ -35,14 +35,22 @@ class PairFilter(str, Enum):
 
 
 def _parse_heads(text: str | None) -> list[int] | None:
+    """``--heads 1,4`` (1-indexed, as the pages number heads) as 0-indexed heads ``[0, 3]``."""
     from attnscope.errors import AttnscopeError
 
     if text is None:
         return None
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        heads = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise AttnscopeError(f"--heads: expected comma-separated head numbers, got {text!r}") from None
+    if any(h < 1 for h in heads):
+        raise AttnscopeError(f"--heads {text}: heads are numbered from 1, as the pages show them")
+    return [h - 1 for h in heads]
+
+
+#: Layers and heads are typed as the pages show them: 1-indexed, ``--layer 8 --head 10`` is 8-10.
+NUMBERING = "1-indexed, as the pages show it: --layer 8 --head 10 is head 8-10"
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
@@ -55,10 +63,13 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         example: int = typer.Option(0, "--example", "-e", help="Input index of the example."),
         view: ViewKind = typer.Option(ViewKind.head, "--view", help="Which view opens first."),
         out: Path = typer.Option(..., "--out", "-o", help="HTML file to write."),
-        layer: int = typer.Option(0, "--layer", help="Layer, 0-indexed (pages show 1-indexed)."),
-        heads: str = typer.Option(None, "--heads", help="Head view: heads, 0-indexed, e.g. 0,3 (default all)."),
-        head: int = typer.Option(None, "--head", help="Heatmap/neuron view: the head, 0-indexed."),
-        query: int = typer.Option(0, "--query", help="Neuron view: the query token position."),
+        layer: int = typer.Option(1, "--layer", min=1, help=f"Layer ({NUMBERING})."),
+        heads: str = typer.Option(None, "--heads", help="Head view: heads, 1-indexed as the pages "
+                                                        "show them, e.g. 1,4 (default all)."),
+        head: int = typer.Option(None, "--head", min=1, help="Heatmap/neuron view: the head, 1-indexed "
+                                                             "as the pages show it."),
+        query: int = typer.Option(0, "--query", help="Neuron view: the query token position "
+                                                     "(0-indexed, the first token is 0)."),
         pair_filter: PairFilter = typer.Option(PairFilter.all, "--pair-filter",
                                                help="Sentence pairs: which segment attends to which."),
         hide_special: bool = typer.Option(False, "--hide-special",
@@ -84,17 +95,22 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                                                           "continues (default: the stored example's)."),
     ) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
+        from attnscope.errors import AttnscopeError, IndexRangeError
         from attnscope.views import write_view
 
         for path, option in ((out, "--out"), (png, "--png"), (svg, "--svg")):
             if path is not None:
                 check_writable(path, folder=False, option=option)
-        res = write_view(store, example, view.value, out, layer=layer, heads=_parse_heads(heads),
-                         head=head, query=query, pair_filter=pair_filter.value,
-                         hide_special=hide_special, model=model, png=png, svg=svg, scale=scale,
-                         chromium=chromium, offset=offset, window=window,
-                         long_input=long_input, kind=kind.value if kind else None,
-                         generate=generate, prompt=prompt)
+        try:  # the library counts layers and heads from 0, the flags from 1
+            res = write_view(store, example, view.value, out, layer=layer - 1, heads=_parse_heads(heads),
+                             head=None if head is None else head - 1, query=query,
+                             pair_filter=pair_filter.value, hide_special=hide_special, model=model,
+                             png=png, svg=svg, scale=scale, chromium=chromium, offset=offset,
+                             window=window, long_input=long_input, kind=kind.value if kind else None,
+                             generate=generate, prompt=prompt)
+        except IndexRangeError as exc:
+            flag = "--layer" if exc.what == "layer" else "--head" if head is not None else "--heads"
+            raise AttnscopeError(exc.one_indexed(flag)) from None
         for w in res["warnings"]:
             console.print(f"[yellow]warning:[/] {w}")
         results.print(f"{res['html']}: {res.get('view', view.value)} view, {res['bytes']:,} bytes")

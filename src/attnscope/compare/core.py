@@ -27,6 +27,7 @@ from attnscope.compare.pairing import (
 )
 from attnscope.compare.stats import CrossDistances, PairedHeadStats, match_heads
 from attnscope.errors import AttnscopeError
+from attnscope.progress import Step
 
 Progress = Callable[[str, int, "int | None"], None]
 
@@ -127,7 +128,7 @@ def compute(a: Side, b: Side, pairing: Pairing, *, n_boot: int = 1000, seed: int
         ua, ub, _ = common_units(ma, mb, pairing.layout)
         cross.add(ua, ub)
         if progress is not None:
-            progress("compare", done, total)
+            progress(Step("compare", "examples"), done, total)
     notes = list(pairing.notes)
     if shape_a != shape_b:
         notes.append(f"the models have different heads ({shape_a[0]}x{shape_a[1]} vs "
@@ -293,10 +294,11 @@ def compare_models(model_a: str, model_b: str, inputs: str | Path, out_dir: str 
         for label, lm in zip("ab", lms):
             def step(done, _tokens, label=label):
                 if progress is not None:
-                    progress(f"extract {label.upper()}", done, len(examples))
+                    progress(Step(f"extract {label.upper()}", "examples"), done, len(examples))
 
             extract_to_store(examples, out / "stores" / label, lm, options=options, source=source,
                              command=command, progress=step)
+            step(len(examples), 0)  # every example read (the too long ones skipped)
         return _compare(out / "stores" / "a", out / "stores" / "b", out, which=None, level="word",
                         n_boot=n_boot, seed=seed, smoothing=smoothing, clear=False,
                         progress=progress, command=command)

@@ -170,6 +170,9 @@ def iter_examples(path: str | Path) -> Iterator[Example]:
         for i, d in enumerate(data):
             yield example_from_dict(d, i, path)
         return
+    if stripped.startswith("{") and _one_object(text, path):
+        raise InputError(path, "holds one JSON object, not a list of examples: write [{...}, ...] "
+                               "(or JSON Lines, one object per line, in a .jsonl file)")
     count = 0
     for lineno, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
@@ -192,6 +195,20 @@ def iter_examples(path: str | Path) -> Iterator[Example]:
         count += 1
     if count == 0:
         raise InputError(path, "holds no examples")
+
+
+def _one_object(text: str, path: Path) -> bool:
+    """Whether ``text`` is a single JSON object where a list is expected: the whole file parses
+    as one object, and it is either named ``.json`` or spread over several lines (so it cannot
+    be JSON Lines); a one-line object in a ``.jsonl`` (or ``.txt``) file is one example."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return False  # JSON Lines (several objects), or bad JSON that the line reader reports
+    if not isinstance(data, dict):
+        return False
+    lines = len([line for line in text.splitlines() if line.strip()])
+    return path.suffix.lower() == ".json" or lines > 1
 
 
 def write_examples(examples: Iterable[Example | dict], path: str | Path) -> int:

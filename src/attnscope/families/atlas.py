@@ -215,7 +215,7 @@ class Atlas(Family):
         sink, window = options.atlas_sink, options.atlas_window
 
         records = ctx.tasks(A.CalibrationStep(sink, window, importance, seed=ctx.seed), calib,
-                            name="calibration", label="atlas: calibration tasks")
+                            name="calibration", label="calibration")
         cal = A.calibration(records, (lm.num_layers, lm.num_heads), importance=importance)
         if {"echo", "induction"} & set(use) and options.atlas_probes:
             cal.scores.update(self._echo_induction(lm, options, ctx, notes))
@@ -232,7 +232,7 @@ class Atlas(Family):
         fractions = _fractions(options.atlas_fractions)
         configs, masks = A.configs_for(rankings, fractions, (lm.num_layers, kv_heads))
         step = A.SweepStep(masks, configs, sink, window, batch=options.atlas_batch, seed=ctx.seed)
-        sw = A.sweep(configs, ctx.tasks(step, encs, name="sweep", label="atlas: sweep"))
+        sw = A.sweep(configs, ctx.tasks(step, encs, name="sweep", label="sweep"))
         res, sec = write_atlas(ctx.out_dir, lm=lm, kv_heads=kv_heads, cal=cal, sweep=sw,
                                rankings=rankings, fractions=fractions, options=options, seed=ctx.seed,
                                notes=notes, source=prepared.data["source"], tasks=encs,
@@ -261,7 +261,7 @@ class Atlas(Family):
 
         seqs, targets = induction_probes(lm, options.atlas_probes, options.atlas_probe_length, ctx.seed, notes)
         stats = LongContextStats(seed=ctx.seed, causal=True)
-        ctx.stream(seqs, stats, step="atlas: echo and induction", targets=targets)
+        ctx.stream(seqs, stats, step="echo and induction", targets=targets)
         a = stats.finalize().arrays
         return {"echo": a["target_duplicate"], "induction": a["target_induction"]}
 

@@ -34,9 +34,8 @@ from typing import Any, ClassVar
 
 from attnscope.data.io import fingerprint
 from attnscope.errors import AttnscopeError
+from attnscope.progress import Progress, with_unit
 from attnscope.store.checkpoints import UnitLog, unit_log_path
-
-Progress = Callable[[str, int, "int | None"], None]
 
 
 @dataclass(frozen=True)
@@ -136,9 +135,10 @@ class Context:
     family: str = ""
     job: str = ""
 
-    def step(self, name: str, done: int, total: int | None) -> None:
+    def step(self, name: str, done: int, total: int | None, unit: str | None = None) -> None:
+        """Report ``done`` of ``total`` ``unit`` ("examples", "documents") of step ``name``."""
         if self.progress is not None:
-            self.progress(name, done, total)
+            self.progress(with_unit(name, unit), done, total)
 
     def extract_options(self, **overrides: Any):
         """The job's :class:`~attnscope.extract.runner.ExtractOptions` (maximum length, batch
@@ -175,16 +175,16 @@ class Context:
         return [dataclasses.replace(m, index=indices[m.index]) for m in sorted(maps, key=lambda m: m.index)]
 
     def stream(self, sequences, stats, *, step: str, here: bool = False, start: int = 0,
-               total: int | None = None, **kwargs: Any) -> int:
+               total: int | None = None, unit: str = "sequences", **kwargs: Any) -> int:
         """Fold the streaming statistics of token id ``sequences`` into ``stats`` (no ``[n n]``
-        maps) on the job's executor, with progress under ``step`` (counting on from ``start`` of
-        ``total``, for a step made of several calls); ``here``: in this process whatever the
-        executor (e.g. under autocast). Returns how many workers ran it (0: here)."""
+        maps) on the job's executor, with progress under ``step`` in ``unit`` (counting on from
+        ``start`` of ``total``, for a step made of several calls); ``here``: in this process
+        whatever the executor (e.g. under autocast). Returns how many workers ran it (0: here)."""
         from attnscope.executor import LocalExecutor
 
         ex = LocalExecutor() if here or self.executor is None else self.executor
-        return ex.stream(self.model, sequences, stats, progress=self.counter(step, total or len(sequences), start),
-                         **kwargs)
+        return ex.stream(self.model, sequences, stats,
+                         progress=self.counter(step, total or len(sequences), start, unit=unit), **kwargs)
 
     def encoded(self, examples: Sequence, **overrides: Any) -> list:
         """``examples`` encoded with the job's options and ``overrides`` (token ids, word
@@ -208,13 +208,18 @@ class Context:
         from attnscope.jobs import extract_to_store
         from attnscope.store import open_store
 
+        total = len(examples)
         extract_to_store(examples, path, self.model, options=self.extract_options(**overrides), dtype=dtype,
-                         executor=self.executor, progress=lambda done, tokens: self.step(step, done, len(examples)))
+                         executor=self.executor,
+                         progress=lambda done, tokens: self.step(step, done, total, "examples"))
+        self.step(step, total, total, "examples")  # every one read (the too long ones skipped)
         return open_store(path)
 
-    def tasks(self, step: Callable[[Any, Any], dict], items: Sequence, *, name: str, label: str) -> list[dict]:
+    def tasks(self, step: Callable[[Any, Any], dict], items: Sequence, *, name: str, label: str,
+              unit: str = "tasks") -> list[dict]:
         """``step(model, item)`` -> a JSON-able record for each item (a task, a document), run on
-        the job's executor with progress under ``label``; returns the records in item order.
+        the job's executor with progress under ``label`` in ``unit``; returns the records in
+        item order.
         Each finished item's record is kept in ``run/<family>-<name>.jsonl`` of the output
         folder under the job's fingerprint, so a killed run picks up where it stopped (the
         pipeline removes the log once the family's results are written). ``step`` is a
@@ -223,17 +228,17 @@ class Context:
 
         log = UnitLog(unit_log_path(self.out_dir, self.family, name), fingerprint(self.job, name, len(items)))
         return (self.executor or LocalExecutor()).tasks(self.model, step, items, log=log,
-                                                        progress=self.counter(label, len(items)))
+                                                        progress=self.counter(label, len(items), unit=unit))
 
-    def counter(self, step: str, total: int, start: int = 0) -> Callable[[int], None]:
-        """A ``tick(k)`` that counts ``k`` more items done of ``total`` (from ``start``) and
+    def counter(self, step: str, total: int, start: int = 0, *, unit: str = "items") -> Callable[[int], None]:
+        """A ``tick(k)`` that counts ``k`` more ``unit`` done of ``total`` (from ``start``) and
         shows the progress under ``step``."""
         done = start
 
         def tick(k: int) -> None:
             nonlocal done
             done += k
-            self.step(step, done, total)
+            self.step(step, done, total, unit)
         return tick
 
 

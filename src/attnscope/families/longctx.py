@@ -159,7 +159,7 @@ class LongContext(Family):
         with autocast:
             for (group, targets, _), (_, size) in zip(groups, plans):
                 # autocast applies in this process only: here
-                on_workers = ctx.stream(group, stats, step="longctx", chunk=options.chunk, engine=engine,
+                on_workers = ctx.stream(group, stats, step="statistics", chunk=options.chunk, engine=engine,
                                         batch_size=size, targets=None if units else targets,
                                         units=units, here=options.dtype != "float32", start=done,
                                         total=total)
@@ -182,7 +182,7 @@ class LongContext(Family):
         from attnscope.models.gguf import ContinueStep
 
         conts = [r["ids"] for r in ctx.tasks(ContinueStep(new_tokens, seed=ctx.seed), seqs, name="generate",
-                                             label="longctx: generate")]
+                                             label="generate", unit="documents")]
         out = [list(ids) + cont for ids, cont in zip(seqs, conts)]
         records = [{"document": i, "generated_from": len(ids), "length": len(ids) + len(cont),
                     "continuation_ids": cont, "continuation": lm.tokenizer.decode(cont, skip_special_tokens=False)}

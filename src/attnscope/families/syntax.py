@@ -79,7 +79,8 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
     config = config or TrainConfig()
     table = load_glove(glove)
     K = train_store.num_layers * train_store.num_heads
-    train = SentenceSource(train_store.batches, table, root=root, cache_bytes=cache_bytes)
+    train = SentenceSource(train_store.batches, table, root=root, cache_bytes=cache_bytes,
+                           expected=len(train_store))
     dev = SentenceSource(dev_store.batches, table, root=root, cache_bytes=cache_bytes)
     torch.manual_seed(config.seed)
     modules = {"attn": AttentionProbe(K), "attn+glove": AttentionGloveProbe(K, table.vectors),
@@ -90,7 +91,8 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
                "dev_sentences": dev.num_sentences, "skipped_train": train.skipped,
                "skipped_dev": dev.skipped}
     if random_train is not None and random_dev is not None:
-        rtrain = SentenceSource(random_train.batches, table, root=root, cache_bytes=cache_bytes)
+        rtrain = SentenceSource(random_train.batches, table, root=root, cache_bytes=cache_bytes,
+                                expected=len(random_train))
         rdev = SentenceSource(random_dev.batches, table, root=root, cache_bytes=cache_bytes)
         torch.manual_seed(config.seed)
         rmod = {"random-init attn+glove": AttentionGloveProbe(K, table.vectors)}

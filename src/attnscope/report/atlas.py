@@ -177,9 +177,15 @@ def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_ro
                 f"{_pct(best['acc_50'])} at 50% of KV heads kept)")
         if rnd:
             ra = [r["area"] for r in rnd]
-            beats = best["area"] > max(ra)
+            # "beats" only where its interval lies above every random ranking's interval
+            if best["ci_low"] > max(r["ci_high"] for r in rnd):
+                verdict = "it beats every one (its interval lies above each one's)"
+            elif best["area"] > max(ra):
+                verdict = "its area is above every one's, but the intervals overlap"
+            else:
+                verdict = "it does not beat every one"
             line += (f"; random rankings {np.mean(ra):.3f} on average (from {min(ra):.3f} to {max(ra):.3f}, "
-                     f"{len(ra)} seeds): it {'beats every one' if beats else 'does not beat every one'}")
+                     f"{len(ra)} seeds): {verdict}")
         out.append(line + ".")
         if best["acc_50"] is not None:
             top_random = max((r["area"] for r in rnd), default=-1.0)

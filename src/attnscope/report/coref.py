@@ -335,24 +335,30 @@ def _example_panels(examples: Sequence[Example], maps_of, head: HeadId, candidat
 
 
 def against_rules(rows: list[dict], what: str) -> str:
-    """Whether the best head comes close to the rule-based system: said only when its accuracy
-    lies within the rule-based system's 95% interval (or above it), and never from fewer than
-    :data:`~attnscope.report.section.MIN_ITEMS` mentions."""
+    """How the best head compares with the rule-based system, saying no more than the two
+    rows' 95% intervals allow: it "beats" the system only when its interval lies wholly above
+    the system's, "falls short of" it only when wholly below; otherwise it "comes close to" it
+    (its accuracy within the system's interval or above it) or is "below" it with overlapping
+    intervals. Never from fewer than :data:`~attnscope.report.section.MIN_ITEMS` mentions."""
     by_kind = dict(zip(BASELINES, rows))
     rb, best = by_kind["rule-based"], rows[len(BASELINES)]
     what = f"{what[:1].upper()}{what[1:]}"
     if best["all"] is None or rb["all"] is None:
         return f"{what}: too few mentions to compare the best head with the rule-based system"
-    head = f"the best head ({best['name']}, {100 * best['all']:.1f}%)"
+    head = (f"the best head ({best['name']}, {100 * best['all']:.1f}% [{100 * best['all_lo']:.1f}, "
+            f"{100 * best['all_hi']:.1f}])")
     rules = (f"the rule-based system ({100 * rb['all']:.1f}% [{100 * rb['all_lo']:.1f}, "
              f"{100 * rb['all_hi']:.1f}])")
     n = best.get("all_n")
     if n is not None and n < MIN_ITEMS:
         return f"{what}, {head} is not compared with {rules}: {n} mentions are fewer than {MIN_ITEMS}."
-    verdict = ("comes close to" if best["all"] >= rb["all_lo"] else "falls short of")
-    if best["all"] > rb["all_hi"]:
-        verdict = "beats"
-    return f"{what}, {head} {verdict} {rules}."
+    if best["all_lo"] > rb["all_hi"]:
+        return f"{what}, {head} beats {rules}: the intervals do not overlap."
+    if best["all_hi"] < rb["all_lo"]:
+        return f"{what}, {head} falls short of {rules}: the intervals do not overlap."
+    if best["all"] >= rb["all_lo"]:
+        return f"{what}, {head} comes close to {rules}."
+    return f"{what}, {head} is below {rules}, but the intervals overlap."
 
 
 def coref_paths_info(section: Section) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnscope.data.records import Example
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, IndexRangeError
 from attnscope.models.families import module_at
 from attnscope.models.forward import supports_hooks
 from attnscope.models.loading import LoadedModel
@@ -96,8 +96,7 @@ def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *
 
     fam = lm.family
     if not 0 <= layer < lm.num_layers:
-        raise AttnscopeError(f"neuron view: layer {layer} out of range (the model has "
-                             f"{lm.num_layers} layers, 0-indexed)")
+        raise IndexRangeError("neuron view", "layer", layer, lm.num_layers)
     if isinstance(example, str):
         example = Example(text=example)
     elif isinstance(example, dict):
@@ -179,7 +178,7 @@ def neuron_payload(qk: QueryKey, *, head: int = 0, query: int = 0) -> dict:
     """
     num_heads, n, d = qk.query.shape
     if not 0 <= head < num_heads:
-        raise AttnscopeError(f"neuron view: head {head} out of range ({num_heads} heads, 0-indexed)")
+        raise IndexRangeError("neuron view", "head", head, num_heads)
     if not 0 <= query < n:
         raise AttnscopeError(f"neuron view: query position {query} out of range ({n} tokens)")
     soft = qk.softmax()  # [H n n]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, IndexRangeError
 from attnscope.maps import AttentionMap
 from attnscope.viz.encoding import encode_u8
 
@@ -49,15 +49,15 @@ def check_layer_heads(amap: AttentionMap, layer: int, heads) -> list[int]:
     """Validate ``layer`` and ``heads`` against the map; returns the head list (all by default)."""
     num_layers, num_heads = amap.attn.shape[:2]
     if not 0 <= layer < num_layers:
-        raise AttnscopeError(f"{_where(amap)}: layer {layer} out of range (the model has "
-                             f"{num_layers} layers, 0-indexed)")
+        raise IndexRangeError(_where(amap), "layer", layer, num_layers)
     if heads is None:
         return list(range(num_heads))
     heads = [int(h) for h in heads]
+    if not heads:
+        raise AttnscopeError(f"{_where(amap)}: no head chosen (the model has {num_heads} heads per layer)")
     bad = [h for h in heads if not 0 <= h < num_heads]
-    if bad or not heads:
-        raise AttnscopeError(f"{_where(amap)}: head {bad[0] if bad else '(none)'} out of range "
-                             f"(the model has {num_heads} heads per layer, 0-indexed)")
+    if bad:
+        raise IndexRangeError(_where(amap), "head", bad[0], num_heads)
     return heads
 
 

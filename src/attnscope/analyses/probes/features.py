@@ -112,8 +112,10 @@ class SentenceSource:
     """
 
     def __init__(self, batches: Callable[[], Iterable[AttentionBatch]], glove=None, *,
-                 root: str = "special", cache_bytes: int = 1 << 30, spill_dir: str | None = None):
+                 root: str = "special", cache_bytes: int = 1 << 30, spill_dir: str | None = None,
+                 expected: int | None = None):
         self._batches = batches
+        self.expected = expected  # how many maps ``batches`` yields, when known (for progress)
         self.glove = glove
         self.root = root
         self.cache_bytes = cache_bytes
@@ -172,6 +174,12 @@ class SentenceSource:
             self._spill = spill
         self.skipped, self.num_sentences = skipped, count
         self._cache = cache
+
+    @property
+    def size(self) -> int | None:
+        """How many sentences a pass yields: counted once the first pass is done, else the
+        ``expected`` maps (None when unknown)."""
+        return self.num_sentences if self._cache is not None else self.expected
 
     def sentences(self) -> list[ProbeSentence]:
         """Every sentence (one pass over the store the first time)."""

@@ -29,6 +29,7 @@ import numpy as np
 
 from attnscope.analyses.probes.features import SentenceSource, collate
 from attnscope.analyses.probes.models import right_branching
+from attnscope.progress import Step
 
 
 @dataclass
@@ -139,8 +140,9 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
         counts = {n: 0 for n in active}
         for m in (modules[n] for n in active):
             m.train()
-        for step, sents in enumerate(train.shuffled_batches(config.batch_size, rng, config.buffer_chunks,
-                                                                     config.by_length)):
+        # the epoch's sentences: known after the first pass, expected from the store before
+        name, total, done = Step(f"probes epoch {epoch}", "sentences"), train.size, 0
+        for sents in train.shuffled_batches(config.batch_size, rng, config.buffer_chunks, config.by_length):
             b = collate(sents, with_attn=needs_attn)
             target = b.heads.clone()  # [B j]; ROOT and padding rows are ignored (-1)
             seen_sents += len(sents)
@@ -166,8 +168,11 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
                 losses[n] += loss.item() * len(sents)
                 counts[n] += len(sents)
                 own[n] += time.perf_counter() - t0
+            done += len(sents)
             if progress is not None:
-                progress(f"probes epoch {epoch}", step + 1, None)
+                progress(name, done, max(total, done) if total is not None else None)
+        if progress is not None:  # the whole epoch: every sentence of train
+            progress(name, done, done)
         scores = evaluate_all({n: modules[n] for n in sorted(active)}, dev, config.eval_batch_size)
         for n in sorted(active):
             c, t = scores[n]

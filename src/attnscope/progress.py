@@ -1,0 +1,46 @@
+"""Progress reports: the ``progress(step, done, total)`` callback that every long function takes,
+and the unit that each step counts.
+
+A step's name may be a :class:`Step`, a ``str`` that also carries its unit ("examples",
+"batches", "documents"), so a display can say what ``done`` and ``total`` count while a
+callback that only wants three plain arguments sees an ordinary string.
+
+>>> s = Step("extract", "examples")
+>>> s == "extract", unit_of(s), unit_of(s.within("syntax")), s.within("syntax")
+(True, 'examples', 'examples', 'syntax: extract')
+>>> unit_of("report") is None
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+#: ``progress(step, done, total)``: ``total`` None when it is not known.
+Progress = Callable[[str, int, "int | None"], None]
+
+
+class Step(str):
+    """The name of a progress step and what its counts count (``unit``; None: a step done
+    once, such as writing the report)."""
+
+    unit: str | None
+
+    def __new__(cls, name: str, unit: str | None = None) -> "Step":
+        step = super().__new__(cls, name)
+        step.unit = unit
+        return step
+
+    def within(self, prefix: str) -> "Step":
+        """The step under ``prefix`` (a family's key), with the same unit."""
+        return Step(f"{prefix}: {self}", self.unit)
+
+
+def unit_of(step: str) -> str | None:
+    """The unit a step counts, or None (a plain string, or a step done once)."""
+    return getattr(step, "unit", None)
+
+
+def with_unit(name: str, unit: str | None) -> Step:
+    """``name`` as a :class:`Step` counting ``unit``, keeping the unit ``name`` already has."""
+    return Step(name, unit_of(name) or unit)
