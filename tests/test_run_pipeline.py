@@ -58,7 +58,7 @@ class NotInstalled(Coref):
 
 
 def use_families(monkeypatch, *families):
-    monkeypatch.setattr(pipeline, "load_families", lambda: list(families))
+    monkeypatch.setattr(pipeline.config, "load_families", lambda: list(families))
 
 
 @pytest.fixture
