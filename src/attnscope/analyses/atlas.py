@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from attnscope.analyses.base import Result
+from attnscope.analyses.stats import bootstrap_ci
+from attnscope.data.records import HeadId
 from attnscope.engines.press import Recorder, answer, prefill
 from attnscope.extract.tasks import Encoded
 from attnscope.models.gguf import DecoderStep
@@ -324,3 +327,113 @@ def sweep(configs: list, records: Sequence[dict]) -> Sweep:
     return Sweep(configs, correct, kept, [r["full_answer"] for r in records],
                  np.array([r["full_correct"] for r in records], dtype=bool),
                  np.array([r["f1_identical"] for r in records], dtype=bool))
+
+
+# -- what the sweep and the scores come to ---------------------------------------------------------
+#: The per-query-head scores of the heads table, in its column order.
+HEAD_SCORES = ("retrieval", "streaming", "snapkv", "echo", "induction", "importance", "sink", "previous")
+
+
+def _f(v) -> float | None:
+    return None if v is None or not np.isfinite(v) else float(v)
+
+
+def ranking_kind(name: str) -> str:
+    """"random", "reversed" or "score": what kind of ranking ``name`` is."""
+    return "random" if name.startswith("random_") else "reversed" if name.startswith("reversed_") else "score"
+
+
+def curve(sweep: Sweep, rankings: dict, fractions: list[float], *, resamples: int, seed: int):
+    """Rows of the curve table, and per ranking its bool ``[F tasks]`` outcomes (f = 0 and 1 are
+    the shared all-streaming and whole-cache rows)."""
+    index = {(r, f): i for i, (r, f, _) in enumerate(sweep.configs)}
+    rows, outcome = [], {}
+    for name in ["full_cache", "streaming_llm", *rankings]:
+        fs = [1.0] if name == "full_cache" else [0.0] if name == "streaming_llm" else fractions
+        picks = [index[("streaming_llm", 0.0)] if f == 0 else index[("full_cache", 1.0)] if f == 1
+                 else index[(name, f)] for f in fs]
+        for f, i in zip(fs, picks):
+            c = sweep.correct[i]
+            lo, hi = bootstrap_ci(c, n_boot=resamples, seed=seed)
+            rows.append({"ranking": name, "kv_fraction": f, "kv_heads_kept": sweep.configs[i][2],
+                         "kv_entries_kept": float(sweep.kept[i].mean()), "accuracy": float(c.mean()),
+                         "n": int(len(c)), "ci_low": lo, "ci_high": hi})
+        if name in rankings:
+            outcome[name] = sweep.correct[picks]
+    return rows, outcome
+
+
+def areas(outcome: dict[str, np.ndarray], fractions: list[float], *, resamples: int, seed: int) -> list[dict]:
+    """One row per ranking: its area with a paired bootstrap interval, accuracy at 25% / 50%."""
+    boot = bootstrap_areas(outcome, fractions, resamples=resamples, seed=seed)
+    rows = []
+    for name, c in outcome.items():
+        acc = c.mean(1)
+        at = {f: float(a) for f, a in zip(fractions, acc)}
+        rows.append({"ranking": name, "kind": ranking_kind(name), "area": area(fractions, acc),
+                     "ci_low": boot[name][0], "ci_high": boot[name][1],
+                     "acc_25": at.get(0.25), "acc_50": at.get(0.5)})
+    return rows
+
+
+def head_rows(scores: dict[str, np.ndarray], labels: np.ndarray, kv: dict[str, np.ndarray],
+              kv_heads: int) -> list[dict]:
+    L, H = labels.shape
+    g = H // kv_heads
+    rows = []
+    for layer in range(L):
+        for head in range(H):
+            row = {"name": str(HeadId(layer, head)), "layer": layer, "head": head, "kv_head": head // g}
+            for k in HEAD_SCORES:
+                if k in scores:
+                    row[k] = _f(scores[k][layer, head])
+            for k, v in kv.items():
+                row[f"kv_{k}"] = _f(v[layer, head // g])
+            row["label"] = str(labels[layer, head])
+            rows.append(row)
+    return rows
+
+
+def task_rows(tasks: Sequence[Encoded], sweep: Sweep) -> list[dict]:
+    """One row per evaluated task: its kind, length, depth, answer and the whole cache's answer."""
+    return [{"index": i, "kind": e.task.kind, "context_tokens": len(e.context), "depth": e.task.depth,
+             "line": e.task.line, "answer": " | ".join(e.task.answer), "full_cache": ans,
+             "correct": bool(c), "f1_identical": bool(s)}
+            for i, (e, ans, c, s) in enumerate(zip(tasks, sweep.full_answers, sweep.full_correct,
+                                                   sweep.f1_identical))]
+
+
+@dataclass
+class Summary:
+    """The atlas's outcome: the :class:`~attnscope.analyses.base.Result` to save (tables
+    ``heads``, ``curve``, ``areas``, ``tasks``; the ``[S L Hq]`` ``scores``; which ranking is
+    exported), each query head's label ``[L Hq]`` and each score's KV-head need ``[L Hkv]``."""
+
+    result: Result
+    labels: np.ndarray
+    kv: dict[str, np.ndarray]
+
+
+def summarise(cal: Calibration, sweep: Sweep, rankings: dict[str, np.ndarray], fractions: list[float], *,
+              kv_heads: int, reduce: str, resamples: int, seed: int, tasks: Sequence[Encoded],
+              params: dict, source: str) -> Summary:
+    """Labels, KV-head needs, the per-head table, the curve and the areas with their bootstrap
+    intervals (``resamples``, ``seed``), the tasks table, and the ranking exported for kvpress
+    (the best measured score by area)."""
+    scores = dict(cal.scores)
+    lab = labels(scores)
+    kv = {s: kv_reduce(need(s, scores), kv_heads, reduce) for s in SCORES if s in scores}
+    heads = head_rows(scores, lab, kv, kv_heads)
+    crow, outcome = curve(sweep, rankings, fractions, resamples=resamples, seed=seed)
+    arow = areas(outcome, fractions, resamples=resamples, seed=seed) if outcome else []
+    best = max((r for r in arow if r["kind"] == "score"), key=lambda r: r["area"], default=None)
+    grid = [k for k in HEAD_SCORES if k in scores]  # the viewer's per-head grids
+    res = Result("atlas", params={**params, "seed": seed, "thresholds": THRESHOLDS, "head_index": "0-indexed",
+                                  "kv_head_of_query_head": "head // (Hq / Hkv)"},
+                 tables={"heads": heads, "curve": crow, "areas": arow, "tasks": task_rows(tasks, sweep)},
+                 meta={"source": source, "calibration_tasks": cal.tasks, "calibration_correct": cal.correct,
+                       "calibration_rows": cal.rows, "tasks": len(tasks), "kv_heads": kv_heads,
+                       "relations": grid, "rankings": {k: v.tolist() for k, v in rankings.items()},
+                       "exported": best["ranking"] if best else None})
+    res.arrays["scores"] = np.stack([scores[s] for s in grid]).astype(np.float64)
+    return Summary(res, lab, kv)

@@ -203,6 +203,8 @@ class Atlas(Family):
         return ([t for i, t in enumerate(pool) if i in pick], [t for i, t in enumerate(pool) if i not in pick])
 
     def run(self, prepared: Prepared, options: Options, ctx: Context):
+        import dataclasses
+
         from attnscope.analyses import atlas as A
         from attnscope.report.atlas import write_atlas
         from attnscope.store.results import write_results
@@ -233,10 +235,12 @@ class Atlas(Family):
         configs, masks = A.configs_for(rankings, fractions, (lm.num_layers, kv_heads))
         step = A.SweepStep(masks, configs, sink, window, batch=options.atlas_batch, seed=ctx.seed)
         sw = A.sweep(configs, ctx.tasks(step, encs, name="sweep", label="sweep"))
-        res, sec = write_atlas(ctx.out_dir, lm=lm, kv_heads=kv_heads, cal=cal, sweep=sw,
-                               rankings=rankings, fractions=fractions, options=options, seed=ctx.seed,
-                               notes=notes, source=prepared.data["source"], tasks=encs,
-                               title=self.title, key=self.key)
+        summary = A.summarise(cal, sw, rankings, fractions, kv_heads=kv_heads, reduce=options.atlas_reduce,
+                              resamples=options.atlas_bootstrap, seed=ctx.seed, tasks=encs,
+                              params=dataclasses.asdict(options), source=prepared.data["source"])
+        sec = write_atlas(ctx.out_dir, summary, model_name=lm.name, cal=cal, sweep=sw, options=options,
+                          notes=notes, source=prepared.data["source"], tasks=encs, title=self.title, key=self.key)
+        res = summary.result
         write_results(ctx.out_dir, self.key, res)
         return sec
 

@@ -14,77 +14,15 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses import atlas as A
-from attnscope.analyses.base import Result
-from attnscope.analyses.stats import bootstrap_ci
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import HeadId
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
-HEAD_SCORES = ("retrieval", "streaming", "snapkv", "echo", "induction", "importance", "sink", "previous")
 CURVE_COLUMNS = ["ranking", "kv_fraction", "kv_heads_kept", "kv_entries_kept", "accuracy", "n",
                  "ci_low", "ci_high"]
 AREA_COLUMNS = ["ranking", "kind", "area", "ci_low", "ci_high", "acc_25", "acc_50"]
 COLOURS = {"retrieval": "#d62728", "induction": "#9467bd", "echo": "#e377c2", "sink": "#7f7f7f",
            "positional": "#2ca02c", "streaming": "#1f77b4", "other": "#dddddd"}
-
-
-def _f(v) -> float | None:
-    return None if v is None or not np.isfinite(v) else float(v)
-
-
-def _kind(name: str) -> str:
-    return "random" if name.startswith("random_") else "reversed" if name.startswith("reversed_") else "score"
-
-
-def curve(sweep: A.Sweep, rankings: dict, fractions: list[float], *, resamples: int, seed: int):
-    """Rows of the curve table, and per ranking its bool ``[F tasks]`` outcomes (f = 0 and 1 are
-    the shared all-streaming and whole-cache rows)."""
-    index = {(r, f): i for i, (r, f, _) in enumerate(sweep.configs)}
-    rows, outcome = [], {}
-    for name in ["full_cache", "streaming_llm", *rankings]:
-        fs = [1.0] if name == "full_cache" else [0.0] if name == "streaming_llm" else fractions
-        picks = [index[("streaming_llm", 0.0)] if f == 0 else index[("full_cache", 1.0)] if f == 1
-                 else index[(name, f)] for f in fs]
-        for f, i in zip(fs, picks):
-            c = sweep.correct[i]
-            lo, hi = bootstrap_ci(c, n_boot=resamples, seed=seed)
-            rows.append({"ranking": name, "kv_fraction": f, "kv_heads_kept": sweep.configs[i][2],
-                         "kv_entries_kept": float(sweep.kept[i].mean()), "accuracy": float(c.mean()),
-                         "n": int(len(c)), "ci_low": lo, "ci_high": hi})
-        if name in rankings:
-            outcome[name] = sweep.correct[picks]
-    return rows, outcome
-
-
-def areas(outcome: dict[str, np.ndarray], fractions: list[float], *, resamples: int, seed: int) -> list[dict]:
-    """One row per ranking: its area with a paired bootstrap interval, accuracy at 25% / 50%."""
-    boot = A.bootstrap_areas(outcome, fractions, resamples=resamples, seed=seed)
-    rows = []
-    for name, c in outcome.items():
-        acc = c.mean(1)
-        at = {f: float(a) for f, a in zip(fractions, acc)}
-        rows.append({"ranking": name, "kind": _kind(name), "area": A.area(fractions, acc),
-                     "ci_low": boot[name][0], "ci_high": boot[name][1],
-                     "acc_25": at.get(0.25), "acc_50": at.get(0.5)})
-    return rows
-
-
-def head_rows(scores: dict[str, np.ndarray], labels: np.ndarray, kv: dict[str, np.ndarray],
-              kv_heads: int) -> list[dict]:
-    L, H = labels.shape
-    g = H // kv_heads
-    rows = []
-    for layer in range(L):
-        for head in range(H):
-            row = {"name": str(HeadId(layer, head)), "layer": layer, "head": head, "kv_head": head // g}
-            for k in HEAD_SCORES:
-                if k in scores:
-                    row[k] = _f(scores[k][layer, head])
-            for k, v in kv.items():
-                row[f"kv_{k}"] = _f(v[layer, head // g])
-            row["label"] = str(labels[layer, head])
-            rows.append(row)
-    return rows
 
 
 def duo_attention_export(out_dir: Path, kv_need: np.ndarray, *, score: str, sink: int, window: int) -> list[Path]:
@@ -134,7 +72,7 @@ def curve_figure(rows: list[dict], path: Path, title: str) -> list[Path]:
     for name in names:
         pts = [r for r in rows if r["ranking"] == name]
         x, y = [r["kv_entries_kept"] for r in pts], [r["accuracy"] for r in pts]
-        kind = _kind(name)
+        kind = A.ranking_kind(name)
         style = ({"color": "#999999", "lw": 1, "ls": ":"} if kind == "random" else
                  {"color": "black", "lw": 1, "ls": "--"} if kind == "reversed" else {"lw": 1.8, "marker": "o", "ms": 3})
         ax.plot(x, y, label=name, **style)
@@ -214,34 +152,23 @@ def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_ro
     return out
 
 
-def write_atlas(out_dir: Path, *, lm, kv_heads: int, cal: A.Calibration, sweep: A.Sweep, rankings: dict,
-                fractions: list[float], options: Any, seed: int, notes: list[str], source: str,
-                tasks: list, title: str, key: str) -> tuple[Result, Section]:
-    """Tables, figures, the kvpress export and the Section; and the Result to save."""
-    import dataclasses
+def write_atlas(out_dir: Path, summary: A.Summary, *, model_name: str, cal: A.Calibration, sweep: A.Sweep,
+                options: Any, notes: list[str], source: str, tasks: list, title: str, key: str) -> Section:
+    """Tables, figures, the kvpress export and the Section of the atlas's ``summary``
+    (:func:`attnscope.analyses.atlas.summarise`); its result's ``summary`` gets the findings."""
+    from attnscope.report.tables import write_table
 
     out_dir = Path(out_dir)
     tables_dir, fig_dir = out_dir / "tables", out_dir / "figures"
     tables_dir.mkdir(parents=True, exist_ok=True)
     fig_dir.mkdir(parents=True, exist_ok=True)
-    from attnscope.report.tables import write_table
-
-    scores = dict(cal.scores)
-    lab = A.labels(scores)
-    used = [s for s in A.SCORES if s in scores]
-    kv = {s: A.kv_reduce(A.need(s, scores), kv_heads, options.atlas_reduce) for s in used}
-    heads = head_rows(scores, lab, kv, kv_heads)
-    resamples = options.atlas_bootstrap
-    crow, outcome = curve(sweep, rankings, fractions, resamples=resamples, seed=seed)
-    arow = areas(outcome, fractions, resamples=resamples, seed=seed) if outcome else []
-    task_rows = [{"index": i, "kind": e.task.kind, "context_tokens": len(e.context),
-                  "depth": e.task.depth, "line": e.task.line, "answer": " | ".join(e.task.answer),
-                  "full_cache": ans, "correct": bool(c), "f1_identical": bool(s)}
-                 for i, (e, ans, c, s) in enumerate(zip(tasks, sweep.full_answers, sweep.full_correct,
-                                                        sweep.f1_identical))]
+    res, lab, kv = summary.result, summary.labels, summary.kv
+    heads, crow, arow, task_rows = (res.tables[t] for t in ("heads", "curve", "areas", "tasks"))
+    scores = cal.scores
+    resamples, seed = options.atlas_bootstrap, res.params["seed"]
     sec = Section(key=key, title=title)
     sec.findings = findings(cal, sweep, arow, crow, lab, scores, tasks) + notes
-    hcols = ["name", "layer", "head", "kv_head", *[k for k in HEAD_SCORES if k in scores],
+    hcols = ["name", "layer", "head", "kv_head", *[k for k in A.HEAD_SCORES if k in scores],
              *[f"kv_{k}" for k in kv], "label"]
     cap = ("Per query head: scores from the calibration tasks (streaming, sink, previous: mass over context "
            f"rows i >= {options.atlas_sink + options.atlas_window}; snapkv: the question rows' mass outside "
@@ -265,14 +192,12 @@ def write_atlas(out_dir: Path, *, lm, kv_heads: int, cal: A.Calibration, sweep: 
     tcols = ["index", "kind", "context_tokens", "depth", "line", "answer", "full_cache", "correct", "f1_identical"]
     sec.tables.append(TableArtifact("atlas_tasks", "Evaluated tasks and the whole cache's answers.", task_rows,
                                     tcols, write_table(task_rows, tables_dir / "atlas_tasks", columns=tcols)))
-    name = lm.name
     sec.figures.append(FigureArtifact("atlas_labels", "Each query head's label (layer x head, 1-indexed).",
-                                      label_figure(lab, fig_dir / "atlas_labels", f"{name}: head atlas")))
+                                      label_figure(lab, fig_dir / "atlas_labels", f"{model_name}: head atlas")))
     sec.figures.append(FigureArtifact("atlas_curve", "Accuracy vs the fraction of KV entries kept, per ranking "
                                                      "(random: dotted; reversed: dashed).",
-                                      curve_figure(crow, fig_dir / "atlas_curve", f"{name}: {source}")))
-    best = max((r for r in arow if r["kind"] == "score"), key=lambda r: r["area"], default=None)
-    export_score = best["ranking"] if best else None
+                                      curve_figure(crow, fig_dir / "atlas_curve", f"{model_name}: {source}")))
+    export_score = res.meta["exported"]
     if export_score:
         duo_attention_export(out_dir, kv[export_score], score=export_score, sink=options.atlas_sink,
                              window=options.atlas_window)
@@ -286,15 +211,5 @@ def write_atlas(out_dir: Path, *, lm, kv_heads: int, cal: A.Calibration, sweep: 
         f"Labels, first match wins: {', '.join(f'{k} >= {v}' for k, v in A.THRESHOLDS.items())} "
         "(positional: previous-token mass; sink: first-token mass; streaming: sink + window share).",
     ]
-    grid = [k for k in HEAD_SCORES if k in scores]  # the viewer's per-head grids
-    params = {**dataclasses.asdict(options), "seed": seed, "thresholds": A.THRESHOLDS,
-              "head_index": "0-indexed", "kv_head_of_query_head": "head // (Hq / Hkv)"}
-    res = Result("atlas", params=params,
-                 tables={"heads": heads, "curve": crow, "areas": arow, "tasks": task_rows},
-                 summary=list(sec.findings),
-                 meta={"source": source, "calibration_tasks": cal.tasks, "calibration_correct": cal.correct,
-                       "calibration_rows": cal.rows, "tasks": len(tasks), "kv_heads": kv_heads,
-                       "relations": grid, "rankings": {k: v.tolist() for k, v in rankings.items()},
-                       "exported": export_score})
-    res.arrays["scores"] = np.stack([scores[s] for s in grid]).astype(np.float64)
-    return res, sec
+    res.summary = list(sec.findings)
+    return sec
