@@ -57,6 +57,7 @@ def _maps(rng, n_examples=6, L=2, H=3):
 
 
 def test_general_findings_name_exactly_the_heads_of_their_rows(tmp_path):
+    from attnscope.analyses.clustering import general_clusters
     from attnscope.analyses.runner import run_analyses
     from attnscope.analyses.token_classes import TokenClasser
     from attnscope.families.general import general_analyses
@@ -67,7 +68,7 @@ def test_general_findings_name_exactly_the_heads_of_their_rows(tmp_path):
     results = run_analyses(general_analyses(classer=TokenClasser.positional(), causal=False),
                            [AttentionBatch(maps[:3]), AttentionBatch(maps[3:])])
     sec = write_general(results, tmp_path, model_desc={"name": "hand-made"}, example_map=None, notes=[],
-                        seed=0, run={"examples": len(maps)})
+                        seed=0, run={"examples": len(maps)}, clusters=general_clusters(results))
     rows = table(sec, "general_heads")
     for key in ("previous", "next"):
         said = one(sec.findings, rf"attention on the {key} token")

@@ -129,3 +129,24 @@ def cluster_heads(distances: np.ndarray, stats: dict[str, np.ndarray],
             "params": {"mds": asdict(params), "thresholds": asdict(thresholds),
                        "broad_threshold_used": thresholds.broad_for(uniform_entropy),
                        "label_order": list(LABELS)}}
+
+
+def head_stats(results: dict) -> dict[str, np.ndarray]:
+    """All ``[L H]`` statistics of the general pass (its finalized results by name: relative
+    position, special tokens, entropy), by statistic: the inputs of the behaviour labels."""
+    out: dict[str, np.ndarray] = {}
+    for key in ("relative-position", "special-tokens", "entropy"):
+        if key in results:
+            out.update(results[key].arrays)
+    return out
+
+
+def general_clusters(results: dict) -> dict[str, Any]:
+    """Figure 6: :func:`cluster_heads` of the general pass's head distances, labelled by its
+    statistics (:func:`head_stats`) with the entropy of a uniform row as the broad scale."""
+    import warnings
+
+    with warnings.catch_warnings():  # all-NaN layers (no separators, GPT-2) are expected
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        return cluster_heads(results["head-distances"].arrays["distances"], head_stats(results),
+                             float(results["entropy"].meta["uniform_entropy"]), Thresholds())

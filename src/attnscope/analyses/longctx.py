@@ -632,3 +632,22 @@ def js_rows_matrix(rows, smoothing: float, width: int | None = None):
     if smoothing:
         x = x * np.float32(1.0 - smoothing) + np.float32(smoothing / (width or m))
     return js_pairs(x.reshape(P, 1, m), zeros=not smoothing)
+
+
+def head_clusters(res: Result) -> dict | None:
+    """The heads placed by metric MDS of their Jensen-Shannon distances over sampled rows and
+    labelled by behaviour (:func:`attnscope.analyses.clustering.cluster_heads`; entropy on the
+    scale of 128 tokens), as for Figure 6; None without distances or with fewer than 3 heads."""
+    from attnscope.analyses.clustering import cluster_heads
+
+    a = res.arrays
+    if "js" not in a or a["sink"].size < 3:
+        return None
+    stats = {"first": a["sink"], "previous": a["previous"], "punct": a["punct"],
+             "entropy": a["norm_entropy"] * math.log(128)}  # broad: on the scale of 128 tokens
+    out = cluster_heads(a["js"], stats, uniform_entropy=math.log(128))
+    for r in out["rows"]:  # a decoder's first token plays the sink role of [CLS]
+        if r["behaviour"] == "[CLS]":
+            r["behaviour"] = "first token (sink)"
+    out["labels"] = np.where(out["labels"] == "[CLS]", "first token (sink)", out["labels"])
+    return out

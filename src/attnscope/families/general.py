@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnscope.analyses.clustering import general_clusters
 from attnscope.analyses.distances import HeadDistances
 from attnscope.analyses.entropy import Entropy
 from attnscope.analyses.figure_example import Figure1Example
@@ -176,7 +177,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
         notes.append(f"{out.skipped} examples longer than {ctx.max_seq_len} tokens were skipped")
     results = {a.name: out.results[a.name] for a in analyses if a is not keeper}
     return write_general(results, ctx.out_dir, model_desc=source.manifest["model"] if is_store else model.describe(),
-                         example_map=keeper.best, notes=notes, seed=ctx.seed,
+                         example_map=keeper.best, notes=notes, seed=ctx.seed, clusters=general_clusters(results),
                          run={"examples": out.analysed, "seconds": out.seconds,
                               "analysis_seconds": {k: v for k, v in out.analysis_seconds.items()
                                                    if k != keeper.name},
@@ -239,8 +240,9 @@ def _run_streaming(source: list, ctx: Context, options: "GeneralOptions", *, lin
                      "configured for; statistics beyond that length describe extrapolation.")
     if out.skipped:
         notes.append(f"{out.skipped} examples longer than {max_seq_len} tokens were skipped")
-    return write_general(streamed.finalized_parts, ctx.out_dir, model_desc=model.describe(), example_map=None,
-                         notes=notes, seed=seed,
+    parts = streamed.finalized_parts
+    return write_general(parts, ctx.out_dir, model_desc=model.describe(), example_map=None,
+                         notes=notes, seed=seed, clusters=general_clusters(parts),
                          run={"examples": out.analysed, "seconds": out.seconds, "analysis_seconds": {},
                               "skipped": out.skipped, "max_seq_len": max_seq_len,
                               "batch_size": ctx.batch_size, "gradients": gradients, "engine": "streaming",

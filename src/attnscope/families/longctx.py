@@ -124,7 +124,7 @@ class LongContext(Family):
 
         import torch
 
-        from attnscope.analyses.longctx import LongContextStats
+        from attnscope.analyses.longctx import LongContextStats, head_clusters
         from attnscope.analyses.streaming import choose_engine, maps_bytes
         from attnscope.report.longctx import run_findings, write_section
         from attnscope.store.results import write_results
@@ -169,10 +169,11 @@ class LongContext(Family):
                                      documents=len(docs), doc_longest=plans[0][0], probes=probes,
                                      batch=(batch_size, longest, groups[widest][2]),
                                      max_seq_len=ctx.max_seq_len, generated=generated)
-        sec = write_section(res, ctx.out_dir, title=self.title, key=self.key, extra_findings=extra)
-        clusters = next((t for t in sec.tables if t.name == "longctx_clusters"), None)
+        clusters = head_clusters(res)
         if clusters is not None:  # the MDS placement the viewer's scatter draws
-            res.tables["clusters"] = clusters.rows
+            res.tables["clusters"] = clusters["rows"]
+        sec = write_section(res, ctx.out_dir, title=self.title, key=self.key, extra_findings=extra,
+                            clusters=clusters)
         write_results(ctx.out_dir, self.key, res)  # strict JSON (store.results)
         return sec
 

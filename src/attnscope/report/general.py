@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.clustering import LABELS, Thresholds, cluster_heads
+from attnscope.analyses.clustering import LABELS, head_stats
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import HeadId
 from attnscope.maps import AttentionMap
@@ -41,15 +41,6 @@ Progress = Callable[[str, int, "int | None"], None] | None
 
 
 # -- outputs --------------------------------------------------------------------------------
-def head_stats(results: dict) -> dict[str, np.ndarray]:
-    """All ``[L H]`` statistics of the pass, by name (the inputs of the behaviour labels)."""
-    out: dict[str, np.ndarray] = {}
-    for key in ("relative-position", "special-tokens", "entropy"):
-        if key in results:
-            out.update(results[key].arrays)
-    return out
-
-
 def choose_heads(stats: dict[str, np.ndarray]) -> list[tuple[int, int, str]]:
     """Heads drawn in Figure 1: the strongest previous, next, first-special, separator and
     broadest head (each head once)."""
@@ -284,18 +275,19 @@ METHODS = [
 
 
 def write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map: AttentionMap | None,
-                  notes: list[str], seed: int, run: dict) -> Section:
-    """Tables, figures, results JSON and the Section, from finalized results."""
+                  notes: list[str], seed: int, run: dict, clusters: dict) -> Section:
+    """Tables, figures, results JSON and the Section, from finalized results and Figure 6's
+    ``clusters`` (:func:`attnscope.analyses.clustering.general_clusters`)."""
     import warnings
 
     with warnings.catch_warnings():  # all-NaN layers (no separators, GPT-2) are expected
         warnings.simplefilter("ignore", category=RuntimeWarning)
         return _write_general(results, out_dir, model_desc=model_desc, example_map=example_map,
-                              notes=notes, seed=seed, run=run)
+                              notes=notes, seed=seed, run=run, clusters=clusters)
 
 
 def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map: AttentionMap | None,
-                   notes: list[str], seed: int, run: dict) -> Section:
+                   notes: list[str], seed: int, run: dict, clusters: dict) -> Section:
     from attnscope.report.figures import save_figure
     from attnscope.report.tables import write_table
     from attnscope.store.results import family_results, write_results
@@ -305,8 +297,6 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
         d.mkdir(parents=True, exist_ok=True)
     stats = head_stats(results)
     uniform = float(results["entropy"].meta["uniform_entropy"])
-    dist = results["head-distances"].arrays["distances"]
-    clusters = cluster_heads(dist, stats, uniform, Thresholds())
     labels = clusters["labels"]
     L, H = labels.shape
     sec = Section(key="general", title="What do the heads attend to? (paper sections 3 and 6)")

@@ -179,37 +179,26 @@ def _position_figure(res: Result, stem: Path) -> list[Path]:
     return save_figure(fig, stem)
 
 
-def _cluster_figure(res: Result, stem: Path, tables_dir: Path, sec: Section) -> None:
-    from attnscope.analyses.clustering import cluster_heads
+def _cluster_figure(clusters: dict, stem: Path, tables_dir: Path, sec: Section) -> None:
     from attnscope.report.figures import new_figure, save_figure
     from attnscope.report.tables import write_table
 
-    a = res.arrays
-    L, H = a["sink"].shape
-    if L * H < 3:
-        return
-    stats = {"first": a["sink"], "previous": a["previous"], "punct": a["punct"],
-             "entropy": a["norm_entropy"] * math.log(128)}  # broad: on the scale of 128 tokens
-    out = cluster_heads(a["js"], stats, uniform_entropy=math.log(128))
-    labels = out["labels"]
-    names = {"[CLS]": "first token (sink)"}
+    labels = clusters["labels"]
+    L, H = labels.shape
     fig, ax = new_figure(figsize=(6, 5))
     for lab in sorted(set(labels.reshape(-1).tolist())):
         idx = [i for i in range(L * H) if labels.reshape(-1)[i] == lab]
-        ax.scatter(out["coords"][idx, 0], out["coords"][idx, 1], s=14, label=names.get(lab, lab))
+        ax.scatter(clusters["coords"][idx, 0], clusters["coords"][idx, 1], s=14, label=lab)
     ax.set_title("Heads by Jensen-Shannon distance (MDS)")
     ax.legend(fontsize=7)
     sec.figures.append(FigureArtifact(stem.name, "Heads placed by multidimensional scaling of the "
                                       "Jensen-Shannon distances of their attention over sampled rows; "
                                       "colour: behaviour (first-token / previous / punctuation / broad).",
                                       save_figure(fig, stem)))
-    for r in out["rows"]:
-        if r["behaviour"] == "[CLS]":
-            r["behaviour"] = "first token (sink)"
     cols = ["name", "layer", "head", "x", "y", "behaviour"]
     sec.tables.append(TableArtifact("longctx_clusters", "MDS coordinates and behaviour of each head.",
-                                    out["rows"], cols,
-                                    write_table(out["rows"], tables_dir / "longctx_clusters", columns=cols)))
+                                    clusters["rows"], cols,
+                                    write_table(clusters["rows"], tables_dir / "longctx_clusters", columns=cols)))
 
 
 def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, model: Any,
@@ -247,8 +236,10 @@ def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, mo
 
 
 def write_section(res: Result, out_dir: Path, *, title: str = "Long-context attention",
-                  key: str = "longctx", extra_findings: list[str] | None = None) -> Section:
-    """Write the tables and figures of ``res`` under ``out_dir`` and describe them."""
+                  key: str = "longctx", extra_findings: list[str] | None = None,
+                  clusters: dict | None = None) -> Section:
+    """Write the tables and figures of ``res`` under ``out_dir`` and describe them; ``clusters``:
+    the heads placed by their distances (:func:`attnscope.analyses.longctx.head_clusters`)."""
     from attnscope.report.tables import write_table
 
     out_dir = Path(out_dir)
@@ -310,6 +301,6 @@ def write_section(res: Result, out_dir: Path, *, title: str = "Long-context atte
     sec.figures.append(FigureArtifact("longctx_position", "Sink mass and normalised entropy against query "
                                       "position, averaged over each layer's heads.",
                                       _position_figure(res, fig_dir / "longctx_position")))
-    if "js" in res.arrays:
-        _cluster_figure(res, fig_dir / "longctx_clusters", tables_dir, sec)
+    if clusters is not None:
+        _cluster_figure(clusters, fig_dir / "longctx_clusters", tables_dir, sec)
     return sec
