@@ -19,6 +19,13 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the fast tier (-m fast): unit tests and tiny models, no real model, browser, Ray cluster,
+    # killed process or long run; a test that uses the Ray cluster fixture is heavy by itself
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.heavy)
+        if not any(m in item.keywords for m in ("slow", "browser", "heavy")):
+            item.add_marker(pytest.mark.fast)
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow")

@@ -95,6 +95,7 @@ def test_importance_norm_option_reaches_the_analysis_and_the_caption(debug_gpt2,
     (["--attribution-ablation", "zero"], "error: --attribution-ablation zero needs the 'ablation' method in "
                                          "--attribution-methods (add 'ablation', or all)\n"),
 ])
+@pytest.mark.heavy
 def test_cli_bad_methods_is_one_line_exit_2_and_no_output(tmp_path, args, message):
     import subprocess
     import sys
@@ -108,6 +109,7 @@ def test_cli_bad_methods_is_one_line_exit_2_and_no_output(tmp_path, args, messag
     assert not out.exists() or not any(out.rglob("*.json"))
 
 
+@pytest.mark.heavy
 def test_run_switch_runs_after_general_and_reaches_the_report(tmp_path):
     import subprocess
     import sys

@@ -84,6 +84,7 @@ def assert_nothing_corrupt(root: Path) -> None:
 
 
 @pytest.mark.parametrize("k", range(KILLS))
+@pytest.mark.heavy
 def test_kill_9_then_resume_gives_the_same_store(tmp_path, inputs, reference, k):
     ref, ref_seconds = reference
     rng = random.Random(1000 + k)
@@ -119,6 +120,7 @@ def _mount_tmpfs(folder: Path, size: str) -> str | None:
     return None if r.returncode == 0 else f"mount refused: {r.stderr.strip()}"
 
 
+@pytest.mark.heavy
 def test_full_disk_stops_with_one_line_then_resumes(tmp_path, inputs, reference):
     ref, _ = reference
     size = sum(len(v) for v in _files(ref).values())

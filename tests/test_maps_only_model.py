@@ -130,6 +130,7 @@ def test_attribution_with_only_hooked_methods_is_refused(mpnet, examples_file, t
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.heavy
 def test_run_with_both_families_on_debug_mpnet(examples_file, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "attnscope", "run", "--model", "debug:mpnet",

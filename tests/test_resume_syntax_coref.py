@@ -49,6 +49,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.heavy
 def test_a_run_killed_in_or_after_a_family_resumes_to_the_same_results(tmp_path, reference, case):  # noqa: F811
     ready, finished, unfinished, status = CASES[case]
     expected, _ = reference

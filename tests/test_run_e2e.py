@@ -138,6 +138,7 @@ def test_resume_of_a_finished_run_reuses_every_family(run_dir, capsys):
     assert after["results"] == before["results"]
 
 
+@pytest.mark.heavy
 def test_bad_input_one_line_exit_2(tmp_path):
     bad = tmp_path / "bad.conllu"
     bad.write_text(DEV.replace("2\tread\tread\tVERB", "2\tread\tread\tVERB\textra"))

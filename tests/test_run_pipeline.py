@@ -169,6 +169,7 @@ def test_same_arguments_same_numbers(tmp_path, fake, inputs, debug_bert):
     assert _stable(a["families"]) == _stable(b["families"])
 
 
+@pytest.mark.heavy
 def test_interrupted_run_resumes_without_redoing_finished_families(tmp_path, fake, inputs, debug_bert):
     out = tmp_path / "out"
     fake.fail.add("syntax")
@@ -237,6 +238,7 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_run(tmp_path, fake, inputs,
     assert (out / "thesis.tex").read_text() == "years of work"
 
 
+@pytest.mark.heavy
 def test_unavailable_family_is_reported_not_fatal(tmp_path, monkeypatch, inputs, debug_bert):
     calls = Calls()
     use_families(monkeypatch, _counted(General, calls), NotInstalled)
@@ -265,6 +267,7 @@ def test_unknown_run_argument_is_refused():
         RunConfig(text="t.txt", colour="red")
 
 
+@pytest.mark.heavy
 def test_progress_has_an_overall_count_that_never_goes_back(tmp_path, fake, inputs, debug_bert):
     seen = []
     run_pipeline(_config(inputs), tmp_path / "out", model=debug_bert,

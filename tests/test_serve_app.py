@@ -151,6 +151,7 @@ def readme_syntax(root):
     return maps, syntax
 
 
+@pytest.mark.heavy
 def test_syntax_results_show_per_relation_head_grids(tmp_path):
     """``attnscope serve tour/maps --results tour/syntax`` (README): the syntax results have
     per-relation tables, not one row per head; the viewer shows the heads' accuracy per

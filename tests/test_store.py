@@ -154,6 +154,7 @@ def _shard_contents(root: Path) -> dict:
     return out
 
 
+@pytest.mark.heavy
 def test_kill_9_then_resume_gives_the_same_store(tmp_path):
     inp = tmp_path / "in.json"
     inp.write_text(json.dumps(examples(250, seed=1)))

@@ -65,6 +65,7 @@ def test_uniform_rows_are_exact_ties(uniform_bert):
     assert np.all(m.attn == m.attn[..., :1])  # every row: one value repeated
 
 
+@pytest.mark.heavy
 def test_syntax_ties_none_scores_nothing_and_lowest_the_lowest_other_word(uniform_bert, tmp_path):
     res, rows = _run_syntax(uniform_bert, tmp_path / "none", [SENT])
     assert res["params"]["ties"] == "none"
