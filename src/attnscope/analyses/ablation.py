@@ -58,6 +58,7 @@ class HeadMeans(EncodedAnalysis):
     """Mean of each head's output over all real token positions: ``[L H d]``."""
 
     name = "head-means"
+    summed = ("sums", "tokens")
     requires = frozenset({"model"})
 
     @classmethod
@@ -88,13 +89,6 @@ class HeadMeans(EncodedAnalysis):
             sums = np.stack(layers)
             self.sums = sums if self.sums is None else self.sums + sums
             self.tokens += int(real.sum())
-
-    def merge(self, other: "HeadMeans") -> "HeadMeans":
-        self._check_mergeable(other)
-        if other.sums is not None:
-            self.sums = other.sums.copy() if self.sums is None else self.sums + other.sums
-        self.tokens += other.tokens
-        return self
 
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(), meta={"tokens": self.tokens})
@@ -143,6 +137,7 @@ class AblationEffect(EncodedAnalysis):
     """Mean over examples of ``loss(head ablated) - loss(full model)`` for every head."""
 
     name = "ablation"
+    summed = ("delta", "base", "examples", "skipped")
     requires = frozenset({"model"})
 
     @classmethod
@@ -229,14 +224,6 @@ class AblationEffect(EncodedAnalysis):
         self.base += float(base.sum())
         self.examples += len(chunk)
 
-    def merge(self, other: "AblationEffect") -> "AblationEffect":
-        self._check_mergeable(other)
-        self.delta += other.delta
-        self.base += other.base
-        self.examples += other.examples
-        self.skipped += other.skipped
-        return self
-
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(),
                      meta={"examples": self.examples, "skipped": self.skipped})
@@ -276,6 +263,7 @@ class PruningCurve(EncodedAnalysis):
     """Loss and accuracy as heads are removed cumulatively along each named order."""
 
     name = "pruning-curve"
+    summed = ("loss", "correct", "scored", "examples", "skipped")
     requires = frozenset({"model"})
 
     @classmethod
@@ -359,15 +347,6 @@ class PruningCurve(EncodedAnalysis):
                     self.correct[o, f] += correct
                     self.scored[o, f] += scored
             self.examples += len(chunk)
-
-    def merge(self, other: "PruningCurve") -> "PruningCurve":
-        self._check_mergeable(other)
-        self.loss += other.loss
-        self.correct += other.correct
-        self.scored += other.scored
-        self.examples += other.examples
-        self.skipped += other.skipped
-        return self
 
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(),

@@ -70,6 +70,7 @@ class AttributionAgreement(EncodedAnalysis):
     """Mean Spearman correlation of rollout / flow with raw attention and saliency (``PAIRS``)."""
 
     name = "attribution-agreement"
+    summed = ("sums", "counts", "undefined", "examples", "flow_skipped")
     requires = frozenset({"model"})
 
     @classmethod
@@ -126,15 +127,6 @@ class AttributionAgreement(EncodedAnalysis):
                         self.sums[p] += r
                         self.counts[p] += 1
             self.examples += 1
-
-    def merge(self, other: "AttributionAgreement") -> "AttributionAgreement":
-        self._check_mergeable(other)
-        self.sums += other.sums
-        self.counts += other.counts
-        self.undefined += other.undefined
-        self.examples += other.examples
-        self.flow_skipped += other.flow_skipped
-        return self
 
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(),

@@ -69,6 +69,31 @@ class Result:
         write_json(path, self.to_json())
 
 
+def add(mine: Any, theirs: Any) -> Any:
+    """``mine`` and ``theirs`` (one attribute of two accumulators of the same analysis) summed:
+    numbers and arrays add (None, nothing accumulated yet, takes a copy of the other), a dict
+    adds per key, lists concatenate, and an accumulator with a ``merge`` of its own merges.
+
+    >>> add(None, np.array([1.0, 2.0])).tolist(), add({"a": 1}, {"a": 2, "b": 3}), add([1], [2])
+    ([1.0, 2.0], {'a': 3, 'b': 3}, [1, 2])
+    """
+    if theirs is None:
+        return mine
+    if mine is None:
+        return theirs.copy() if hasattr(theirs, "copy") else theirs
+    if hasattr(mine, "merge"):
+        mine.merge(theirs)
+        return mine
+    if isinstance(mine, dict):
+        for key, value in theirs.items():
+            mine[key] = add(mine.get(key), value)
+        return mine
+    if isinstance(mine, np.ndarray) and mine.shape != np.shape(theirs):
+        raise ValueError(f"cannot merge accumulators of different shapes ({mine.shape} and "
+                         f"{np.shape(theirs)}): different models")
+    return mine + theirs
+
+
 class Analysis(ABC):
     """What every analysis shares: ``name``, ``requires``, ``merge`` and ``finalize``.
 
@@ -86,9 +111,18 @@ class Analysis(ABC):
     def update(self, batch: Any) -> None:
         """Accumulate one batch (never modify it)."""
 
-    @abstractmethod
+    #: Attributes that merge by adding (:func:`add`): counts, sums, accumulators with a
+    #: ``merge`` of their own. An analysis whose merge is only that lists them and writes no
+    #: ``merge``; one that needs more calls ``super().merge(other)`` for these.
+    summed: ClassVar[tuple[str, ...]] = ()
+
     def merge(self, other: "Analysis") -> "Analysis":
-        """Fold ``other`` (same class, same parameters) into ``self`` and return ``self``."""
+        """Fold ``other`` (same class, same parameters) into ``self`` and return ``self``: each
+        attribute of :attr:`summed` becomes the sum of the two."""
+        self._check_mergeable(other)
+        for name in self.summed:
+            setattr(self, name, add(getattr(self, name), getattr(other, name)))
+        return self
 
     @abstractmethod
     def finalize(self) -> Result:

@@ -285,6 +285,7 @@ class CorefAntecedents(MapsAnalysis):
     """
 
     name = "coref-antecedents"
+    summed = ("_keys", "_types", "_splits", "_heads", "_paper", "_base", "empty_words")
     requires = frozenset({"word_level", "coreference"})
 
     @classmethod
@@ -352,14 +353,7 @@ class CorefAntecedents(MapsAnalysis):
             self._shape = other._shape
         elif other._shape is not None and other._shape != self._shape:
             raise ValueError("cannot merge results of models with different head counts")
-        self._keys += other._keys
-        self._types += other._types
-        self._splits += other._splits
-        self._heads += other._heads
-        self._paper += other._paper
-        self._base += other._base
-        self.empty_words += other.empty_words
-        return self
+        return super().merge(other)
 
     # -- results ------------------------------------------------------------------------------
     def records(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -101,6 +101,7 @@ class HeadDistances(MapsAnalysis):
     """
 
     name = "head-distances"
+    summed = ("sums", "tokens", "examples")
     requires = frozenset()
 
     def __init__(self, smoothing: float = 0.001, reduce: str = "mean"):
@@ -143,17 +144,11 @@ class HeadDistances(MapsAnalysis):
                 self._add(m.attn)
 
     def merge(self, other: "HeadDistances") -> "HeadDistances":
-        self._check_mergeable(other)
-        if other.sums is not None:
-            if self.sums is None:
-                self.sums, self.shape = other.sums.copy(), other.shape
-            elif self.shape != other.shape:
-                raise ValueError("cannot merge distances of models with different heads")
-            else:
-                self.sums += other.sums
-        self.tokens += other.tokens
-        self.examples += other.examples
-        return self
+        if other.sums is not None and self.sums is not None and self.shape != other.shape:
+            raise ValueError("cannot merge distances of models with different heads")
+        if self.sums is None:
+            self.shape = other.shape
+        return super().merge(other)
 
     def distances(self) -> np.ndarray | None:
         """``[P P]``: the mean per token (or the raw sum with ``reduce="sum"``)."""

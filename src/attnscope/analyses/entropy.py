@@ -42,6 +42,7 @@ class Entropy(MapsAnalysis):
     """Per head: mean row entropy, entropy from the first unit, and maximum weight per row."""
 
     name = "entropy"
+    summed = ("acc", "examples", "units")
     requires = frozenset()
 
     @classmethod
@@ -83,13 +84,6 @@ class Entropy(MapsAnalysis):
         for m in batch:
             if m.num_units:
                 self._add(m.attn)
-
-    def merge(self, other: "Entropy") -> "Entropy":
-        self._check_mergeable(other)
-        self.acc.merge(other.acc)
-        self.examples += other.examples
-        self.units += other.units
-        return self
 
     def finalize(self) -> Result:
         means = self.acc.means()

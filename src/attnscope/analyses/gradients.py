@@ -195,6 +195,7 @@ class GradientImportance(EncodedAnalysis):
     """Per layer (and head): mean |dL/d attention| to separators, punctuation, first, other."""
 
     name = "gradient-importance"
+    summed = ("sums", "counts", "examples", "masked_tokens", "skipped_word_level")
     requires = frozenset({"model"})
 
     @classmethod
@@ -252,16 +253,6 @@ class GradientImportance(EncodedAnalysis):
             chunk = inputs[i:i + self.batch_size]
             for x, g in zip(chunk, attention_gradients(self.scorer, chunk)):
                 self.add_gradients(x, g)
-
-    def merge(self, other: "GradientImportance") -> "GradientImportance":
-        self._check_mergeable(other)
-        if other.sums is not None:
-            self.sums = other.sums.copy() if self.sums is None else self.sums + other.sums
-        self.counts += other.counts
-        self.examples += other.examples
-        self.masked_tokens += other.masked_tokens
-        self.skipped_word_level += other.skipped_word_level
-        return self
 
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(),

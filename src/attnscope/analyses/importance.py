@@ -89,6 +89,7 @@ class HeadImportance(EncodedAnalysis):
     """Expected |dL/d gate| per head; ``update`` takes encoded examples (it needs the model)."""
 
     name = "head-importance"
+    summed = ("sums", "examples", "tokens", "skipped")
     requires = frozenset({"model"})
 
     @classmethod
@@ -142,15 +143,6 @@ class HeadImportance(EncodedAnalysis):
                 self.tokens += sum(len(x) for x in chunk)
             else:
                 self.add_positions(position_gate_gradients(self.objective, chunk))
-
-    def merge(self, other: "HeadImportance") -> "HeadImportance":
-        self._check_mergeable(other)
-        if other.sums is not None:
-            self.sums = other.sums.copy() if self.sums is None else self.sums + other.sums
-        self.examples += other.examples
-        self.tokens += other.tokens
-        self.skipped += other.skipped
-        return self
 
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(),

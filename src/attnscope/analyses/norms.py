@@ -177,6 +177,7 @@ class NormShares(EncodedAnalysis):
     """
 
     name = "norm-shares"
+    summed = ("weight", "norm", "rows", "examples")
     requires = frozenset({"model"})
 
     @classmethod
@@ -226,14 +227,6 @@ class NormShares(EncodedAnalysis):
                     self.norm[layer] += (share @ cols).sum((0, 1))
                 self.rows += self.lm.num_heads * n
                 self.examples += 1
-
-    def merge(self, other: "NormShares") -> "NormShares":
-        self._check_mergeable(other)
-        self.weight += other.weight
-        self.norm += other.norm
-        self.rows += other.rows
-        self.examples += other.examples
-        return self
 
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(), meta={"examples": self.examples})

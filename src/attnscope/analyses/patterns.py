@@ -101,6 +101,8 @@ class VigPatterns(MapsAnalysis):
     """Per head: patterns 3, 4, 5 and the bag-of-words split, each with its chance level."""
 
     name = "vig-patterns"
+    summed = ("chance", "rows", "examples", "delimiter_chance_sum", "previous_chance_sum", "next_chance_sum",
+              "position_examples")
     requires = frozenset()
 
     def __init__(self, classer: TokenClasser | None = None, causal: bool = False):
@@ -212,7 +214,7 @@ class VigPatterns(MapsAnalysis):
             self._add(m)
 
     def merge(self, other: "VigPatterns") -> "VigPatterns":
-        self._check_mergeable(other)
+        self._check_mergeable(other)  # before any sum moves
         if other.sums is not None:
             if self.sums is None:
                 self.sums, self.best = other.sums.copy(), other.best.copy()
@@ -225,17 +227,10 @@ class VigPatterns(MapsAnalysis):
                                                      & ((self.best_index < 0) | (other.best_index < self.best_index)))
                 self.best = np.where(better, other.best, self.best)
                 self.best_index = np.where(better, other.best_index, self.best_index)
-        self.chance += other.chance
-        self.rows += other.rows
-        self.examples += other.examples
-        self.delimiter_chance_sum += other.delimiter_chance_sum
-        self.previous_chance_sum += other.previous_chance_sum
-        self.next_chance_sum += other.next_chance_sum
-        self.position_examples += other.position_examples
         if other.first_index is not None:
             self.first_index = other.first_index if self.first_index is None else min(self.first_index,
                                                                                       other.first_index)
-        return self
+        return super().merge(other)
 
     def finalize(self) -> Result:
         res = Result(self.name, params=self.params(),

@@ -93,6 +93,7 @@ class RelativePosition(MapsAnalysis):
     """Per head: mean attention to the current, previous and next unit (paper section 3.1)."""
 
     name = "relative-position"
+    summed = ("acc", "examples")
     requires = frozenset()
 
     def __init__(self, denominator: str = "valid"):
@@ -124,12 +125,6 @@ class RelativePosition(MapsAnalysis):
     def update(self, batch: AttentionBatch) -> None:
         for m in batch:
             self._add(m.attn, m.num_units)
-
-    def merge(self, other: "RelativePosition") -> "RelativePosition":
-        self._check_mergeable(other)
-        self.acc.merge(other.acc)
-        self.examples += other.examples
-        return self
 
     def finalize(self) -> Result:
         means = self.acc.means()

@@ -34,6 +34,7 @@ class SpecialTokens(MapsAnalysis):
     """Per head: mean attention to each token class, and separator-to-separator attention."""
 
     name = "special-tokens"
+    summed = ("acc", "examples", "class_counts")
     requires = frozenset()
 
     @classmethod
@@ -85,14 +86,6 @@ class SpecialTokens(MapsAnalysis):
     def update(self, batch: AttentionBatch) -> None:
         for m in batch:
             self._add(m.attn, m.tokens, m.special)
-
-    def merge(self, other: "SpecialTokens") -> "SpecialTokens":
-        self._check_mergeable(other)
-        self.acc.merge(other.acc)
-        self.examples += other.examples
-        for key, v in other.class_counts.items():
-            self.class_counts[key] += v
-        return self
 
     def finalize(self) -> Result:
         means = self.acc.means()
