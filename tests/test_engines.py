@@ -422,3 +422,50 @@ def test_tiles_as_large_as_a_gpu_gives_them_equal_the_eager_maps(monkeypatch):
     stream_stats(lm, seqs, st, batch_size=2, targets=targets, backend="tiles")
     assert_close(st.means(), reference(lm, seqs, targets, js_rows=3))
 
+
+# -- a GPU user's errors -------------------------------------------------------------------------
+def test_out_of_gpu_memory_is_one_line_naming_max_seq_len(tmp_path, capsys, monkeypatch):
+    # simulated: torch sees one GPU (--device auto picks it), the model stays on the CPU, and the
+    # pass raises torch's out-of-memory error with its own message
+    from types import SimpleNamespace
+
+    import attnscope.analyses.streaming as streaming
+    import attnscope.models as models
+    from attnscope.cli.main import main
+
+    real = models.load_model
+    monkeypatch.setattr(models, "load_model", lambda name, **kw: real(name, **{**kw, "device": "cpu"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 70 << 30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(total_memory=80 << 30))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 << 29, 80 << 30))
+
+    def boom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB. GPU 0 has a total "
+                                     "capacity of 79.19 GiB of which 1.50 GiB is free.\nOf the allocated "
+                                     "memory ... PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ...")
+
+    monkeypatch.setattr(streaming, "stream_stats", boom)
+    out = tmp_path / "out"
+    code = main(["analyze", "longctx", str(ROOT / "src/attnscope/demo_data/text.txt"), "--model", "debug:llama",
+                 "--device", "auto", "--max-seq-len", "256", "--longctx-engine", "streaming", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == [
+        "error: --max-seq-len 256: out of GPU memory on cuda: the pass needed 12.00 GiB more on top of the "
+        "70.00 GiB it held; the device has 80.00 GiB (1.50 GiB free now); lower --max-seq-len"]
+    assert not out.exists()
+
+
+def test_out_of_memory_in_the_library_names_the_parameter():
+    from attnscope.engines.memory import gpu_memory_errors
+
+    with pytest.raises(AttnscopeError, match=r"^max_seq_len 8192: out of GPU memory on cpu: the pass needed "
+                                             r"more than was free; lower max_seq_len$") as e:
+        with gpu_memory_errors(8192, "cpu"):
+            raise torch.cuda.OutOfMemoryError("out of memory")
+    assert e.value.params == ("max_seq_len",)
+    with pytest.raises(ValueError):  # anything else passes through
+        with gpu_memory_errors(8192, "cpu"):
+            raise ValueError("not memory")
