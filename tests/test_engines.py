@@ -233,9 +233,9 @@ def test_the_compiled_calls_trace_and_stay_within_dynamos_recompile_limit(monkey
     # go through dynamo on the CPU (its "eager" backend: traced and guarded as on a GPU, then run
     # by torch's reference implementation): soft-capped, padded batches and single sequences of
     # other lengths, probes; a recompilation past the limit fails the test.
-    import torch._dynamo
     from functools import cache
 
+    import torch._dynamo
     from torch._dynamo.utils import counters
 
     traced = cache(lambda kind: torch.compile(flex.KINDS[kind], backend="eager", dynamic=True))
