@@ -20,8 +20,8 @@ tiles      tiles of whole rows in torch (the compiled row kernel     anything el
 
 Every backend's statistics equal those of the eager maps of the same pass (``tests/test_engines.py``
 runs each backend this machine has). ``flex`` and ``compiled`` take token-level sequences only
-(word level needs each row's weights, summed per word); ``compiled`` no probes either. Those go
-to ``tiles``. Outside CUDA, ``flex`` runs only when asked for: eager FlexAttention (off CUDA it is
+(word level needs each row's weights, summed per word); ``compiled`` no probes and no sequence of
+one token either. Those go to ``tiles``. Outside CUDA, ``flex`` runs only when asked for: eager FlexAttention (off CUDA it is
 not compiled) is torch's reference implementation, which holds a layer's ``[H n n]`` scores: it
 proves the backend's mathematics on the CPU, it is not a fast path there.
 
