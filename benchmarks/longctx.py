@@ -6,25 +6,37 @@ mode runs in its own process:
 
   maps       eager attention with every layer's [B H n n] maps returned (output_attentions),
              then the same statistics computed from the maps
-  streaming  attnscope's streaming engine, one pass: float32 blocks of queries and keys give
-             the statistics and each layer's output (the model's own sdpa does not run); on
-             the CPU each layer is one call of the compiled kernel (analyses/native.py)
-  streaming-tiles  the same with tiles of whole rows and the compiled row kernel
-             (ATTNSCOPE_NATIVE=tiles), the engine before the one-call layer kernel
-  streaming-torch  the same without a compiled kernel (ATTNSCOPE_NATIVE=0), as on a machine
+  streaming  attnscope's streaming engine, one pass: the statistics and each layer's output
+             (the model's own sdpa does not run), through the backend the engine picks for the
+             device (engines/backends.py): on CUDA fused FlexAttention (engines/flex.py), on the
+             CPU one call of the compiled kernel per layer (analyses/native.py)
+  streaming-flex   the same through the FlexAttention backend on any device (off CUDA it runs
+             eagerly, torch's reference implementation, which holds each call's [H n n] scores:
+             a check of the mathematics, not a speed)
+  streaming-tiles  the same with tiles of whole rows (backend "tiles"; on the CPU with the
+             compiled row kernel, ATTNSCOPE_NATIVE=tiles; on a GPU tiles sized from its memory)
+  streaming-torch  the tiles without a compiled kernel (ATTNSCOPE_NATIVE=0), as on a machine
              with no C compiler
   sdpa       the bare forward pass (sdpa, no hooks, no statistics)
 
 and reports wall time, CPU time (user + system) and peak resident memory (ru_maxrss) of the
 measured step, and the memory right after loading the model. ``maps`` is skipped when its maps
-alone would exceed --mem-cap-gb; any mode is stopped after --timeout seconds.
+alone would exceed --mem-cap-gb; any mode is stopped after --timeout seconds. Each streaming
+mode first runs the engine on the document's first 256 tokens (on CUDA that compiles the fused
+kernels, whose dynamic shapes then serve every length): its seconds are ``warmup_s``, outside
+the measured step.
 
     PYTHONPATH=src python benchmarks/longctx.py --lengths 512 1024 2048 4096
     PYTHONPATH=src python benchmarks/longctx.py --lengths 4096 --bf16-diff
     PYTHONPATH=src python benchmarks/longctx.py --device cuda --lengths 8192 32768 131072
+    PYTHONPATH=src python benchmarks/longctx.py --device cuda --lengths 4096 --compare flex tiles
 
-``--device cuda`` also reports torch.cuda.max_memory_allocated; it has not been run on a GPU
-yet (none was available when this was written).
+``--device cuda`` also reports torch.cuda.max_memory_allocated (every mode, sdpa included);
+the streaming modes there run the fused FlexAttention backend (streaming, streaming-flex) or the
+GPU-sized tiles (streaming-tiles). ``--compare A B`` runs the streaming engine through backends
+A and B in their own processes and reports the largest difference of every statistic (on CUDA,
+``flex tiles`` holds the fused backend to the tiles, which equal the eager maps there). None of
+this has been run on a GPU yet (none was available when the fused backend was written).
 """
 
 from __future__ import annotations
@@ -38,7 +50,9 @@ import sys
 import time
 from pathlib import Path
 
-MODES = ["sdpa", "streaming", "streaming-tiles", "streaming-torch", "maps"]
+MODES = ["sdpa", "streaming", "streaming-flex", "streaming-tiles", "streaming-torch", "maps"]
+#: the streaming engine's backend per mode (engines/backends.py)
+BACKEND = {"streaming": "auto", "streaming-flex": "flex", "streaming-tiles": "tiles", "streaming-torch": "tiles"}
 ROOT = Path(__file__).resolve().parents[1]
 WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.sentences.txt"
 if not WIKITEXT.is_file():
@@ -89,6 +103,12 @@ def worker(args) -> dict:
     warm.input_ids = warm.input_ids.to(args.device)
     warm.attention_mask = warm.attention_mask.to(args.device)
     forward(lm, warm, lean_mask=True)
+    backend = args.backend or BACKEND.get(args.worker, "auto")
+    warmup = 0.0
+    if args.worker.startswith("streaming"):  # compiles the fused kernels on CUDA
+        w0 = time.perf_counter()
+        stream_stats(lm, [ids[:256]], LongContextStats(js_rows=args.js_rows), backend=backend)
+        warmup = time.perf_counter() - w0
     after_load = current_rss_mb()
     peak_before = rss_mb()
     if args.device == "cuda":
@@ -100,7 +120,7 @@ def worker(args) -> dict:
         if args.worker == "maps":
             maps_update(lm, [ids], stats, keep_all=True)
         elif args.worker.startswith("streaming"):
-            stream_stats(lm, [ids], stats, chunk=args.chunk)
+            stream_stats(lm, [ids], stats, chunk=args.chunk, backend=backend)
         else:
             inputs = pad_batch(lm, [ids])
             inputs.input_ids = inputs.input_ids.to(args.device)
@@ -117,9 +137,13 @@ def worker(args) -> dict:
         out["cuda_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2 ** 20)
     if args.worker != "sdpa":
         from attnscope.analyses import native
+        from attnscope.engines.backends import choose
 
         if args.worker.startswith("streaming"):
-            out["kernel"] = (("flash" if native.flash_kernel() else "tiles")
+            out["backend"] = choose(backend, args.device, token_level=True, probe=False, tokens=len(ids))
+            out["warmup_s"] = round(warmup, 2)
+            out["kernel"] = ("flex" if out["backend"] == "flex" else
+                             ("flash" if out["backend"] == "compiled" else "tiles")
                              if args.worker != "streaming-torch" and native.available(args.device) else "torch")
         means = stats.means()
         out["sink_heads"] = int((means["sink"] > 0.3).sum())
@@ -130,12 +154,18 @@ def worker(args) -> dict:
     return out
 
 
-def run_one(args, mode: str, n: int, dtype: str, save: str | None = None) -> dict:
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b else None  # (a tiny model's step can round to 0.0 s)
+
+
+def run_one(args, mode: str, n: int, dtype: str, save: str | None = None, backend: str | None = None) -> dict:
     cmd = [sys.executable, __file__, "--worker", mode, "--length", str(n), "--model", args.model,
            "--device", args.device, "--dtype", dtype, "--threads", str(args.threads),
            "--chunk", str(args.chunk), "--js-rows", str(args.js_rows)]
     if save:
         cmd += ["--save-means", save]
+    if backend:
+        cmd += ["--backend", backend]
     if mode == "maps":
         import math
 
@@ -173,6 +203,9 @@ def main() -> None:
     ap.add_argument("--bf16-diff", action="store_true",
                     help="streaming in float32 and in bfloat16 at each length: time ratio, largest "
                          "difference of each statistic")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                    help="the streaming engine through backends A and B (flex, compiled, tiles) at each "
+                         "length: times, largest difference of each statistic")
     ap.add_argument("--load-times", action="store_true",
                     help="time load_model(--model) twice in fresh processes with an empty cache "
                          "folder: the first load converts (GGUF), the second reads the cache")
@@ -180,6 +213,7 @@ def main() -> None:
     ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--length", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--save-means", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
@@ -198,6 +232,22 @@ def main() -> None:
         return
     rows = []
     for n in args.lengths:
+        if args.compare:
+            import tempfile
+
+            import numpy as np
+
+            a_name, b_name = args.compare
+            with tempfile.TemporaryDirectory() as tmp:
+                a = run_one(args, "streaming", n, args.dtype, f"{tmp}/a.npz", a_name)
+                b = run_one(args, "streaming", n, args.dtype, f"{tmp}/b.npz", b_name)
+                row = {"length": n, a_name: a, b_name: b}
+                if Path(f"{tmp}/a.npz").is_file() and Path(f"{tmp}/b.npz").is_file():
+                    fa, fb = np.load(f"{tmp}/a.npz"), np.load(f"{tmp}/b.npz")
+                    row["max_abs_diff"] = {k: float(np.nanmax(np.abs(fa[k] - fb[k]))) for k in fa.files}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            continue
         if args.bf16_diff:
             import tempfile
 
@@ -219,15 +269,17 @@ def main() -> None:
             print(json.dumps(got[m]), flush=True)
             rows.append(got[m])
         c = got.get("sdpa", {})
-        for mode in ("streaming", "streaming-tiles", "streaming-torch"):
+        for mode in ("streaming", "streaming-flex", "streaming-tiles", "streaming-torch"):
             b = got.get(mode, {})
             if "wall_s" in b and "wall_s" in c:
                 name = mode.replace("-", "_")
-                ratio = {"length": n, f"{name}_over_sdpa_wall": round(b["wall_s"] / c["wall_s"], 2),
-                         f"{name}_over_sdpa_cpu": round(b["cpu_s"] / c["cpu_s"], 2),
+                ratio = {"length": n, f"{name}_over_sdpa_wall": _ratio(b["wall_s"], c["wall_s"]),
+                         f"{name}_over_sdpa_cpu": _ratio(b["cpu_s"], c["cpu_s"]),
                          f"{name}_over_sdpa_peak_rss": round(b["peak_rss_mb"] / c["peak_rss_mb"], 2),
                          f"{name}_over_sdpa_step_rss": round(
                              (b["peak_rss_mb"] - b["rss_after_load_mb"]) / max(1, c["peak_rss_mb"] - c["rss_after_load_mb"]), 2)}
+                if "cuda_peak_mb" in b and "cuda_peak_mb" in c:
+                    ratio[f"{name}_over_sdpa_cuda_peak"] = round(b["cuda_peak_mb"] / max(1, c["cuda_peak_mb"]), 2)
                 print(json.dumps(ratio), flush=True)
                 rows.append(ratio)
     if args.out:

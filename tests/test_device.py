@@ -193,7 +193,8 @@ CONSTRUCTORS = {"tensor", "zeros", "ones", "full", "arange", "empty", "as_tensor
 DEVICE_FILES = ["models/forward.py", "extract/runner.py", "viz/neuron.py", "families/patterns.py",
                 *(f"analyses/{m}.py" for m in ("ablation", "gradients", "importance", "lm_objective",
                                               "longctx", "norms", "streaming", "value_zeroing",
-                                              "agreement", "rollout"))]
+                                              "agreement", "rollout")),
+                "engines/backends.py", "engines/flex.py", "engines/memory.py"]
 #: (file, enclosing function, constructor): tensors that stay on the CPU by design, and why.
 CPU_BY_DESIGN = {
     ("models/forward.py", "pad_batch", "full"): "a CPU batch; forward() moves it",

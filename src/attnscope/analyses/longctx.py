@@ -413,6 +413,16 @@ class LongContextStats(MapsAnalysis):
                 got = p[:, rows, tt[rows]]  # [H r]
                 self.targets[name][0][layer, heads] += got.sum(1).double().cpu().numpy()
 
+    def target_weights(self, layer: int, seq: Sequence, weights: dict[str, Any]) -> None:
+        """A probe's rows' weights on their target keys, from a producer that computes them
+        without whole rows: ``weights`` name -> ``[H n]``, row ``i``'s weight on key
+        ``seq.targets[name][i]`` (rows ``>= 1`` with a target count, as in :meth:`tile`)."""
+        for name, t in seq.targets.items():
+            ok = t >= 0
+            ok[:1] = False
+            got = weights[name][:, ok]  # [H r]
+            self.targets[name][0][layer] += got.double().sum(1).cpu().numpy()
+
     def end(self, seq: Sequence) -> None:
         """After every layer of a sequence: fold its last layer's rows, and its sampled rows into
         the head distances."""

@@ -18,8 +18,11 @@ the forward helper's ``"attend"`` hook, so the model's own attention (torch's fu
 torch's BLAS) each layer of a sequence is instead one call of a compiled kernel
 (:func:`attnscope.analyses.native.flash`), which works in blocks of rows and keys that stay in
 the cache, with an online softmax across the key blocks, and sums each row's mass per distance
-bucket rather than per distance; the tiles below remain for word-level sequences and probes
-(which need each row's weights) and wherever that kernel is not available. There the row work (``P``,
+bucket rather than per distance. On CUDA each layer of a token-level sequence is fused
+attention instead (:func:`attnscope.engines.flex.run_layer`: the statistics from log-sum-exps,
+no row of scores held). Which of them runs is the seam's choice, by device and input
+(:mod:`attnscope.engines.backends`); the tiles below remain for word-level sequences and probes
+(which need each row's weights) and wherever neither is available. There the row work (``P``,
 the entropy and largest weight, each row's mass on the keys' classes -- first token, special,
 punctuation, the general family's classes -- and the tile's mass per distance) is one call of a
 compiled kernel (:mod:`attnscope.analyses.native`), three passes over each row while it is in the
@@ -28,8 +31,8 @@ columns (``[O | M] = P [V | classes]``) and one more pass for the distances. No 
 requested and the forward pass builds no ``[T T]`` mask, so the largest extra memory is one tile,
 at most ``Hq * c * n`` floats (two on the torch path), instead of the ``L * Hq * n * n`` of
 ``output_attentions``. Each tile holds whole rows, which the statistics need (so no online
-softmax over key blocks), of one block of key heads and their query heads (:func:`auto_tile`);
-at the smallest automatic tile, 16 rows of one key head's 3 query heads, a 128k-token tile is
+softmax over key blocks), of one block of key heads and their query heads (:func:`auto_tile`,
+sized for the device); at the smallest automatic CPU tile, 16 rows of one key head's 3 query heads, a 128k-token tile is
 25 MB. Under bfloat16 autocast the attention modules run in float32
 (:func:`float32_attention`), so the scores are not made of bfloat16-rounded queries and keys.
 
@@ -61,11 +64,13 @@ from attnscope.analyses.longctx import (
     is_punct,
     sample_rows,
 )
+from attnscope.engines import backends, flex
+from attnscope.engines.backends import LayerInput
 from attnscope.models.families import module_at
 from attnscope.models.forward import forward, model_device, pad_batch
 
 ENGINES = ("auto", "streaming", "maps")
-TILE_BYTES = 7 << 20  # the float32 scores of one tile at most, for the automatic tiles
+TILE_BYTES = backends.CPU_TILE_BYTES  # a CPU tile's float32 scores at most (automatic tiles)
 LOW = -3.4028234663852886e38  # float32's most negative finite value: "masked"
 
 
@@ -221,29 +226,35 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
 
 
 def auto_tile(kv_groups: int, kv_heads: int, n: int, rows: int = 0,
-              tile_bytes: int = TILE_BYTES) -> tuple[int, int]:
-    """``(query rows, key heads)`` per tile. Rows (unless given): 64, fewer where the float32
-    ``[G rows n]`` scores of one key head's ``G = kv_groups`` query heads would take more than
-    ``tile_bytes``, and at least 16; then as many key heads as fit in ``tile_bytes`` (at least
-    one). Measured on CPU with SmolLM2 (one thread, 9 query heads on 3 key heads, one layer's
-    tiles against sdpa's 1.0 s at 8k and 3.85 s at 16k): at 8k, 64 rows of one key head 1.42 s,
+              tile_bytes: int = TILE_BYTES, max_rows: int = backends.CPU_TILE_ROWS) -> tuple[int, int]:
+    """``(query rows, key heads)`` per tile. Rows (unless given): ``max_rows``, fewer where the
+    float32 ``[G rows n]`` scores of one key head's ``G = kv_groups`` query heads would take more
+    than ``tile_bytes``, and at least 16 (at most ``n``); then as many key heads as fit in
+    ``tile_bytes`` (at least one). The budget is the device's
+    (:func:`attnscope.engines.backends.tile_budget`): on a CPU 7 MB and 64 rows, measured here;
+    on a GPU a share of its free memory, with no cap on the rows. Measured on CPU with SmolLM2
+    (one thread, 9 query heads on 3 key heads, one layer's tiles against sdpa's 1.0 s at 8k and 3.85 s at 16k): at 8k, 64 rows of one key head 1.42 s,
     35 rows of all three 1.60 s; at 16k, 32 rows of one key head 5.83 s, 64 rows 6.21 s, 17 rows
     of all three 7.14 s. A tile, its weights and its key head's keys and values should stay
     within the 32 MB cache, and the products want as many rows as that allows."""
     row_bytes = 4 * kv_groups * max(1, n)
-    rows = rows or int(min(64, max(16, tile_bytes // row_bytes)))
+    rows = rows or int(min(max_rows, max(16, tile_bytes // row_bytes), max(1, n)))
     return rows, int(min(kv_heads, max(1, tile_bytes // (row_bytes * rows))))
 
 
-def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> Callable:
+def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0,
+             backend: str = "auto") -> Callable:
     """The forward helper's ``"attend"`` hook of the streaming engine: for each layer, fold the
-    tiles of every sequence of the batch (begun in ``stats``) and return the heads' outputs
-    ``P V`` computed from the same tiles, so the layer's own attention does not run.
+    statistics of every sequence of the batch (begun in ``stats``) and return the heads' outputs
+    ``P V`` computed with them, so the layer's own attention does not run.
 
-    On the CPU, a sequence of token rows that is not a probe is one call of the compiled
-    kernel (:func:`~attnscope.analyses.native.flash`). Otherwise rows are tiled as the
-    statistics need them (``chunk`` query rows, 0: :func:`auto_tile`); each tile holds whole rows
-    (every key a row sees), so no online softmax is needed. A tile holds a block of key heads and
+    Each sequence goes through one backend (:func:`attnscope.engines.backends.choose`:
+    ``backend``, or by device and input): on CUDA the fused one
+    (:func:`attnscope.engines.flex.run_layer`); on the CPU, a sequence of token rows that is not
+    a probe is one call of the compiled kernel (:func:`~attnscope.analyses.native.flash`).
+    Otherwise (the tiles) rows are tiled as the statistics need them (``chunk`` query rows, 0:
+    :func:`auto_tile`); each tile holds whole rows (every key a row sees), so no online softmax
+    is needed. A tile holds a block of key heads and
     their query heads; the blocks go one after the other, each through all its rows, so one
     block's keys and values stay in the cache.
     """
@@ -322,7 +333,7 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
             out[b, r0:r1, hq] = pv[..., :d].transpose(0, 1)
             return p, ent, top, (masses if fast else pv[..., d:]), per_d
 
-        def whole_layer(b, seq):
+        def whole_layer(layer, b, seq):
             """Every row of sequence b in one call of the compiled one-pass kernel
             (:func:`~attnscope.analyses.native.flash`), then its sampled rows' weights."""
             n = seq.n
@@ -340,20 +351,16 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
                 stats.sampled_row(site.layer, seq, r, torch.softmax(scores(b, every, r, r + 1, width), -1)[:, 0])
             stats.layer_end(seq)
 
-        seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
-        flash = fast and native.flash_kernel() is not None
-        for b, seq in enumerate(seqs):
-            if flash and seq.units is None and not seq.targets and seq.n > 1:
-                whole_layer(b, seq)
-                continue
-            rows, nk = auto_tile(G, Hkv, seq_len[b], chunk, TILE_BYTES)
+        def tile_layer(layer, b, seq):
+            """Sequence b in tiles of whole rows (word level: of whole words)."""
+            rows, nk = auto_tile(G, Hkv, seq_len[b], chunk, *backends.tile_budget(v.device, TILE_BYTES))
             blocks = [(slice(k, min(Hkv, k + nk)), slice(k * G, min(Hkv, k + nk) * G))  # key heads, query heads
                       for k in range(0, Hkv, nk)]
             if seq.units is not None:
                 for block in blocks:
                     _unit_tiles(site.layer, partial(probs, b, block, vb=v[b]), seq, rows, block[1])
                 stats.layer_end(seq)
-                continue
+                return
             kc = seq.key_classes(v.device)  # [n F]
             if fast:  # the classes go to the kernel, and P V has the values' d columns only
                 vb, cls = v[b, :, :seq.n].contiguous(), kc.t().contiguous()
@@ -371,6 +378,13 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0) -> C
                     p, ent, top, masses, per_d = probs(b, block, q0, q1, vb, cls, dist=not seq.targets)
                     stats.tile(site.layer, seq, q0, p, ent, top, masses, heads=block[1], per_d=per_d)
             stats.layer_end(seq)
+
+        seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
+        layer = LayerInput(site, stats, k, v, out, cap, seq_len)
+        runs = {"flex": flex.run_layer, "compiled": whole_layer, "tiles": tile_layer}
+        for b, seq in enumerate(seqs):
+            runs[backends.choose(backend, v.device, token_level=seq.units is None, probe=bool(seq.targets),
+                                 tokens=seq_len[b])](layer, b, seq)
         return out
 
     def _unit_tiles(layer, probs, seq, rows, heads):
@@ -435,7 +449,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
                  progress: Callable[[int], None] | None = None,
                  reference: LongContextStats | None = None,
                  extras: Seq[dict[str, Any] | None] | None = None,
-                 units: Seq[Any] | None = None) -> None:
+                 units: Seq[Any] | None = None, backend: str = "auto") -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
     ``chunk``: query rows per tile (0: :func:`auto_tile` per sequence; the one-call CPU kernel
@@ -446,6 +460,10 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
     ``units``: per sequence, None (token level) or the unit of each token (word level, see
     :func:`unit_sequence`): tiles then hold whole words and are folded per word.
 
+    ``backend``: ``"auto"`` (by device and input), or the one to use where it takes the input
+    (``"flex"``, ``"compiled"``, ``"tiles"``; :mod:`attnscope.engines.backends`); the statistics do
+    not depend on it (up to float32 rounding).
+
     ``reference`` (for testing on deep models): also fold the family's eager probabilities of
     the same pass into it, so both see the very same queries and keys (the layers' output then
     comes from eager attention, not sdpa; a separate eager run would differ in the last bits
@@ -454,6 +472,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
     if chunk < 0:
         raise ValueError("chunk must be at least 1 (or 0: automatic)")
     device = lm.model.device  # where the statistics' tensors live: the model's device
+    backends.check(backend, device)
     for start in range(0, len(sequences), batch_size):
         batch = [list(s) for s in sequences[start:start + batch_size]]
         tg = None if targets is None else targets[start:start + batch_size]
@@ -464,7 +483,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
             stats.begin(lm.num_layers, lm.num_heads, seq)
         inputs = pad_batch(lm, batch)  # forward() moves it to the model's device
 
-        hooks = {"attend": one_pass(stats, seqs, chunk)}
+        hooks = {"attend": one_pass(stats, seqs, chunk, backend)}
         if reference is not None:
             ref_seqs = make_sequences(lm, batch, reference, tg, device, ex, un)
             for seq in ref_seqs:

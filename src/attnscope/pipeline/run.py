@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.data.io import check_writable, file_fingerprint, fingerprint, to_plain
+from attnscope.engines.memory import gpu_memory_errors
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.executor import executor
 from attnscope.families import Context, Family, Prepared, check_options, load_families
@@ -234,7 +235,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     reason = fam.unavailable()
     if reason is not None:
         raise AttnscopeError(f"{key}: not available in this installation ({reason})")
-    resolve_device(device)  # a bad --device is refused before anything is read or written
+    where = resolve_device(device)  # a bad --device is refused before anything is read or written
     check_attention(attention)
     check_writable(out_dir, folder=True)
     opts = fam.Options(**options)
@@ -269,7 +270,9 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     prepared = fam.prepare(inputs, opts, ctx)
     if ctx.save_maps is not None:
         replace_stores(ctx.save_maps)
-    with refused_writes(Path(out_dir), resumable=False), executor(ray, workers) as ex:
+    # out of GPU memory: one line naming max_seq_len, before anything is written
+    with refused_writes(Path(out_dir), resumable=False), gpu_memory_errors(max_seq_len, where), \
+            executor(ray, workers) as ex:
         section = fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
     drop_unit_logs(Path(out_dir), key)  # the results are written: nothing is left to resume
     return section
