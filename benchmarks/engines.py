@@ -30,8 +30,8 @@ def main() -> None:
     from test_longctx import _docs, _tiny, reference
 
     from attnscope.analyses.longctx import LongContextStats
-    from attnscope.analyses.streaming import stream_stats
     from attnscope.engines import backends
+    from attnscope.engines.streaming import stream_stats
     from attnscope.models import load_model
 
     torch.set_num_threads(1)

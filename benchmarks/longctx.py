@@ -9,7 +9,7 @@ mode runs in its own process:
   streaming  attnscope's streaming engine, one pass: the statistics and each layer's output
              (the model's own sdpa does not run), through the backend the engine picks for the
              device (engines/backends.py): on CUDA fused FlexAttention (engines/flex.py), on the
-             CPU one call of the compiled kernel per layer (analyses/native.py)
+             CPU one call of the compiled kernel per layer (engines/native.py)
   streaming-flex   the same through the FlexAttention backend on any device (off CUDA it runs
              eagerly, torch's reference implementation, which holds each call's [H n n] scores:
              a check of the mathematics, not a speed)
@@ -90,7 +90,7 @@ def worker(args) -> dict:
 
     torch.set_num_threads(args.threads)
     from attnscope.analyses.longctx import LongContextStats
-    from attnscope.analyses.streaming import maps_update, stream_stats
+    from attnscope.engines.streaming import maps_update, stream_stats
     from attnscope.models import load_model
     from attnscope.models.forward import forward, pad_batch
 
@@ -136,7 +136,7 @@ def worker(args) -> dict:
     if args.device == "cuda":
         out["cuda_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2 ** 20)
     if args.worker != "sdpa":
-        from attnscope.analyses import native
+        from attnscope.engines import native
         from attnscope.engines.backends import choose
 
         if args.worker.startswith("streaming"):

@@ -192,9 +192,8 @@ def test_unusable_device_is_one_line_exit_2_and_no_output(tmp_path, capsys, monk
 CONSTRUCTORS = {"tensor", "zeros", "ones", "full", "arange", "empty", "as_tensor", "from_numpy", "eye"}
 DEVICE_FILES = ["models/forward.py", "extract/runner.py", "viz/neuron.py", "families/patterns.py",
                 *(f"analyses/{m}.py" for m in ("ablation", "gradients", "importance", "lm_objective",
-                                              "longctx", "norms", "streaming", "value_zeroing",
-                                              "agreement", "rollout")),
-                "engines/backends.py", "engines/flex.py", "engines/memory.py"]
+                                              "longctx", "norms", "value_zeroing", "agreement", "rollout")),
+                *sorted(str(p.relative_to(SRC)) for p in (SRC / "engines").glob("*.py"))]
 #: (file, enclosing function, constructor): tensors that stay on the CPU by design, and why.
 CPU_BY_DESIGN = {
     ("models/forward.py", "pad_batch", "full"): "a CPU batch; forward() moves it",
@@ -205,7 +204,7 @@ CPU_BY_DESIGN = {
     ("analyses/ablation.py", "mean_ablation_hook", "as_tensor"): "moved with .to(out.device) in the hook",
     ("analyses/gradients.py", "__init__", "zeros"): "the fitted head trains on the CPU, then moves",
     ("analyses/gradients.py", "fit_mlm_head", "as_tensor"): "targets of the CPU-fitted head",
-    ("analyses/streaming.py", "make_sequences", "as_tensor"): "stacked, then .to(device)",
+    ("engines/streaming.py", "make_sequences", "as_tensor"): "stacked, then .to(device)",
 }
 
 

@@ -24,9 +24,9 @@ from attnscope.analyses.longctx import (
     bucket_of,
     sample_rows,
 )
-from attnscope.analyses.streaming import auto_tile, maps_update, stream_stats
 from attnscope.engines import backends, flex
 from attnscope.engines.backends import LayerInput, choose
+from attnscope.engines.streaming import auto_tile, maps_update, stream_stats
 from attnscope.errors import AttnscopeError
 from attnscope.models import load_model
 from attnscope.models.forward import Site, forward, pad_batch
@@ -332,7 +332,7 @@ def test_every_backend_gives_the_models_own_attention(kind, backend):
     # Measured largest difference per layer: 2.6e-6 (tiles), 1.9e-6 (compiled), 1.4e-6 (flex)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from attnscope.analyses.streaming import make_sequences, one_pass
+    from attnscope.engines.streaming import make_sequences, one_pass
     from attnscope.models.forward import _family_eager
 
     torch.manual_seed(0)
@@ -433,7 +433,7 @@ def test_out_of_gpu_memory_is_one_line_naming_max_seq_len(tmp_path, capsys, monk
     # pass raises torch's out-of-memory error with its own message
     from types import SimpleNamespace
 
-    import attnscope.analyses.streaming as streaming
+    import attnscope.engines.streaming as streaming
     import attnscope.models as models
     from attnscope.cli.main import main
 

@@ -178,9 +178,9 @@ def test_compare_findings_cite_the_largest_change_outside_its_interval(tmp_path)
     from test_compare import _store
 
     from attnscope.compare import compare
+    from attnscope.compare.report import findings
     from attnscope.compare.stats import STAT_NAMES, STAT_WORDS
     from attnscope.models import load_model
-    from attnscope.compare.report import findings
 
     a = _store(tmp_path, "a", load_model("debug:bert", seed=0))
     b = _store(tmp_path, "b", load_model("debug:bert", seed=1))

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from attnscope.analyses import native, streaming
 from attnscope.analyses.longctx import (
     NUM_BUCKETS,
     LongContextStats,
@@ -19,7 +18,8 @@ from attnscope.analyses.longctx import (
     pairs_per_bucket,
     sample_rows,
 )
-from attnscope.analyses.streaming import (
+from attnscope.engines import native, streaming
+from attnscope.engines.streaming import (
     choose_engine,
     induction_sequences,
     maps_update,
@@ -452,7 +452,7 @@ def test_diagonal_sums_match_brute_force(c, K, q0):
 
 
 def test_auto_tile():
-    from attnscope.analyses.streaming import TILE_BYTES, auto_tile
+    from attnscope.engines.streaming import TILE_BYTES, auto_tile
 
     # SmolLM2: 3 query heads on each of 3 key heads; a key head's rows take 4 * 3 * n bytes
     assert TILE_BYTES == 7 << 20
@@ -536,7 +536,7 @@ def test_word_level_streaming_equals_word_level_maps(name, monkeypatch):
 
 
 def test_unit_sequence_marks_special_and_punctuation_units():
-    from attnscope.analyses.streaming import unit_sequence
+    from attnscope.engines.streaming import unit_sequence
 
     lm = load_model("debug:llama")
     ids, units = _units(lm, "the cat , sat .")
@@ -594,7 +594,7 @@ def test_one_pass_output_equals_the_models_own_attention(kind, kernel, monkeypat
     # 1.1e-6. (The 2 query heads of a key head are one product of stacked rows.)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from attnscope.analyses.streaming import make_sequences, one_pass
+    from attnscope.engines.streaming import make_sequences, one_pass
     from attnscope.models.forward import _family_eager
 
     if kernel == "tiles":  # tiles of whole rows (else, on the CPU, one call per layer)

@@ -237,7 +237,7 @@ def test_induction_sequences_leave_the_document_statistics_alone(tmp_path, llama
     for k, v in eager.items():
         np.testing.assert_allclose(np.asarray(b["arrays"][k]["data"], dtype=float), v, atol=1e-6, err_msg=k)
     # the induction scores: the eager maps of the induction sequences alone
-    from attnscope.analyses.streaming import induction_sequences
+    from attnscope.engines.streaming import induction_sequences
     from attnscope.models.forward import forward, pad_batch
 
     seqs, targets = induction_sequences(llama, 2, 40, seed=c2.seed)

@@ -30,8 +30,8 @@ def test_smollm2_greedy_paris(smollm2):
 @pytest.mark.parametrize("n", [512, 2048])
 def test_smollm2_streaming_equals_eager_maps(smollm2, shared_data, n):
     from attnscope.analyses.longctx import LongContextStats
-    from attnscope.analyses.streaming import maps_update, stream_stats
     from attnscope.data.unlabeled import prepare_documents
+    from attnscope.engines.streaming import maps_update, stream_stats
 
     docs = prepare_documents(shared_data / "wikitext-2" / "valid.sentences.txt", smollm2.tokenizer,
                              max_seq_len=n, join=True, num_docs=1)

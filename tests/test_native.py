@@ -1,4 +1,4 @@
-"""The streaming engine's compiled tile kernel (analyses/native.py, native_tiles.c) against the
+"""The streaming engine's compiled tile kernel (engines/native.py, native_tiles.c) against the
 torch path it replaces and against the definitions."""
 
 import os
@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnscope.analyses import native
 from attnscope.analyses.longctx import diagonal_sums
-from attnscope.analyses.streaming import LOW, _softmax_entropy
+from attnscope.engines import native
+from attnscope.engines.streaming import LOW, _softmax_entropy
 
 needs_kernel = pytest.mark.skipif(native.kernel() is None, reason="no C compiler here")
 
@@ -125,7 +125,7 @@ def test_a_fresh_build_keeps_denormals_and_is_reused(tmp_path):
     # -ffast-math at link time would make gcc add a start-up file that sets the CPU to flush
     # denormals to zero for the whole process (torch included) as soon as the library is loaded
     # and that the process keeps one OpenMP runtime: the kernel's is torch's own libgomp.so.1
-    code = ("import torch; from attnscope.analyses import native; "
+    code = ("import torch; from attnscope.engines import native; "
             "x = torch.tensor([1e-39]); assert (x * 1).item() > 0; "
             "assert native.kernel() is not None; print((x * 1).item() > 0, torch.finfo(torch.float32).tiny / 2 > 0); "
             "import os; maps = open('/proc/self/maps').read() if os.path.exists('/proc/self/maps') else ''; "
@@ -141,7 +141,7 @@ def test_a_fresh_build_keeps_denormals_and_is_reused(tmp_path):
 
 
 def test_no_kernel_without_a_compiler_or_when_disabled(tmp_path):
-    code = "from attnscope.analyses import native; print(native.kernel() is None)"
+    code = "from attnscope.engines import native; print(native.kernel() is None)"
     no_cc = _run(code, ATTNSCOPE_CACHE=str(tmp_path), PATH=str(tmp_path), CC="")
     assert no_cc.returncode == 0, no_cc.stderr
     assert no_cc.stdout.strip() == "True" and not (tmp_path / "native").exists()
@@ -151,7 +151,7 @@ def test_no_kernel_without_a_compiler_or_when_disabled(tmp_path):
 
 @needs_kernel
 def test_a_broken_cached_library_is_rebuilt(tmp_path):
-    code = "from attnscope.analyses import native; print(native.kernel() is not None)"
+    code = "from attnscope.engines import native; print(native.kernel() is not None)"
     assert _run(code, ATTNSCOPE_CACHE=str(tmp_path)).stdout.strip() == "True"
     (lib,) = (tmp_path / "native").iterdir()
     lib.write_bytes(b"not a shared library")

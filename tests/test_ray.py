@@ -391,7 +391,7 @@ def _without_times(d):
 @pytest.mark.slow
 def test_streaming_long_context_statistics_merge_exactly(cluster):
     from attnscope.analyses.longctx import LongContextStats
-    from attnscope.analyses.streaming import stream_stats
+    from attnscope.engines.streaming import stream_stats
     from attnscope.models import load_model
     from attnscope.on_ray.cluster import stream_stats_on_ray
 

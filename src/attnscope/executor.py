@@ -73,7 +73,7 @@ class LocalExecutor:
         attention with no ``[n n]`` maps (``engine`` "streaming"), or from each layer's eager
         maps as they are made ("maps", the reference); returns the number of workers that ran
         them (0: this process)."""
-        from attnscope.analyses.streaming import maps_update, stream_stats
+        from attnscope.engines.streaming import maps_update, stream_stats
 
         if engine == "maps":
             maps_update(lm, sequences, stats, batch_size=batch_size, targets=targets, keep_all=False,

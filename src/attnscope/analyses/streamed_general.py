@@ -1,6 +1,6 @@
 """The general family's statistics from the streaming engine, without ``[n n]`` maps.
 
-For each encoded example, :func:`~attnscope.analyses.streaming.stream_stats` gives per-head sums
+For each encoded example, :func:`~attnscope.engines.streaming.stream_stats` gives per-head sums
 over rows 1 .. n-1 (row 0 of a causal model attends to itself with weight 1, which is added
 exactly); they are turned into the per-example means the maps path computes (relative
 position, special tokens and punctuation, entropy, maximum weight) and handed to the same
@@ -65,7 +65,7 @@ class StreamedGeneral(EncodedAnalysis):
 
     def _add(self, e) -> None:
         from attnscope.analyses.longctx import LongContextStats
-        from attnscope.analyses.streaming import stream_stats
+        from attnscope.engines.streaming import stream_stats
 
         L, H = self.model.num_layers, self.model.num_heads
         n = len(e)

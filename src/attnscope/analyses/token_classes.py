@@ -13,6 +13,7 @@ same, GPT-2 adds none at all). A :class:`TokenClasser` decides the class of each
 
 >>> c = TokenClasser(first=frozenset({"<s>"}), separators=frozenset({"</s>"}))
 >>> import numpy as np
+
 >>> k = c.classify(["<s>", "Hi", "Ġ.", "</s>", "</s>"], np.array([1, 0, 0, 1, 1], bool))
 >>> k.first.tolist(), k.separator.tolist(), k.period.tolist()
 ([True, False, False, False, False], [False, False, False, True, True], [False, False, True, False, False])
@@ -25,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.extract.encode import WORD_MARKERS
+
 #: The classes, in the order the analyses report them.
 CLASS_NAMES = ("first", "separator", "period", "comma", "other")
-#: Prefixes that tokenizers put on pieces to mark word starts or continuations.
-WORD_MARKERS = ("##", "Ġ", "▁", "Ċ")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ flex       fused attention (``torch.nn.attention.flex_attention``):  CUDA
            never a row of scores; statistics from log-sum-exps
            (:mod:`attnscope.engines.flex`)
 compiled   the compiled one-call CPU kernel                          the CPU, where it built
-           (:func:`attnscope.analyses.native.flash`)
+           (:func:`attnscope.engines.native.flash`)
 tiles      tiles of whole rows in torch (the compiled row kernel     anything else; every input
            where it built): the reference, any device, any input     the others do not take
 =========  ========================================================  ==========================
@@ -37,16 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from attnscope.engines.tiles import CPU_TILE_BYTES, CPU_TILE_ROWS, GPU_TILE_SHARE, tile_budget  # noqa: F401
 from attnscope.errors import AttnscopeError
-
-#: the float32 scores of one tile at most, for the automatic tiles on a CPU (its cache; see
-#: ``streaming.auto_tile``, where it was measured)
-CPU_TILE_BYTES = 7 << 20
-#: rows of a CPU tile at most (measured with ``CPU_TILE_BYTES``; see ``streaming.auto_tile``)
-CPU_TILE_ROWS = 64
-#: the share of a GPU's free memory that one tile's scores may take: the tile's weights and its
-#: ``P V`` come on top of it, and the model's own activations must still fit
-GPU_TILE_SHARE = 8
 
 
 @dataclass(frozen=True)
@@ -104,8 +96,7 @@ Run = Callable[[LayerInput, int, Any], None]
 
 def usable(name: str, device) -> bool:
     """Whether backend ``name`` can run on ``device`` on this machine at all."""
-    from attnscope.analyses import native
-    from attnscope.engines import flex
+    from attnscope.engines import flex, native
 
     kind = getattr(device, "type", str(device).split(":")[0])
     if name == "flex":
@@ -142,21 +133,3 @@ def choose(backend: str, device, *, token_level: bool, probe: bool, tokens: int 
         if b.reference or (wanted and usable(b.name, device)):
             return b.name
     raise AssertionError("the reference backend takes every input")  # pragma: no cover
-
-
-def tile_budget(device, cpu_bytes: int = CPU_TILE_BYTES) -> tuple[int, int]:
-    """``(bytes, rows)``: how large the automatic tiles of whole rows may be on ``device``: the
-    float32 scores of one tile at most, and its rows at most.
-
-    A CPU gets tiles that stay in its cache (``cpu_bytes``, :data:`CPU_TILE_ROWS`). A CUDA
-    device gets tiles sized from what it reports: ``1 / GPU_TILE_SHARE`` of its free memory, with
-    as many rows as fit (a GPU runs thousands of rows per product, where 16-64-row tiles left it
-    launch-bound: issue 38 measured about 262,000 tiles per pass at 32k tokens).
-    """
-    import torch
-
-    kind = getattr(device, "type", str(device).split(":")[0])
-    if kind == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return max(CPU_TILE_BYTES, int(free) // GPU_TILE_SHARE), 1 << 40
-    return cpu_bytes, CPU_TILE_ROWS

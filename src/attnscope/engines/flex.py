@@ -46,7 +46,8 @@ from __future__ import annotations
 import warnings
 from functools import cache
 
-from attnscope.analyses.longctx import NUM_BUCKETS
+from attnscope.engines.rows import NUM_BUCKETS
+from attnscope.engines.tiles import tile_budget
 
 BLOCK = 128  # FlexAttention's block of query rows and of keys
 LOW = -3.4028234663852886e38  # float32's most negative finite value: "masked" (as in streaming)
@@ -63,7 +64,7 @@ def available() -> bool:
 
 def bands(n: int) -> list[tuple[int, int, int]]:
     """``(bucket, lo, hi)``: the distance buckets a sequence of ``n`` tokens has keys in
-    (:func:`attnscope.analyses.longctx.bucket_of`: 0, 1, 2, 3-4, 5-8, ...).
+    (:func:`attnscope.engines.rows.bucket_of`: 0, 1, 2, 3-4, 5-8, ...).
 
     >>> bands(6)
     [(0, 0, 0), (1, 1, 1), (2, 2, 2), (3, 3, 4), (4, 5, 8)]
@@ -285,7 +286,6 @@ def run_layer(layer, b: int, seq) -> None:
     targets only)."""
     import torch
 
-    from attnscope.engines.backends import tile_budget  # (backends imports this module)
 
     site, stats = layer.site, layer.stats
     n, cap, scale = seq.n, layer.cap, site.scaling

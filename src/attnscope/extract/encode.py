@@ -16,6 +16,9 @@ from attnscope.data.records import Example
 from attnscope.errors import InputError
 from attnscope.models.loading import LoadedModel
 
+#: Prefixes that tokenizers put on pieces to mark word starts or continuations.
+WORD_MARKERS = ("##", "Ġ", "▁", "Ċ")
+
 
 @dataclass
 class Encoded:

@@ -29,10 +29,10 @@ from attnscope.analyses.gradients import (
 )
 from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
-from attnscope.analyses.streaming import ENGINES
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import Example
 from attnscope.data.unlabeled import PACKINGS, UnlabeledStats
+from attnscope.engines.streaming import ENGINES
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import (
     Context,
@@ -189,7 +189,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
 def _pick_engine(source, model, engine: str, ctx: Context, options: "GeneralOptions", *,
                  saving: bool) -> tuple[str, str]:
     """``(engine, one line saying which and why)`` for ``engine`` auto or streaming."""
-    from attnscope.analyses.streaming import choose_engine, maps_bytes
+    from attnscope.engines.streaming import choose_engine, maps_bytes
 
     batch_size, budget_gb = ctx.batch_size, options.general_maps_budget_gb
     lengths = [len(e) for e in ctx.encoded(source)]

@@ -3,7 +3,7 @@
 Inputs: long documents (text with a blank line between documents, or JSON / JSON Lines with
 ``text``), each kept whole up to the run's ``max_seq_len`` (option ``join`` joins consecutive
 documents to reach it). The statistics (:mod:`attnscope.analyses.longctx`) come from the
-streaming engine (:mod:`attnscope.analyses.streaming`) whenever the ``[L H n n]`` maps would not
+streaming engine (:mod:`attnscope.engines.streaming`) whenever the ``[L H n n]`` maps would not
 fit in ``maps_budget_gb``, or from the maps otherwise; ``engine`` forces either. Induction
 and duplicate-token scores come from extra sequences of random tokens repeated once.
 """
@@ -125,7 +125,7 @@ class LongContext(Family):
         import torch
 
         from attnscope.analyses.longctx import LongContextStats, head_clusters
-        from attnscope.analyses.streaming import choose_engine, maps_bytes
+        from attnscope.engines.streaming import choose_engine, maps_bytes
         from attnscope.report.longctx import run_findings, write_section
         from attnscope.store.results import write_results
 
@@ -215,9 +215,9 @@ def _word_units(docs, induction: int, notes: list[str]) -> list:
 
 def induction_probes(lm, count: int, length: int, seed: int, notes: list[str]) -> tuple[list, list]:
     """``count`` seeded sequences of ``length`` random tokens repeated once, and their targets
-    (:func:`~attnscope.analyses.streaming.induction_sequences`); a copy draws distinct ordinary
+    (:func:`~attnscope.engines.streaming.induction_sequences`); a copy draws distinct ordinary
     tokens and both copies must fit the model's positions (a shorter copy is noted)."""
-    from attnscope.analyses.streaming import induction_sequences
+    from attnscope.engines.streaming import induction_sequences
 
     tok = lm.tokenizer
     ordinary = len(tok) - len(set(getattr(tok, "all_special_ids", []) or []))

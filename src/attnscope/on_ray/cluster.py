@@ -210,7 +210,7 @@ class UnitWorker:
 
     ``mode``: ``"extract"`` (maps: write shards and/or fold analyses), ``"maps"`` (send the maps
     back: the Ray executor behind ``analyze/run --ray``), ``"stream"`` (long-context statistics
-    computed inside attention, :func:`attnscope.analyses.streaming.stream_stats`), ``"tasks"``
+    computed inside attention, :func:`attnscope.engines.streaming.stream_stats`), ``"tasks"``
     (``step(lm, item)`` for each item: :meth:`attnscope.executor.RayExecutor.tasks`).
     """
 
@@ -286,7 +286,7 @@ class UnitWorker:
         return {"analyses": partial, "maps": maps}
 
     def _stream(self, unit) -> dict:
-        from attnscope.analyses.streaming import stream_stats
+        from attnscope.engines.streaming import stream_stats
 
         stats = copy.deepcopy(self.analyses[0])
         sequences, targets = unit
@@ -471,7 +471,7 @@ def _nothing():
 def stream_stats_on_ray(lm, sequences: Sequence[Sequence[int]], stats, *, workers: int = 1,
                         chunk: int = 0, batch_size: int = 1, targets: Sequence | None = None,
                         per_unit: int = 4) -> None:
-    """:func:`attnscope.analyses.streaming.stream_stats` on Ray: ``per_unit`` sequences per unit,
+    """:func:`attnscope.engines.streaming.stream_stats` on Ray: ``per_unit`` sequences per unit,
     each folded into a copy of the (empty) ``stats`` on a worker; merged into ``stats`` in order.
     """
     require_ray()

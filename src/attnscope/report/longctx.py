@@ -208,7 +208,7 @@ def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, mo
     findings: the engine (chosen or forced, and why: the maps of ``batch`` = ``(size, longest,
     kind)`` in GB), the forward precision, the documents and induction sequences, and whether
     documents ran past the positions ``model`` was configured for."""
-    from attnscope.analyses.streaming import maps_bytes
+    from attnscope.engines.streaming import maps_bytes
 
     size, longest, kind = batch
     res.meta.update({"engine": engine, "ray_workers": ray_workers,

@@ -173,7 +173,7 @@ def softmax_stats(s, diag=None, classes=None):
     softmax ``p``. Returns each row's entropy and largest weight ``[h c]``, and its mass on each
     key class ``[h c F]`` (``classes``: float32 ``[F >= K]``, rows contiguous; F = 0 without).
     ``diag``, where given (float32 ``[h K+c-1]``, contiguous), receives the mass of each head's
-    rows per distance, as :func:`attnscope.analyses.longctx.diagonal_sums` lays it out."""
+    rows per distance, as :func:`attnscope.engines.rows.diagonal_sums` lays it out."""
     import torch
 
     h, c, K = s.shape
@@ -205,7 +205,7 @@ def flash(q, k, v, out, n: int, nkeys: int, scale: float, cap: float | None, cau
     output rows ``out`` ``[>=n Hq d]`` ``0 .. n-1`` and each row's entropy, largest weight and mass
     on each key class into ``rowv`` ``[2+F Hq n]`` (contiguous; ``classes`` ``[F >=nkeys]``, rows
     contiguous), and adds each head's mass per distance bucket over rows ``1 .. n-1`` (the buckets
-    of :func:`attnscope.analyses.longctx.bucket_of`, then distance +1) to ``dist`` ``[Hq NB+1]``
+    of :func:`attnscope.engines.rows.bucket_of`, then distance +1) to ``dist`` ``[Hq NB+1]``
     (float64, contiguous). Keys: ``0 .. i`` for row ``i`` where ``causal``, else ``0 .. nkeys-1``;
     where ``mask`` (bool ``[>=n >=nkeys]``, True = attend) is given, the keys it allows among
     them. ``cap``: logit soft-capping, ``cap tanh(s / cap)``."""

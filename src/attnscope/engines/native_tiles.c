@@ -1,4 +1,4 @@
-/* The streaming engine's compiled kernels (attnscope.analyses.native builds and loads this file).
+/* The streaming engine's compiled kernels (attnscope.engines.native builds and loads this file).
  *
  * attnscope_flash: one layer of one sequence in one call. Its attention output and every row's
  * statistics, from blocks of query rows and keys small enough to stay in the cache (as torch's

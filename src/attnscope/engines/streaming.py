@@ -16,7 +16,7 @@ same tile gives the layer's output rows ``O`` (float32), which go back to the mo
 the forward helper's ``"attend"`` hook, so the model's own attention (torch's fused
 ``scaled_dot_product_attention``) does not run for the layer. On the CPU (with a C compiler and
 torch's BLAS) each layer of a sequence is instead one call of a compiled kernel
-(:func:`attnscope.analyses.native.flash`), which works in blocks of rows and keys that stay in
+(:func:`attnscope.engines.native.flash`), which works in blocks of rows and keys that stay in
 the cache, with an online softmax across the key blocks, and sums each row's mass per distance
 bucket rather than per distance. On CUDA each layer of a token-level sequence is fused
 attention instead (:func:`attnscope.engines.flex.run_layer`: the statistics from log-sum-exps,
@@ -25,7 +25,7 @@ no row of scores held). Which of them runs is the seam's choice, by device and i
 (which need each row's weights) and wherever neither is available. There the row work (``P``,
 the entropy and largest weight, each row's mass on the keys' classes -- first token, special,
 punctuation, the general family's classes -- and the tile's mass per distance) is one call of a
-compiled kernel (:mod:`attnscope.analyses.native`), three passes over each row while it is in the
+compiled kernel (:mod:`attnscope.engines.native`), three passes over each row while it is in the
 cache. Elsewhere (a GPU, no C compiler) torch does it: its softmax, the classes as extra value
 columns (``[O | M] = P [V | classes]``) and one more pass for the distances. No probabilities are
 requested and the forward pass builds no ``[T T]`` mask, so the largest extra memory is one tile,
@@ -52,24 +52,20 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnscope.analyses import native
-from attnscope.analyses.longctx import (
-    LongContextStats,
-    Sequence,
-    _sample_by_digest,
-    is_punct,
-    sample_rows,
-)
-from attnscope.engines import backends, flex
+from attnscope.engines import backends, flex, native
 from attnscope.engines.backends import LayerInput
+from attnscope.engines.rows import Sequence, is_punct, sample_by_digest, sample_rows
 from attnscope.models.families import module_at
 from attnscope.models.forward import forward, model_device, pad_batch
 
 ENGINES = ("auto", "streaming", "maps")
+if TYPE_CHECKING:  # the accumulator the engine folds into (analyses, a layer above): a type only
+    from attnscope.analyses.longctx import LongContextStats
+
 TILE_BYTES = backends.CPU_TILE_BYTES  # a CPU tile's float32 scores at most (automatic tiles)
 LOW = -3.4028234663852886e38  # float32's most negative finite value: "masked"
 
@@ -153,7 +149,7 @@ def unit_sequence(lm, ids: Seq[int], units, stats: LongContextStats, device, cac
     starts = np.searchsorted(u, np.arange(U)).tolist()
     digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).digest()
     return Sequence(U, torch.as_tensor(special, device=device), torch.as_tensor(punct, device=device),
-                    js_rows=_sample_by_digest(U, digest, stats.js_rows, stats.seed),
+                    js_rows=sample_by_digest(U, digest, stats.js_rows, stats.seed),
                     units=torch.as_tensor(u, device=device), token_n=len(ids), unit_start=starts,
                     unit_counts=torch.as_tensor(np.bincount(u, minlength=U).astype(np.float32), device=device))
 
@@ -194,7 +190,7 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
     """The per-sequence records the tile code needs (key masks, targets, sampled rows).
 
     ``extras``: per sequence, optional ``{"classes": {name: [n] 0/1}, "from": {name: [n] 0/1},
-    "max_below": float}`` (see :class:`~attnscope.analyses.longctx.Sequence`)."""
+    "max_below": float}`` (see :class:`~attnscope.engines.rows.Sequence`)."""
     import torch
 
     cache: dict[int, bool] = {}
@@ -251,7 +247,7 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0,
     Each sequence goes through one backend (:func:`attnscope.engines.backends.choose`:
     ``backend``, or by device and input): on CUDA the fused one
     (:func:`attnscope.engines.flex.run_layer`); on the CPU, a sequence of token rows that is not
-    a probe is one call of the compiled kernel (:func:`~attnscope.analyses.native.flash`).
+    a probe is one call of the compiled kernel (:func:`~attnscope.engines.native.flash`).
     Otherwise (the tiles) rows are tiled as the statistics need them (``chunk`` query rows, 0:
     :func:`auto_tile`); each tile holds whole rows (every key a row sees), so no online softmax
     is needed. A tile holds a block of key heads and
@@ -311,7 +307,7 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0,
         def probs(b, block, r0, r1, vb, cls=None, dist=False):
             """Rows r0 .. r1-1 of sequence b (:func:`scores`): P [h c k1], entropies and largest
             weights [h c], the rows' mass on each key class [h c F], and, with dist, their mass
-            per distance (:func:`~attnscope.analyses.longctx.diagonal_sums`; None where the
+            per distance (:func:`~attnscope.engines.rows.diagonal_sums`; None where the
             torch path leaves it to the statistics). The compiled kernel (:mod:`.native`) takes
             the key classes as ``cls`` [F n]; the torch path has them as the columns of the
             values vb [Hkv n d+C] past the first d."""
@@ -335,7 +331,7 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0,
 
         def whole_layer(layer, b, seq):
             """Every row of sequence b in one call of the compiled one-pass kernel
-            (:func:`~attnscope.analyses.native.flash`), then its sampled rows' weights."""
+            (:func:`~attnscope.engines.native.flash`), then its sampled rows' weights."""
             n = seq.n
             nkeys = n if stats.causal else seq_len[b]
             mask = None
