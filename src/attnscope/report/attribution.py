@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.models.pieces import readable, visible
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
@@ -216,7 +217,7 @@ def _shares_figure(sec, ns, figures_dir):
 
 
 def _example_figure(sec, ex, figures_dir):
-    toks = ex["tokens"]
+    toks = [visible(t) for t in readable(list(ex["tokens"]), [False] * len(ex["tokens"]), None, "token")]
     panels = [("rollout", ex.get("rollout")), ("flow", ex.get("flow")),
               ("last layer: weights (head mean)", ex["weights"][-1] if ex.get("weights") is not None else None),
               ("last layer: ||sum_h alpha f||", ex["norms"][-1] if ex.get("norms") is not None else None),

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.clustering import LABELS, Thresholds, cluster_heads
-from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import HeadId
 from attnscope.maps import AttentionMap
+from attnscope.models.pieces import readable, visible
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
 LABEL_COLOURS = {"[SEP]": "#d62728", "[CLS]": "#9467bd", "punctuation": "#8c564b",
@@ -87,8 +87,8 @@ def plot_token_lines(m: AttentionMap, heads: list[tuple[int, int, str]]):
         segs = [[(0.25, ys[i]), (0.75, ys[j])] for i, j in zip(qi, kj)]
         colours = [(0.12, 0.31, 0.62, float(min(1.0, a[i, j]))) for i, j in zip(qi, kj)]
         ax.add_collection(LineCollection(segs, colors=colours, linewidths=1.5))
-        for i, t in enumerate(m.tokens):
-            text = _tex_safe(TokenClasser.bare(t))
+        for i, t in enumerate(readable(m.tokens, m.special, m.token_text, m.level)):
+            text = _tex_safe(visible(t))
             ax.text(0.22, ys[i], text, ha="right", va="center", fontsize=7)
             ax.text(0.78, ys[i], text, ha="left", va="center", fontsize=7)
         ax.set_xlim(-0.2, 1.2)

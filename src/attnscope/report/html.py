@@ -363,8 +363,11 @@ def heatmap_page(amap, *, layer: int, head: int, title: str) -> str:
     ax.imshow(attn, cmap="Blues", vmin=0.0, vmax=max(float(attn.max()), 1e-9))
     ax.set_xticks(range(n))
     ax.set_yticks(range(n))
-    ax.set_xticklabels(amap.tokens, rotation=90, fontsize=7)
-    ax.set_yticklabels(amap.tokens, fontsize=7)
+    from attnscope.models.pieces import readable, visible
+
+    shown = [visible(t) for t in readable(amap.tokens, amap.special, amap.token_text, amap.level)]
+    ax.set_xticklabels(shown, rotation=90, fontsize=9)
+    ax.set_yticklabels(shown, fontsize=9)
     ax.set_xlabel("attended to (key)")
     ax.set_ylabel("attending (query)")
     buf = io.BytesIO()
@@ -379,4 +382,4 @@ def heatmap_page(amap, *, layer: int, head: int, title: str) -> str:
         "<h1>{{ title }}</h1><p>Rows attend to columns; each row sums to 1. "
         "Tokens: {{ tokens }}</p><img id=\"heatmap\" alt=\"{{ title }}\" src=\"{{ src }}\">"
         "<p><a href=\"../report.html\">back to the report</a></p></body></html>\n")
-    return tmpl.render(title=title, tokens=" ".join(amap.tokens), src=src)
+    return tmpl.render(title=title, tokens=" ".join(shown), src=src)
