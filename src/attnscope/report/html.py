@@ -272,12 +272,26 @@ def _provenance_rows(prov: Mapping[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
+def breakable(name: str):
+    """A column name, escaped, that may wrap after its underscores (``sep_to_sep``), so a table
+    of many columns fits the page.
+
+    >>> str(breakable("sep_to_<sep>"))
+    'sep_<wbr>to_<wbr>&lt;sep&gt;'
+    """
+    from markupsafe import Markup, escape
+
+    return Markup(str(escape(name)).replace("_", "_<wbr>"))
+
+
 def _environment():
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.PackageLoader("attnscope.report", "templates"),
-                              autoescape=True, undefined=jinja2.StrictUndefined,
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("attnscope.report", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["breakable"] = breakable
+    return env
 
 
 def render_report(context: Mapping[str, Any]) -> str:

@@ -20,6 +20,7 @@
                  "#637939", "#843c39", "#7b4173", "#3182bd"];
   var MAX_LINES = 30000;
   var FONT = "12px sans-serif";
+  var HEAD_FONT = "14px sans-serif";  // the head view's tokens (.as-head-view .as-token)
 
   function headColour(h) { return PALETTE[h % PALETTE.length]; }
 
@@ -64,10 +65,21 @@
   }
 
   var measureCtx = null;
-  function textWidth(s) {
-    if (!measureCtx) { measureCtx = document.createElement("canvas").getContext("2d"); measureCtx.font = FONT; }
+  function textWidth(s, font) {
+    if (!measureCtx) measureCtx = document.createElement("canvas").getContext("2d");
+    measureCtx.font = font || FONT;
     return measureCtx.measureText(s).width;
   }
+
+  // how wide the stage can draw without scrolling sideways (a view wider than that is scaled
+  // down to it by CSS, so nothing is cut off)
+  function stageWidth(stage) {
+    return Math.max(320, (stage && stage.clientWidth) || 900);
+  }
+
+  // a line's opacity for weight w: the square root, so that weights of a few percent still
+  // show (0.04 -> 0.2, 0.25 -> 0.5, 1 -> 1); the order of the weights is kept
+  function lineOpacity(w) { return Math.sqrt(Math.max(0, Math.min(1, w))); }
 
   function shorten(s, max) { return s.length > max ? s.slice(0, max - 1) + "\u2026" : s; }
 
@@ -368,10 +380,12 @@
   Viewer.prototype.renderHead = function () {
     var self = this, s = this.state, p = this.p;
     var M = this.currentMatrix();
-    var rowH = 18, top = 44;
+    var rowH = 22, top = 44;
     var maxW = 0;
-    this.text.concat(this.kx).forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 24))); });
-    var colW = Math.ceil(Math.min(maxW, 200)) + 12, gap = 180, kt = this.kt, ks = this.ks, text = this.text, kx = this.kx;
+    this.text.concat(this.kx).forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 24), HEAD_FONT)); });
+    var colW = Math.ceil(Math.min(maxW, 240)) + 14, kt = this.kt, ks = this.ks, text = this.text, kx = this.kx;
+    // the lines take what the stage leaves, between 200 and 520 px
+    var gap = Math.max(200, Math.min(520, stageWidth(this.stage) - 2 * colW - 24));
     var xL = colW, xR = colW + gap, width = 2 * colW + gap + 8;
     var nr = Math.max(M.rows.length, M.cols.length), height = top + nr * rowH + 8;
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
@@ -391,7 +405,7 @@
       var special = side === "q" ? p.special : ks;
       var generated = side === "q" || !p.key_tokens ? p.generated : null;
       list.forEach(function (u, i) {
-        var t = svg("text", { x: side === "q" ? xL - 6 : xR + 6, y: yOf(i) + 4,
+        var t = svg("text", { x: side === "q" ? xL - 6 : xR + 6, y: yOf(i) + 5,
                               "text-anchor": side === "q" ? "end" : "start",
                               "class": "as-token" + (special[u] ? " as-special" : "") +
                                        (generated && generated[u] ? " as-generated" : ""),
@@ -425,17 +439,17 @@
       var frag = document.createDocumentFragment();
       cand.forEach(function (x) {
         frag.appendChild(svg("line", { x1: xL, y1: yOf(x[2]), x2: xR, y2: yOf(x[3]),
-                                       stroke: headColour(M.heads[x[1]]), "stroke-width": 2,
-                                       "stroke-opacity": Math.min(1, x[0]).toFixed(3) }));
+                                       stroke: headColour(M.heads[x[1]]), "stroke-width": 2.5,
+                                       "stroke-opacity": lineOpacity(x[0]).toFixed(3) }));
       });
       lines.appendChild(frag);
       if (f) {  // weights of the focused token as boxes behind the tokens on the other side
         var list = f.side === "q" ? M.cols : M.rows, bx = f.side === "q" ? xR + 2 : 2;
-        var hh = 14 / Math.max(1, M.heads.length);
+        var hh = 18 / Math.max(1, M.heads.length);
         for (var hi2 = 0; hi2 < M.heads.length; hi2++) {
           for (var j = 0; j < list.length; j++) {
             var w2 = f.side === "q" ? M.attn[hi2][f.i][j] : M.attn[hi2][j][f.i];
-            svg("rect", { x: bx, y: yOf(j) - 7 + hi2 * hh, width: colW - 4, height: hh,
+            svg("rect", { x: bx, y: yOf(j) - 9 + hi2 * hh, width: colW - 4, height: hh,
                           fill: headColour(M.heads[hi2]), "fill-opacity": Math.min(1, w2).toFixed(3) }, boxes);
           }
         }
@@ -508,7 +522,9 @@
   // ---- model view -----------------------------------------------------------------------
   Viewer.prototype.renderModel = function () {
     var self = this, L = this.L, H = this.H, tq = this.thumbs.shape[2], tk = this.thumbs.shape[3];
-    var cell = Math.max(28, Math.min(72, Math.floor(900 / H))), pad = 16, left = 34, top = 34;
+    // every head column in the stage's width: cells of 28 to 72 px
+    var left = 34, top = 34, pad = 16;
+    var cell = Math.max(28, Math.min(72, Math.floor((stageWidth(this.stage) - left - 12) / H) - 6));
     var width = left + H * (cell + 6) + 4, height = top + L * (cell + pad) + 4;
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
                             "class": "as-svg as-model-view" }, this.stage);
@@ -739,7 +755,7 @@
   var SVG_STYLE = "text{font:12px sans-serif;fill:#222}.as-special{fill:#888;font-style:italic}" +
                   ".as-caption{font-size:12px;fill:#444}.as-axis{font-size:11px;fill:#555}" +
                   ".as-num{font:11px monospace}.as-selected{font-weight:bold;fill:#c00}" +
-                  ".as-generated{fill:#1a7f37;font-weight:bold}";
+                  ".as-generated{fill:#1a7f37;font-weight:bold}.as-head-view text.as-token{font-size:14px}";
 
   // ---- public API -----------------------------------------------------------------------
   function mount(root, payload, options) {
