@@ -113,8 +113,10 @@ def test_script_token_renders_as_text(browser, tmp_path, map_factory):
     o = Opened(browser, heatmap_html(m, title=EVIL), tmp_path)
     assert o.js("() => window.pwned") is None
     assert o.page.title() == EVIL
-    labels = o.page.locator("svg.as-heatmap-view text.as-token").all_text_contents()
+    labels = o.page.eval_on_selector_all("svg.as-heatmap-view text.as-token",
+                                         "ts => ts.map(t => t.firstChild.textContent)")
     assert labels[1] == EVIL[:15] + "\u2026"  # shown (shortened to 16) as text
+    assert o.page.text_content('.as-heatmap-view .as-token[data-unit="1"][data-side="q"] title') == EVIL
     o.js("() => window.attnscope.setState({view: 'head'}).then(() => null)")
     assert o.page.text_content('.as-token[data-unit="1"][data-side="q"] title') == EVIL
     assert o.js("() => window.pwned") is None

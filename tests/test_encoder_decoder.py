@@ -14,7 +14,7 @@ from attnscope.extract.seq2seq import KINDS, extract_seq2seq, kind_shapes
 from attnscope.models import load_model
 from attnscope.notebook import head_view, model_view
 from attnscope.store import open_store
-from attnscope.viz.payload import head_payload, kinds_payload, pool
+from attnscope.viz.payload import head_payload, kinds_payload, page_payload, pool
 
 FAMILIES = ("t5", "bart")
 
@@ -229,14 +229,19 @@ def test_page_switches_between_the_three_kinds(browser, tmp_path):
     page.goto(path.as_uri())
     page.wait_for_selector("#attnscope-root[data-ready=true][data-kind=encoder]")
 
-    def side(s):
-        return page.eval_on_selector_all(f".as-head-view .as-{s} text",
-                                         "ts => ts.map(t => t.firstChild.textContent)")
+    def side(s, what="t.firstChild.textContent"):
+        return page.eval_on_selector_all(f".as-head-view .as-{s} text", f"ts => ts.map(t => {what})")
 
-    assert side("q") == maps.encoder.tokens and side("k") == maps.encoder.tokens
+    def shown(m, key="token_text"):  # the tokens as text (their raw pieces on hover)
+        return page_payload(m)[key]
+
+    raw = "t.querySelector('title').textContent"
+    assert side("q") == shown(maps.encoder) and side("k") == shown(maps.encoder)
+    assert side("q", raw) == maps.encoder.tokens
     page.select_option(".as-kind", "cross")
     page.wait_for_selector("#attnscope-root[data-ready=true][data-kind=cross]")
-    assert side("q") == maps.cross.tokens and side("k") == maps.encoder.tokens
+    assert side("q") == shown(maps.cross) and side("k") == shown(maps.cross, "key_token_text")
+    assert side("q", raw) == maps.cross.tokens and side("k", raw) == maps.encoder.tokens
     assert page.eval_on_selector(".as-layer", "e => e.value") == "1"
     # the page's own matrix (u8 weights) agrees with head_payload, special tokens hidden or not
     for hide in (False, True):

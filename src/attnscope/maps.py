@@ -56,6 +56,11 @@ class AttentionMap:
     #: An encoder-decoder example's other kinds, ``{"decoder": map, "cross": map}``, carried
     #: with its encoder map from extraction to the store (not part of :meth:`record`).
     others: dict | None = None
+    #: Each unit (key unit) as the tokenizer's text, where the tokens are pieces that are not
+    #: their own text (byte-level BPE: ``ĠParis`` is " Paris"; SentencePiece ``▁Paris``), see
+    #: :func:`attnscope.models.pieces.piece_texts`; None otherwise (WordPiece, words).
+    token_text: list[str] | None = None
+    key_token_text: list[str] | None = None
 
     @property
     def num_units(self) -> int:
@@ -102,6 +107,8 @@ class AttentionMap:
             **({"generated": self.generated} if self.generated is not None else {}),
             **({"key_tokens": self.key_tokens, "key_special": [bool(x) for x in self.key_special]}
                if self.key_tokens is not None else {}),
+            **({"token_text": self.token_text} if self.token_text is not None else {}),
+            **({"key_token_text": self.key_token_text} if self.key_token_text is not None else {}),
         }
 
     @classmethod
@@ -114,7 +121,8 @@ class AttentionMap:
                    generated=rec.get("generated"),
                    key_tokens=rec.get("key_tokens"),
                    key_special=(np.asarray(rec["key_special"], dtype=bool)
-                                if "key_special" in rec else None))
+                                if "key_special" in rec else None),
+                   token_text=rec.get("token_text"), key_token_text=rec.get("key_token_text"))
 
 
 @dataclass

@@ -15,6 +15,7 @@ import numpy as np
 from attnscope.data.records import Example
 from attnscope.errors import InputError
 from attnscope.models.loading import LoadedModel
+from attnscope.models.pieces import piece_texts
 
 #: Prefixes that tokenizers put on pieces to mark word starts or continuations.
 WORD_MARKERS = ("##", "Ġ", "▁", "Ċ")
@@ -32,6 +33,9 @@ class Encoded:
     special: list[bool]
     segment: list[int]
     word_ids: list[int]  # -1 for special tokens
+    #: each token as the tokenizer's text (:func:`~attnscope.models.pieces.piece_texts`; None:
+    #: the pieces are their own text, WordPiece)
+    texts: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -101,10 +105,11 @@ class Encoder:
             word_ids = [-1 if sp or w is None else (w if s == 0 else n_a + w)
                         for w, s, sp in zip(raw, seq, special)]
         ttype = enc.get("token_type_ids") if self.family.token_types else None
+        tokens = tok.convert_ids_to_tokens(ids)
         return Encoded(index=index, example=ex, input_ids=list(ids),
                        token_type_ids=list(ttype) if ttype is not None else None,
-                       tokens=tok.convert_ids_to_tokens(ids), special=special, segment=segment,
-                       word_ids=word_ids)
+                       tokens=tokens, special=special, segment=segment, word_ids=word_ids,
+                       texts=piece_texts(tok, tokens, special))
 
     def _encode_tokens(self, ex: Example, index: int) -> Encoded:
         tok = self.tokenizer
@@ -141,7 +146,8 @@ class Encoder:
             after_special = False
         ttype = segment if self.family.token_types else None
         return Encoded(index=index, example=ex, input_ids=list(ids), token_type_ids=ttype,
-                       tokens=tokens, special=special, segment=segment, word_ids=word_ids)
+                       tokens=tokens, special=special, segment=segment, word_ids=word_ids,
+                       texts=piece_texts(tok, tokens, special))
 
 
 def _segments(seq: list[int | None]) -> list[int]:

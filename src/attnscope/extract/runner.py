@@ -19,6 +19,7 @@ from attnscope.extract.encode import Encoded, Encoder, word_units
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.maps import AttentionBatch, AttentionMap
 from attnscope.models.loading import LoadedModel, as_loaded
+from attnscope.models.pieces import piece_decoder
 
 
 @dataclass
@@ -171,11 +172,11 @@ class Extractor:
         segment = np.asarray(e.segment, dtype=np.int64)
         if not self.options.word_level:
             return AttentionMap(e.index, np.ascontiguousarray(attn), list(e.tokens), special, segment,
-                                word_ids, "token", e.example)
+                                word_ids, "token", e.example, token_text=e.texts)
         units = word_units(word_ids, special)
         wattn = to_word_level(attn, units, self.options.from_word)
         first = np.searchsorted(units, np.arange(int(units[-1]) + 1))
-        words = _unit_texts(e, units)
+        words = _unit_texts(e, units, piece_decoder(self.lm.tokenizer))
         return AttentionMap(e.index, wattn, words, special[first], segment[first], word_ids[first],
                             "word", e.example)
 
@@ -194,8 +195,10 @@ def small_matrix_threads():
         yield
 
 
-def _unit_texts(e: Encoded, units: np.ndarray) -> list[str]:
-    """The text of each word-level unit: the input word where known, else the joined pieces."""
+def _unit_texts(e: Encoded, units: np.ndarray, convert=None) -> list[str]:
+    """The text of each word-level unit: the input word where known, else its pieces as the
+    tokenizer reads them together (``convert``, :func:`~attnscope.models.pieces.piece_decoder`),
+    else the pieces joined without their word markers."""
     words = e.example.all_words
     out: list[str] = []
     for u in range(int(units[-1]) + 1):
@@ -205,6 +208,8 @@ def _unit_texts(e: Encoded, units: np.ndarray) -> list[str]:
             out.append(e.tokens[t0])
         elif words is not None:
             out.append(words[e.word_ids[t0]])
+        elif convert is not None:
+            out.append(convert([e.tokens[t] for t in toks]).strip())
         else:
             out.append(_join_pieces([e.tokens[t] for t in toks]))
     return out
@@ -228,7 +233,8 @@ def _truncate(enc: Encoded, max_len: int) -> Encoded:
 
     return Encoded(index=enc.index, example=enc.example, input_ids=cut(enc.input_ids),
                    token_type_ids=cut(enc.token_type_ids), tokens=cut(enc.tokens),
-                   special=cut(enc.special), segment=cut(enc.segment), word_ids=cut(enc.word_ids))
+                   special=cut(enc.special), segment=cut(enc.segment), word_ids=cut(enc.word_ids),
+                   texts=cut(enc.texts))
 
 
 def extract(examples: Iterable[Example | dict], model: LoadedModel | str = "default", *,

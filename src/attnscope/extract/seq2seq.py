@@ -30,6 +30,7 @@ import numpy as np
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError
 from attnscope.maps import AttentionMap, token_word_ids
+from attnscope.models.pieces import piece_texts
 
 KINDS = ("encoder", "decoder", "cross")
 
@@ -139,12 +140,15 @@ def seq2seq_maps(lm, enc, dec: list[int], *, fields: dict | None = None, generat
     if fields:
         example = Example.from_dict({**example.to_dict(), **fields})
     enc_special = np.asarray(enc.special, bool)
+    dec_text = piece_texts(tok, dec_tokens, dec_special)
     encoder = AttentionMap(enc.index, stack(res.encoder_attentions), list(enc.tokens), enc_special,
                            np.asarray(enc.segment, np.int64), np.asarray(enc.word_ids, np.int64),
-                           "token", example, kind="encoder")
+                           "token", example, kind="encoder", token_text=enc.texts)
     decoder = AttentionMap(enc.index, stack(res.decoder_attentions), dec_tokens, dec_special, zeros,
-                           dec_words, "token", example, kind="decoder", generated=generated)
+                           dec_words, "token", example, kind="decoder", generated=generated,
+                           token_text=dec_text)
     cross = AttentionMap(enc.index, stack(res.cross_attentions), dec_tokens, dec_special, zeros,
                          dec_words, "token", example, kind="cross", key_tokens=list(enc.tokens),
-                         key_special=enc_special, generated=generated)
+                         key_special=enc_special, generated=generated, token_text=dec_text,
+                         key_token_text=enc.texts)
     return Seq2SeqMaps(encoder, decoder, cross)

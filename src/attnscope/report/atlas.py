@@ -59,7 +59,7 @@ def label_figure(labels: np.ndarray, path: Path, title: str) -> list[Path]:
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title, fontsize=9)
-    ax.legend(handles=[Patch(color=COLOURS[x], label=x) for x in A.LABELS], fontsize=7,
+    ax.legend(handles=[Patch(color=COLOURS[x], label=x) for x in A.LABELS], fontsize=9,
               bbox_to_anchor=(1.02, 1), loc="upper left")
     return save_figure(fig, path)
 
@@ -82,7 +82,7 @@ def curve_figure(rows: list[dict], path: Path, title: str) -> list[Path]:
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.03, 1.03)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+    ax.legend(fontsize=9, bbox_to_anchor=(1.02, 1), loc="upper left")
     return save_figure(fig, path)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.models.pieces import readable, visible
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
@@ -53,10 +54,10 @@ def _heatmap(ax, m, title, xlabels=None, ylabels=None, cmap="viridis"):
     ax.set_title(title, fontsize=9)
     if xlabels is not None and len(xlabels) <= 48:
         ax.set_xticks(range(len(xlabels)))
-        ax.set_xticklabels(xlabels, rotation=90, fontsize=6)
+        ax.set_xticklabels(xlabels, rotation=90, fontsize=8)
     if ylabels is not None and len(ylabels) <= 48:
         ax.set_yticks(range(len(ylabels)))
-        ax.set_yticklabels(ylabels, fontsize=6)
+        ax.set_yticklabels(ylabels, fontsize=8)
     return im
 
 
@@ -174,7 +175,7 @@ def _importance_figure(sec, imp, labels, figures_dir, norm: str):
     if labels and L * H <= 400:
         for (layer, head), lab in labels.items():
             if layer < L and head < H:
-                ax.text(head, layer, lab[:4], ha="center", va="center", fontsize=5, color="white")
+                ax.text(head, layer, lab[:4], ha="center", va="center", fontsize=7, color="white")
     fig.colorbar(im, ax=ax)
     paths = save_figure(fig, figures_dir / "attribution_importance")
     estimate = ("the paper's estimate, |dL/d gate| per example" if norm == "paper" else
@@ -193,7 +194,7 @@ def _pruning_figure(sec, pc, figures_dir):
     axes[1].set_ylabel("accuracy of scored tokens")
     for ax in axes:
         ax.set_xlabel("fraction of heads removed")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
     paths = save_figure(fig, figures_dir / "attribution_pruning")
     sec.figures.append(FigureArtifact("attribution_pruning", "Pruning curves: heads removed by "
                                       "importance (least first) vs a seeded random order.", paths))
@@ -209,14 +210,14 @@ def _shares_figure(sec, ns, figures_dir):
     ax.plot(layers, n[:, 1], "s--", label="norm: separators")
     ax.set_xlabel("layer")
     ax.set_ylabel("share")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9)
     paths = save_figure(fig, figures_dir / "attribution_weight_vs_norm")
     sec.figures.append(FigureArtifact("attribution_weight_vs_norm", "Weight share vs norm share of "
                                       "the first token and separators per layer.", paths))
 
 
 def _example_figure(sec, ex, figures_dir):
-    toks = ex["tokens"]
+    toks = [visible(t) for t in readable(list(ex["tokens"]), [False] * len(ex["tokens"]), None, "token")]
     panels = [("rollout", ex.get("rollout")), ("flow", ex.get("flow")),
               ("last layer: weights (head mean)", ex["weights"][-1] if ex.get("weights") is not None else None),
               ("last layer: ||sum_h alpha f||", ex["norms"][-1] if ex.get("norms") is not None else None),

@@ -10,6 +10,7 @@ shows. Only one map (the example drawn in Figure 1) is kept in memory.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.clustering import LABELS, head_stats
-from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import HeadId
 from attnscope.maps import AttentionMap
+from attnscope.models.pieces import readable, visible
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 
 LABEL_COLOURS = {"[SEP]": "#d62728", "[CLS]": "#9467bd", "punctuation": "#8c564b",
@@ -70,23 +71,34 @@ def plot_token_lines(m: AttentionMap, heads: list[tuple[int, int, str]]):
 
     k = max(len(heads), 1)
     n = m.num_units
-    fig, axes = new_figure(1, k, figsize=(3.2 * k, max(3.0, 0.2 * n + 1)), squeeze=False)
-    for ax, (layer, head, label) in zip(axes[0], heads):
+    # at most PER_ROW heads side by side, so the figure keeps the report's width and its
+    # token labels stay readable there (figures.REPORT_WIDTH_IN)
+    cols = min(k, PER_ROW)
+    rows = -(-k // cols)
+    fig, axes = new_figure(rows, cols, figsize=(2.5 * cols, rows * max(3.0, 0.24 * n + 1.2)),
+                           squeeze=False)
+    for ax in axes.ravel()[k:]:
+        ax.axis("off")
+    for ax, (layer, head, label) in zip(axes.ravel(), heads):
         a = m.attn[layer, head]  # [q k]
         ys = -np.arange(n)
         qi, kj = np.nonzero(a > 0.02)
         segs = [[(0.25, ys[i]), (0.75, ys[j])] for i, j in zip(qi, kj)]
         colours = [(0.12, 0.31, 0.62, float(min(1.0, a[i, j]))) for i, j in zip(qi, kj)]
         ax.add_collection(LineCollection(segs, colors=colours, linewidths=1.5))
-        for i, t in enumerate(m.tokens):
-            text = _tex_safe(TokenClasser.bare(t))
-            ax.text(0.22, ys[i], text, ha="right", va="center", fontsize=7)
-            ax.text(0.78, ys[i], text, ha="left", va="center", fontsize=7)
+        for i, t in enumerate(readable(m.tokens, m.special, m.token_text, m.level)):
+            text = _tex_safe(visible(t))
+            ax.text(0.22, ys[i], text, ha="right", va="center", fontsize=9)
+            ax.text(0.78, ys[i], text, ha="left", va="center", fontsize=9)
         ax.set_xlim(-0.2, 1.2)
         ax.set_ylim(-n, 1)
         ax.axis("off")
-        ax.set_title(f"head {HeadId(layer, head)}\n{label}", fontsize=8)
+        ax.set_title(f"head {HeadId(layer, head)}\n" + textwrap.fill(label, 26), fontsize=10)
     return fig
+
+
+#: Figure 1: heads side by side in one row.
+PER_ROW = 4
 
 
 def _layer_scatter(ax, arr: np.ndarray, label: str, colour: str, offset: float = 0.0) -> None:
@@ -102,7 +114,7 @@ def plot_figure2(stats: dict[str, np.ndarray]):
     vs from other tokens to separators; to the previous / next / current token."""
     from attnscope.report.figures import new_figure
 
-    fig, axes = new_figure(1, 3, figsize=(13, 3.8))
+    fig, axes = new_figure(1, 3, figsize=(11, 3.8))
     for key, label, colour in (("first", "first special ([CLS])", "#9467bd"),
                                ("separator", "separators ([SEP])", "#d62728"),
                                ("punct", ". or ,", "#8c564b")):
@@ -124,7 +136,7 @@ def plot_figure2(stats: dict[str, np.ndarray]):
         ax.set_xlabel("layer")
         ax.set_ylabel("mean attention")
         ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
     return fig
 
 
@@ -140,7 +152,7 @@ def plot_figure3(grad: "Any"):
     ax.set_xlabel("layer")
     ax.set_ylabel("mean |gradient of MLM loss|")
     ax.set_title("gradient-based importance of attention")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9)
     return fig
 
 
@@ -157,7 +169,7 @@ def plot_figure4(stats: dict[str, np.ndarray], uniform: float):
         ax.set_xlabel("layer")
         ax.set_ylabel("entropy (nats)")
         ax.set_title(title)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
     return fig
 
 
@@ -173,7 +185,7 @@ def plot_figure6(coords: np.ndarray, labels: np.ndarray):
         if sel.any():
             axes[0].scatter(coords[sel, 0], coords[sel, 1], s=22, color=LABEL_COLOURS[lab], label=lab)
     axes[0].set_title("heads by behaviour")
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=9)
     layers = np.repeat(np.arange(1, L + 1), H)
     sc = axes[1].scatter(coords[:, 0], coords[:, 1], s=22, c=layers, cmap="viridis")
     fig.colorbar(sc, ax=axes[1], label="layer")

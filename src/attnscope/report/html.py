@@ -272,12 +272,26 @@ def _provenance_rows(prov: Mapping[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
+def breakable(name: str):
+    """A column name, escaped, that may wrap after its underscores (``sep_to_sep``), so a table
+    of many columns fits the page.
+
+    >>> str(breakable("sep_to_<sep>"))
+    'sep_<wbr>to_<wbr>&lt;sep&gt;'
+    """
+    from markupsafe import Markup, escape
+
+    return Markup(str(escape(name)).replace("_", "_<wbr>"))
+
+
 def _environment():
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.PackageLoader("attnscope.report", "templates"),
-                              autoescape=True, undefined=jinja2.StrictUndefined,
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("attnscope.report", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["breakable"] = breakable
+    return env
 
 
 def render_report(context: Mapping[str, Any]) -> str:
@@ -363,8 +377,11 @@ def heatmap_page(amap, *, layer: int, head: int, title: str) -> str:
     ax.imshow(attn, cmap="Blues", vmin=0.0, vmax=max(float(attn.max()), 1e-9))
     ax.set_xticks(range(n))
     ax.set_yticks(range(n))
-    ax.set_xticklabels(amap.tokens, rotation=90, fontsize=7)
-    ax.set_yticklabels(amap.tokens, fontsize=7)
+    from attnscope.models.pieces import readable, visible
+
+    shown = [visible(t) for t in readable(amap.tokens, amap.special, amap.token_text, amap.level)]
+    ax.set_xticklabels(shown, rotation=90, fontsize=9)
+    ax.set_yticklabels(shown, fontsize=9)
     ax.set_xlabel("attended to (key)")
     ax.set_ylabel("attending (query)")
     buf = io.BytesIO()
@@ -379,4 +396,4 @@ def heatmap_page(amap, *, layer: int, head: int, title: str) -> str:
         "<h1>{{ title }}</h1><p>Rows attend to columns; each row sums to 1. "
         "Tokens: {{ tokens }}</p><img id=\"heatmap\" alt=\"{{ title }}\" src=\"{{ src }}\">"
         "<p><a href=\"../report.html\">back to the report</a></p></body></html>\n")
-    return tmpl.render(title=title, tokens=" ".join(amap.tokens), src=src)
+    return tmpl.render(title=title, tokens=" ".join(shown), src=src)

@@ -169,7 +169,7 @@ def _position_figure(res: Result, stem: Path) -> list[Path]:
         axes[1].plot(xs, ent[layer, ok], color=c, lw=1, label=lab)
     for ax, what in ((axes[0], "mean attention on the first token"),
                      (axes[1], "entropy / ln(row length)")):
-        ax.set_xticks(xs, [labels[i] for i in xs], rotation=60, fontsize=7)
+        ax.set_xticks(xs, [labels[i] for i in xs], rotation=60, fontsize=8)
         ax.set_xlabel("query position (log buckets)")
         ax.set_ylabel(what)
         ax.set_ylim(0, 1.02)
@@ -190,7 +190,7 @@ def _cluster_figure(clusters: dict, stem: Path, tables_dir: Path, sec: Section) 
         idx = [i for i in range(L * H) if labels.reshape(-1)[i] == lab]
         ax.scatter(clusters["coords"][idx, 0], clusters["coords"][idx, 1], s=14, label=lab)
     ax.set_title("Heads by Jensen-Shannon distance (MDS)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9)
     sec.figures.append(FigureArtifact(stem.name, "Heads placed by multidimensional scaling of the "
                                       "Jensen-Shannon distances of their attention over sampled rows; "
                                       "colour: behaviour (first-token / previous / punctuation / broad).",

@@ -144,7 +144,7 @@ def plot_patterns(stats: dict[str, np.ndarray], chance: dict[str, float | None],
         if c is not None:
             ax.axhline(c, ls="--", color="k", label=f"chance ({c:.3f})")
         ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
     axes[0].set_ylabel("mean attention mass per row")
     return fig
 
@@ -169,7 +169,7 @@ def plot_keys(key_arrays: dict[str, np.ndarray], top_dims: int | None, reference
     axes[1].set_title("excess kurtosis of key components", fontsize=9)
     for ax in axes:
         ax.set_xlabel("layer")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
     return fig
 
 

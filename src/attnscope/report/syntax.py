@@ -61,20 +61,25 @@ def heatmap_figures(result_counts: HeadCounts, relations: list[str], fig_dir: Pa
         if r is None:
             continue
         L, H = acc.shape[1:3]
-        fig, axes = new_figure(1, 2, figsize=(3 + 0.5 * H * 2, 1.6 + 0.45 * L), squeeze=False)
-        for d, ax in enumerate(axes[0]):
+        # the two directions one above the other, cells of at most 0.5 in: the figure keeps
+        # the report's width, so its labels stay readable there
+        cell = min(0.5, 6.0 / H)
+        fig, axes = new_figure(2, 1, figsize=(2.6 + cell * H, 2 * (1.3 + 0.4 * L)), squeeze=False,
+                               gridspec_kw={"hspace": 0.35})
+        for d, ax in enumerate(axes[:, 0]):
             im = ax.imshow(100 * acc[r, :, :, d], vmin=0, vmax=100, cmap="viridis", aspect="auto")
-            ax.set_title(f"{rel}: {DIRECTIONS[d]}", fontsize=9)
-            ax.set_xlabel("head (1-indexed)")
+            ax.set_title(f"{rel}: {DIRECTIONS[d]}", fontsize=10)
+            if d == 1:
+                ax.set_xlabel("head (1-indexed)")
             ax.set_ylabel("layer (1-indexed)")
             ax.set_xticks(range(H), [str(h + 1) for h in range(H)], fontsize=9)
             ax.set_yticks(range(L), [str(layer + 1) for layer in range(L)], fontsize=9)
-        fig.colorbar(im, ax=axes[0].tolist(), label="accuracy (%)")
+        fig.colorbar(im, ax=axes[:, 0].tolist(), label="accuracy (%)")
         stem = f"figure_syntax_heatmap_{_slug(rel)}"
         paths = save_figure(fig, fig_dir / stem)
         figs.append(FigureArtifact(stem, f"Accuracy (%) of every head for '{rel}' "
-                                         "(layer x head, 1-indexed; left: dependent -> head, "
-                                         "right: head -> dependent).", paths))
+                                         "(layer x head, 1-indexed; top: dependent -> head, "
+                                         "bottom: head -> dependent).", paths))
     return figs
 
 

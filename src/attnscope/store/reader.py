@@ -215,7 +215,8 @@ class Store:
             if self.kind == "cross" and len(rec.get("key_tokens") or []) != attn.shape[3]:
                 raise StoreError(f"{shard}: corrupt shard, the cross record at position {rec['pos']} "
                                  f"does not match its {n} x {attn.shape[3]} map")
-        if any(len(rec[k]) != n for k in ("tokens", "special", "segment", "word_ids")):
+        if any(len(rec[k]) != n for k in ("tokens", "special", "segment", "word_ids")) or \
+                len(rec.get("token_text") or rec["tokens"]) != n:
             raise StoreError(f"{shard}: corrupt shard, the record at position {rec['pos']} does not "
                              f"match its {n} x {n} map")
         try:

@@ -26,6 +26,7 @@ from attnscope.extract.seq2seq import extract_seq2seq
 from attnscope.maps import AttentionMap
 from attnscope.models.forward import forward, pad_batch
 from attnscope.models.gguf import causal_lm_for, greedy_continue
+from attnscope.models.pieces import piece_texts
 from attnscope.viz.payload import window_reducer, window_units
 
 
@@ -59,12 +60,15 @@ def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: 
     specials = set(tok.all_special_ids)
     example = Example(text=prompt, fields={"continuation": tok.decode(new), "generated_ids": new})
 
+    tokens = list(enc.tokens) + tok.convert_ids_to_tokens(new)
+    special = list(enc.special) + [i in specials for i in new]
+    texts = piece_texts(tok, tokens, special)
+
     def as_map(attn: np.ndarray) -> AttentionMap:
-        return AttentionMap(index, attn, list(enc.tokens) + tok.convert_ids_to_tokens(new),
-                            np.array(list(enc.special) + [i in specials for i in new], dtype=bool),
+        return AttentionMap(index, attn, tokens, np.array(special, dtype=bool),
                             np.zeros(len(ids), dtype=np.int64),
                             np.array(list(enc.word_ids) + [-1] * len(new), dtype=np.int64),
-                            "token", example, generated=len(enc))
+                            "token", example, generated=len(enc), token_text=texts)
 
     inputs = pad_batch(lm, [ids])
     if long_input is None or len(ids) <= long_input:

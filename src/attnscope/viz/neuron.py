@@ -25,6 +25,7 @@ from attnscope.errors import AttnscopeError, IndexRangeError
 from attnscope.models.families import module_at
 from attnscope.models.forward import supports_hooks
 from attnscope.models.loading import LoadedModel
+from attnscope.models.pieces import readable, visible
 from attnscope.viz.encoding import encode_f32
 
 #: Largest |softmax(q.k/sqrt d) - model attention| still called "the same" (float32 noise).
@@ -46,6 +47,7 @@ class QueryKey:
     causal: bool
     family: str
     scaling: float | None = None  # the layer's score scale; None: 1/sqrt(d)
+    texts: list[str] | None = None  # each token as the tokenizer's text (None: the pieces are)
 
     def scores(self) -> np.ndarray:
         """``q . k * scaling`` (``1/sqrt(d)`` unless the model says otherwise) with future keys
@@ -110,7 +112,7 @@ def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *
     return QueryKey(layer=layer, tokens=list(enc.tokens), special=[bool(s) for s in enc.special],
                     segment=[int(s) for s in enc.segment], query=np.ascontiguousarray(query),
                     key=np.ascontiguousarray(key), attn=attn, causal=fam.causal, family=fam.name,
-                    scaling=scaling)
+                    scaling=scaling, texts=enc.texts)
 
 
 def _capture_with_hooks(lm: LoadedModel, enc, layer: int):
@@ -192,6 +194,7 @@ def neuron_payload(qk: QueryKey, *, head: int = 0, query: int = 0) -> dict:
     return {
         "view": "neuron", "layer": qk.layer, "family": qk.family, "causal": qk.causal,
         "num_heads": num_heads, "head_dim": d, "tokens": qk.tokens, "special": qk.special,
+        "token_text": [visible(t) for t in readable(qk.tokens, qk.special, qk.texts, "token")],
         "segment": qk.segment, "query": encode_f32(qk.query), "key": encode_f32(qk.key),
         "model_attn": encode_f32(qk.attn), "softmax_matches_model": bool(matches),
         "max_difference": gap, "note": note,

@@ -28,6 +28,7 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError, IndexRangeError
 from attnscope.maps import AttentionMap
+from attnscope.models.pieces import readable, visible
 from attnscope.viz.encoding import encode_u8
 
 PAIR_FILTERS = ("all", "A->A", "A->B", "B->A", "B->B")
@@ -111,12 +112,18 @@ def _matrices(amap: AttentionMap, layer: int, heads: list[int], pair_filter: str
 
 def _units(amap: AttentionMap) -> dict:
     """The units of a map; a cross-attention map adds its key units, a map over a continuation
-    marks each generated unit (``generated``: a bool per unit, or None)."""
+    marks each generated unit (``generated``: a bool per unit, or None). ``tokens`` are the raw
+    pieces (``ĠParis``), ``token_text`` what the views show (``·Paris``: the tokenizer's text,
+    whitespace made visible); the pages show the raw piece on hover."""
     keys = {}
     if amap.key_tokens is not None:
-        keys = {"key_tokens": list(amap.key_tokens), "key_special": [bool(s) for s in amap.key_special]}
+        key_text = readable(amap.key_tokens, amap.key_special, amap.key_token_text, amap.level)
+        keys = {"key_tokens": list(amap.key_tokens), "key_special": [bool(s) for s in amap.key_special],
+                "key_token_text": [visible(t) for t in key_text]}
     generated = None if amap.generated is None else [i >= amap.generated for i in range(amap.num_units)]
-    return {"tokens": list(amap.tokens), "special": [bool(s) for s in amap.special],
+    text = readable(amap.tokens, amap.special, amap.token_text, amap.level)
+    return {"tokens": list(amap.tokens), "token_text": [visible(t) for t in text],
+            "special": [bool(s) for s in amap.special],
             "segment": [int(s) for s in amap.segment], "level": amap.level,
             "is_pair": is_pair(amap), "kind": amap.kind, "generated": generated, **keys}
 
@@ -140,8 +147,8 @@ def heatmap_payload(amap: AttentionMap, layer: int = 0, head: int = 0, *, pair_f
     """One head's matrix with its labels: ``attn`` is ``[len(rows), len(cols)]``."""
     p = head_payload(amap, layer, [head], pair_filter=pair_filter, hide_special=hide_special)
     p.update(view="heatmap", head=head, attn=p["attn"][0],
-             row_labels=[amap.tokens[i] for i in p["rows"]],
-             col_labels=[amap.keys[0][j] for j in p["cols"]])
+             row_labels=[p["token_text"][i] for i in p["rows"]],
+             col_labels=[p.get("key_token_text", p["token_text"])[j] for j in p["cols"]])
     del p["heads"]
     return p
 
@@ -221,10 +228,11 @@ def _window_rows(attn: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.nd
 def _window_part(amap: AttentionMap, units: np.ndarray, sub: np.ndarray) -> AttentionMap:
     """The map of the window's units with ``sub`` ``[L H m m]`` as its weights."""
     generated = None if amap.generated is None else int(np.searchsorted(units, amap.generated))
+    text = readable(amap.tokens, amap.special, amap.token_text, amap.level)  # in the whole input's context
     return AttentionMap(amap.index, sub, [amap.tokens[i] for i in units],
                         np.asarray(amap.special)[units], np.asarray(amap.segment)[units],
                         np.asarray(amap.word_ids)[units], amap.level, amap.example, kind=amap.kind,
-                        generated=generated)
+                        generated=generated, token_text=[text[i] for i in units])
 
 
 @dataclass

@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from attnscope.models.pieces import readable, visible
 from attnscope.viz.encoding import encode_f32
 
 #: Titles of the arrays the long-context family writes; other bucketed arrays keep their name.
@@ -143,7 +144,9 @@ def attribution_payload(d: dict, source: str, problems: list[str]) -> dict | Non
         problems.append(f"{source}: the attribution example has no maps")
         return None
     model = d.get("model")
-    return {"index": ex.get("index"), "tokens": tokens, "num_layers": layers or 1, "source": source,
+    text = [visible(t) for t in readable(tokens, [False] * n, None, "token")]  # tokens as the views show them
+    return {"index": ex.get("index"), "tokens": tokens, "token_text": text, "num_layers": layers or 1,
+            "source": source,
             "model": model.get("name") if isinstance(model, dict) else model,
             "notes": [str(x) for x in d.get("notes") or []], "methods": methods}
 

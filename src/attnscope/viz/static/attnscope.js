@@ -1,7 +1,9 @@
 /* attnscope views: head, model, heatmap and neuron views drawn as SVG from a JSON payload.
  *
  * Written for attnscope; no libraries, no network. Every token reaches the page through
- * textContent (never innerHTML), so an input holding a script tag is shown as text.
+ * textContent (never innerHTML), so an input holding a script tag is shown as text. Tokens are
+ * shown as text (payload.token_text: "·Paris" for the byte-level piece "ĠParis"), the raw piece
+ * in each label's <title>, shown on hover.
  * Payload: see attnscope/viz/payload.py (page_payload). Blobs ("u8"/"f32") are deflated and
  * base64-encoded; they are inflated with the browser's DecompressionStream.
  *
@@ -18,6 +20,7 @@
                  "#637939", "#843c39", "#7b4173", "#3182bd"];
   var MAX_LINES = 30000;
   var FONT = "12px sans-serif";
+  var HEAD_FONT = "14px sans-serif";  // the head view's tokens (.as-head-view .as-token)
 
   function headColour(h) { return PALETTE[h % PALETTE.length]; }
 
@@ -62,10 +65,21 @@
   }
 
   var measureCtx = null;
-  function textWidth(s) {
-    if (!measureCtx) { measureCtx = document.createElement("canvas").getContext("2d"); measureCtx.font = FONT; }
+  function textWidth(s, font) {
+    if (!measureCtx) measureCtx = document.createElement("canvas").getContext("2d");
+    measureCtx.font = font || FONT;
     return measureCtx.measureText(s).width;
   }
+
+  // how wide the stage can draw without scrolling sideways (a view wider than that is scaled
+  // down to it by CSS, so nothing is cut off)
+  function stageWidth(stage) {
+    return Math.max(320, (stage && stage.clientWidth) || 900);
+  }
+
+  // a line's opacity for weight w: the square root, so that weights of a few percent still
+  // show (0.04 -> 0.2, 0.25 -> 0.5, 1 -> 1); the order of the weights is kept
+  function lineOpacity(w) { return Math.sqrt(Math.max(0, Math.min(1, w))); }
 
   function shorten(s, max) { return s.length > max ? s.slice(0, max - 1) + "\u2026" : s; }
 
@@ -115,6 +129,9 @@
     // key units (columns): the same units, except in a cross-attention map (the encoder's)
     this.kt = payload.key_tokens || payload.tokens;
     this.ks = payload.key_special || payload.special;
+    // what the labels show: the tokens as text; the raw pieces (tokens, kt) go on hover
+    this.text = payload.token_text || payload.tokens;
+    this.kx = payload.key_tokens ? (payload.key_token_text || payload.key_tokens) : this.text;
     this.nk = this.kt.length;
     this.L = payload.num_layers;
     this.H = payload.num_heads;
@@ -204,7 +221,7 @@
         " (" + p.level + " level)";
       var wbar = el("div", { "class": "as-window" }, root);
       el("span", { "class": "as-window-note" }, wbar, "Long input: showing query rows " + lo + "\u2013" + hi +
-         " (0-indexed positions) of " + w.num_units + ", and the first token (" + p.tokens[0] +
+         " (0-indexed positions) of " + w.num_units + ", and the first token (" + this.text[0] +
          ", the sink) as row and column; lines and cells are weights on these keys only. " +
          "The model view and the distance profile cover the whole input. ");
       if (this.options.windowLoader) {
@@ -363,10 +380,12 @@
   Viewer.prototype.renderHead = function () {
     var self = this, s = this.state, p = this.p;
     var M = this.currentMatrix();
-    var rowH = 18, top = 44;
+    var rowH = 22, top = 44;
     var maxW = 0;
-    p.tokens.concat(this.kt).forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 24))); });
-    var colW = Math.ceil(Math.min(maxW, 200)) + 12, gap = 180, kt = this.kt, ks = this.ks;
+    this.text.concat(this.kx).forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 24), HEAD_FONT)); });
+    var colW = Math.ceil(Math.min(maxW, 240)) + 14, kt = this.kt, ks = this.ks, text = this.text, kx = this.kx;
+    // the lines take what the stage leaves, between 200 and 520 px
+    var gap = Math.max(200, Math.min(520, stageWidth(this.stage) - 2 * colW - 24));
     var xL = colW, xR = colW + gap, width = 2 * colW + gap + 8;
     var nr = Math.max(M.rows.length, M.cols.length), height = top + nr * rowH + 8;
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
@@ -382,15 +401,16 @@
     var yOf = function (i) { return top + i * rowH + rowH / 2; };
     var makeTokens = function (list, side) {
       var g = svg("g", { "class": "as-tokens as-" + side }, root);
-      var texts = side === "q" ? p.tokens : kt, special = side === "q" ? p.special : ks;
+      var texts = side === "q" ? text : kx, raw = side === "q" ? p.tokens : kt;
+      var special = side === "q" ? p.special : ks;
       var generated = side === "q" || !p.key_tokens ? p.generated : null;
       list.forEach(function (u, i) {
-        var t = svg("text", { x: side === "q" ? xL - 6 : xR + 6, y: yOf(i) + 4,
+        var t = svg("text", { x: side === "q" ? xL - 6 : xR + 6, y: yOf(i) + 5,
                               "text-anchor": side === "q" ? "end" : "start",
                               "class": "as-token" + (special[u] ? " as-special" : "") +
                                        (generated && generated[u] ? " as-generated" : ""),
                               "data-unit": u, "data-side": side }, g, shorten(texts[u], 24));
-        svg("title", null, t, texts[u] + (generated && generated[u] ? " (generated)" : ""));
+        svg("title", null, t, raw[u] + (generated && generated[u] ? " (generated)" : ""));
         t.addEventListener("mouseenter", function () { self.focus = { side: side, i: i }; drawLines(); });
         t.addEventListener("mouseleave", function () { self.focus = null; drawLines(); });
       });
@@ -419,17 +439,17 @@
       var frag = document.createDocumentFragment();
       cand.forEach(function (x) {
         frag.appendChild(svg("line", { x1: xL, y1: yOf(x[2]), x2: xR, y2: yOf(x[3]),
-                                       stroke: headColour(M.heads[x[1]]), "stroke-width": 2,
-                                       "stroke-opacity": Math.min(1, x[0]).toFixed(3) }));
+                                       stroke: headColour(M.heads[x[1]]), "stroke-width": 2.5,
+                                       "stroke-opacity": lineOpacity(x[0]).toFixed(3) }));
       });
       lines.appendChild(frag);
       if (f) {  // weights of the focused token as boxes behind the tokens on the other side
         var list = f.side === "q" ? M.cols : M.rows, bx = f.side === "q" ? xR + 2 : 2;
-        var hh = 14 / Math.max(1, M.heads.length);
+        var hh = 18 / Math.max(1, M.heads.length);
         for (var hi2 = 0; hi2 < M.heads.length; hi2++) {
           for (var j = 0; j < list.length; j++) {
             var w2 = f.side === "q" ? M.attn[hi2][f.i][j] : M.attn[hi2][j][f.i];
-            svg("rect", { x: bx, y: yOf(j) - 7 + hi2 * hh, width: colW - 4, height: hh,
+            svg("rect", { x: bx, y: yOf(j) - 9 + hi2 * hh, width: colW - 4, height: hh,
                           fill: headColour(M.heads[hi2]), "fill-opacity": Math.min(1, w2).toFixed(3) }, boxes);
           }
         }
@@ -502,7 +522,9 @@
   // ---- model view -----------------------------------------------------------------------
   Viewer.prototype.renderModel = function () {
     var self = this, L = this.L, H = this.H, tq = this.thumbs.shape[2], tk = this.thumbs.shape[3];
-    var cell = Math.max(28, Math.min(72, Math.floor(900 / H))), pad = 16, left = 34, top = 34;
+    // every head column in the stage's width: cells of 28 to 72 px
+    var left = 34, top = 34, pad = 16;
+    var cell = Math.max(28, Math.min(72, Math.floor((stageWidth(this.stage) - left - 12) / H) - 6));
     var width = left + H * (cell + 6) + 4, height = top + L * (cell + pad) + 4;
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
                             "class": "as-svg as-model-view" }, this.stage);
@@ -540,8 +562,8 @@
     var M = this.currentMatrix(), m = M.attn[0], R = M.rows.length, C = M.cols.length;
     var cell = Math.max(1, Math.min(20, Math.floor(720 / Math.max(R, C, 1))));
     var labels = cell >= 8, maxW = 0;
-    var kt = this.kt, ks = this.ks;
-    if (labels) p.tokens.concat(kt).forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 16))); });
+    var kt = this.kt, ks = this.ks, text = this.text, kx = this.kx;
+    if (labels) text.concat(kx).forEach(function (t) { maxW = Math.max(maxW, textWidth(shorten(t, 16))); });
     var lm = labels ? Math.ceil(maxW) + 10 : 10, top = 56 + (labels ? Math.ceil(maxW) + 10 : 0);
     var width = lm + C * cell + 10, height = top + R * cell + 10;
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
@@ -558,21 +580,25 @@
     svg("rect", { x: lm, y: top, width: C * cell, height: R * cell, fill: "none", stroke: "#999" }, root);
     if (labels) {
       M.rows.forEach(function (u, i) {
-        svg("text", { x: lm - 4, y: top + i * cell + cell / 2 + 4, "text-anchor": "end",
-                      "class": "as-token" + (p.special[u] ? " as-special" : "") +
-                               (p.generated && p.generated[u] ? " as-generated" : "") }, root, shorten(p.tokens[u], 16));
+        var t = svg("text", { x: lm - 4, y: top + i * cell + cell / 2 + 4, "text-anchor": "end",
+                              "class": "as-token" + (p.special[u] ? " as-special" : "") +
+                                       (p.generated && p.generated[u] ? " as-generated" : ""),
+                              "data-unit": u, "data-side": "q" }, root, shorten(text[u], 16));
+        svg("title", null, t, p.tokens[u]);
       });
       M.cols.forEach(function (u, j) {
         var x = lm + j * cell + cell / 2 + 4, y = top - 4;
-        svg("text", { x: x, y: y, transform: "rotate(-90 " + x + " " + y + ")",
-                      "class": "as-token" + (ks[u] ? " as-special" : "") }, root, shorten(kt[u], 16));
+        var t = svg("text", { x: x, y: y, transform: "rotate(-90 " + x + " " + y + ")",
+                              "class": "as-token" + (ks[u] ? " as-special" : ""),
+                              "data-unit": u, "data-side": "k" }, root, shorten(kx[u], 16));
+        svg("title", null, t, kt[u]);
       });
     }
     im.addEventListener("mousemove", function (ev) {
       var box = im.getBoundingClientRect();
       var r = Math.floor((ev.clientY - box.top) / box.height * R), c = Math.floor((ev.clientX - box.left) / box.width * C);
       if (r < 0 || c < 0 || r >= R || c >= C) return;
-      self.showTip(ev, p.tokens[M.rows[r]] + " \u2192 " + kt[M.cols[c]] + ": " + m[r][c].toFixed(3));
+      self.showTip(ev, text[M.rows[r]] + " \u2192 " + kx[M.cols[c]] + ": " + m[r][c].toFixed(3));
     });
     im.addEventListener("mouseleave", function () { self.tip.hidden = true; });
     this.status("heatmap", R + " x " + C);
@@ -637,7 +663,7 @@
   };
 
   Viewer.prototype.drawNeuron = function (N) {
-    var self = this, s = this.state, meta = N.meta, toks = meta.tokens;
+    var self = this, s = this.state, meta = N.meta, raw = meta.tokens, toks = meta.token_text || raw;
     var query = Math.min(s.query, toks.length - 1);
     var V = this.neuronValues(s.head, query), n = V.n, d = V.d;
     var cw = Math.max(2, Math.min(8, Math.floor(320 / d))), rowH = 16, top = 70, maxW = 0;
@@ -676,8 +702,10 @@
         var qt = svg("text", { x: xQ + tokW, y: y, "text-anchor": "end", cursor: "pointer",
                                "class": "as-token as-neuron-query" + (j === query ? " as-selected" : "") +
                                (meta.special[j] ? " as-special" : ""), "data-unit": j }, root, shorten(toks[j], 20));
+        svg("title", null, qt, raw[j]);
         qt.addEventListener("click", function () { self.setState({ query: j }); });
-        svg("text", { x: xK, y: y, "class": "as-token" + (meta.special[j] ? " as-special" : "") }, root, shorten(toks[j], 20));
+        var kt = svg("text", { x: xK, y: y, "class": "as-token" + (meta.special[j] ? " as-special" : "") }, root, shorten(toks[j], 20));
+        svg("title", null, kt, raw[j]);
         svg("text", { x: xDot, y: y, "class": "as-num" }, root, V.dots[j] === null ? "masked" : V.dots[j].toFixed(2));
         svg("rect", { x: xSoft, y: y - 10, width: Math.max(0, 100 * V.softmax[j]), height: 12, fill: headColour(s.head) }, root);
         svg("text", { x: xSoft + 106, y: y, "class": "as-num" }, root, V.softmax[j].toFixed(3));
@@ -727,7 +755,7 @@
   var SVG_STYLE = "text{font:12px sans-serif;fill:#222}.as-special{fill:#888;font-style:italic}" +
                   ".as-caption{font-size:12px;fill:#444}.as-axis{font-size:11px;fill:#555}" +
                   ".as-num{font:11px monospace}.as-selected{font-weight:bold;fill:#c00}" +
-                  ".as-generated{fill:#1a7f37;font-weight:bold}";
+                  ".as-generated{fill:#1a7f37;font-weight:bold}.as-head-view text.as-token{font-size:14px}";
 
   // ---- public API -----------------------------------------------------------------------
   function mount(root, payload, options) {

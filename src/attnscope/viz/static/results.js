@@ -49,7 +49,7 @@
   };
 
   Attribution.prototype.render = function () {
-    var self = this, ap = this.ap, toks = ap.tokens, n = toks.length;
+    var self = this, ap = this.ap, raw = ap.tokens, toks = ap.token_text || raw, n = toks.length;
     this.stage.textContent = "";
     var cell = Math.max(3, Math.min(14, Math.floor(360 / n))), labels = cell >= 8, maxW = 0;
     if (labels) toks.forEach(function (t) { maxW = Math.max(maxW, A.textWidth(A.shorten(t, 14))); });
@@ -73,9 +73,10 @@
       if (labels) {
         toks.forEach(function (t, i) {
           var rt = svg("text", { x: lm - 3, y: top + i * cell + cell / 2 + 4, "text-anchor": "end", "class": "as-token rs-row" }, root, A.shorten(t, 14));
-          svg("title", null, rt, t);
+          svg("title", null, rt, raw[i]);
           var x = lm + i * cell + cell / 2 + 4, y = top - 3;
-          svg("text", { x: x, y: y, transform: "rotate(-90 " + x + " " + y + ")", "class": "as-token rs-col" }, root, A.shorten(t, 14));
+          var ct = svg("text", { x: x, y: y, transform: "rotate(-90 " + x + " " + y + ")", "class": "as-token rs-col" }, root, A.shorten(t, 14));
+          svg("title", null, ct, raw[i]);
         });
       }
       im.addEventListener("mousemove", function (ev) {
