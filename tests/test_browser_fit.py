@@ -181,8 +181,8 @@ def test_view_flag_layer_is_the_layer_the_page_draws(browser, tmp_path, capsys):
     """`view --layer 2`: the caption says Layer 2 and the layer menu shows 2."""
     from attnscope.cli.main import main
     from attnscope.data.io import example_from_dict
+    from attnscope.jobs import extract_to_store
     from attnscope.models import load_model
-    from attnscope.store import extract_to_store
 
     extract_to_store([example_from_dict({"text": "the cat sat on the mat"}, 0)], tmp_path / "s",
                      load_model("debug:gpt2"))
@@ -207,8 +207,8 @@ def test_view_flag_layer_is_the_layer_the_page_draws(browser, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, wide_model):
     from attnscope.data.io import example_from_dict
+    from attnscope.jobs import extract_to_store
     from attnscope.serve.app import create_app
-    from attnscope.store import extract_to_store
     from tests.test_browser_serve import start
 
     store = tmp_path_factory.mktemp("served") / "store"

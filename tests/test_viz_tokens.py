@@ -63,7 +63,8 @@ def test_the_text_survives_the_store_and_reaches_the_page(lm, tmp_path):
     a store written without the texts (before) shows the same, read from the pieces' marks."""
     from attnscope.cli.main import main
     from attnscope.data.io import example_from_dict
-    from attnscope.store import extract_to_store, open_store
+    from attnscope.jobs import extract_to_store
+    from attnscope.store import open_store
 
     m = _map(lm)
     extract_to_store([example_from_dict({"text": TEXT}, 0)], tmp_path / "s", lm)
@@ -79,7 +80,7 @@ def test_the_text_survives_the_store_and_reaches_the_page(lm, tmp_path):
 
 
 def test_neuron_and_generated_views_show_text(lm):
-    from attnscope.extract.generate import continuation_map
+    from attnscope.viz.generate import continuation_map
     from attnscope.viz.neuron import capture_qk, neuron_payload
 
     n = neuron_payload(capture_qk(lm, TEXT, 0))
