@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_longctx import TEXTS, _docs, _tiny, assert_close, reference
+from test_longctx import TEXTS, _docs, _tiny, assert_close, engine_against_own_attention, reference
 
 from attnscope.analyses.longctx import (
     NUM_BUCKETS,
@@ -29,7 +29,7 @@ from attnscope.engines.backends import LayerInput, choose
 from attnscope.engines.streaming import auto_tile, maps_update, stream_stats
 from attnscope.errors import AttnscopeError
 from attnscope.models import load_model
-from attnscope.models.forward import Site, forward, pad_batch
+from attnscope.models.forward import Site
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = [b.name for b in backends.BACKENDS if backends.usable(b.name, "cpu")]
@@ -266,12 +266,16 @@ def _model(name):
     return _tiny(name.split("-")[1]) if name.startswith("tiny-") else load_model(f"debug:{name}")
 
 
-@pytest.fixture(scope="module", params=MODELS)
-def decoder(request):
+def _case(name: str):
     """A tiny decoder, its documents and probes, and every statistic of their eager maps."""
-    lm = _model(request.param)
+    lm = _model(name)
     seqs, targets = _docs(lm)
     return lm, seqs, targets, reference(lm, seqs, targets, js_rows=3)
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def decoder(request):
+    return _case(request.param)
 
 
 @pytest.mark.parametrize("backend", HERE)
@@ -330,36 +334,7 @@ def test_every_backend_gives_the_models_own_attention(kind, backend):
     # the output that goes back to the model, on the very same q, k, v: sdpa's, or for Gemma 2
     # (soft-capping) the family's eager attention; a padded batch, grouped-query heads.
     # Measured largest difference per layer: 2.6e-6 (tiles), 1.9e-6 (compiled), 1.4e-6 (flex)
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    from attnscope.engines.streaming import make_sequences, one_pass
-    from attnscope.models.forward import _family_eager
-
-    torch.manual_seed(0)
-    lm = _tiny(kind)
-    ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
-    inputs = pad_batch(lm, ids)
-    lean = kind != "gemma2"
-    st = LongContextStats(js_rows=2)
-    seqs = make_sequences(lm, ids, st)
-    for seq in seqs:
-        st.begin(lm.num_layers, lm.num_heads, seq)
-    engine = one_pass(st, seqs, chunk=3, backend=backend)
-    worst = []
-
-    def both(site, query):
-        got = engine(site, query)
-        if lean:
-            own = sdpa_attention_forward(site.module, site.query, site.key, site.value, site.mask,
-                                         scaling=site.scaling)[0]
-        else:
-            own = _family_eager(site.module)(site.module, site.query, site.key, site.value, site.mask,
-                                             scaling=site.scaling,
-                                             softcap=lm.model.config.attn_logit_softcapping)[0]
-        worst.append(max(float((got[b, :n] - own[b, :n]).abs().max()) for b, n in enumerate(inputs.lengths)))
-        return got
-
-    forward(lm, inputs, hooks={"attend": both}, lean_mask=lean)
+    lm, _, _, worst, _ = engine_against_own_attention(kind, backend)
     assert len(worst) == lm.num_layers and max(worst) < 5e-6, worst
 
 
@@ -370,9 +345,7 @@ PER_HEAD = ("sink", "special", "punct", "previous", "current", "norm_entropy", "
 
 @pytest.fixture(scope="module", params=["llama", "tiny-gemma2"])
 def bf16_decoder(request):
-    lm = _model(request.param)
-    seqs, targets = _docs(lm)
-    return lm, seqs, targets, reference(lm, seqs, targets, js_rows=3)
+    return _case(request.param)
 
 
 @pytest.mark.parametrize("backend", HERE)

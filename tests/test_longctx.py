@@ -580,25 +580,16 @@ def _tiny(kind):
                        source="test", weights_hash="-")
 
 
-@pytest.mark.parametrize("kernel", ["flash", "tiles"])
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
-def test_one_pass_output_equals_the_models_own_attention(kind, kernel, monkeypatch):
-    # The engine's P V replaces the layer's attention output. On the very same q, k, v (inside
-    # one pass) it must equal the model's own attention: sdpa, or for Gemma 2, whose
-    # soft-capping sdpa cannot do, the family's eager code; a padded batch, grouped-query
-    # attention. Measured max |difference| over real rows (float32, values up to ~5), for the
-    # one-call CPU kernel / the tiles of whole rows: per layer llama 1.9e-6 / 2.6e-6, qwen2
-    # 1.2e-6 / 1.2e-6, gemma2 1.2e-6 / 7.2e-7; the last hidden states of a whole one-pass run
-    # against a whole run of the model's own attention (rounding carried through the layers of
-    # this 0.3-initialised model): llama 3.7e-6 / 6.8e-6, qwen2 2.0e-6 / 2.4e-6, gemma2 1.3e-6 /
-    # 1.1e-6. (The 2 query heads of a key head are one product of stacked rows.)
+def engine_against_own_attention(kind: str, backend: str = "auto"):
+    """The streaming engine's one pass (``backend``) over a padded batch of the tiny ``kind``
+    decoder, each layer's output set against the model's own attention on the very same q, k, v
+    (sdpa's; for Gemma 2's soft-capping the family's eager attention):
+    ``(lm, inputs, lean, worst difference per layer, the last hidden states)``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from attnscope.engines.streaming import make_sequences, one_pass
     from attnscope.models.forward import _family_eager
 
-    if kernel == "tiles":  # tiles of whole rows (else, on the CPU, one call per layer)
-        monkeypatch.setattr(native, "flash_kernel", lambda: None)
     torch.manual_seed(0)
     lm = _tiny(kind)
     ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
@@ -608,7 +599,7 @@ def test_one_pass_output_equals_the_models_own_attention(kind, kernel, monkeypat
     seqs = make_sequences(lm, ids, st)
     for seq in seqs:
         st.begin(lm.num_layers, lm.num_heads, seq)
-    engine = one_pass(st, seqs, chunk=3)
+    engine = one_pass(st, seqs, chunk=3, backend=backend)
     worst = []
 
     def both(site, query):
@@ -624,6 +615,24 @@ def test_one_pass_output_equals_the_models_own_attention(kind, kernel, monkeypat
         return got
 
     one = forward(lm, inputs, hooks={"attend": both}, lean_mask=lean).output.last_hidden_state
+    return lm, inputs, lean, worst, one
+
+
+@pytest.mark.parametrize("kernel", ["flash", "tiles"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+def test_one_pass_output_equals_the_models_own_attention(kind, kernel, monkeypatch):
+    # The engine's P V replaces the layer's attention output. On the very same q, k, v (inside
+    # one pass) it must equal the model's own attention: sdpa, or for Gemma 2, whose
+    # soft-capping sdpa cannot do, the family's eager code; a padded batch, grouped-query
+    # attention. Measured max |difference| over real rows (float32, values up to ~5), for the
+    # one-call CPU kernel / the tiles of whole rows: per layer llama 1.9e-6 / 2.6e-6, qwen2
+    # 1.2e-6 / 1.2e-6, gemma2 1.2e-6 / 7.2e-7; the last hidden states of a whole one-pass run
+    # against a whole run of the model's own attention (rounding carried through the layers of
+    # this 0.3-initialised model): llama 3.7e-6 / 6.8e-6, qwen2 2.0e-6 / 2.4e-6, gemma2 1.3e-6 /
+    # 1.1e-6. (The 2 query heads of a key head are one product of stacked rows.)
+    if kernel == "tiles":  # tiles of whole rows (else, on the CPU, one call per layer)
+        monkeypatch.setattr(native, "flash_kernel", lambda: None)
+    lm, inputs, lean, worst, one = engine_against_own_attention(kind)
     assert len(worst) == lm.num_layers and max(worst) < 5e-6, worst
     own = forward(lm, inputs, lean_mask=lean, attentions=not lean).output.last_hidden_state
     whole = max(float((one[b, :n] - own[b, :n]).abs().max()) for b, n in enumerate(inputs.lengths))
