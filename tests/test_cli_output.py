@@ -75,12 +75,12 @@ def test_unusable_output_refused_before_the_model_loads(tmp_path, capsys, words_
         out.write_text("a file")
     before = sorted(p.name for p in tmp_path.rglob("*"))
 
-    import attnscope.models
+    import attnscope.models.loading
 
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the output folder was checked")
 
-    monkeypatch.setattr(attnscope.models, "load_model", no_model)
+    monkeypatch.setattr(attnscope.models.loading, "_load", no_model)
     code, stdout, err = run(capsys, "extract", words_file, "--model", "debug", "--out", out, *flags)
     assert code == 2 and stdout == ""
     assert err.splitlines() == [err.strip()] and message in err and str(out) in err

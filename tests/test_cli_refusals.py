@@ -36,12 +36,12 @@ def files(tmp_path):
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if any command loads a model."""
-    import attnscope.models
+    import attnscope.models.loading
 
     def load_model(*a, **k):
         raise AssertionError("a model was loaded before the output was checked")
 
-    monkeypatch.setattr(attnscope.models, "load_model", load_model)
+    monkeypatch.setattr(attnscope.models.loading, "_load", load_model)
 
 
 def _snapshot(root):
@@ -201,9 +201,9 @@ def test_prepare_refuses_an_existing_output_unless_overwrite(tmp_path, capsys, f
     existing.write_text("keep me")
     before = _snapshot(tmp_path)
     with monkeypatch.context() as m:
-        import attnscope.models
+        import attnscope.models.loading
 
-        m.setattr(attnscope.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+        m.setattr(attnscope.models.loading, "_load", lambda *a, **k: pytest.fail("a model was loaded"))
         code, stdout, err = run(capsys, *args)
     assert code == 2 and stdout == "", err
     assert err.splitlines() == [f"error: {existing}: already exists (use --overwrite to replace it)"]
@@ -286,12 +286,12 @@ def test_ctrl_c_during_extract_says_what_is_kept_and_resume_finishes(tmp_path, c
 
 
 def test_ctrl_c_before_the_store_is_begun_says_nothing_was_written(tmp_path, capsys, monkeypatch):
-    import attnscope.models
+    import attnscope.models.loading
 
     def load_model(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(attnscope.models, "load_model", load_model)
+    monkeypatch.setattr(attnscope.models.loading, "_load", load_model)
     inp = tmp_path / "in.json"
     inp.write_text(json.dumps([{"text": "a b"}]))
     code, stdout, err = run(capsys, "extract", inp, "--out", tmp_path / "s", "-q")

@@ -406,12 +406,11 @@ def test_out_of_gpu_memory_is_one_line_naming_max_seq_len(tmp_path, capsys, monk
     # pass raises torch's out-of-memory error with its own message
     from types import SimpleNamespace
 
-    import attnscope.engines.streaming as streaming
-    import attnscope.models as models
+    import attnscope.executor as executor
+    import attnscope.models.loading as loading
     from attnscope.cli.main import main
 
-    real = models.load_model
-    monkeypatch.setattr(models, "load_model", lambda name, **kw: real(name, **{**kw, "device": "cpu"}))
+    monkeypatch.setattr(loading, "resolve_device", lambda device: "cpu")  # the loader keeps it on the CPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 70 << 30)
@@ -423,7 +422,7 @@ def test_out_of_gpu_memory_is_one_line_naming_max_seq_len(tmp_path, capsys, monk
                                      "capacity of 79.19 GiB of which 1.50 GiB is free.\nOf the allocated "
                                      "memory ... PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ...")
 
-    monkeypatch.setattr(streaming, "stream_stats", boom)
+    monkeypatch.setattr(executor, "stream_stats", boom)  # where the executor calls the engine
     out = tmp_path / "out"
     code = main(["analyze", "longctx", str(ROOT / "src/attnscope/demo_data/text.txt"), "--model", "debug:llama",
                  "--device", "auto", "--max-seq-len", "256", "--longctx-engine", "streaming", "--out", str(out)])

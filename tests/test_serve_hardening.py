@@ -167,7 +167,7 @@ class _FakeServer:
 @pytest.mark.parametrize("host,needs_token", [("127.0.0.1", False), ("0.0.0.0", True)])
 def test_serve_command_prints_the_url_with_a_token_off_loopback(store_path, capsys, monkeypatch,
                                                                  host, needs_token):
-    import attnscope.serve.app as app_module
+    import attnscope.cli.serve as serve_cli
     from attnscope.cli.main import main
 
     seen = {}
@@ -176,7 +176,7 @@ def test_serve_command_prints_the_url_with_a_token_off_loopback(store_path, caps
         seen["app"] = app
         return _FakeServer()
 
-    monkeypatch.setattr(app_module, "make_server", fake_make_server)
+    monkeypatch.setattr(serve_cli, "make_server", fake_make_server)  # where the command calls it
     code = main(["serve", str(store_path), "--host", host, "--port", "0"])
     out, err = capsys.readouterr()
     assert code == 0

@@ -31,8 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnscope.analyses.base import Analysis, Result
+from attnscope.engines.streaming import maps_update, stream_stats
 from attnscope.errors import AttnscopeError
+from attnscope.extract.encode import Encoder
+from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
 from attnscope.maps import AttentionBatch
+from attnscope.on_ray.cluster import RayBatchRunner, ray_session
 from attnscope.progress import Progress, with_unit
 from attnscope.store import Store
 from attnscope.store.checkpoints import UnitLog
@@ -73,8 +77,6 @@ class LocalExecutor:
         attention with no ``[n n]`` maps (``engine`` "streaming"), or from each layer's eager
         maps as they are made ("maps", the reference); returns the number of workers that ran
         them (0: this process)."""
-        from attnscope.engines.streaming import maps_update, stream_stats
-
         if engine == "maps":
             maps_update(lm, sequences, stats, batch_size=batch_size, targets=targets, keep_all=False,
                         units=units)
@@ -166,7 +168,6 @@ def executor(ray: bool = False, workers: int = 1):
     if not ray:
         yield LocalExecutor()
         return
-    from attnscope.on_ray.cluster import RayBatchRunner, ray_session
 
     with ray_session(workers) as session:
         yield RayExecutor(RayBatchRunner(session, workers))
@@ -204,8 +205,6 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
     done, total)`` is called after every batch. Refuses a pass that analysed nothing (with
     ``note``, one line on why that may be, e.g. examples packed for another tokenizer).
     """
-    from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
-
     executor = executor or LocalExecutor()
     maps_side = [a for a in analyses if a.consumes == "maps"]
     encoded_side = [a for a in analyses if a.consumes == "encoded"]
@@ -282,6 +281,4 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
 
 
 def _encoder(model):
-    from attnscope.extract.encode import Encoder
-
     return Encoder(model)

@@ -13,14 +13,27 @@ IPython is never imported.
 
 from __future__ import annotations
 
+import asyncio
 import html as _html
+import json
+import re
+import secrets
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from attnscope.data.io import atomic_write_text
 from attnscope.data.records import Example
 from attnscope.errors import NoAttentionError
+from attnscope.extract.runner import extract
 from attnscope.maps import AttentionMap, token_word_ids
+from attnscope.models.loading import LoadedModel, as_loaded, borrowed
+from attnscope.views import results_view_html
+from attnscope.viz.export import export_html
+from attnscope.viz.generate import model_maps
+from attnscope.viz.pages import maps_html, neuron_view_html
+from attnscope.viz.payload import LONG_INPUT
 
 
 class View:
@@ -50,9 +63,6 @@ class View:
     @staticmethod
     def _payload(html: str) -> dict:
         """The page's data block, or ``{}`` when it has none that parses."""
-        import json
-        import re
-
         m = re.search(r'<script id="attnscope-data" type="application/json">(.*?)</script>', html, re.S)
         try:
             payload = json.loads(m.group(1)) if m else {}
@@ -102,8 +112,6 @@ class View:
         return " \u00b7 ".join(parts)
 
     def _repr_html_(self) -> str:
-        import secrets
-
         frame = f"attnscope-{secrets.token_hex(6)}"
         # The page posts {"attnscopeHeight": h} to its parent (page.html.j2); only the message
         # from this frame's own window sets this frame's height. Without a trusted output (a
@@ -127,8 +135,6 @@ class View:
 
     def save(self, path: str | Path) -> Path:
         """Write the page (atomically); returns the path."""
-        from attnscope.data.io import atomic_write_text
-
         path = Path(path)
         atomic_write_text(path, self.html)
         return path
@@ -145,11 +151,6 @@ class View:
         """:func:`~attnscope.viz.export.export_html` of this page. Playwright's sync API refuses
         to run where an asyncio loop is running (a Jupyter kernel has one), so there it runs
         on a thread of its own."""
-        import asyncio
-        from concurrent.futures import ThreadPoolExecutor
-
-        from attnscope.viz.export import export_html
-
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -223,8 +224,6 @@ def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=No
     ``target=``. A continuation past 512 tokens comes as the long-input window of ``window``
     rows from ``offset``, made layer by layer (:class:`~attnscope.viz.payload.Windowed`).
     """
-    from attnscope.models.loading import LoadedModel
-
     if any(a is not None for a in (encoder_attention, decoder_attention, cross_attention)):
         maps = {}
         if encoder_attention is not None:
@@ -238,10 +237,6 @@ def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=No
                                    kind="cross")
         return maps
     if isinstance(attention, (LoadedModel, str)) or hasattr(attention, "set_attn_implementation"):
-        from attnscope.models.loading import as_loaded, borrowed
-        from attnscope.viz.generate import model_maps
-        from attnscope.viz.payload import LONG_INPUT
-
         if not isinstance(tokens, str):
             raise TypeError("with a model, pass the text to read: head_view(model, text, generate=N)")
         options = {"generate": generate, "target": target, "long_input": LONG_INPUT,
@@ -258,8 +253,6 @@ def _maps(attention, tokens, *, generate=None, target=None, encoder_attention=No
 
 
 def _view(maps, view: str, kind: str | None, **kwargs) -> View:
-    from attnscope.viz.pages import maps_html
-
     return View(maps_html(maps, view, kind=kind, **kwargs), view)
 
 
@@ -297,8 +290,6 @@ def model_view(attention=None, tokens=None, *, title: str | None = None, offset:
 
 def results_view(folder, *, title: str | None = None) -> View:
     """The attribution maps and long-context profiles of an analysis output folder."""
-    from attnscope.views import results_view_html
-
     return View(results_view_html(folder, title=title), "results")
 
 
@@ -318,10 +309,6 @@ def neuron_view(model, example, *, layer: int = 0, head: int = 0, query: int = 0
     :func:`~attnscope.models.load_model`; ``example`` a text, an input dict or an
     :class:`Example`. Works for every family with query/key paths in the family table.
     """
-    from attnscope.extract.runner import extract
-    from attnscope.models.loading import as_loaded
-    from attnscope.viz.pages import neuron_view_html
-
     lm = as_loaded(model)
     if isinstance(example, str):
         example = Example(text=example)

@@ -21,7 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnscope.errors import InputError
+from attnscope.data.depparse import iter_depparse
+from attnscope.data.io import read_examples, read_text
+from attnscope.data.unlabeled import (
+    DEFAULT_UNK_MARKER,
+    UnlabeledStats,
+    packing_mismatch,
+    prepare_unlabeled,
+)
+from attnscope.errors import AttnscopeError, InputError
+from attnscope.store import open_store
+from attnscope.store.format import MANIFEST
 
 KINDS = ("store", "examples", "trees", "text")
 WHAT = {"store": "a store folder", "examples": "examples JSON / JSON Lines",
@@ -47,8 +57,6 @@ def kind_of(path: Path, accepts: tuple[str, ...]) -> str:
 
 
 def _starts_like_json(path: Path) -> bool:
-    from attnscope.data.io import read_text
-
     return read_text(path).lstrip()[:1] in ("[", "{")
 
 
@@ -56,9 +64,6 @@ def open_input_store(path: Path, attention: str | None = None):
     """A store folder given as a family's input: refused, naming the folder, when it is not a
     store or its extraction did not finish (analyses of part of a corpus would look whole).
     ``attention``: the kind an encoder-decoder store is read as."""
-    from attnscope.store import open_store
-    from attnscope.store.format import MANIFEST
-
     if not (Path(path) / MANIFEST).is_file():
         raise InputError(path, "is a folder but not an attnscope store (no manifest.json)")
     store = open_store(path, attention)
@@ -101,8 +106,6 @@ def read_source(path: str | Path, accepts: tuple[str, ...], *, model=None, max_s
     to read (anything but a store is then refused). Examples that ``prepare unlabeled`` packed for
     another tokenizer than ``model``'s get a ``note`` saying so
     (:func:`~attnscope.data.unlabeled.packing_mismatch`)."""
-    from attnscope.errors import AttnscopeError
-
     path = Path(path)
     kind = kind_of(path, accepts)
     if kind == "store":
@@ -116,19 +119,13 @@ def read_source(path: str | Path, accepts: tuple[str, ...], *, model=None, max_s
         raise AttnscopeError(f"{path}: {what} need a tokenizer: give model, or a store folder",
                              params=("model",))
     if kind == "examples":
-        from attnscope.data.io import read_examples
-        from attnscope.data.unlabeled import packing_mismatch
-
         examples = read_examples(path)[:limit]
         return Source(path, kind, examples, note=packing_mismatch(examples, model, path) if model else None)
     if kind == "trees":
-        from attnscope.data.depparse import iter_depparse
-
         examples = list(iter_depparse(path))
         if not examples:
             raise InputError(path, "holds no sentences")
         return Source(path, kind, examples[:limit])
-    from attnscope.data.unlabeled import DEFAULT_UNK_MARKER, UnlabeledStats, prepare_unlabeled
 
     stats = UnlabeledStats()
     examples = prepare_unlabeled(path, model.tokenizer, max_seq_len=max_seq_len, seed=seed,

@@ -12,9 +12,17 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from attnscope.data.io import atomic_write_bytes, atomic_write_text
 from attnscope.errors import AttnscopeError
 from attnscope.families import FAMILIES, load_families
-from attnscope.store.results import ResultsFolder
+from attnscope.models import load_model
+from attnscope.store import open_store
+from attnscope.store.format import MANIFEST
+from attnscope.store.results import RESULTS_DIR, ResultsFolder
+from attnscope.viz.export import export_html
+from attnscope.viz.generate import model_maps
+from attnscope.viz.neuron import capture_qk, neuron_payload
+from attnscope.viz.pages import maps_html
 from attnscope.viz.render import render_results_page
 
 
@@ -35,8 +43,6 @@ def model_for_store(store, model: str | None = None):
     Returns ``(LoadedModel, warnings)``; a weights hash that differs from the manifest's is a
     warning (the vectors may not match the stored maps).
     """
-    from attnscope.models import load_model
-
     info = store.manifest.get("model", {})
     name = model or info.get("name")
     if not name:
@@ -67,11 +73,6 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
     tokens; the page spans prompt and continuation (``store_path`` may then be None).
     Returns ``{"html", "png", "svg", "png_size", "svg_size", "bytes", "warnings"}``.
     """
-    from attnscope.store import open_store
-    from attnscope.store.format import MANIFEST
-    from attnscope.store.results import RESULTS_DIR
-    from attnscope.viz.pages import maps_html
-
     if generate is not None:
         return _write_generated(store_path, example, view, out, generate=generate, prompt=prompt,
                                 model=model, kind=kind, layer=layer, heads=heads, head=head,
@@ -101,8 +102,6 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
     neuron = None
     model_name = store.manifest.get("model", {}).get("name")
     if view == "neuron":
-        from attnscope.viz.neuron import capture_qk, neuron_payload
-
         lm, warnings = model_for_store(store, model)
         qk = capture_qk(lm, amap.example, layer, index=amap.index)
         neuron = neuron_payload(qk, head=head if head is not None else 0, query=query)
@@ -120,17 +119,11 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
 def _write_generated(store_path, example: int, view: str, out, *, generate: int, prompt, model, kind,
                      png, svg, scale, chromium, **page) -> dict:
     """``write_view`` with ``generate``: the model reads the prompt and continues it."""
-    from attnscope.models import load_model
-    from attnscope.viz.generate import model_maps
-    from attnscope.viz.pages import maps_html
-
     if view in ("neuron", "results"):
         raise AttnscopeError(f"view {view}: not with generate (head, model, heatmap or profile)",
                              params=("view", "generate"))
     warnings: list[str] = []
     if store_path is not None:
-        from attnscope.store import open_store
-
         store = open_store(store_path)
         stored = load_example(store, example)
         if prompt is None:
@@ -159,8 +152,6 @@ def _finish(html: str, out, png, svg, scale, chromium, warnings) -> dict:
               "warnings": warnings}
     with tempfile.TemporaryDirectory(prefix="attnscope-export-") as tmp:
         if png is not None or svg is not None:
-            from attnscope.viz.export import export_html
-
             tpng = Path(tmp) / "view.png" if png is not None else None
             tsvg = Path(tmp) / "view.svg" if svg is not None else None
             sizes = export_html(html, png=tpng, svg=tsvg, scale=scale, chromium=chromium)
@@ -169,15 +160,12 @@ def _finish(html: str, out, png, svg, scale, chromium, warnings) -> dict:
                     _move_atomic(src, Path(dst))
                     result[key] = str(dst)
                     result[f"{key}_size"] = sizes[key]
-        from attnscope.data.io import atomic_write_text
 
         atomic_write_text(Path(out), html)
     return result
 
 
 def _move_atomic(src: Path, dst: Path) -> None:
-    from attnscope.data.io import atomic_write_bytes
-
     atomic_write_bytes(dst, src.read_bytes())
     src.unlink()
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.lm_objective import LossInput, Objective, loss_inputs
+from attnscope.models.forward import forward, pad_batch
 
 #: Fractions of all heads removed along a pruning curve.
 DEFAULT_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -75,8 +76,6 @@ class HeadMeans(EncodedAnalysis):
         return {"model": self.lm.name, "over": "real token positions"}
 
     def update(self, encoded) -> None:
-        from attnscope.models.forward import forward, pad_batch
-
         for chunk in _chunks(list(encoded), self.batch_size):
             batch = pad_batch(self.lm, [e.input_ids for e in chunk], [e.token_type_ids for e in chunk])
             real = batch.attention_mask.bool().to(self.lm.device)  # [B T], indexes head outputs

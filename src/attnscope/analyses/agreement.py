@@ -24,6 +24,7 @@ import numpy as np
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.lm_objective import LossInput, Objective, loss_inputs
 from attnscope.analyses.rollout import MAX_FLOW_TOKENS, attention_flow, attention_rollout
+from attnscope.models.forward import forward, pad_batch
 
 PAIRS = ("rollout~raw", "rollout~saliency", "flow~raw", "flow~saliency", "raw~saliency")
 
@@ -31,8 +32,6 @@ PAIRS = ("rollout~raw", "rollout~saliency", "flow~raw", "flow~saliency", "raw~sa
 def saliency_and_attention(objective: Objective, x: LossInput, rows: np.ndarray):
     """(attention ``[L H n n]``, saliency ``[k n]`` of the loss at each of ``rows``)."""
     import torch
-
-    from attnscope.models.forward import forward, pad_batch
 
     lm = objective.lm
     captured = {}

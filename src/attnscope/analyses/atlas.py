@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnscope.analyses.base import Result
+from attnscope.analyses.importance import gate_gradients, normalise_per_layer
+from attnscope.analyses.lm_objective import LossInput, Objective
 from attnscope.analyses.stats import bootstrap_ci
 from attnscope.data.records import HeadId
 from attnscope.engines.press import Recorder, answer, prefill
@@ -112,9 +114,6 @@ def answer_importance(lm, enc: Encoded, answer_ids: Sequence[int]) -> np.ndarray
     """``|dL / d gate|`` ``[L Hq]`` of the answer's loss (mean cross-entropy of ``answer_ids``
     after context + question) with respect to each head's output gate at 1 (Michel et al. 2019,
     on the task loss)."""
-    from attnscope.analyses.importance import gate_gradients
-    from attnscope.analyses.lm_objective import LossInput, Objective
-
     ids = list(enc.context) + list(enc.question) + list(answer_ids)
     start = len(enc.context) + len(enc.question)
     item = LossInput(0, ids, None, np.arange(start - 1, len(ids) - 1), np.asarray(answer_ids),
@@ -230,8 +229,6 @@ def calibration(records: Sequence[dict], shape: tuple[int, int], *, importance: 
         scores["snapkv"] = sums["snapkv"] / n
         scores["retrieval"] = sums["retrieval"] / correct if correct else np.full((L, H), np.nan)
     if importance:
-        from attnscope.analyses.importance import normalise_per_layer
-
         scores["importance"] = normalise_per_layer(sums["importance"] / n)
         scores["importance_raw"] = sums["importance"] / n
     return Calibration(scores, len(records), correct, rows, [rec["answer"] for rec in records])

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from attnscope.maps import AttentionBatch
+from attnscope.store.results import write_json
 
 #: What an analysis may declare in ``requires``.
 REQUIREMENTS = {
@@ -64,8 +65,6 @@ class Result:
 
     def save(self, path: str | Path) -> None:
         """Write as strict JSON (NaN as null) with :func:`attnscope.store.results.write_json`."""
-        from attnscope.store.results import write_json
-
         write_json(path, self.to_json())
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -144,8 +145,6 @@ def head_stats(results: dict) -> dict[str, np.ndarray]:
 def general_clusters(results: dict) -> dict[str, Any]:
     """Figure 6: :func:`cluster_heads` of the general pass's head distances, labelled by its
     statistics (:func:`head_stats`) with the entropy of a uniform row as the broad scale."""
-    import warnings
-
     with warnings.catch_warnings():  # all-NaN layers (no separators, GPT-2) are expected
         warnings.simplefilter("ignore", category=RuntimeWarning)
         return cluster_heads(results["head-distances"].arrays["distances"], head_stats(results),

@@ -57,6 +57,8 @@ from attnscope.analyses.stats import bootstrap_ci
 from attnscope.analyses.units import TIE_RULES, predict, word_units
 from attnscope.data.coref import MENTION_TYPES, Document, mention_attributes
 from attnscope.data.records import Example, HeadId
+from attnscope.errors import AttnscopeError
+from attnscope.extract.encode import Encoder
 from attnscope.maps import AttentionBatch, AttentionMap
 
 BASELINES = ("nearest", "head-match", "rule-based")
@@ -98,8 +100,6 @@ class WindowStats:
 
 def _piece_counts(encoder, words: list[str]) -> tuple[np.ndarray, int]:
     """Tokens per word ``[n]`` and the number of special tokens the model adds."""
-    from attnscope.extract.encode import Encoder  # noqa: F401  (type of ``encoder``)
-
     enc = encoder.encode(Example(words=list(words)), 0)
     ids = np.asarray(enc.word_ids)  # [T]
     counts = np.bincount(ids[ids >= 0], minlength=len(words))
@@ -152,9 +152,6 @@ def coref_windows(docs: Sequence[Document], model, *, mode: str = "truncate", ma
     each call a ``first_doc_index`` past the previous call's documents, so that
     ``fields["coref"]["doc_index"]`` stays unique.
     """
-    from attnscope.errors import AttnscopeError
-    from attnscope.extract.encode import Encoder
-
     if mode not in WINDOW_MODES:
         raise AttnscopeError(f"mode must be one of {', '.join(WINDOW_MODES)}, not {mode!r}", params=("mode",))
     encoder = Encoder(model)

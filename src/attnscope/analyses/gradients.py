@@ -28,7 +28,10 @@ import numpy as np
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.errors import ModelError
+from attnscope.extract.encode import Encoder
+from attnscope.models.forward import forward, pad_batch
 from attnscope.progress import Step
+from attnscope.store import Store
 
 #: Key classes of Figure 3 (the first special token is kept apart, not hidden in "other").
 GRAD_CLASSES = ("separator", "punct", "first", "other")
@@ -97,8 +100,6 @@ class MlmScorer:
     def forward(self, inputs):
         """A padded batch (:class:`~attnscope.models.forward.ModelInputs`) -> (logits ``[B T V]``,
         attentions, each ``[B H T T]`` with autograd)."""
-        from attnscope.models.forward import forward
-
         run = forward(self.lm, inputs, attentions=True, grad=True)
         if self.head is None:
             return run.output.logits, run.attentions
@@ -157,8 +158,6 @@ def prepare_masked(lm, tokens: list[str], special: np.ndarray, segment: np.ndarr
 
 
 def _pad(lm, inputs: list[MaskedInput]):
-    from attnscope.models.forward import pad_batch
-
     return pad_batch(lm, [x.input_ids for x in inputs], [x.token_type_ids for x in inputs])
 
 
@@ -305,9 +304,6 @@ def fit_inputs(source, model, max_seq_len: int, limit: int):
     first ``limit`` token-level examples of ``source`` (examples, encoded with ``model`` and
     kept when at most ``max_seq_len`` tokens, or an opened store); called only when a head is
     fitted."""
-    from attnscope.extract.encode import Encoder
-    from attnscope.store import Store
-
     def build():
         out = []
         if isinstance(source, Store):
@@ -339,8 +335,6 @@ def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]
     ``heldout`` share of the masked tokens measures accuracy.
     """
     import torch
-
-    from attnscope.models.forward import forward
 
     opts = options or FitOptions()
     if lm.tokenizer.mask_token_id is None:

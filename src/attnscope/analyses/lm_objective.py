@@ -20,7 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.analyses.gradients import prepare_masked
 from attnscope.errors import ModelError
+from attnscope.extract.encode import Encoder
+from attnscope.models.forward import forward, pad_batch
 
 
 @dataclass
@@ -94,8 +97,6 @@ class Objective:
         """One encoded example (tokens, special ``[n]``, segment ``[n]``) -> :class:`LossInput`."""
         special = np.asarray(special, dtype=bool)
         if self.kind == "mlm":
-            from attnscope.analyses.gradients import prepare_masked
-
             m = prepare_masked(self.lm, list(tokens), special, np.asarray(segment), index,
                                self.seed, self.mask_prob)
             return LossInput(index, m.input_ids, m.token_type_ids, m.masked, m.targets,
@@ -120,8 +121,6 @@ class Objective:
             **model_kwargs) -> LossOutput:
         """One forward pass over ``inputs``; the per-example losses ``[B]``."""
         import torch
-
-        from attnscope.models.forward import forward, pad_batch
 
         batch = pad_batch(self.lm, [x.input_ids for x in inputs], [x.token_type_ids for x in inputs])
         res = forward(self.lm, batch, hooks=hooks, gates=gates, grad=grad, **model_kwargs)
@@ -150,8 +149,6 @@ class Objective:
 
 def encode_examples(lm, examples, *, max_len: int | None = None) -> tuple[list, int]:
     """Encode examples with the model's tokenizer; returns (encoded, number dropped as too long)."""
-    from attnscope.extract.encode import Encoder
-
     enc = Encoder(lm)
     limit = min(max_len or lm.max_positions, lm.max_positions)
     out, dropped = [], 0

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.base import MapsAnalysis, Result, register
+from attnscope.analyses.clustering import cluster_heads
 from attnscope.analyses.distances import js_pairs
 from attnscope.data.records import HeadId
 from attnscope.engines.rows import (  # noqa: F401  (the buckets and rows are read from here too)
@@ -449,8 +450,6 @@ def head_clusters(res: Result) -> dict | None:
     """The heads placed by metric MDS of their Jensen-Shannon distances over sampled rows and
     labelled by behaviour (:func:`attnscope.analyses.clustering.cluster_heads`; entropy on the
     scale of 128 tokens), as for Figure 6; None without distances or with fewer than 3 heads."""
-    from attnscope.analyses.clustering import cluster_heads
-
     a = res.arrays
     if "js" not in a or a["sink"].size < 3:
         return None

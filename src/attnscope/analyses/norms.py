@@ -30,6 +30,7 @@ import numpy as np
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.errors import AttnscopeError
+from attnscope.models.forward import forward, pad_batch
 
 SHARE_CLASSES = ("first", "separator", "punct", "other")
 
@@ -37,8 +38,6 @@ SHARE_CLASSES = ("first", "separator", "punct", "other")
 def output_projections(lm) -> list:
     """Each layer's output projection module, found by matching its input to ``"head_out"``."""
     import torch
-
-    from attnscope.models.forward import forward, pad_batch
 
     ids = lm.tokenizer("the cat sat on the mat")["input_ids"]
     batch = pad_batch(lm, [ids])
@@ -114,8 +113,6 @@ class NormDecomposer:
     def run(self, batch, *, keep_vectors: bool = False, keep_outputs: bool = False) -> list[LayerNorms]:
         import torch
 
-        from attnscope.models.forward import forward
-
         layers: list[LayerNorms] = []
         probs: dict[int, Any] = {}
         proj_out: dict[int, Any] = {}
@@ -151,8 +148,6 @@ def example_norm_maps(decomposer: NormDecomposer, encoded) -> dict[str, np.ndarr
     """One example's maps: ``weights [L H n n]``, ``norms [L H n n]`` (per head) and
     ``layer_norms [L n n]`` (``||sum_h alpha^h_ij f^h(x_j)||``, the layer as a whole)."""
     import torch
-
-    from attnscope.models.forward import pad_batch
 
     batch = pad_batch(decomposer.lm, [encoded.input_ids], [encoded.token_type_ids])
     w, nm, ln = [], [], []
@@ -201,8 +196,6 @@ class NormShares(EncodedAnalysis):
                 "average": "over heads and real query rows"}
 
     def update(self, encoded) -> None:
-        from attnscope.models.forward import pad_batch
-
         if self.decomposer is None:
             self.decomposer = NormDecomposer(self.lm)
         encoded = list(encoded)

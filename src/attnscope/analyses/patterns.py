@@ -58,6 +58,7 @@ from attnscope.analyses.base import EncodedAnalysis, MapsAnalysis, Result, regis
 from attnscope.analyses.relative_position import per_head_rows
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.maps import AttentionBatch
+from attnscope.models.forward import forward, pad_batch
 
 #: The statistics of :class:`VigPatterns`, in their order in the accumulators.
 STATS = ("repeat_same", "repeat_other", "pieces", "pieces_earlier", "pieces_later", "within",
@@ -379,8 +380,6 @@ class KeyConcentration(EncodedAnalysis):
 
     def update(self, batch: list) -> None:
         """Run the model on a batch of encoded examples and read their keys."""
-        from attnscope.models.forward import forward, pad_batch
-
         if self.lm is None:
             raise ValueError("key concentration runs the model: build it with lm=")
         if batch:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from attnscope.analyses.base import Analysis, Result
+from attnscope.analyses.base import REQUIREMENTS, Analysis, Result
 from attnscope.errors import AttnscopeError
 from attnscope.maps import AttentionBatch
 
 
 def check_requirements(analyses: Iterable[Analysis], available: set[str]) -> None:
     """Refuse, naming what is missing, when an analysis needs what the data lacks."""
-    from attnscope.analyses.base import REQUIREMENTS
-
     for a in analyses:
         missing = set(a.requires) - available
         if missing:

@@ -20,9 +20,11 @@ import numpy as np
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.distances import HeadDistances
 from attnscope.analyses.entropy import Entropy
+from attnscope.analyses.longctx import LongContextStats
 from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.token_classes import TokenClasser
+from attnscope.engines.streaming import stream_stats
 from attnscope.errors import AttnscopeError
 
 #: Query rows sampled per example (seeded) for the head distances when no maps are made.
@@ -64,9 +66,6 @@ class StreamedGeneral(EncodedAnalysis):
             self._add(e)
 
     def _add(self, e) -> None:
-        from attnscope.analyses.longctx import LongContextStats
-        from attnscope.engines.streaming import stream_stats
-
         L, H = self.model.num_layers, self.model.num_heads
         n = len(e)
         self.longest = max(self.longest, n)

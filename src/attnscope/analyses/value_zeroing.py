@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnscope.errors import AttnscopeError
+from attnscope.models.forward import forward, pad_batch
 
 #: Longest input value zeroing accepts by default.
 MAX_VZ_TOKENS = 128
@@ -43,8 +44,6 @@ def value_zeroing(lm, encoded, *, layers: list[int] | None = None,
     ``batched=False``: one zeroed token per pass of the whole model (the reference the batched
     path is tested against)."""
     import torch
-
-    from attnscope.models.forward import forward, pad_batch
 
     n = len(encoded.input_ids)
     if n > max_tokens:

@@ -3,6 +3,7 @@ of every output location before any work."""
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import sys
 import time
@@ -11,6 +12,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from attnscope.data.depparse import iter_depparse
+from attnscope.data.io import check_writable as check
+from attnscope.data.io import read_examples
+from attnscope.errors import AttnscopeError, InputError
 from attnscope.progress import unit_of
 
 console = Console(stderr=True, soft_wrap=True)
@@ -134,8 +139,6 @@ def plain_progress(every_s: float | None = None, clock=None):
 
 def read_inputs(path: Path):
     """Examples from a JSON / JSON Lines file; paper-format or CoNLL-U dependency files too."""
-    from attnscope.data.io import read_examples
-
     if path.suffix.lower() in (".conllu", ".conll"):
         return read_depparse(path)
     return read_examples(path)
@@ -144,11 +147,6 @@ def read_inputs(path: Path):
 def read_depparse(path: Path, limit: int | None = None) -> list:
     """The sentences of a dependency file (at most ``limit``); a file with none is refused, as
     an empty JSON file is, rather than making an empty output."""
-    import itertools
-
-    from attnscope.data.depparse import iter_depparse
-    from attnscope.errors import InputError
-
     examples = list(itertools.islice(iter_depparse(path), limit))
     if not examples:
         raise InputError(path, "holds no sentences")
@@ -158,8 +156,6 @@ def read_depparse(path: Path, limit: int | None = None) -> list:
 def check_new_files(paths, *, overwrite: bool) -> None:
     """Refuse to replace an existing output file unless ``overwrite`` (``--overwrite``), before
     any work: a command never overwrites a file silently."""
-    from attnscope.errors import AttnscopeError
-
     for path in paths:
         if Path(path).is_file() and not overwrite:
             raise AttnscopeError(f"{path}: already exists (use overwrite to replace it)",
@@ -168,6 +164,4 @@ def check_new_files(paths, *, overwrite: bool) -> None:
 
 def check_writable(path: Path, *, folder: bool, option: str = "--out") -> None:
     """:func:`attnscope.data.io.check_writable` naming the command's ``option``."""
-    from attnscope.data.io import check_writable as check
-
     check(path, folder=folder, name=option)

@@ -10,6 +10,9 @@ import typer
 
 from attnscope.cli.common import check_writable, command_line, console, step_progress
 from attnscope.cli.options import max_seq_len_option
+from attnscope.compare import compare, compare_models
+from attnscope.compare.report import findings
+from attnscope.errors import AttnscopeError
 
 
 class Level(str, Enum):
@@ -39,9 +42,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     ) -> None:
         """Compare two models head by head: per-head changes with paired bootstrap intervals,
         layer-by-layer divergence, and the matching of A's heads to B's heads."""
-        from attnscope.compare import compare, compare_models
-        from attnscope.errors import AttnscopeError
-
         with_models = model_a is not None or model_b is not None or inputs is not None
         if with_models:
             if a is not None or b is not None:
@@ -68,8 +68,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         if not quiet and not hasattr(cmp, "pairing"):  # two output folders without maps: tables only
             console.print(f"compared the tables {', '.join(k for k, v in cmp.run_tables.items() if v)}")
         elif not quiet:
-            from attnscope.compare.report import findings
-
             console.print(f"compared {len(cmp.pairing.indices)} examples at {cmp.pairing.level} level "
                           f"({cmp.pairing.layout})")
             for f in findings(cmp)[1:4]:

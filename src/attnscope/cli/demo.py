@@ -9,6 +9,7 @@ import typer
 from attnscope.cli.common import check_writable, command_line, console, step_progress
 from attnscope.cli.options import quiet_option
 from attnscope.cli.run import print_outcome
+from attnscope.pipeline import run_demo
 
 #: Where the demo writes unless --out says otherwise: a folder in the current directory,
 #: named so that it is easy to find and to delete (the checkout's .gitignore lists it).
@@ -27,8 +28,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         quiet: bool = quiet_option(),
     ) -> None:
         """Run every analysis on a small sample that ships with attnscope; print the report's path."""
-        from attnscope.pipeline import run_demo
-
         check_writable(out_dir, folder=True)
         if not quiet:
             console.print(f"demo: writing to {out_dir.resolve()} (change with --out)")

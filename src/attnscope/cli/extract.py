@@ -19,7 +19,16 @@ from attnscope.cli.options import (
     workers_option,
 )
 from attnscope.cli.output import results
+from attnscope.data.io import file_fingerprint
+from attnscope.errors import InputError, StoreError
+from attnscope.extract.runner import ExtractOptions
+from attnscope.jobs import extract_to_store
+from attnscope.models import load_model
+from attnscope.models.loading import resolve_device
 from attnscope.on_ray import check_ray
+from attnscope.store import open_store
+from attnscope.store.format import MANIFEST
+from attnscope.store.writer import check_output_folder
 
 
 class Dtype(str, Enum):
@@ -58,14 +67,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         quiet: bool = quiet_option(),
     ) -> None:
         """Run a model over examples and write every head's attention to a store."""
-        from attnscope.data.io import file_fingerprint
-        from attnscope.errors import InputError
-        from attnscope.extract.runner import ExtractOptions
-        from attnscope.jobs import extract_to_store
-        from attnscope.models import load_model
-        from attnscope.models.loading import resolve_device
-        from attnscope.store.writer import check_output_folder
-
         check_ray(ray, workers)  # before anything is read or written
         resolve_device(device)  # a bad --device is refused before anything is read or written
         examples = read_inputs(input)
@@ -110,10 +111,6 @@ def _plural(n: int, word: str) -> str:
 def interrupted_line(out: Path) -> str:
     """What an interrupted extract leaves in ``out``: the examples of its whole shards (a shard
     in flight is never half written), which ``--resume`` keeps."""
-    from attnscope.errors import StoreError
-    from attnscope.store import open_store
-    from attnscope.store.format import MANIFEST
-
     if not (out / MANIFEST).is_file():
         return f"interrupted: nothing was written to {out}"
     try:
@@ -132,8 +129,6 @@ def print_extract_summary(stats, out: Path, options) -> None:
     ``model tokens`` are the pieces the model read (special tokens included); at word level the
     store holds fewer positions (words + special tokens), the number ``attnscope info`` shows.
     """
-    from attnscope.store import open_store
-
     skipped = stats.skipped
     stored = sum(open_store(out).lengths())
     unit = "word-level positions" if options.word_level else "token positions"

@@ -32,6 +32,8 @@ from attnscope.cli.options import (
     seed_option,
     workers_option,
 )
+from attnscope.families import load_families
+from attnscope.pipeline import run_family
 
 _P = inspect.Parameter
 
@@ -141,8 +143,6 @@ def print_section(section, out: Path) -> None:
 
 def _analyze_command(fam):
     def command(**values) -> None:
-        from attnscope.pipeline import run_family
-
         quiet = values.pop("quiet")
         out = values.pop("out_dir")
         shared = {k: values.pop(k) for k in ("model", "max_seq_len", "batch_size", "seed", "device",
@@ -171,7 +171,5 @@ def _analyze_command(fam):
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
-    from attnscope.families import load_families
-
     for fam in load_families():
         analyze_app.command(fam.key, help=fam.help)(_analyze_command(fam))

@@ -11,6 +11,9 @@ import sys
 
 import typer
 
+from attnscope.cli.options import polish_help
+from attnscope.errors import AttnscopeError
+
 app = typer.Typer(help="attnscope: what does this transformer look at?", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 analyze_app = typer.Typer(help="Run analyses on a store or straight from a model.",
@@ -80,8 +83,6 @@ def build_command():
     """The click command tree of :data:`app`, with the help polish of ``cli.options``."""
     import typer.main
 
-    from attnscope.cli.options import polish_help
-
     command = typer.main.get_command(app)
     polish_help(command)
     return command
@@ -100,8 +101,6 @@ def command_flags(command, argv: list[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app; user and usage errors print one line on stderr and exit 2."""
-    from attnscope.errors import AttnscopeError
-
     usage_errors, aborts = _click_error_types()
     command = build_command()
     try:

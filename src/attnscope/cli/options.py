@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import typer
 
+from attnscope.pipeline import MIN_MAX_SEQ_LEN
+
 #: Help for options that several commands declare, keyed by their long flag. Used by the
 #: factories below and, by :func:`polish_help`, for a declaration that has no help of its own.
 #: What ``--model`` takes, said the same way by every command.
@@ -47,8 +49,6 @@ def max_seq_len_option(default: int = 128, help: str = SHARED_HELP["--max-seq-le
     """``--max-seq-len``, checked the same way by every command (a value below
     :data:`attnscope.pipeline.MIN_MAX_SEQ_LEN`, the library's own bound, is a usage error,
     before anything is read)."""
-    from attnscope.pipeline import MIN_MAX_SEQ_LEN
-
     return typer.Option(default, "--max-seq-len", min=MIN_MAX_SEQ_LEN, help=help)
 
 

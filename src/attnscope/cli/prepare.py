@@ -9,6 +9,11 @@ import typer
 from attnscope.cli.common import check_new_files, check_writable, read_depparse
 from attnscope.cli.options import max_seq_len_option
 from attnscope.cli.output import results
+from attnscope.data.depparse import depparse_splits
+from attnscope.data.io import write_examples
+from attnscope.data.unlabeled import PACKINGS, UnlabeledStats, prepare_unlabeled
+from attnscope.errors import AttnscopeError
+from attnscope.models import load_model
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
@@ -35,16 +40,10 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
     ) -> None:
         """Build [CLS] A [SEP] B [SEP] examples (segment ids 0/1) as in BERT pre-training."""
-        from attnscope.data.unlabeled import PACKINGS
-        from attnscope.errors import AttnscopeError
-
         if packing not in PACKINGS:
             raise AttnscopeError(f"--packing must be one of {', '.join(PACKINGS)}, not {packing!r}")
         check_writable(out, folder=False)
         check_new_files([out], overwrite=overwrite)
-        from attnscope.data.io import write_examples
-        from attnscope.data.unlabeled import UnlabeledStats, prepare_unlabeled
-        from attnscope.models import load_model
 
         lm = load_model(model, seed=seed)
         stats = UnlabeledStats()
@@ -65,9 +64,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                                        help="Replace existing output files (--out, or its split files)."),
     ) -> None:
         """Read dependency trees into examples with words, heads, relns and pos."""
-        from attnscope.data.depparse import depparse_splits
-        from attnscope.data.io import write_examples
-
         check_writable(out, folder=path.is_dir())
         # every file is read (and refused when bad or empty) before anything is written
         sources = depparse_splits(path) if path.is_dir() else {None: path}

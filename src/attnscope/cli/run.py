@@ -21,6 +21,8 @@ from attnscope.cli.families import (
     with_signature,
 )
 from attnscope.cli.options import MODEL_HELP, save_maps_option
+from attnscope.families import load_families
+from attnscope.pipeline import RunConfig, run_pipeline
 
 
 def print_outcome(outcome, quiet: bool) -> None:
@@ -36,8 +38,6 @@ def print_outcome(outcome, quiet: bool) -> None:
 
 def _run_command(families):
     def run_cli(**values) -> None:
-        from attnscope.pipeline import RunConfig, run_pipeline
-
         quiet, out = values.pop("quiet"), values.pop("out_dir")
         resume, overwrite = values.pop("resume"), values.pop("overwrite")
         check_writable(out, folder=True)
@@ -74,6 +74,4 @@ def _run_command(families):
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
-    from attnscope.families import load_families
-
     app.command("run")(_run_command(load_families()))

@@ -7,12 +7,15 @@ address to open, with ``?token=...``, is printed on stdout as Jupyter does.
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import typer
 
 from attnscope.cli.common import console
 from attnscope.cli.output import results as out
+from attnscope.errors import AttnscopeError
+from attnscope.serve.app import create_app, is_loopback, make_server
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
@@ -32,11 +35,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         model: str = typer.Option(None, "--model", "-m", help="Model for the neuron view (default: the store's)."),
     ) -> None:
         """Browse a store: examples with search, every view, per-head statistics."""
-        import secrets
         import socket
-
-        from attnscope.errors import AttnscopeError
-        from attnscope.serve.app import create_app, is_loopback, make_server
 
         if store is None and results is None:
             raise AttnscopeError("give a store folder, --results DIR, or both")

@@ -10,6 +10,9 @@ import typer
 
 from attnscope.cli.common import check_writable
 from attnscope.cli.output import results
+from attnscope.errors import StoreError
+from attnscope.store import open_store
+from attnscope.store.paper_pickle import export_paper_pickle, import_paper_pickle
 
 #: Table labels that say what a number counts (``info``).
 LABELS = {
@@ -32,9 +35,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     ) -> None:
         """Print what a store holds; a shard missing, cut short or (with --verify) changed is an
         error naming it."""
-        from attnscope.errors import StoreError
-        from attnscope.store import open_store
-
         s = open_store(store)
         s.check_shards()  # sizes, always: a cut shard is an error, not "status: complete"
         summary = s.summary()
@@ -69,9 +69,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         out: Path = typer.Option(None, "--out", "-o", help="Default: <store name>_attn.pkl beside the store."),
     ) -> None:
         """Write the paper code's <name>_attn.pkl (list of dicts with tokens and float16 attns)."""
-        from attnscope.store import open_store
-        from attnscope.store.paper_pickle import export_paper_pickle
-
         target = out or store.parent / f"{store.name}_attn.pkl"
         check_writable(target, folder=False)
         s = open_store(store)
@@ -87,8 +84,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store."),
     ) -> None:
         """Read a paper-code pickle into a store (refused without --allow-pickle)."""
-        from attnscope.store.paper_pickle import import_paper_pickle
-
         check_writable(out, folder=True)
         n = import_paper_pickle(file, out, allow_pickle=allow_pickle, overwrite=overwrite)
         results.print(f"{out}: {n} examples imported from {file}")

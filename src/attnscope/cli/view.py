@@ -9,6 +9,8 @@ import typer
 
 from attnscope.cli.common import check_writable, console
 from attnscope.cli.output import results
+from attnscope.errors import AttnscopeError, IndexRangeError
+from attnscope.views import write_view
 
 
 class ViewKind(str, Enum):
@@ -36,8 +38,6 @@ class PairFilter(str, Enum):
 
 def _parse_heads(text: str | None) -> list[int] | None:
     """``--heads 1,4`` (1-indexed, as the pages number heads) as 0-indexed heads ``[0, 3]``."""
-    from attnscope.errors import AttnscopeError
-
     if text is None:
         return None
     try:
@@ -95,9 +95,6 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                                                           "continues (default: the stored example's)."),
     ) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
-        from attnscope.errors import AttnscopeError, IndexRangeError
-        from attnscope.views import write_view
-
         for path, option in ((out, "--out"), (png, "--png"), (svg, "--svg")):
             if path is not None:
                 check_writable(path, folder=False, option=option)

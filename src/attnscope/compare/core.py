@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.compare.pairing import (
+    MANIFEST,
     Pairing,
     Side,
     check_pairing,
@@ -25,9 +26,17 @@ from attnscope.compare.pairing import (
     paired_maps,
     run_stores,
 )
+from attnscope.compare.report import write_compare, write_tables_compare
 from attnscope.compare.stats import CrossDistances, PairedHeadStats, match_heads
+from attnscope.data.depparse import iter_depparse
+from attnscope.data.io import file_fingerprint, read_examples
 from attnscope.errors import AttnscopeError
+from attnscope.extract.runner import ExtractOptions
+from attnscope.families import load_families
+from attnscope.jobs import extract_to_store
+from attnscope.models import load_model
 from attnscope.progress import Step
+from attnscope.store.results import ResultsFolder
 
 Progress = Callable[[str, int, "int | None"], None]
 
@@ -106,8 +115,6 @@ def _compare(a, b, out: Path | None, *, which, level, n_boot, seed, smoothing, c
     result = compute(side_a, side_b, pairing, n_boot=n_boot, seed=seed, smoothing=smoothing,
                      progress=progress)
     if out is not None:
-        from attnscope.compare.report import write_compare
-
         if clear and out.exists():
             _clear(out)
         write_compare(result, out, command=command, elapsed_s=time.perf_counter() - t0)
@@ -149,8 +156,6 @@ def compute(a: Side, b: Side, pairing: Pairing, *, n_boot: int = 1000, seed: int
 
 def _compare_tables() -> list:
     """Every registered family's :class:`~attnscope.families.base.CompareTable`, with its key."""
-    from attnscope.families import load_families
-
     return [t for fam in load_families() for t in fam.compare_tables]
 
 
@@ -165,9 +170,6 @@ def _run_tables(a: Side, b: Side) -> dict[str, list[dict]]:
 def results_tables(a: Path, b: Path) -> dict[str, list[dict]]:
     """Every family's :class:`~attnscope.families.base.CompareTable` that both output folders'
     results hold, by name, with the change (B - A)."""
-    from attnscope.families import load_families
-    from attnscope.store.results import ResultsFolder
-
     out: dict[str, list[dict]] = {}
     ra, rb = ResultsFolder(a), ResultsFolder(b)
     for fam in load_families():
@@ -207,8 +209,6 @@ def combine_rows(rows_a: Sequence[dict], rows_b: Sequence[dict], key: str, value
 
 def results_only(path: Path) -> bool:
     """An output folder (of ``run`` or ``analyze``) with results but no saved maps."""
-    from attnscope.compare.pairing import MANIFEST
-
     return (path / "results").is_dir() and not (path / MANIFEST).is_file() and not run_stores(path)
 
 
@@ -234,8 +234,6 @@ def compare_results(a: str | Path, b: str | Path, out: Path | None = None, *, cl
                              "side (and no saved maps: keep them with 'attnscope run ... --save-maps')")
     cmp = TablesComparison(pa, pb, tables, {t.name: t.caption for t in _compare_tables()})
     if out is not None:
-        from attnscope.compare.report import write_tables_compare
-
         if clear and out.exists():
             _clear(out)
         write_tables_compare(cmp, out, command=command)
@@ -269,12 +267,6 @@ def compare_models(model_a: str, model_b: str, inputs: str | Path, out_dir: str 
                    command: str | None = None) -> Comparison:
     """Run both models over ``inputs`` at word level (stores in ``out_dir/stores/a`` and
     ``/b``), then :func:`compare` them. A refusal removes whatever this call wrote."""
-    from attnscope.data.depparse import iter_depparse
-    from attnscope.data.io import file_fingerprint, read_examples
-    from attnscope.extract.runner import ExtractOptions
-    from attnscope.jobs import extract_to_store
-    from attnscope.models import load_model
-
     out = Path(out_dir)
     check_out_dir(out, overwrite=overwrite)
     inputs = Path(inputs)

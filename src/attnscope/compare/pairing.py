@@ -28,6 +28,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.extract.encode import word_units
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.maps import AttentionMap
+from attnscope.report.html import model_display_name
 from attnscope.store.format import MANIFEST
 from attnscope.store.reader import Store, open_store
 
@@ -52,8 +53,6 @@ class Side:
 
     @property
     def name(self) -> str:
-        from attnscope.report.html import model_display_name
-
         return model_display_name(self.model)
 
 

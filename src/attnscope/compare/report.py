@@ -14,11 +14,14 @@ from typing import Any
 import numpy as np
 
 from attnscope.compare.stats import STAT_NAMES, STAT_WORDS
+from attnscope.data.io import atomic_write_text
 from attnscope.data.records import HeadId
 from attnscope.report.figures import new_figure, save_figure
+from attnscope.report.html import heatmap_page, view_file_name, write_report
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
 from attnscope.store.results import write_json
+from attnscope.store.writer import versions
 
 #: Rows of the per-head table shown in the page (all rows are in its files).
 SHOWN_ROWS = 25
@@ -186,9 +189,6 @@ def _cross_figure(cmp, stem: Path) -> list[Path]:
 
 def _views(cmp, out_dir: Path) -> list[dict[str, str]]:
     """Head views of both models for the matched heads that changed most."""
-    from attnscope.data.io import atomic_write_text
-    from attnscope.report.html import heatmap_page, view_file_name
-
     try:
         from attnscope.viz.pages import head_view_html
     except ImportError:  # the views are an optional part of the installation
@@ -298,9 +298,6 @@ def _tables_sections(cmp, tables: Path) -> list[Section]:
 def write_tables_compare(cmp, out_dir: str | Path, *, command: str | None = None) -> Path:
     """Write a :class:`~attnscope.compare.core.TablesComparison`: the tables, ``results/compare.json``
     and ``report.html``."""
-    from attnscope.report.html import write_report
-    from attnscope.store.writer import versions
-
     out_dir = Path(out_dir)
     tables = out_dir / "tables"
     tables.mkdir(parents=True, exist_ok=True)
@@ -340,9 +337,6 @@ def results_json(cmp) -> dict[str, Any]:
 def write_compare(cmp, out_dir: str | Path, *, command: str | None = None,
                   elapsed_s: float | None = None) -> Path:
     """Write every output of the comparison under ``out_dir``; return the report's path."""
-    from attnscope.report.html import write_report
-    from attnscope.store.writer import versions
-
     out_dir = Path(out_dir)
     secs, links = sections(cmp, out_dir)
     write_json(out_dir / "results" / "compare.json", results_json(cmp))

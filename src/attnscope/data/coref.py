@@ -31,6 +31,7 @@ Mention type (from the head word)
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -527,8 +528,6 @@ def constituency_heads(bits: list[str], tags: list[str], path: Path, first_line:
 
     def _root_child(node: _Node) -> int:
         return 0 if len(node.children) == 1 else _pick(node.children, "left", ("TOP", "S"))
-
-    import sys
 
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 4 * n + 100))

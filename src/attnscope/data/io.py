@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -17,8 +18,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from attnscope.data.records import CONTENT_KEYS, Example
-from attnscope.errors import InputError
+from attnscope.errors import AttnscopeError, InputError
 
 
 def read_text(path: str | Path) -> str:
@@ -277,10 +280,6 @@ def to_plain(x: Any) -> Any:
     >>> to_plain({"a": np.float32(0.5), "b": (1, float("nan")), "c": np.array([[1, 2]])})
     {'a': 0.5, 'b': [1, None], 'c': [[1, 2]]}
     """
-    import math
-
-    import numpy as np
-
     if isinstance(x, dict):
         return {str(k): to_plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -308,8 +307,6 @@ def check_writable(path: str | Path, *, folder: bool, name: str = "out_dir") -> 
     read-only mount stops everyone. ``name``: the parameter (or command-line option) that gave
     the path, named in the message.
     """
-    from attnscope.errors import AttnscopeError
-
     params = (name,) if name.isidentifier() else ()
     path = Path(path)
     try:

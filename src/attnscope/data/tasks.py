@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnscope.data.io import read_text
 from attnscope.errors import InputError
 
 KINDS = ("passkey", "niah_single", "niah_multikey", "niah_multivalue", "vartrack")
@@ -152,8 +153,6 @@ def read_tasks(path: str | Path) -> list[Task]:
     list of strings), optional ``needle`` (``[start, end]`` or a list of them: character spans
     of the context; default: every place an answer string appears) and ``kind``. Blank lines
     are skipped; anything else malformed is refused naming the file and line."""
-    from attnscope.data.io import read_text
-
     tasks = []
     for lineno, raw in enumerate(read_text(path).splitlines(), start=1):
         if not raw.strip():

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnscope.data.io import read_text
+from attnscope.data.io import iter_examples, read_text
 from attnscope.data.records import Example
 from attnscope.errors import InputError
 
@@ -353,8 +353,6 @@ def prepare_documents(path: str | Path, tokenizer, *, max_seq_len: int, join: bo
                          params=("max_seq_len",))
     texts: list[tuple[str, str]] = []  # (source, text)
     if path.suffix.lower() in (".json", ".jsonl"):
-        from attnscope.data.io import iter_examples
-
         for i, ex in enumerate(iter_examples(path)):
             if ex.text is None:
                 raise InputError(path, f"example {i}: long documents need a 'text' field")

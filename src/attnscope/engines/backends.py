@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from attnscope.engines import flex, native
 from attnscope.engines.tiles import CPU_TILE_BYTES, CPU_TILE_ROWS, GPU_TILE_SHARE, tile_budget  # noqa: F401
 from attnscope.errors import AttnscopeError
 
@@ -96,8 +97,6 @@ Run = Callable[[LayerInput, int, Any], None]
 
 def usable(name: str, device) -> bool:
     """Whether backend ``name`` can run on ``device`` on this machine at all."""
-    from attnscope.engines import flex, native
-
     kind = getattr(device, "type", str(device).split(":")[0])
     if name == "flex":
         return flex.available()

@@ -41,6 +41,8 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+from attnscope.models.gguf import cache_root
+
 PTR, INT = ctypes.c_void_p, ctypes.c_int64  # the C arguments' types
 
 SOURCE = Path(__file__).with_name("native_tiles.c")
@@ -101,7 +103,6 @@ def library():
     if cc is None:
         log.info("no C compiler: the streaming engine uses its torch path")
         return None
-    from attnscope.models.gguf import cache_root
 
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout

@@ -47,6 +47,7 @@ sized for the device); at the smallest automatic CPU tile, 16 rows of one key he
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -59,6 +60,7 @@ import numpy as np
 from attnscope.engines import backends, flex, native
 from attnscope.engines.backends import LayerInput
 from attnscope.engines.rows import Sequence, is_punct, sample_by_digest, sample_rows
+from attnscope.extract.wordlevel import to_word_level
 from attnscope.models.families import module_at
 from attnscope.models.forward import forward, model_device, pad_batch
 
@@ -130,8 +132,6 @@ def unit_sequence(lm, ids: Seq[int], units, stats: LongContextStats, device, cac
     """A word-level :class:`Sequence`: ``units[t]`` is the unit (word; a special token is a unit of
     its own) of token ``t``, non-decreasing from 0. Its ``n`` counts units; a unit is special when
     its token is, punctuation when the text of its pieces is; rows sampled from the units."""
-    import hashlib
-
     import torch
 
     u = np.asarray(units, dtype=np.int64)
@@ -176,7 +176,6 @@ def _fold_maps(stats: LongContextStats, layer: int, seq: Sequence, probs) -> Non
     if seq.units is None:
         stats._layer_from_probs(layer, seq, probs)
         return
-    from attnscope.extract.wordlevel import to_word_level
 
     a = probs[None].float().cpu().numpy()  # [1 H n n]
     w = to_word_level(a, seq.units.cpu().numpy())[0]

@@ -7,17 +7,21 @@ the inputs and the arguments, which is what lets a store resume exactly where it
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from attnscope.data.io import example_from_dict
 from attnscope.data.records import Example
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, InputError
 from attnscope.extract.encode import Encoded, Encoder, word_units
+from attnscope.extract.seq2seq import decoder_input, seq2seq_maps
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.maps import AttentionBatch, AttentionMap
+from attnscope.models.forward import forward, pad_batch
 from attnscope.models.loading import LoadedModel, as_loaded
 from attnscope.models.pieces import piece_decoder
 
@@ -95,8 +99,6 @@ class Extractor:
     def check_target(self, ex: Example, index: int) -> None:
         """Encoder-decoder models: the example must say what the decoder reads."""
         if self.lm.family.encoder_decoder and not isinstance(ex.fields.get("target"), str):
-            from attnscope.errors import InputError
-
             raise InputError(None, f"example {index}: {self.lm.name} is an encoder-decoder model; "
                                    "each input needs a 'target' field (the text its decoder reads)")
 
@@ -124,8 +126,6 @@ class Extractor:
 
         ``hooks``: more of the forward helper's hook points to call during the same pass
         (:func:`attnscope.models.forward.forward`), e.g. ``{"k": ...}`` for key vectors."""
-        from attnscope.models.forward import forward, pad_batch
-
         if self.lm.family.encoder_decoder:
             return self._run_seq2seq(batch)
         inputs = pad_batch(self.lm, [e.input_ids for e in batch], [e.token_type_ids for e in batch])
@@ -146,10 +146,6 @@ class Extractor:
     def _run_seq2seq(self, batch: list[Encoded]) -> AttentionBatch:
         """Encoder-decoder models, one example at a time: the encoder map, carrying the decoder
         and cross-attention maps in ``others`` (:mod:`attnscope.extract.seq2seq`)."""
-        import dataclasses
-
-        from attnscope.extract.seq2seq import decoder_input, seq2seq_maps
-
         items = []
         for e in batch:
             dec = decoder_input(self.lm, e.example.fields["target"])
@@ -249,8 +245,6 @@ def extract(examples: Iterable[Example | dict], model: LoadedModel | str = "defa
     >>> for batch in extract([{"text": "The cat sat."}], model="debug"):  # doctest: +SKIP
     ...     print(batch.items[0].attn.shape)   # [layer, head, query, key]
     """
-    from attnscope.data.io import example_from_dict
-
     opts = options or ExtractOptions(**kwargs)
     ex_iter = (e if isinstance(e, Example) else example_from_dict(e, i) for i, e in enumerate(examples))
     extractor = Extractor(model, opts, stats)

@@ -29,6 +29,7 @@ import numpy as np
 
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError
+from attnscope.extract.encode import Encoder
 from attnscope.maps import AttentionMap, token_word_ids
 from attnscope.models.pieces import piece_texts
 
@@ -84,8 +85,6 @@ def extract_seq2seq(lm, source: str, target: str | None = None, *, generate: int
     """The encoder, decoder and cross-attention maps of ``source`` with ``target`` (teacher
     forcing) or with the model's greedy continuation of up to ``generate`` tokens."""
     import torch
-
-    from attnscope.extract.encode import Encoder
 
     check_seq2seq(lm, "extract_seq2seq")
     if (target is None) == (generate is None):

@@ -11,13 +11,27 @@ KV heads on the evaluated tasks (:mod:`attnscope.analyses.atlas`; docs/atlas.md)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from attnscope.analyses import atlas as A
 from attnscope.analyses.atlas import REDUCTIONS, SCORES
-from attnscope.data.tasks import DEFAULT_KINDS, KINDS
-from attnscope.errors import AttnscopeError
+from attnscope.analyses.lm_objective import Objective
+from attnscope.analyses.longctx import LongContextStats
+from attnscope.data.io import read_text
+from attnscope.data.tasks import (
+    DEFAULT_KINDS,
+    KINDS,
+    generate_tasks,
+    haystack_sentences,
+    read_tasks,
+)
+from attnscope.errors import AttnscopeError, ModelError
+from attnscope.extract.tasks import encode_task
 from attnscope.families.base import (
     CompareTable,
     Context,
@@ -27,6 +41,11 @@ from attnscope.families.base import (
     option,
     register_family,
 )
+from attnscope.families.longctx import induction_probes
+from attnscope.models.forward import supports_hooks
+from attnscope.report.atlas import write_atlas
+from attnscope.store.results import write_results
+from attnscope.viz.results_views import head_scatter, relation_grids
 
 TASK_SUFFIXES = (".jsonl", ".json")
 QUESTION_ROOM = 128  # positions left after a generated context for its question and answer
@@ -112,17 +131,10 @@ class Atlas(Family):
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
         """Every score per head (grids), and the heads placed by streaming share and SnapKV mass."""
-        from attnscope.viz.results_views import head_scatter, relation_grids
-
         return {"grids": relation_grids(results, "scores", source, problems),
                 "scatter": head_scatter(results, "heads", "streaming", "snapkv", "label", source)}
 
     def prepare(self, inputs: dict[str, Any], options: Options, ctx: Context) -> Prepared:
-        from attnscope.data.io import read_text
-        from attnscope.data.tasks import generate_tasks, haystack_sentences, read_tasks
-        from attnscope.extract.tasks import encode_task
-        from attnscope.models.forward import supports_hooks
-
         path = inputs.get("atlas")
         if path is None:
             raise AttnscopeError("atlas: no file given", params=("atlas",))
@@ -192,8 +204,6 @@ class Atlas(Family):
     @staticmethod
     def _split(pool: list, calibration: int, seed: int, path: Path) -> tuple[list, list]:
         """``(calibration, evaluated)`` tasks of a task file: a seeded draw of ``calibration``."""
-        import numpy as np
-
         if not calibration:
             return [], pool
         if calibration >= len(pool):
@@ -203,12 +213,6 @@ class Atlas(Family):
         return ([t for i, t in enumerate(pool) if i in pick], [t for i, t in enumerate(pool) if i not in pick])
 
     def run(self, prepared: Prepared, options: Options, ctx: Context):
-        import dataclasses
-
-        from attnscope.analyses import atlas as A
-        from attnscope.report.atlas import write_atlas
-        from attnscope.store.results import write_results
-
         lm = ctx.model
         encs, calib = prepared.data["tasks"], prepared.data["calibration"]
         notes = list(prepared.data["notes"])
@@ -246,9 +250,6 @@ class Atlas(Family):
 
     @staticmethod
     def _importance_possible(lm, notes: list[str]) -> bool:
-        from attnscope.analyses.lm_objective import Objective
-        from attnscope.errors import ModelError
-
         try:
             Objective(lm)
         except ModelError as exc:
@@ -260,9 +261,6 @@ class Atlas(Family):
     def _echo_induction(lm, options: Options, ctx: Context, notes: list[str]) -> dict:
         """RazorAttention's echo (the previous copy of the current token) and induction (the
         token after it) scores on repeated random tokens, a pass of their own."""
-        from attnscope.analyses.longctx import LongContextStats
-        from attnscope.families.longctx import induction_probes
-
         seqs, targets = induction_probes(lm, options.atlas_probes, options.atlas_probe_length, ctx.seed, notes)
         stats = LongContextStats(seed=ctx.seed, causal=True)
         ctx.stream(seqs, stats, step="echo and induction", targets=targets)

@@ -30,10 +30,18 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.analyses.ablation import importance_order, random_order
+from attnscope.analyses.base import get_analysis
 from attnscope.analyses.example_maps import example_maps, seconds_per_token
+from attnscope.analyses.gradients import FitOptions, fit_mlm_head
+from attnscope.analyses.lm_objective import Objective, encode_examples
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
+from attnscope.models.forward import supports_hooks
+from attnscope.models.loading import seed_everything
+from attnscope.report.attribution import write_attribution
 from attnscope.sources import read_source
+from attnscope.viz.results_views import attribution_payload
 
 ALL_METHODS = ("importance", "ablation", "pruning", "rollout", "norms", "value-zeroing")
 #: Every method but per-head ablation, whose two modes alone take longer than all the others
@@ -86,8 +94,6 @@ def hook_free(lm, methods: list[str]) -> tuple[list[str], str | None]:
     A model whose attention does not go through transformers' ``AttentionInterface`` (MPNet)
     gives its attention maps but no hook points, so gate- and value-based methods cannot run.
     """
-    from attnscope.models.forward import supports_hooks
-
     if supports_hooks(lm):
         return methods, None
     skipped = [m for m in methods if m in HOOK_METHODS]
@@ -100,9 +106,6 @@ def hook_free(lm, methods: list[str]) -> tuple[list[str], str | None]:
 
 
 def _objective(lm, options: AttributionOptions, encoded, seed: int, notes: list[str]):
-    from attnscope.analyses.gradients import FitOptions, fit_mlm_head
-    from attnscope.analyses.lm_objective import Objective
-
     if lm.family.causal or lm.has_mlm_head:
         return Objective(lm, seed=seed)
     if not options.attribution_fit_head:
@@ -157,8 +160,6 @@ def _arguments(key: str, lm, objective, options: AttributionOptions, ctx: Contex
                earlier: dict[str, Any]) -> dict[str, Any] | None:
     """The constructor arguments of the analysis behind result ``key`` (None: it cannot run,
     because it needs a loss and the model has none)."""
-    from attnscope.analyses.ablation import importance_order, random_order
-
     bs = ctx.batch_size
     loss = {
         "head-importance": lambda: dict(batch_size=max(1, bs // 2), norm=options.importance_norm),
@@ -179,8 +180,6 @@ def _run_passes(examples, agreement: list, methods: list[str], objective, option
     """Each method's analyses (by registry name, :data:`METHOD_ANALYSES`) handed to the
     pipeline's passes (the agreement pass on ``agreement``, a head of ``examples``); returns
     result key -> Result."""
-    from attnscope.analyses.base import get_analysis
-
     ablations = {"both": ("ablation-zero", "head-means", "ablation-mean"), "zero": ("ablation-zero",),
                  "mean": ("head-means", "ablation-mean")}[options.ablation]
     wanted = [w for m in methods for w in METHOD_ANALYSES[m] if m != "ablation" or w[0] in ablations]
@@ -223,8 +222,6 @@ class Attribution(Family):
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
         """One example's maps by every method that ran, side by side."""
-        from attnscope.viz.results_views import attribution_payload
-
         return {"attribution": attribution_payload(results, source, problems)}
 
     def prepare(self, inputs, options: AttributionOptions, ctx: Context) -> Prepared:
@@ -249,10 +246,6 @@ class Attribution(Family):
     def run(self, prepared: Prepared, options: AttributionOptions, ctx: Context):
         """Hand the chosen methods' analyses to the pipeline's passes, draw one example's maps,
         and write tables, figures and ``results/attribution.json``."""
-        from attnscope.analyses.lm_objective import encode_examples
-        from attnscope.models.loading import seed_everything
-        from attnscope.report.attribution import write_attribution
-
         lm, examples = ctx.model, prepared.data["examples"]
         seed_everything(ctx.seed)
         methods, skipped = hook_free(lm, options.method_list())

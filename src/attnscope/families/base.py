@@ -34,7 +34,11 @@ from typing import Any, ClassVar
 
 from attnscope.data.io import fingerprint
 from attnscope.errors import AttnscopeError
+from attnscope.executor import LocalExecutor, run_pass
+from attnscope.extract.runner import ExtractOptions, Extractor, small_matrix_threads
+from attnscope.jobs import extract_to_store
 from attnscope.progress import Progress, with_unit
+from attnscope.store import open_store
 from attnscope.store.checkpoints import UnitLog, unit_log_path
 
 
@@ -143,8 +147,6 @@ class Context:
     def extract_options(self, **overrides: Any):
         """The job's :class:`~attnscope.extract.runner.ExtractOptions` (maximum length, batch
         size, seed), with ``overrides`` (e.g. ``word_level=True``)."""
-        from attnscope.extract.runner import ExtractOptions
-
         return ExtractOptions(max_seq_len=self.max_seq_len, batch_size=self.batch_size, seed=self.seed,
                               **overrides)
 
@@ -154,8 +156,6 @@ class Context:
         options and ``overrides``, or a store) on the job's executor; returns a
         :class:`~attnscope.executor.PassOutcome` (:func:`attnscope.executor.run_pass`; ``note``
         goes into its error when no example fits)."""
-        from attnscope.executor import run_pass
-
         return run_pass(source, analyses, model=self.model, options=self.extract_options(**overrides),
                         executor=self.executor, step=step, progress=self.progress, note=note)
 
@@ -164,9 +164,6 @@ class Context:
         on the job's executor with the job's options and ``overrides``, in the order of
         ``indices``; each map's ``index`` is its ``i``. Examples over the maximum length have no
         map."""
-        from attnscope.executor import LocalExecutor
-        from attnscope.extract.runner import Extractor, small_matrix_threads
-
         indices = list(indices)
         extractor = Extractor(self.model, self.extract_options(**overrides))
         with small_matrix_threads():
@@ -180,8 +177,6 @@ class Context:
         maps) on the job's executor, with progress under ``step`` in ``unit`` (counting on from
         ``start`` of ``total``, for a step made of several calls); ``here``: in this process
         whatever the executor (e.g. under autocast). Returns how many workers ran it (0: here)."""
-        from attnscope.executor import LocalExecutor
-
         ex = LocalExecutor() if here or self.executor is None else self.executor
         return ex.stream(self.model, sequences, stats,
                          progress=self.counter(step, total or len(sequences), start, unit=unit), **kwargs)
@@ -189,15 +184,11 @@ class Context:
     def encoded(self, examples: Sequence, **overrides: Any) -> list:
         """``examples`` encoded with the job's options and ``overrides`` (token ids, word
         alignment; no forward pass), those over the maximum length left out."""
-        from attnscope.extract.runner import Extractor
-
         return list(Extractor(self.model, self.extract_options(**overrides)).encode_all(examples))
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(model, *args, **kwargs)`` for one small pass (one example's maps, a timing
         probe) through the job's executor, which runs it here."""
-        from attnscope.executor import LocalExecutor
-
         return (self.executor or LocalExecutor()).call(self.model, fn, *args, **kwargs)
 
     def save_store(self, examples: Sequence, path: Path, *, step: str, dtype: str = "float16",
@@ -205,9 +196,6 @@ class Context:
         """Extract ``examples`` into a store at ``path`` on the job's executor, with the job's
         options and ``overrides`` (e.g. ``word_level=True``) and progress under ``step``, and
         return it opened (:func:`attnscope.jobs.extract_to_store`)."""
-        from attnscope.jobs import extract_to_store
-        from attnscope.store import open_store
-
         total = len(examples)
         extract_to_store(examples, path, self.model, options=self.extract_options(**overrides), dtype=dtype,
                          executor=self.executor,
@@ -224,8 +212,6 @@ class Context:
         folder under the job's fingerprint, so a killed run picks up where it stopped (the
         pipeline removes the log once the family's results are written). ``step`` is a
         picklable callable: on Ray it runs on the workers."""
-        from attnscope.executor import LocalExecutor
-
         log = UnitLog(unit_log_path(self.out_dir, self.family, name), fingerprint(self.job, name, len(items)))
         return (self.executor or LocalExecutor()).tasks(self.model, step, items, log=log,
                                                         progress=self.counter(label, len(items), unit=unit))

@@ -29,10 +29,11 @@ from attnscope.analyses.gradients import (
 )
 from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
+from attnscope.analyses.streamed_general import STREAM_JS_ROWS, StreamedGeneral
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import Example
 from attnscope.data.unlabeled import PACKINGS, UnlabeledStats
-from attnscope.engines.streaming import ENGINES
+from attnscope.engines.streaming import ENGINES, choose_engine, maps_bytes
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import (
     Context,
@@ -42,6 +43,7 @@ from attnscope.families.base import (
     option,
     register_family,
 )
+from attnscope.models.loading import seed_everything
 from attnscope.report.general import (
     Progress,
     write_general,
@@ -49,6 +51,7 @@ from attnscope.report.general import (
 from attnscope.report.section import Section
 from attnscope.sources import read_source
 from attnscope.store import Store
+from attnscope.viz.results_views import head_scatter
 
 GRADIENT_MODES = ("auto", "off", "on", "fit-head")
 
@@ -141,8 +144,6 @@ def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_se
 
 def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: str | None = None) -> Section:
     """The general family's job on ``source`` (examples or a store); see :func:`run_general`."""
-    from attnscope.models.loading import seed_everything
-
     seed_everything(ctx.seed)
     model, engine, notes = ctx.model, options.general_engine, [note] if note else []
     is_store = isinstance(source, Store)
@@ -189,8 +190,6 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
 def _pick_engine(source, model, engine: str, ctx: Context, options: "GeneralOptions", *,
                  saving: bool) -> tuple[str, str]:
     """``(engine, one line saying which and why)`` for ``engine`` auto or streaming."""
-    from attnscope.engines.streaming import choose_engine, maps_bytes
-
     batch_size, budget_gb = ctx.batch_size, options.general_maps_budget_gb
     lengths = [len(e) for e in ctx.encoded(source)]
     longest = max(lengths, default=0)
@@ -219,8 +218,6 @@ def _run_streaming(source: list, ctx: Context, options: "GeneralOptions", *, lin
                    note: str | None = None) -> Section:
     """The general statistics of a decoder from the streaming engine (no ``[n n]`` maps):
     :class:`~attnscope.analyses.streamed_general.StreamedGeneral` handed to the pass."""
-    from attnscope.analyses.streamed_general import STREAM_JS_ROWS, StreamedGeneral
-
     model, max_seq_len, seed, gradients = ctx.model, ctx.max_seq_len, ctx.seed, options.gradient_mode
     notes = ([note] if note else []) + [line]
     classer, classes_note = TokenClasser.for_model(model)
@@ -301,8 +298,6 @@ class General(Family):
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
         """The heads placed by the clustering's MDS (Figure 6), labelled by behaviour."""
-        from attnscope.viz.results_views import head_scatter
-
         return {"scatter": head_scatter(results, "general_heads", "mds_x", "mds_y", "behaviour", source)}
 
     def prepare(self, inputs, options: GeneralOptions, ctx: Context) -> Prepared:

@@ -13,8 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from attnscope.analyses.longctx import LongContextStats, head_clusters
+from attnscope.data.unlabeled import prepare_documents
+from attnscope.engines.streaming import choose_engine, induction_sequences, maps_bytes
 from attnscope.errors import AttnscopeError
+from attnscope.extract.encode import word_units
 from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
+from attnscope.models.gguf import ContinueStep
+from attnscope.report.longctx import run_findings, write_section
+from attnscope.store.results import write_results
+from attnscope.viz.results_views import head_scatter, profiles_from_result, sink_heatmap
 
 #: Tokens per forward pass: long inputs go one (or a few) at a time whatever --batch-size says.
 BATCH_TOKENS = 8192
@@ -76,16 +86,12 @@ class LongContext(Family):
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
         """Distance and position profiles per head, and the sink-mass heatmap."""
-        from attnscope.viz.results_views import head_scatter, profiles_from_result, sink_heatmap
-
         sink = sink_heatmap(results, source)
         return {"profiles": profiles_from_result(results, source, problems),
                 "sinks": [sink] if sink is not None else [],
                 "scatter": head_scatter(results, "clusters", "x", "y", "behaviour", source)}
 
     def prepare(self, inputs: dict[str, Any], options: Options, ctx: Context) -> Prepared:
-        from attnscope.data.unlabeled import prepare_documents
-
         path = inputs.get("documents")
         if path is None:
             raise AttnscopeError("documents: no file given", params=("documents",))
@@ -123,11 +129,6 @@ class LongContext(Family):
         import contextlib
 
         import torch
-
-        from attnscope.analyses.longctx import LongContextStats, head_clusters
-        from attnscope.engines.streaming import choose_engine, maps_bytes
-        from attnscope.report.longctx import run_findings, write_section
-        from attnscope.store.results import write_results
 
         lm, docs = ctx.model, prepared.data["documents"]
         seqs, notes, generated = [d.ids for d in docs], [], []
@@ -180,8 +181,6 @@ class LongContext(Family):
     @staticmethod
     def _continue(lm, seqs: list[list[int]], new_tokens: int, ctx: Context):
         """Each prompt plus its greedy continuation, a record per document, and one line."""
-        from attnscope.models.gguf import ContinueStep
-
         conts = [r["ids"] for r in ctx.tasks(ContinueStep(new_tokens, seed=ctx.seed), seqs, name="generate",
                                              label="generate", unit="documents")]
         out = [list(ids) + cont for ids, cont in zip(seqs, conts)]
@@ -199,10 +198,6 @@ class LongContext(Family):
 
 def _word_units(docs, induction: int, notes: list[str]) -> list:
     """Each document's word units (paper section 4.1), with one line for ``notes``."""
-    import numpy as np
-
-    from attnscope.extract.encode import word_units
-
     units = [word_units(np.asarray(d.word_ids), np.asarray(d.word_ids) < 0) for d in docs]
     notes.append("Word level: attention TO a word is the sum over its pieces, FROM a word the mean "
                  "of its pieces' rows (paper section 4.1); positions, distances and row lengths "
@@ -217,8 +212,6 @@ def induction_probes(lm, count: int, length: int, seed: int, notes: list[str]) -
     """``count`` seeded sequences of ``length`` random tokens repeated once, and their targets
     (:func:`~attnscope.engines.streaming.induction_sequences`); a copy draws distinct ordinary
     tokens and both copies must fit the model's positions (a shorter copy is noted)."""
-    from attnscope.engines.streaming import induction_sequences
-
     tok = lm.tokenizer
     ordinary = len(tok) - len(set(getattr(tok, "all_special_ids", []) or []))
     half = min(length, ordinary - 1, (lm.max_positions - 1) // 2)

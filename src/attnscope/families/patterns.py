@@ -18,7 +18,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from attnscope.analyses.entropy import Entropy
 from attnscope.analyses.patterns import KeyConcentration, PatternThresholds, VigPatterns
+from attnscope.analyses.relative_position import RelativePosition
+from attnscope.analyses.special_tokens import SpecialTokens
+from attnscope.analyses.token_classes import TokenClasser
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.families.base import (
     Context,
@@ -29,6 +33,9 @@ from attnscope.families.base import (
     option,
     register_family,
 )
+from attnscope.models.forward import supports_hooks
+from attnscope.models.loading import seed_everything
+from attnscope.report.patterns import write_patterns
 from attnscope.sources import read_source
 
 _D = PatternThresholds()
@@ -78,14 +85,6 @@ class PatternsFamily(Family):
         return Prepared({"source": source}, weight=len(source), counts={what: len(source)})
 
     def run(self, prepared: Prepared, options: Any, ctx: Context):
-        from attnscope.analyses.entropy import Entropy
-        from attnscope.analyses.relative_position import RelativePosition
-        from attnscope.analyses.special_tokens import SpecialTokens
-        from attnscope.analyses.token_classes import TokenClasser
-        from attnscope.models.forward import supports_hooks
-        from attnscope.models.loading import seed_everything
-        from attnscope.report.patterns import write_patterns
-
         seed_everything(ctx.seed)
         source = prepared.data["source"]
         model = ctx.model

@@ -14,8 +14,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnscope.analyses.syntax import DependencyHeads
+from attnscope.analyses.probes.features import SentenceSource
+from attnscope.analyses.probes.random_init import random_init_model
+from attnscope.analyses.syntax import ALL, DependencyHeads
 from attnscope.analyses.units import TIE_RULES
+from attnscope.data.glove import load_glove
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.families.base import (
@@ -30,12 +33,12 @@ from attnscope.families.base import (
 from attnscope.report.section import Section
 from attnscope.report.syntax import Progress, _table3_row, write_syntax
 from attnscope.sources import read_source
+from attnscope.store import Store
+from attnscope.viz.results_views import relation_grids
 
 
 # -- inputs ---------------------------------------------------------------------------------
 def _is_store(x) -> bool:
-    from attnscope.store import Store
-
     return isinstance(x, Store)
 
 
@@ -67,14 +70,12 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
     """Train every Table 3 probe; returns the table rows and details (histories, sources)."""
     import torch
 
-    from attnscope.analyses.probes.features import SentenceSource
     from attnscope.analyses.probes.models import (
         AttentionGloveProbe,
         AttentionProbe,
         DistanceGloveMLP,
     )
     from attnscope.analyses.probes.training import TrainConfig, right_branching_uas, train_probes
-    from attnscope.data.glove import load_glove
 
     config = config or TrainConfig()
     table = load_glove(glove)
@@ -211,8 +212,6 @@ def _probes(dev, train, dev_store, train_store, options: "SyntaxOptions", ctx: C
                                    attn_lr=options.attn_lr, seed=ctx.seed)
     rtrain = rdev = None
     if random_baseline and ctx.model is not None:
-        from attnscope.analyses.probes.random_init import random_init_model
-
         rctx = dataclasses.replace(ctx, model=random_init_model(ctx.model, ctx.seed))
         rtrain, rdev = (rctx.save_store(split if not _is_store(split) else [ex for _, ex in _store_examples(split)],
                                         maps_root / f"{name}-random-init", dtype="float16",
@@ -288,9 +287,6 @@ class Syntax(Family):
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
         """Every head's accuracy per relation and direction, the overall ('all') grids first."""
-        from attnscope.analyses.syntax import ALL
-        from attnscope.viz.results_views import relation_grids
-
         return {"grids": relation_grids(results, "accuracy", source, problems, first=ALL)}
 
     def prepare(self, inputs, options: SyntaxOptions, ctx: Context) -> Prepared:

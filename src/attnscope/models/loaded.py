@@ -5,8 +5,11 @@ other."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from attnscope.models.families import ModelFamily
 from attnscope.models.forward import model_device
@@ -97,9 +100,6 @@ class LoadedModel:
 
 
 def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
     import torch
 
     random.seed(seed)

@@ -10,6 +10,7 @@ there, and every consumer brings tensors back with ``.cpu()`` before numpy.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import os
 import socket
@@ -18,8 +19,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from attnscope.errors import ModelError
+from attnscope.models.debug import build_debug_model
 from attnscope.models.families import family_for
 from attnscope.models.forward import install
+from attnscope.models.gguf import dequantized_folder, resolve_gguf
 from attnscope.models.loaded import LoadedModel, seed_everything
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_SEED", "LoadedModel", "as_loaded", "borrowed", "load_model", "packaged_model_dir",
@@ -145,11 +148,8 @@ def _load(name: str, *, mlm_head: bool | str, seed: int, revision: str | None) -
         raise ValueError(f"mlm_head must be True, False or 'if-present', not {mlm_head!r}")
     seed_everything(seed)
     if name == "debug" or name.startswith("debug:"):
-        from attnscope.models.debug import build_debug_model
-
         family = name.split(":", 1)[1] if ":" in name else "bert"
         return build_debug_model(family, mlm_head=mlm_head, seed=seed)
-    from attnscope.models.gguf import resolve_gguf
 
     gguf_path = resolve_gguf(name)
     if gguf_path is not None:
@@ -223,8 +223,6 @@ KNOWN_NAMES = (DEFAULT_MODEL, "debug", "debug:bert", "debug:roberta", "debug:gpt
 
 def _did_you_mean(name: str) -> str:
     """``"; did you mean 'default'?"`` when ``name`` is close to a name in KNOWN_NAMES, else ``""``."""
-    import difflib
-
     close = difflib.get_close_matches(name.lower(), KNOWN_NAMES, n=1, cutoff=0.75)
     return f"; did you mean '{close[0]}'?" if close else ""
 
@@ -288,8 +286,6 @@ def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
 
 def _load_gguf(name: str, gguf_path: Path, mlm_head: bool) -> LoadedModel:
     """A GGUF file (or ``smollm2``), through its dequantized copy in the cache."""
-    from attnscope.models.gguf import dequantized_folder
-
     folder, digest, converted = dequantized_folder(gguf_path)
     lm = _load_pretrained(str(folder), name, folder, mlm_head, None, local_only=True)
     lm.source = str(gguf_path.resolve())

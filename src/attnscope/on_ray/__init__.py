@@ -4,6 +4,9 @@
 extra: ``pip install "attnscope[ray]"``). Importing this package does not import Ray; only
 calling into :mod:`attnscope.on_ray.cluster` does. See ``docs/scale.md``.
 """
+import importlib.util
+
+from attnscope.errors import AttnscopeError
 
 #: What to install when Ray is missing (named in the one-line error of ``--ray``).
 RAY_EXTRA = "pip install 'attnscope[ray]'"
@@ -12,10 +15,6 @@ RAY_EXTRA = "pip install 'attnscope[ray]'"
 def check_ray(ray: bool, workers: int) -> None:
     """Refuse ``workers`` without ``ray``, a bad count, or ``ray`` without Ray installed
     (one line naming the extra), before anything is read or written. Ray is not imported."""
-    import importlib.util
-
-    from attnscope.errors import AttnscopeError
-
     if workers != 1 and not ray:
         raise AttnscopeError("workers needs ray", params=("workers", "ray"))
     if not isinstance(workers, int) or workers < 1:

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import os
 import pickle
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -39,9 +41,15 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.engines.streaming import stream_stats
 from attnscope.errors import AttnscopeError
+from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats, small_matrix_threads
+from attnscope.maps import AttentionBatch, AttentionMap
+from attnscope.models import forward as fw
+from attnscope.models.loading import LoadedModel, as_loaded
 from attnscope.on_ray import RAY_EXTRA
-from attnscope.store.writer import WriteError
+from attnscope.store.format import SHARDS, array_key, shard_name
+from attnscope.store.writer import ShardWriter, StoreJob, WriteError, open_store_job
 
 #: Object store of a local cluster started by attnscope (Ray's default is 30% of memory; on a
 #: shared machine that is too greedy). Larger objects spill to disk.
@@ -150,20 +158,13 @@ def plan_units(extractor, examples: Iterable, shard_size: int, unit_examples: in
 
 def _stored(batch, dtype: str):
     """The batch as a reader of a ``dtype`` store sees it (float16 rounding, back to float32)."""
-    from attnscope.maps import AttentionBatch
-
     return AttentionBatch([dataclasses.replace(m, attn=m.attn.astype(dtype).astype(np.float32))
                            for m in batch.items])
 
 
 def _shard_maps(root: Path, sid: int) -> dict[int, Any]:
     """The maps of a finished shard, by plan position (float32, as the store reader gives them)."""
-    import json
-
     from safetensors import safe_open
-
-    from attnscope.maps import AttentionMap
-    from attnscope.store.format import SHARDS, array_key, shard_name
 
     with safe_open(str(root / SHARDS / shard_name(sid)), framework="np") as sf:
         records = json.loads(sf.metadata()["records"])
@@ -192,9 +193,6 @@ class ModelParcel:
                    lm.model.device.type)
 
     def unpack(self):
-        from attnscope.models import forward as fw
-        from attnscope.models.loading import LoadedModel
-
         if getattr(self.config, "_attn_implementation", None) == fw.ATTN_IMPLEMENTATION:
             fw._register()  # the attention function is registered per process
         model = self.model_class(self.config).to(self.dtype)
@@ -217,8 +215,6 @@ class UnitWorker:
     def __init__(self, model, options: dict, mode: str = "extract", root: str | None = None,
                  shard_size: int = 128, dtype: str = "float16", done: Sequence[int] = (),
                  analyses: list | None = None, stream: dict | None = None, step=None):
-        from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
-
         if isinstance(model, ModelParcel):
             model = model.unpack()
         self.lm = model
@@ -232,8 +228,6 @@ class UnitWorker:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from ray import cloudpickle  # analyses defined in a notebook or script travel by value
-
-        from attnscope.extract.runner import small_matrix_threads
 
         out = []
         with small_matrix_threads():
@@ -252,7 +246,6 @@ class UnitWorker:
             return self._stream(unit)
         if self.mode == "tasks":  # one item of a step of units (attnscope.executor.LocalExecutor.tasks)
             return {"record": self.step(self.lm, unit)}
-        from attnscope.store.writer import ShardWriter
 
         partial = [copy.deepcopy(a) for a in self.analyses]
         writer = ShardWriter(self.root, self.shard_size, self.dtype, set(self.done)) if self.root else None
@@ -261,7 +254,6 @@ class UnitWorker:
         for positions, planned in unit.batches:
             if writer is not None and all(writer.shard_of(p) in writer.done for p in positions):
                 if partial:  # resumed: the analyses read this batch back from its shards
-                    from attnscope.maps import AttentionBatch
 
                     items = []
                     for p in positions:
@@ -286,8 +278,6 @@ class UnitWorker:
         return {"analyses": partial, "maps": maps}
 
     def _stream(self, unit) -> dict:
-        from attnscope.engines.streaming import stream_stats
-
         stats = copy.deepcopy(self.analyses[0])
         sequences, targets = unit
         stream_stats(self.lm, sequences, stats, chunk=self.stream.get("chunk", 0),
@@ -350,8 +340,6 @@ class RayJobError(WriteError):
 def _ray_failure(exc: Exception, where: str, *, store: bool = False) -> AttnscopeError:
     """One line for a failure of Ray itself or of code on a worker: the innermost error.
     ``store``: the job writes a store, whose finished shards ``--resume`` keeps."""
-    import re
-
     lines = [ln.strip() for ln in str(exc).splitlines()]
     cause = next((ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*: ", ln)
                   and not ln.startswith("ray.")), None) or type(exc).__name__
@@ -399,10 +387,6 @@ def extract_on_ray(examples: Iterable, out: str | Path | None = None, model: Any
     ...                      workers=2)  # doctest: +SKIP
     >>> out.analyses[0].finalize()  # doctest: +SKIP
     """
-    from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
-    from attnscope.models.loading import as_loaded
-    from attnscope.store.writer import StoreJob, open_store_job
-
     require_ray()
     check_workers(workers)
     options = options or ExtractOptions()
@@ -480,7 +464,6 @@ def stream_stats_on_ray(lm, sequences: Sequence[Sequence[int]], stats, *, worker
     tg = list(targets) if targets is not None else None
     units = [(seqs[i:i + per_unit], None if tg is None else tg[i:i + per_unit])
              for i in range(0, len(seqs), per_unit)]
-    from attnscope.extract.runner import ExtractOptions
 
     worker = {"model": ModelParcel.pack(lm), "options": ExtractOptions(max_seq_len=min(lm.max_positions, 128)).as_dict(),
               "mode": "stream", "analyses": [stats], "stream": {"chunk": chunk, "batch_size": batch_size}}
@@ -520,8 +503,6 @@ class RayBatchRunner:
 
     def tasks(self, lm, step, items: Sequence, uids: Sequence[int]) -> Iterator[tuple[int, dict]]:
         """``(uid, step(lm, item))`` for each item, run on the workers, as the records arrive."""
-        from attnscope.extract.runner import ExtractOptions
-
         worker = {"model": ModelParcel.pack(lm), "mode": "tasks", "step": step,
                   "options": ExtractOptions(max_seq_len=min(lm.max_positions, 128)).as_dict()}
         try:

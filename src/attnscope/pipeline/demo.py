@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 from attnscope.families import load_families
@@ -15,8 +16,6 @@ from attnscope.store.checkpoints import STATE_DIR
 def demo_inputs() -> dict[str, Path]:
     """The packaged sample of every input of the demo's families (those with ``Family.demo``),
     by input name (written for attnscope, see ``demo_data/README.md``)."""
-    from importlib.resources import files
-
     root = Path(str(files("attnscope") / "demo_data"))
     return {inp.name: root / inp.sample for fam in load_families() if fam.demo
             for inp in fam.inputs if inp.sample}

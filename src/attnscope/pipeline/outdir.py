@@ -11,6 +11,7 @@ from pathlib import Path
 
 from attnscope.errors import AttnscopeError
 from attnscope.store.checkpoints import STATE_DIR
+from attnscope.store.format import MANIFEST
 from attnscope.store.results import read_json
 
 STATE_FILE = "state.json"  # in STATE_DIR (attnscope.store.checkpoints)
@@ -79,8 +80,6 @@ def replace_stores(folder: Path) -> None:
     """Clear ``folder`` of the stores an earlier ``analyze --save-maps`` kept there: they are
     replaced, as its tables and results are. A folder holding anything but attnscope stores is
     refused, and nothing in it is deleted."""
-    from attnscope.store.format import MANIFEST
-
     if not folder.exists():
         return
     stores = [m.parent for m in folder.rglob(MANIFEST)]

@@ -14,7 +14,9 @@ from attnscope.data.io import check_writable, file_fingerprint, fingerprint, to_
 from attnscope.engines.memory import gpu_memory_errors
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.executor import executor
-from attnscope.families import Context, Family, Prepared, check_options, load_families
+from attnscope.families import FAMILIES, Context, Family, Prepared, check_options, load_families
+from attnscope.models import LoadedModel, load_model
+from attnscope.models.loading import resolve_device
 from attnscope.on_ray import check_ray
 from attnscope.pipeline.config import (
     RunConfig,
@@ -33,9 +35,12 @@ from attnscope.pipeline.outdir import (
 from attnscope.pipeline.progress import ProgressRouter, prefixed
 from attnscope.pipeline.sections import section_from_json, section_to_json
 from attnscope.progress import Progress
+from attnscope.report.html import write_head_views, write_report
 from attnscope.report.section import Section
 from attnscope.store.checkpoints import STATE_DIR, drop_unit_logs
+from attnscope.store.format import MANIFEST
 from attnscope.store.results import ResultsFolder, read_json, write_json
+from attnscope.store.writer import versions
 
 
 def run_order(families: Sequence[Family]) -> list[Family]:
@@ -71,11 +76,6 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     :class:`~attnscope.models.LoadedModel` (then ``config.model`` only names it). ``ray``: run
     the forward passes on ``workers`` Ray workers (``docs/scale.md``).
     """
-    from attnscope.models import load_model
-    from attnscope.models.loading import resolve_device
-    from attnscope.report.html import write_head_views, write_report
-    from attnscope.store.writer import versions
-
     t0 = time.perf_counter()
     started = now()
     out_dir = Path(out_dir)
@@ -223,10 +223,6 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
 
     >>> run_family("coref", {"coref": ["doc.conllu"]}, "out/", window="sliding")  # doctest: +SKIP
     """
-    from attnscope.families import FAMILIES
-    from attnscope.models import LoadedModel, load_model
-    from attnscope.models.loading import resolve_device
-
     load_families()
     try:
         fam = FAMILIES[key]()
@@ -297,8 +293,6 @@ def _collect_results(out_dir: Path) -> dict[str, Any]:
 
 def _data_fingerprint(path: Path) -> str:
     """A file's sha256; a store folder's by its manifest (which holds its inputs' sha256)."""
-    from attnscope.store.format import MANIFEST
-
     path = Path(path)
     target = path / MANIFEST if path.is_dir() else path
     return file_fingerprint(target) if target.is_file() else "missing"

@@ -16,7 +16,9 @@ import numpy as np
 from attnscope.analyses import atlas as A
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import HeadId
+from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
+from attnscope.report.tables import write_table
 
 CURVE_COLUMNS = ["ranking", "kv_fraction", "kv_heads_kept", "kv_entries_kept", "accuracy", "n",
                  "ci_low", "ci_high"]
@@ -47,8 +49,6 @@ def label_figure(labels: np.ndarray, path: Path, title: str) -> list[Path]:
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    from attnscope.report.figures import new_figure, save_figure
-
     L, H = labels.shape
     codes = np.vectorize(A.LABELS.index)(labels)
     fig, ax = new_figure(figsize=(max(4.0, 0.45 * H + 2.5), max(3.0, 0.22 * L + 1)))
@@ -65,8 +65,6 @@ def label_figure(labels: np.ndarray, path: Path, title: str) -> list[Path]:
 
 
 def curve_figure(rows: list[dict], path: Path, title: str) -> list[Path]:
-    from attnscope.report.figures import new_figure, save_figure
-
     fig, ax = new_figure(figsize=(6.5, 4.2))
     names = list(dict.fromkeys(r["ranking"] for r in rows if r["ranking"] not in ("full_cache", "streaming_llm")))
     for name in names:
@@ -156,8 +154,6 @@ def write_atlas(out_dir: Path, summary: A.Summary, *, model_name: str, cal: A.Ca
                 options: Any, notes: list[str], source: str, tasks: list, title: str, key: str) -> Section:
     """Tables, figures, the kvpress export and the Section of the atlas's ``summary``
     (:func:`attnscope.analyses.atlas.summarise`); its result's ``summary`` gets the findings."""
-    from attnscope.report.tables import write_table
-
     out_dir = Path(out_dir)
     tables_dir, fig_dir = out_dir / "tables", out_dir / "figures"
     tables_dir.mkdir(parents=True, exist_ok=True)

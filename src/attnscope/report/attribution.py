@@ -18,6 +18,7 @@ from attnscope.models.pieces import readable, visible
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
+from attnscope.store.results import family_results, write_results
 
 METHODS = [
     "Head importance (Michel et al. 2019): mean over examples of |dL/d gate| at gate 1 (the paper's "
@@ -75,8 +76,6 @@ def write_attribution(results: dict[str, Any], out_dir: Path, *, notes: list[str
     label), or None. ``params`` and ``extra`` (model, seed, methods, examples) go into the
     results file.
     """
-    from attnscope.store.results import family_results, write_results
-
     sec = _section(results, Path(out_dir), notes, example, behaviour_labels(general))
     write_results(out_dir, "attribution", family_results(
         "attribution", sec, params, family="attribution", **extra, notes=notes,

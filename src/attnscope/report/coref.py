@@ -20,6 +20,7 @@ from attnscope.data.coref import MENTION_TYPES
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import Example, HeadId
 from attnscope.maps import AttentionMap
+from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import (
     MIN_ITEMS,
     FigureArtifact,
@@ -27,7 +28,7 @@ from attnscope.report.section import (
     TableArtifact,
     small_sample_caution,
 )
-from attnscope.report.tables import write_table
+from attnscope.report.tables import to_csv, to_latex, to_markdown, write_table
 from attnscope.store.results import dumps, write_results
 
 #: Table 2 of the paper (BERT-base, CoNLL-2012, documents truncated to 128 tokens), column "All".
@@ -66,8 +67,6 @@ def table2_display(rows: Sequence[dict]) -> tuple[list[dict], list[str]]:
 def write_table2(rows: Sequence[dict], stem: Path, *, caption: str, window: str, max_seq_len: int,
                  candidates: str) -> list[Path]:
     """Table 2 as Markdown and LaTeX (accuracy % with 95% CI) and CSV/JSON (fractions, CI, n)."""
-    from attnscope.report.tables import to_csv, to_latex, to_markdown
-
     cols = TABLE2_COLUMNS
     shown, shown_cols = table2_display(rows)
     numeric_cols = ["model", "kind", "name", "layer", "head"] + [
@@ -88,8 +87,6 @@ def write_table2(rows: Sequence[dict], stem: Path, *, caption: str, window: str,
 
 def heatmap_figure(acc: np.ndarray, stem: Path, *, title: str) -> list[Path]:
     """Layer x head accuracy heatmap (1-indexed axes, as the paper), best head outlined."""
-    from attnscope.report.figures import new_figure, save_figure
-
     L, H = acc.shape
     fig, ax = new_figure(figsize=(max(4.0, 0.45 * H + 1.5), max(3.0, 0.4 * L + 1.2)))
     im = ax.imshow(100 * acc, cmap="viridis", aspect="auto", origin="upper")
@@ -119,8 +116,6 @@ def examples_figure(panels: Sequence[dict], stem: Path, *, head: HeadId) -> list
     in green, the head's choice boxed in orange (green when correct).
     """
     from matplotlib import colormaps
-
-    from attnscope.report.figures import new_figure, save_figure
 
     cmap = colormaps["Blues"]
     line_chars = 92

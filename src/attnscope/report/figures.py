@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
+
+from attnscope.data.io import atomic_write_bytes
 
 
 def new_figure(*args, **kwargs):
@@ -20,12 +23,8 @@ def save_figure(fig, stem: str | Path, formats=("png", "svg"), dpi: int = 150) -
 
     SVG output has a fixed hash salt and no date, so the same figure gives the same bytes.
     """
-    import io
-
     import matplotlib
     import matplotlib.pyplot as plt
-
-    from attnscope.data.io import atomic_write_bytes
 
     matplotlib.rcParams["svg.hashsalt"] = "attnscope"
     stem = Path(stem)

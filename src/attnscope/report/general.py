@@ -11,6 +11,7 @@ shows. Only one map (the example drawn in Figure 1) is kept in memory.
 from __future__ import annotations
 
 import textwrap
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,11 @@ from attnscope.analyses.clustering import LABELS, head_stats
 from attnscope.data.records import HeadId
 from attnscope.maps import AttentionMap
 from attnscope.models.pieces import readable, visible
+from attnscope.report.figures import new_figure, save_figure
+from attnscope.report.html import model_display_name
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
+from attnscope.report.tables import write_table
+from attnscope.store.results import family_results, write_results
 
 LABEL_COLOURS = {"[SEP]": "#d62728", "[CLS]": "#9467bd", "punctuation": "#8c564b",
                  "previous": "#1f77b4", "next": "#17becf", "broad": "#2ca02c", "other": "#7f7f7f"}
@@ -67,8 +72,6 @@ def plot_token_lines(m: AttentionMap, heads: list[tuple[int, int, str]]):
     each token it attends to (right), darker for more attention."""
     from matplotlib.collections import LineCollection
 
-    from attnscope.report.figures import new_figure
-
     k = max(len(heads), 1)
     n = m.num_units
     # at most PER_ROW heads side by side, so the figure keeps the report's width and its
@@ -112,8 +115,6 @@ def plot_figure2(stats: dict[str, np.ndarray]):
     """Figure 2: per layer, each head's mean attention to token classes (dots) and the layer
     mean (line). Panels: to first special / separators / periods or commas; from separators
     vs from other tokens to separators; to the previous / next / current token."""
-    from attnscope.report.figures import new_figure
-
     fig, axes = new_figure(1, 3, figsize=(11, 3.8))
     for key, label, colour in (("first", "first special ([CLS])", "#9467bd"),
                                ("separator", "separators ([SEP])", "#d62728"),
@@ -142,8 +143,6 @@ def plot_figure2(stats: dict[str, np.ndarray]):
 
 def plot_figure3(grad: "Any"):
     """Figure 3: mean |dL/d attention| per layer, to separators, periods/commas and others."""
-    from attnscope.report.figures import new_figure
-
     fig, ax = new_figure(figsize=(5, 3.6))
     for key, label, colour in (("separator", "separators ([SEP])", "#d62728"),
                                ("punct", ". or ,", "#8c564b"), ("other", "other", "#7f7f7f")):
@@ -159,8 +158,6 @@ def plot_figure3(grad: "Any"):
 def plot_figure4(stats: dict[str, np.ndarray], uniform: float):
     """Figure 4: each head's mean attention entropy per layer, overall and from the first token,
     with the entropy of uniform attention as a dashed line."""
-    from attnscope.report.figures import new_figure
-
     fig, axes = new_figure(1, 2, figsize=(9, 3.6))
     for ax, key, title in ((axes[0], "entropy", "entropy of attention"),
                            (axes[1], "entropy_first", "entropy of attention from the first token")):
@@ -175,8 +172,6 @@ def plot_figure4(stats: dict[str, np.ndarray], uniform: float):
 
 def plot_figure6(coords: np.ndarray, labels: np.ndarray):
     """Figure 6: heads placed by MDS of their distances, coloured by behaviour and by layer."""
-    from attnscope.report.figures import new_figure
-
     L, H = labels.shape
     fig, axes = new_figure(1, 2, figsize=(11, 4.6))
     flat = labels.ravel()
@@ -290,8 +285,6 @@ def write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map
                   notes: list[str], seed: int, run: dict, clusters: dict) -> Section:
     """Tables, figures, results JSON and the Section, from finalized results and Figure 6's
     ``clusters`` (:func:`attnscope.analyses.clustering.general_clusters`)."""
-    import warnings
-
     with warnings.catch_warnings():  # all-NaN layers (no separators, GPT-2) are expected
         warnings.simplefilter("ignore", category=RuntimeWarning)
         return _write_general(results, out_dir, model_desc=model_desc, example_map=example_map,
@@ -300,10 +293,6 @@ def write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map
 
 def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_map: AttentionMap | None,
                    notes: list[str], seed: int, run: dict, clusters: dict) -> Section:
-    from attnscope.report.figures import save_figure
-    from attnscope.report.tables import write_table
-    from attnscope.store.results import family_results, write_results
-
     tables_dir, figures_dir, results_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
     for d in (tables_dir, figures_dir, results_dir):
         d.mkdir(parents=True, exist_ok=True)
@@ -378,7 +367,6 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
                                                   figures_dir / "figure6_clusters")))
 
     # words
-    from attnscope.report.html import model_display_name
 
     model_name = model_display_name(model_desc)
     sec.findings = findings(stats, uniform, labels, model_name, run["examples"], grad) + notes

@@ -18,12 +18,17 @@ folder can be zipped and opened anywhere, offline.
 from __future__ import annotations
 
 import base64
+import csv
+import io
 import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from attnscope.data.io import atomic_write_text
+from attnscope.models.pieces import readable, visible
+from attnscope.report.figures import new_figure
 from attnscope.report.section import Section
 
 TEMPLATE = "report.html.j2"
@@ -132,8 +137,6 @@ def _is_number(v: Any) -> bool:
 
 def _rows_in_file(paths: Sequence[Path]) -> int | None:
     """Rows of a table's CSV copy (header excluded), or None without one."""
-    import csv
-
     for p in paths:
         p = Path(p)
         if p.suffix.lower() == ".csv" and p.is_file():
@@ -304,8 +307,6 @@ def write_report(sections: Sequence[Section], out_dir: str | Path, *, provenance
                  notes: Sequence[Mapping[str, str]] | None = None, title: str | None = None,
                  intro: str | None = None) -> Path:
     """Write ``out_dir/report.html`` atomically and return its path."""
-    from attnscope.data.io import atomic_write_text
-
     out_dir = Path(out_dir)
     ctx = build_context(sections, out_dir=out_dir, provenance=provenance, links=links, notes=notes,
                         title=title, intro=intro)
@@ -331,8 +332,6 @@ def write_head_views(section: Section, out_dir: str | Path) -> list[dict[str, st
     are installed, else from :func:`heatmap_page` (a static heatmap of the same head). Entries
     whose example has no map in ``section.maps`` are left out.
     """
-    from attnscope.data.io import atomic_write_text
-
     out_dir = Path(out_dir)
     try:
         from attnscope.viz.pages import head_view_html
@@ -364,11 +363,7 @@ def heatmap_page(amap, *, layer: int, head: int, title: str) -> str:
 
     The fallback head view when :mod:`attnscope.viz.pages` is not installed.
     """
-    import io
-
     import jinja2
-
-    from attnscope.report.figures import new_figure
 
     attn = amap.attn[layer, head]  # [q k]
     n = attn.shape[0]
@@ -377,7 +372,6 @@ def heatmap_page(amap, *, layer: int, head: int, title: str) -> str:
     ax.imshow(attn, cmap="Blues", vmin=0.0, vmax=max(float(attn.max()), 1e-9))
     ax.set_xticks(range(n))
     ax.set_yticks(range(n))
-    from attnscope.models.pieces import readable, visible
 
     shown = [visible(t) for t in readable(amap.tokens, amap.special, amap.token_text, amap.level)]
     ax.set_xticklabels(shown, rotation=90, fontsize=9)

@@ -16,7 +16,10 @@ import numpy as np
 
 from attnscope.analyses.base import Result
 from attnscope.data.records import HeadId
+from attnscope.engines.streaming import maps_bytes
+from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
+from attnscope.report.tables import write_table
 
 #: A head is called a previous-token / induction head above these mean weights.
 PREVIOUS_THRESHOLD = 0.5
@@ -108,8 +111,6 @@ def head_rows(res: Result) -> list[dict[str, Any]]:
 
 
 def _heatmap(values: np.ndarray, title: str, stem: Path) -> list[Path]:
-    from attnscope.report.figures import new_figure, save_figure
-
     L, H = values.shape
     fig, ax = new_figure(figsize=(max(4.0, 0.45 * H + 2), max(3.0, 0.25 * L + 1.5)))
     im = ax.imshow(values, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, origin="lower")
@@ -124,8 +125,6 @@ def _heatmap(values: np.ndarray, title: str, stem: Path) -> list[Path]:
 
 
 def _distance_figure(res: Result, stem: Path) -> list[Path]:
-    from attnscope.report.figures import new_figure, save_figure
-
     w = res.arrays["dist_weight"].mean(1)  # [L B], mean over heads
     labels = res.meta["buckets"]
     # x = the largest distance of each bucket (bucket 0 is distance 0, drawn at 0.5 on log axes)
@@ -149,8 +148,6 @@ def _distance_figure(res: Result, stem: Path) -> list[Path]:
 
 
 def _position_figure(res: Result, stem: Path) -> list[Path]:
-    from attnscope.report.figures import new_figure, save_figure
-
     labels = res.meta["buckets"]
     sink = res.arrays["pos_sink"].mean(axis=1)  # [L B]
     ent = res.arrays["pos_norm_entropy"].mean(axis=1)
@@ -180,9 +177,6 @@ def _position_figure(res: Result, stem: Path) -> list[Path]:
 
 
 def _cluster_figure(clusters: dict, stem: Path, tables_dir: Path, sec: Section) -> None:
-    from attnscope.report.figures import new_figure, save_figure
-    from attnscope.report.tables import write_table
-
     labels = clusters["labels"]
     L, H = labels.shape
     fig, ax = new_figure(figsize=(6, 5))
@@ -208,8 +202,6 @@ def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, mo
     findings: the engine (chosen or forced, and why: the maps of ``batch`` = ``(size, longest,
     kind)`` in GB), the forward precision, the documents and induction sequences, and whether
     documents ran past the positions ``model`` was configured for."""
-    from attnscope.engines.streaming import maps_bytes
-
     size, longest, kind = batch
     res.meta.update({"engine": engine, "ray_workers": ray_workers,
                      "dtype": options.dtype, "longest": doc_longest, "max_seq_len": max_seq_len,
@@ -240,8 +232,6 @@ def write_section(res: Result, out_dir: Path, *, title: str = "Long-context atte
                   clusters: dict | None = None) -> Section:
     """Write the tables and figures of ``res`` under ``out_dir`` and describe them; ``clusters``:
     the heads placed by their distances (:func:`attnscope.analyses.longctx.head_clusters`)."""
-    from attnscope.report.tables import write_table
-
     out_dir = Path(out_dir)
     tables_dir, fig_dir = out_dir / "tables", out_dir / "figures"
     tables_dir.mkdir(parents=True, exist_ok=True)

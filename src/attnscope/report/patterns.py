@@ -8,6 +8,7 @@ and writes what the report, the viewer and ``--resume`` read.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -25,7 +26,10 @@ from attnscope.analyses.patterns import (
     pattern_labels,
 )
 from attnscope.data.records import HeadId
+from attnscope.report.figures import new_figure, save_figure
+from attnscope.report.html import model_display_name
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
+from attnscope.report.tables import write_table
 from attnscope.store.results import family_results, write_results
 
 #: The rows of the best-heads table: (pattern, statistic ranked, what it is).
@@ -124,8 +128,6 @@ def best_heads(stats: dict[str, np.ndarray], chance: dict[str, float | None], re
 
 def plot_patterns(stats: dict[str, np.ndarray], chance: dict[str, float | None], causal: bool):
     """Per layer, every head's value (dots), the layer mean (line) and the chance level (dashed)."""
-    from attnscope.report.figures import new_figure
-
     panels = [("repeat_same", "3: same token, same segment"), ("repeat_other", "4: same token, other segment"),
               ("pieces", "5: other pieces of the word"), ("within", "within own segment (bag of words)")]
     fig, axes = new_figure(1, len(panels), figsize=(3.6 * len(panels), 3.4))
@@ -152,8 +154,6 @@ def plot_patterns(stats: dict[str, np.ndarray], chance: dict[str, float | None],
 def plot_keys(key_arrays: dict[str, np.ndarray], top_dims: int | None, reference: dict | None = None):
     """Per layer: share of a key's squared norm in its top dimensions, and its kurtosis, by class;
     dashed: the same for keys of independent normal components (``reference``)."""
-    from attnscope.report.figures import new_figure
-
     fig, axes = new_figure(1, 2, figsize=(9, 3.6))
     share, kurt = key_arrays["top_share"], key_arrays["kurtosis"]
     L = share.shape[0]
@@ -219,8 +219,6 @@ def write_patterns(results: dict, keys, out_dir: Path, *, model_desc: dict, caus
     (optionally) ``entropy`` results; ``keys``: the finalized key concentration or None;
     ``get_map``: example index -> AttentionMap (or None) for the head-view links.
     """
-    import warnings
-
     with warnings.catch_warnings():  # all-NaN statistics (no segments, no split words) are expected
         warnings.simplefilter("ignore", category=RuntimeWarning)
         return _write(results, keys, Path(out_dir), model_desc, causal, thresholds, list(notes or []),
@@ -228,10 +226,6 @@ def write_patterns(results: dict, keys, out_dir: Path, *, model_desc: dict, caus
 
 
 def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, run, get_map) -> Section:
-    from attnscope.report.figures import save_figure
-    from attnscope.report.html import model_display_name
-    from attnscope.report.tables import write_table
-
     tables_dir, figures_dir, results_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
     for d in (tables_dir, figures_dir, results_dir):
         d.mkdir(parents=True, exist_ok=True)

@@ -22,12 +22,16 @@ from attnscope.analyses.syntax import (
     DependencyHeads,
     HeadCounts,
     binary_bootstrap_ci,
+    relation_label,
     score_map,
     table1_rows,
 )
+from attnscope.analyses.units import word_units
 from attnscope.data.records import Example
 from attnscope.maps import AttentionMap
+from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact, small_sample_caution
+from attnscope.report.tables import write_table
 from attnscope.store.results import write_results
 
 Progress = Callable[[str, int, "int | None"], None] | None
@@ -52,8 +56,6 @@ def _slug(s: str) -> str:
 
 def heatmap_figures(result_counts: HeadCounts, relations: list[str], fig_dir: Path) -> list[FigureArtifact]:
     """One figure per relation: accuracy of every head, layer x head, both directions."""
-    from attnscope.report.figures import new_figure, save_figure
-
     acc = result_counts.accuracy()  # [R L H 2]
     figs = []
     for rel in relations:
@@ -87,10 +89,6 @@ def example_figure(m: AttentionMap, layer: int, head: int, direction: int, relat
                    stem: Path, collapse_subtypes: bool = False) -> list[Path]:
     """Figure 5 style: one head's word-level attention as lines from words (left) to words
     (right); the gold arcs of ``relation`` in the head's direction are drawn in red."""
-    from attnscope.analyses.syntax import relation_label
-    from attnscope.analyses.units import word_units
-    from attnscope.report.figures import new_figure, save_figure
-
     units = word_units(m)
     keep = np.nonzero(units.present)[0]  # words with a unit (a zero-token word has none)
     row_of = {int(w): r for r, w in enumerate(keep)}
@@ -123,8 +121,6 @@ def _pick_examples(rows: list[dict], dev_examples: list[tuple[int, Example]], ge
                    fig_dir: Path, collapse_subtypes: bool, max_figures: int = 4, ties: str = "none"):
     """Figure 5 examples: for the relations whose best head beats its offset baseline most,
     the first dev sentence of 6-25 words where that head gets every such arc right."""
-    from attnscope.analyses.syntax import relation_label
-
     figs, best, maps = [], [], {}
     chosen = sorted((r for r in rows if r["relation"] != ALL and "/" not in r["head"]
                      and r["accuracy"] > r["offset_accuracy"]),
@@ -161,8 +157,6 @@ def _table3_row(name: str, run, n_boot: int, seed: int) -> dict:
             "parameters": run.parameters, "paper_bert_base": PAPER_TABLE3.get(name)}
 
 def _write(rows, stem: Path, caption: str, digits: int = 1) -> list[Path]:
-    from attnscope.report.tables import write_table
-
     cols = TABLE3_COLUMNS + ["paper_bert_base"] if "uas" in (rows[0] if rows else {}) else TABLE1_COLUMNS
     return write_table(rows, stem, columns=cols, caption=caption, digits=digits)
 

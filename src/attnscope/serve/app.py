@@ -30,12 +30,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 import re
 import threading
 from pathlib import Path
 
 from attnscope.errors import AttnscopeError, StoreError
+from attnscope.serve.catalog import Catalog
+from attnscope.serve.head_stats import load_results, results_shape
+from attnscope.store import open_store
+from attnscope.views import model_for_store, results_payload
+from attnscope.viz.neuron import capture_qk, neuron_payload
+from attnscope.viz.payload import LONG_INPUT, WINDOW, page_payload
+from attnscope.viz.render import embed_json, static_text
 
 log = logging.getLogger("attnscope.serve")
 COOKIE = "attnscope_token"
@@ -65,8 +73,6 @@ def _cookie_value(token: str) -> str:
 
 def is_loopback(host: str) -> bool:
     """True for an address that only this machine can reach (127.0.0.0/8, ::1, localhost)."""
-    import ipaddress
-
     if host.lower() == "localhost":
         return True
     try:
@@ -89,13 +95,6 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
     """
     from flask import Flask, Response, jsonify, redirect, render_template, request
     from werkzeug.exceptions import HTTPException
-
-    from attnscope.serve.catalog import Catalog
-    from attnscope.serve.head_stats import load_results, results_shape
-    from attnscope.store import open_store
-    from attnscope.views import results_payload
-    from attnscope.viz.payload import LONG_INPUT, WINDOW, page_payload
-    from attnscope.viz.render import embed_json, static_text
 
     if store_path is None:
         if results is None:
@@ -245,9 +244,6 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
 
     @app.get("/api/example/<int:pos>/neuron")
     def neuron(pos: int):
-        from attnscope.views import model_for_store
-        from attnscope.viz.neuron import capture_qk, neuron_payload
-
         store, _ = live()
         amap = store[_pos(store, pos)]
         with lock:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.store.results import ResultsFolder
+from attnscope.views import family_views
 
 
 def _num(v):
@@ -56,8 +57,6 @@ def _fits(values, L: int, H: int) -> bool:
 def load_results(folder: str | Path | None, num_layers: int, num_heads: int) -> dict:
     """``{"folder": str | None, "stats": [{"name", "source", "values": [L][H]}], "scatter":
     {...} | None, "summaries": [{"analysis", "summary"}], "problems": [str]}``."""
-    from attnscope.views import family_views
-
     out: dict = {"folder": None, "stats": [], "scatter": None, "summaries": [], "problems": []}
     if folder is None:
         return out

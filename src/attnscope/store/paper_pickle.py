@@ -10,14 +10,20 @@ numbers and numpy arrays (any other class in the file is rejected).
 from __future__ import annotations
 
 import io
+import json
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
 
-from attnscope.data.io import atomic_write_bytes, to_plain
+from attnscope.data.io import atomic_write_bytes, atomic_write_text, example_from_dict, to_plain
+from attnscope.data.records import Example
 from attnscope.errors import InputError, StoreError
+from attnscope.maps import AttentionMap, token_word_ids
+from attnscope.store.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, SHARDS
 from attnscope.store.reader import Store
+from attnscope.store.writer import DTYPES, ShardWriter, _write_index, file_sha256, versions
 
 
 def export_paper_pickle(store: Store, path: str | Path) -> int:
@@ -97,7 +103,6 @@ def read_paper_pickle(path: str | Path, *, allow_pickle: bool = False) -> list[d
                                    f"({type(exc).__name__})") from None
         content = {k: d[k] for k in ("text", "words") if k in d}
         if content:  # the import builds the example from these: check them as an input file's
-            from attnscope.data.io import example_from_dict
 
             example_from_dict(content, i, path)
     return data
@@ -106,15 +111,6 @@ def read_paper_pickle(path: str | Path, *, allow_pickle: bool = False) -> list[d
 def import_paper_pickle(path: str | Path, out: str | Path, *, allow_pickle: bool = False,
                         overwrite: bool = False, shard_size: int = 128, dtype: str = "float16") -> int:
     """Turn a paper-code pickle into a store (token level, as that code stores tokens)."""
-    import json
-    import shutil
-
-    from attnscope.data.io import atomic_write_text
-    from attnscope.data.records import Example
-    from attnscope.maps import AttentionMap, token_word_ids
-    from attnscope.store.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, SHARDS
-    from attnscope.store.writer import DTYPES, ShardWriter, _write_index, file_sha256, versions
-
     data = read_paper_pickle(path, allow_pickle=allow_pickle)
     root = Path(out)
     if root.exists() and any(root.iterdir()):

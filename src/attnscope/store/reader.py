@@ -14,6 +14,7 @@ import numpy as np
 from attnscope.errors import AttnscopeError, StoreError
 from attnscope.maps import AttentionBatch, AttentionMap
 from attnscope.store.format import FORMAT_NAME, INDEX, MANIFEST, SHARDS, array_key
+from attnscope.store.writer import file_sha256
 
 
 class Store:
@@ -251,8 +252,6 @@ class Store:
 
     def verify(self) -> list[str]:
         """Check every shard against the checksums in the index; returns the problems."""
-        from attnscope.store.writer import file_sha256
-
         problems = []
         ipath = self.path / INDEX
         if not ipath.is_file():

@@ -18,6 +18,7 @@ from attnscope.data.io import fingerprint as data_fingerprint
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, StoreError
 from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
+from attnscope.extract.seq2seq import kind_shapes
 from attnscope.maps import AttentionMap
 from attnscope.models.loading import LoadedModel, as_loaded
 from attnscope.store.format import (
@@ -120,7 +121,6 @@ class ShardWriter:
 def _kinds(lm: LoadedModel) -> dict:
     if not lm.family.encoder_decoder:
         return {}
-    from attnscope.extract.seq2seq import kind_shapes
 
     return {"attention_kinds": kind_shapes(lm)}
 

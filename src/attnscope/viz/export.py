@@ -14,6 +14,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from attnscope.data.io import atomic_write_bytes, atomic_write_text
 from attnscope.errors import AttnscopeError
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
@@ -82,8 +83,6 @@ def export_html(html: str, *, png: Path | None = None, svg: Path | None = None, 
 
     Returns ``{"png": (width, height), "svg": (width, height)}`` in pixels / SVG units.
     """
-    from attnscope.data.io import atomic_write_bytes, atomic_write_text
-
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="attnscope-view-") as tmp:
         page_path = Path(tmp) / "view.html"

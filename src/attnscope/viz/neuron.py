@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnscope.data.io import example_from_dict
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, IndexRangeError
+from attnscope.extract.encode import Encoder
 from attnscope.models.families import module_at
-from attnscope.models.forward import supports_hooks
+from attnscope.models.forward import forward, pad_batch, supports_hooks
 from attnscope.models.loading import LoadedModel
 from attnscope.models.pieces import readable, visible
 from attnscope.viz.encoding import encode_f32
@@ -93,9 +95,6 @@ def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *
     >>> qk.query.shape                                                # [H n d]  # doctest: +SKIP
     """
 
-    from attnscope.data.io import example_from_dict
-    from attnscope.extract.encode import Encoder
-
     fam = lm.family
     if not 0 <= layer < lm.num_layers:
         raise IndexRangeError("neuron view", "layer", layer, lm.num_layers)
@@ -117,8 +116,6 @@ def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *
 
 def _capture_with_hooks(lm: LoadedModel, enc, layer: int):
     """q and k after position encoding, from the forward helper's hook points."""
-    from attnscope.models.forward import forward, pad_batch
-
     got: dict = {}
 
     def keep(site, _tensor):
@@ -135,8 +132,6 @@ def _capture_with_hooks(lm: LoadedModel, enc, layer: int):
 def _capture_with_module_hooks(lm: LoadedModel, enc, layer: int):
     """For families outside transformers' AttentionInterface (MPNet): hook the projections
     named in the family table."""
-    from attnscope.models.forward import forward, pad_batch
-
     fam = lm.family
     if fam.query is None or fam.key is None:
         raise AttnscopeError(f"neuron view: model family {fam.name!r} has no query/key module "

@@ -9,8 +9,10 @@ neuron when query/key vectors were captured) switch views without a server.
 
 from __future__ import annotations
 
+from attnscope.errors import AttnscopeError
 from attnscope.maps import AttentionMap
-from attnscope.viz.payload import LONG_INPUT, WINDOW, page_payload
+from attnscope.viz.neuron import capture_qk, neuron_payload
+from attnscope.viz.payload import LONG_INPUT, WINDOW, Windowed, kinds_payload, page_payload
 from attnscope.viz.render import render_page
 
 
@@ -36,8 +38,6 @@ def kinds_html(maps: dict[str, AttentionMap], kind: str = "encoder", view: str =
     """A page over an encoder-decoder model's three kinds of attention (``{"encoder": map,
     "decoder": map, "cross": map}``), opening on ``kind`` and ``view``; a switch on the page
     changes the kind, as BertViz's does (see :func:`~attnscope.viz.payload.kinds_payload`)."""
-    from attnscope.viz.payload import kinds_payload
-
     return render_page(kinds_payload(maps, kind, view=view, layer=layer, heads=heads, title=title,
                                      model=model, **kwargs))
 
@@ -46,9 +46,6 @@ def maps_html(maps, view: str = "head", *, kind: str | None = None, **kwargs) ->
     """The page of what a view shows: a map (:func:`view_html`), a long input already cut to
     its window (:class:`~attnscope.viz.payload.Windowed`), or an encoder-decoder model's
     ``{kind: map}`` (:func:`kinds_html`, opening on ``kind``)."""
-    from attnscope.errors import AttnscopeError
-    from attnscope.viz.payload import Windowed
-
     if isinstance(maps, dict):
         return kinds_html(maps, kind or next(iter(maps)), view, **kwargs)
     if kind is not None:
@@ -79,8 +76,6 @@ def heatmap_html(amap: AttentionMap, *, layer: int = 0, head: int = 0, title: st
 def neuron_view_html(amap: AttentionMap, lm, *, layer: int = 0, head: int = 0, query: int = 0,
                      title: str | None = None, **kwargs) -> str:
     """The neuron view of ``layer``: runs ``lm`` on the map's example to capture q and k."""
-    from attnscope.viz.neuron import capture_qk, neuron_payload
-
     qk = capture_qk(lm, amap.example, layer, index=amap.index)
     neuron = neuron_payload(qk, head=head, query=query)
     return view_html(amap, "neuron", layer=layer, head=head, title=title, neuron=neuron,

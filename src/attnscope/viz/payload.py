@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnscope.analyses.longctx import bucket_labels, bucket_of
 from attnscope.errors import AttnscopeError, IndexRangeError
 from attnscope.maps import AttentionMap
 from attnscope.models.pieces import readable, visible
@@ -290,8 +291,6 @@ def distance_profile(attn: np.ndarray, *, causal: bool | None = None) -> dict:
     Returns ``{"buckets": [labels], "values": [L][H][B]}`` with ``B`` the buckets up to ``n``.
     ``causal`` is only recorded (a causal map simply has no mass at ``j > i``).
     """
-    from attnscope.analyses.longctx import bucket_labels, bucket_of
-
     L, H, n = attn.shape[0], attn.shape[1], attn.shape[-1]
     if n < 2:
         return {"buckets": [], "values": [[[] for _ in range(H)] for _ in range(L)]}

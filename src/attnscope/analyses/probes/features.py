@@ -24,6 +24,7 @@ tokens; :func:`attnscope.analyses.units.word_units`) is skipped and counted
 
 from __future__ import annotations
 
+import tempfile
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -131,7 +132,6 @@ class SentenceSource:
         if self._cache is not None:
             yield from self._cache
             return
-        import tempfile
 
         cache: list[list[ProbeSentence]] = []
         spilled: list[tuple[ProbeSentence, int]] = []  # (sentence, byte offset in the spill file)
