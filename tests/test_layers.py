@@ -48,3 +48,15 @@ def test_a_new_back_arrow_fails(tmp_path):
     res = _lint(src)
     assert res.returncode != 0
     assert "attnscope.data is not allowed to import attnscope.cli" in res.stdout
+
+
+def test_import_attnscope_stays_light():
+    """``import attnscope`` (and the command line's module) imports none of the libraries that take
+    seconds to load or are optional: they are imported where they are used (docs/architecture.md)."""
+    heavy = ["torch", "transformers", "matplotlib", "ray", "playwright", "flask", "IPython", "sklearn", "scipy"]
+    code = ("import sys, attnscope, attnscope.cli.main\n"
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
