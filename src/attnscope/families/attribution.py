@@ -251,8 +251,7 @@ class Attribution(Family):
         methods, skipped = hook_free(lm, options.method_list())
         notes: list[str] = [skipped] if skipped else []
         encoded, dropped = encode_examples(lm, examples, max_len=ctx.max_seq_len)  # to pick and fit on
-        if dropped:
-            notes.append(f"{dropped} examples longer than {ctx.max_seq_len} tokens were skipped")
+        notes += ctx.skipped(dropped)
         if not encoded:
             raise AttnscopeError(f"no examples to analyse (all were longer than max_seq_len {ctx.max_seq_len})",
                                  params=("max_seq_len",))

@@ -144,6 +144,11 @@ class Context:
         if self.progress is not None:
             self.progress(with_unit(name, unit), done, total)
 
+    def skipped(self, count: int, what: str = "examples") -> list[str]:
+        """The findings' line for ``count`` inputs over the maximum length that a pass left out
+        (none when ``count`` is 0): every family says it the same way."""
+        return [f"{count} {what} longer than {self.max_seq_len} tokens were skipped"] if count else []
+
     def extract_options(self, **overrides: Any):
         """The job's :class:`~attnscope.extract.runner.ExtractOptions` (maximum length, batch
         size, seed), with ``overrides`` (e.g. ``word_level=True``)."""

@@ -174,8 +174,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
     keeper = Figure1Example()
     analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=ctx.seed) + [keeper]
     out = ctx.run_pass(source, analyses, step="general", note=note)
-    if out.skipped:
-        notes.append(f"{out.skipped} examples longer than {ctx.max_seq_len} tokens were skipped")
+    notes += ctx.skipped(out.skipped)
     results = {a.name: out.results[a.name] for a in analyses if a is not keeper}
     return write_general(results, ctx.out_dir, model_desc=source.manifest["model"] if is_store else model.describe(),
                          example_map=keeper.best, notes=notes, seed=ctx.seed, clusters=general_clusters(results),
@@ -235,8 +234,7 @@ def _run_streaming(source: list, ctx: Context, options: "GeneralOptions", *, lin
     if limit and longest > limit:
         notes.append(f"Inputs run to {longest} tokens, past the {limit} positions the model was "
                      "configured for; statistics beyond that length describe extrapolation.")
-    if out.skipped:
-        notes.append(f"{out.skipped} examples longer than {max_seq_len} tokens were skipped")
+    notes += ctx.skipped(out.skipped)
     parts = streamed.finalized_parts
     return write_general(parts, ctx.out_dir, model_desc=model.describe(), example_map=None,
                          notes=notes, seed=seed, clusters=general_clusters(parts),

@@ -108,8 +108,7 @@ class PatternsFamily(Family):
         else:
             analyses.append(KeyConcentration(lm=model, classer=classer))
         out = ctx.run_pass(source.data, analyses, step="patterns", note=source.note)
-        if out.skipped:
-            notes.append(f"{out.skipped} examples longer than {ctx.max_seq_len} tokens were skipped")
+        notes += ctx.skipped(out.skipped)
         results = {a.name: out.results[a.name] for a in analyses[:4]}
         wanted = sorted({int(i) for k, arr in results["vig-patterns"].arrays.items()
                          if k.startswith("best_example_") for i in arr.ravel() if i >= 0})

@@ -175,9 +175,7 @@ def _syntax(dev, train, options: "SyntaxOptions", ctx: Context, *, n_boot: int =
                      word_level=True)
         skipped = (len(dev.manifest.get("summary", {}).get("skipped", [])) if _is_store(dev)
                    else len(dev) - heads_dev.examples)
-        if skipped:
-            notes.append(f"{skipped} dev sentences longer than {ctx.max_seq_len} tokens were skipped "
-                         "(raise max_seq_len to keep them).")
+        notes += [line + " (raise max_seq_len to keep them)." for line in ctx.skipped(skipped, "dev sentences")]
         rows3: list[dict] = []
         probe_details: dict = {}
         if train is not None:
