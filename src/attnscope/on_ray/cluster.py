@@ -13,7 +13,7 @@ per worker, each loading the model once); a worker runs its unit's batches and
 
 The driver merges the partial analyses in unit order (so the result does not depend on the
 number of workers or on which worker ran what), and writes the index and the completed
-manifest last, exactly as :func:`attnscope.store.extract_to_store` does: the store is the
+manifest last, exactly as :func:`attnscope.jobs.extract_to_store` does: the store is the
 same in content as the single-process one. A killed worker is restarted by Ray and its unit
 run again (shards are written atomically, so a half-written shard never appears); a killed
 driver leaves whole shards and an ``incomplete`` manifest, which ``--resume`` (on Ray or not)
@@ -375,7 +375,7 @@ def extract_on_ray(examples: Iterable, out: str | Path | None = None, model: Any
                    unit_examples: int | None = None) -> RayOutcome:
     """Run the model over ``examples`` on ``workers`` Ray actors.
 
-    ``out``: a store folder to write (same content as :func:`attnscope.store.extract_to_store`;
+    ``out``: a store folder to write (same content as :func:`attnscope.jobs.extract_to_store`;
     ``resume``/``overwrite`` as there), or None. ``analyses``: fresh analysis objects (maps
     analyses, e.g. ``[RelativePosition(), Entropy()]``); every unit folds into copies of them and
     they are merged back into these objects, in unit order. With a store, the analyses see the
