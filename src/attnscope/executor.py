@@ -87,7 +87,6 @@ class LocalExecutor:
                          progress=progress, units=units)
         return 0
 
-
     def call(self, lm, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(lm, *args, **kwargs)``: one small pass (one example's maps, a timing probe), in
         this process on every executor (shipping the model to a worker would cost more)."""
@@ -146,7 +145,6 @@ class RayExecutor(LocalExecutor):
             progress(len(sequences))
         return self.workers
 
-
     def tasks(self, lm, step, items: Sequence, *, log: UnitLog,
               progress: Callable[[int], None] | None = None) -> list[dict]:
         """The items ``log`` does not hold yet run on the workers (each loads the model once);
@@ -168,7 +166,6 @@ def executor(ray: bool = False, workers: int = 1):
     if not ray:
         yield LocalExecutor()
         return
-
     with ray_session(workers) as session:
         yield RayExecutor(RayBatchRunner(session, workers))
 
@@ -229,7 +226,7 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
         if encoded_side and model is None:
             raise AttnscopeError(f"analysis '{encoded_side[0].name}' runs the model; a store holds "
                                  "only the maps (give model)", params=("model",))
-        encoder = _encoder(model) if encoded_side else None
+        encoder = Encoder(model) if encoded_side else None
         for batch in source.batches():
             feed(maps_side, batch)
             if encoded_side:
@@ -278,7 +275,3 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
                              + (f"; {note}" if note else ""), params=("max_seq_len",))
     results = {a.name: a.finalize() for a in analyses}
     return PassOutcome(results, done, stats, time.perf_counter() - t0, timings)
-
-
-def _encoder(model):
-    return Encoder(model)

@@ -286,7 +286,6 @@ def run_layer(layer, b: int, seq) -> None:
     targets only)."""
     import torch
 
-
     site, stats = layer.site, layer.stats
     n, cap, scale = seq.n, layer.cap, site.scaling
     # [1 H n d]: the sequence alone, its padding cut off, in one layout whatever the batch
