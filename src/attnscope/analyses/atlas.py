@@ -264,6 +264,7 @@ class Sweep:
     full_answers: list[str]
     full_correct: np.ndarray
     f1_identical: np.ndarray
+    answers: list[list[str]] = field(default_factory=list)  # [configs][tasks] generated text
 
 
 def configs_for(rankings: dict[str, np.ndarray], fractions: Sequence[float], shape: tuple[int, int]
@@ -311,7 +312,8 @@ class SweepStep(DecoderStep):
         for b0 in range(0, len(self.masks), self.batch):
             outs += answer(lm, model, ctx, enc, self.masks[b0:b0 + self.batch], sink=sink,
                            window=window, eos=eos)
-        return {"correct": [enc.task.correct(tok.decode(o, skip_special_tokens=True)) for o in outs],
+        texts = [tok.decode(o, skip_special_tokens=True) for o in outs]
+        return {"correct": [enc.task.correct(t) for t in texts], "answers": texts,
                 "kept": [kept_entries(len(enc.context), c[2], total, sink, window) for c in self.configs],
                 "full_answer": full_answer, "full_correct": enc.task.correct(full_answer),
                 "f1_identical": outs[0] == ref}
@@ -323,7 +325,8 @@ def sweep(configs: list, records: Sequence[dict]) -> Sweep:
     kept = np.array([r["kept"] for r in records], dtype=float).T.reshape(len(configs), len(records))
     return Sweep(configs, correct, kept, [r["full_answer"] for r in records],
                  np.array([r["full_correct"] for r in records], dtype=bool),
-                 np.array([r["f1_identical"] for r in records], dtype=bool))
+                 np.array([r["f1_identical"] for r in records], dtype=bool),
+                 [[r["answers"][c] for r in records] for c in range(len(configs))])
 
 
 # -- what the sweep and the scores come to ---------------------------------------------------------
