@@ -473,3 +473,127 @@ def test_a_killed_run_resumes_from_its_finished_tasks(debug_llama, tmp_path, mon
     (tmp_path / "killed" / "run").mkdir()
     (tmp_path / "killed" / "run" / "atlas-sweep.jsonl").write_text('{"fingerprint": "other"}\n{"task": 0}\n')
     run_family("atlas", {"atlas": text}, tmp_path / "killed", **{**opts, "atlas_tasks": 4})
+
+
+# -- the greedy, combined and trained rankings, the kinds and the drops ----------------------------------
+def test_teacher_forced_scores_agree_with_greedy_generation(llama):
+    """Gold = what greedy decoding generated in each row: every row is then exact, and its mean
+    log-probability is that of those tokens under the same row's cache."""
+    import torch
+
+    lm, model = llama
+    enc = _task(lm, 40)
+    ctx = P.prefill(lm, model, enc)
+    rows = np.zeros((3, lm.num_layers, lm.num_kv_heads), bool)
+    rows[1] = True
+    rows[2, 0, 1] = True
+    outs = P.answer(lm, model, ctx, enc, rows, sink=2, window=4)
+    for b, gold in enumerate(outs):
+        exact, logp = P.score(lm, model, ctx, enc, rows, gold, sink=2, window=4)
+        assert exact[b]
+        ids = torch.tensor([enc.context + enc.question + gold[:-1]])
+        with torch.no_grad():  # the whole cache's row: transformers' own forward over everything
+            full = torch.log_softmax(model(input_ids=ids).logits[0, -len(gold):].double(), -1)
+        if b == 1:
+            assert logp[b] == pytest.approx(float(full[np.arange(len(gold)), gold].mean()), abs=1e-4)
+
+
+def test_greedy_order_by_hand():
+    """An objective whose best pair is not made of the two best singles: greedy takes the best
+    single first, then its best partner; ties go to the log-probability, then the lower index."""
+    calls = []
+
+    def evaluate(base, candidates, it):
+        calls.append((list(base), list(candidates)))
+        rows = [set(base)] + [set(base) | {c} for c in candidates]
+        # task 1 is answered by head 0; task 2 by heads 0 and 2 together; log-prob favours head 3
+        t1 = [0 in r for r in rows]
+        t2 = [{0, 2} <= r for r in rows]
+        lp = [0.1 * (3 in r) for r in rows]
+        return [{"exact": t1, "logprob": lp}, {"exact": t2, "logprob": lp}]
+
+    order, trace = A.greedy_order(evaluate, 4, until=3)
+    assert order.tolist() == [0, 2, 3, 1]
+    assert [t["heads"] for t in trace] == [0, 1, 2] and [t["accuracy"] for t in trace] == [0.0, 0.5, 1.0]
+    assert [t["added"] for t in trace] == ["0", "2", "3"] and calls[-1] == ([0, 2], [1, 3])
+    order2, trace2 = A.greedy_order(evaluate, 4, until=2, step=2)  # two heads an iteration: 0, then 3 by log-prob
+    assert order2.tolist() == [0, 3, 1, 2] and len(trace2) == 1
+    assert A.greedy_order(evaluate, 4, until=0)[0].tolist() == [0, 3, 1, 2]  # one evaluation orders everything
+
+
+def test_combined_rankings_by_hand():
+    # 2 layers x 4 query heads, 2 KV heads (query heads 0,1 -> KV 0; 2,3 -> KV 1)
+    scores = {"retrieval": np.array([[0.5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.2, 0.0]]),
+              "induction": np.array([[0.0, 0.0, 0.1, 0.0], [0.6, 0.0, 0.0, 0.4]]),
+              "importance": np.array([[0.1, 0.2, 0.9, 0.0], [0.3, 0.0, 0.5, 0.1]]),
+              "streaming": np.full((2, 4), 0.5)}
+    labels = A.labels(scores)
+    out = A.combined_rankings(scores, labels, 2, reduce="max")
+    # retrieval heads first (KV 0 of layer 0: 0.5, KV 1 of layer 1: 0.2), then induction: 2 (0.6), 1 (0.1)
+    assert out["retrieval_then_induction"].tolist() == [0, 3, 2, 1]
+    # labels by KV head: 0 retrieval, 1 other, 2 induction, 3 retrieval -> retrieval by importance
+    # (3: 0.5, 0: 0.2), induction (2: 0.3), other (1: 0.9)
+    assert out["importance_by_label"].tolist() == [3, 0, 2, 1]
+    assert A.combined_rankings({"streaming": scores["streaming"]}, labels, 2, reduce="max") == {}
+
+
+def _sweep(correct, answers, fractions, name="r"):
+    """A Sweep of one ranking from outcome rows per fraction (f = 0 and 1 the shared rows)."""
+    configs = [("full_cache", 1.0, 4), ("streaming_llm", 0.0, 0)]
+    configs += [(name, f, int(round(4 * f))) for f in fractions if 0 < f < 1]
+    order = [len(fractions) - 1, 0] + list(range(1, len(fractions) - 1))
+    c = np.array([correct[i] for i in order], dtype=bool)
+    return A.Sweep(configs, c, np.zeros(c.shape), ["" for _ in c[0]], c[0], np.ones(c.shape[1], bool),
+                   [[answers[i][t] for t in range(c.shape[1])] for i in order])
+
+
+def test_drops_and_kinds_by_hand():
+    tasks = [X.Encoded(T.Task(k, f"noise 1234567 and {a} here", "q", (a,)), [1], [2], np.zeros(1, bool), 1)
+             for k, a in [("a", "7654321"), ("a", "1111111"), ("b", "2222222")]]
+    fr = [0.0, 0.5, 1.0]
+    correct = [[0, 0, 0], [1, 1, 1], [0, 1, 1]]  # at 1: task 0 lost again
+    answers = [["", "", ""], ["7654321", "1111111", "2222222"], [" 1234567", "1111111", "2222222"]]
+    sw = _sweep(correct, answers, fr)
+    _, outcome = A.curve(sw, {"r": None}, fr, resamples=100, seed=0)
+    drops = A.drop_rows(outcome, fr, tasks, sw)
+    assert len(drops) == 1
+    d = drops[0]
+    assert (d["from"], d["to"], d["lost"], d["gained"], d["heads_added"]) == (0.5, 1.0, 1, 0, 2)
+    assert (d["other_number"], d["unseen_number"], d["no_number"]) == (1, 0, 0)  # 1234567 is in the context
+    assert "'7654321' -> '1234567'" in d["example"]
+    kinds = {r["kind"]: r for r in A.kind_rows(outcome, fr, tasks, sw)}
+    assert kinds["a"]["n"] == 2 and kinds["a"]["acc_50"] == 1.0 and kinds["a"]["full_cache"] == 0.5
+    assert kinds["a"]["area"] == pytest.approx(A.area(fr, [0, 1, 0.5])) and kinds["b"]["acc_75"] is None
+
+
+def _answered_tasks(lm, model, n=5):
+    """Task files the tiny model answers: each answer is what it generates with the whole cache."""
+    tasks = []
+    for i in range(n):
+        words = " ".join(f"w{(i * 7 + j) % 50}" for j in range(30))
+        enc = X.encode_task(lm.tokenizer, T.Task("file", words, "\n\nThe code is", ("x",)))
+        gen = P.answer(lm, model, P.prefill(lm, model, enc), enc, None, sink=4, window=64)[0]
+        text = lm.tokenizer.decode(gen, skip_special_tokens=True).strip()
+        tasks.append({"context": words, "question": "\n\nThe code is", "answer": text[:6].strip() or "w"})
+    return tasks
+
+
+def test_the_greedy_ranking_end_to_end(llama, tmp_path):
+    """On tasks the model answers with the whole cache, the greedy ranking's iterations run
+    through the executor, are resumable logs while running, and its trace starts from none."""
+    from attnscope.pipeline import run_family
+
+    lm, model = llama
+    p = tmp_path / "tasks.jsonl"
+    p.write_text("".join(json.dumps(t) + "\n" for t in _answered_tasks(lm, model, 6)))
+    run_family("atlas", {"atlas": p}, tmp_path / "out", model=lm, max_seq_len=96, atlas_calibration=3,
+               atlas_random=1, atlas_bootstrap=100, atlas_fractions="0,0.5,1", atlas_scores="streaming",
+               atlas_window=4, atlas_sink=1, atlas_greedy=1)
+    d = json.loads((tmp_path / "out" / "results" / "atlas.json").read_text())
+    order = d["meta"]["rankings"]["greedy"]
+    assert sorted(order) == list(range(lm.num_layers * lm.num_kv_heads))
+    trace = d["tables"]["greedy"]
+    assert [t["heads"] for t in trace] == [0, 1] and trace[0]["added"] == str(order[0])
+    assert {r["ranking"]: r["kind"] for r in d["tables"]["areas"]}["greedy"] == "greedy"
+    assert (tmp_path / "out" / "tables" / "atlas_greedy.csv").is_file()
+    assert (tmp_path / "out" / "tables" / "atlas_kinds.csv").is_file()

@@ -109,6 +109,23 @@ class LocalExecutor:
         return out
 
 
+    def chain(self, lm, step: Callable[[Any, Any, dict | None], dict], items: Sequence, *, log: UnitLog,
+              progress: Callable[[int], None] | None = None) -> list[dict]:
+        """``step(lm, item, previous)`` for every item in order, ``previous`` the record of the
+        item before (None for the first): one sequence (a training run in chunks), so it runs
+        in this process on every executor. Resumes like :meth:`tasks`: the records ``log``
+        holds are not made again."""
+        out: list[dict] = []
+        for i, item in enumerate(items):
+            record = log.done.get(i)
+            if record is None:
+                record = log.add(i, step(lm, item, out[-1] if out else None))
+            out.append(record)
+            if progress is not None:
+                progress(1)
+        return out
+
+
 class RayExecutor(LocalExecutor):
     """The forward passes on ``workers`` Ray workers (``--ray``, ``docs/scale.md``); open it
     with :func:`executor`. Maps analyses fold on the workers; what needs this process's model

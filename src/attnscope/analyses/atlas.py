@@ -28,6 +28,8 @@ finished task kept for a killed run to resume); the folds turn the records into 
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -38,7 +40,7 @@ from attnscope.analyses.importance import gate_gradients, normalise_per_layer
 from attnscope.analyses.lm_objective import LossInput, Objective
 from attnscope.analyses.stats import bootstrap_ci
 from attnscope.data.records import HeadId
-from attnscope.engines.press import Recorder, answer, prefill
+from attnscope.engines.press import PREFILLS, Recorder, answer, prefill, score
 from attnscope.extract.tasks import Encoded
 from attnscope.models.gguf import DecoderStep
 
@@ -252,6 +254,92 @@ def rankings_for(scores: dict[str, np.ndarray], kv_heads: int, *, use: Sequence[
     return out
 
 
+def combined_rankings(scores: dict[str, np.ndarray], labels_: np.ndarray, kv_heads: int, *, reduce: str
+                      ) -> dict[str, np.ndarray]:
+    """Rankings from two scores or the labels (flat KV heads, most needed first), where their
+    scores were measured:
+
+    - ``retrieval_then_induction``: the KV heads with a retrieval head among their query heads
+      (retrieval score >= :data:`THRESHOLDS`), by retrieval score; then the others by induction;
+    - ``importance_by_label``: KV heads grouped by the neediest label among their query heads
+      (:data:`LABEL_NEED`), by gradient importance within a group.
+    """
+    out = {}
+    have = lambda k: k in scores and not np.isnan(scores[k]).all()  # noqa: E731
+    if have("retrieval") and have("induction"):
+        ret = np.nan_to_num(kv_reduce(scores["retrieval"], kv_heads, reduce).ravel(), nan=-1.0)
+        ind = np.nan_to_num(kv_reduce(scores["induction"], kv_heads, reduce).ravel(), nan=-1.0)
+        first = ret >= THRESHOLDS["retrieval"]
+        out["retrieval_then_induction"] = np.lexsort((np.arange(len(ret)), -np.where(first, ret, ind), ~first))
+    if have("importance"):
+        L, H = labels_.shape
+        need_rank = np.vectorize(LABEL_NEED.index)(labels_).reshape(L, kv_heads, H // kv_heads).min(-1).ravel()
+        imp = np.nan_to_num(kv_reduce(scores["importance"], kv_heads, reduce).ravel(), nan=-1.0)
+        out["importance_by_label"] = np.lexsort((np.arange(len(imp)), -imp, need_rank))
+    return out
+
+
+@dataclass
+class GreedyStep(DecoderStep):
+    """One calibration task of one greedy iteration: the task's prefill (kept in this process
+    for the next iterations, :data:`attnscope.engines.press.PREFILLS`), then, teacher-forced on
+    its gold answer (:func:`attnscope.engines.press.score`), the KV heads ``base`` keeping their
+    whole cache (row 0) and ``base`` plus each of ``candidates`` (rows 1..C)."""
+
+    base: list
+    candidates: list
+    sink: int
+    window: int
+    batch: int = 64
+    seed: int = 0
+
+    def __call__(self, lm, enc: Encoded) -> dict:
+        model = self.decoder(lm)
+        L, K = lm.num_layers, lm.num_kv_heads
+        gold = lm.tokenizer(" " + ", ".join(enc.task.answer), add_special_tokens=False)["input_ids"]
+        ctx = PREFILLS.get(lm, model, enc, sink=self.sink, window=self.window)
+        masks = np.zeros((1 + len(self.candidates), L * K), dtype=bool)
+        masks[:, self.base] = True
+        masks[np.arange(1, len(masks)), self.candidates] = True
+        masks = masks.reshape(-1, L, K)
+        exact, logp = [], []
+        for b0 in range(0, len(masks), self.batch):
+            e, lp = score(lm, model, ctx, enc, masks[b0:b0 + self.batch], gold, sink=self.sink, window=self.window)
+            exact += e.tolist()
+            logp += lp.tolist()
+        return {"exact": [bool(x) for x in exact], "logprob": logp}
+
+
+def greedy_order(evaluate, total: int, until: int, step: int = 1) -> tuple[np.ndarray, list[dict]]:
+    """The greedy ranking of ``total`` KV heads: from none, add the ``step`` heads whose whole
+    cache most raises the calibration accuracy (teacher-forced, :class:`GreedyStep`), ties
+    broken by the gold answers' mean log-probability, until ``until`` heads are in; the rest
+    follow in the last iteration's order. ``evaluate(base, candidates, iteration)`` returns the
+    :class:`GreedyStep` records of the calibration tasks. Also returns one trace row per
+    iteration (heads in, their accuracy and log-probability, the heads added)."""
+    order: list[int] = []
+    trace: list[dict] = []
+    rest = list(range(total))
+    it = 0
+    while rest:
+        records = evaluate(list(order), list(rest), it)
+        exact = np.array([r["exact"] for r in records], dtype=float)  # [tasks 1+C]
+        logp = np.array([r["logprob"] for r in records], dtype=float)
+        acc, lp = exact.mean(0), logp.mean(0)
+        pick = np.lexsort((np.arange(len(rest)), -lp[1:], -acc[1:]))  # best first
+        take = pick[:max(0, min(step, until - len(order)))]
+        trace.append({"iteration": it, "heads": len(order), "accuracy": float(acc[0]), "logprob": float(lp[0]),
+                      "added": " ".join(str(int(rest[i])) for i in take)})
+        order += [rest[i] for i in take]
+        if len(order) >= until:
+            order += [rest[i] for i in pick[len(take):]]
+            break
+        taken = set(take.tolist())
+        rest = [h for i, h in enumerate(rest) if i not in taken]
+        it += 1
+    return np.asarray(order), trace
+
+
 @dataclass
 class Sweep:
     """Outcomes of the proof: ``configs`` ``(ranking, fraction, KV heads kept)``, ``correct``
@@ -319,6 +407,22 @@ class SweepStep(DecoderStep):
                 "f1_identical": outs[0] == ref}
 
 
+def sweep_seconds(lm, step: SweepStep, enc: Encoded, tasks: int) -> float:
+    """An estimate of the sweep's time before it starts: one prefill, the whole cache's answer
+    and one batch of rows timed on ``enc``, scaled to every batch of ``tasks`` tasks."""
+    model = step.decoder(lm)
+    eos = eos_ids(model)
+    t0 = time.perf_counter()
+    ctx = prefill(lm, model, enc, sink=step.sink, window=step.window)
+    answer(lm, model, ctx, enc, None, sink=step.sink, window=step.window, eos=eos)
+    t1 = time.perf_counter()
+    first = step.masks[:step.batch]
+    answer(lm, model, ctx, enc, first, sink=step.sink, window=step.window, eos=eos)
+    t2 = time.perf_counter()
+    batches = len(step.masks) / len(first)
+    return tasks * ((t1 - t0) + batches * (t2 - t1))
+
+
 def sweep(configs: list, records: Sequence[dict]) -> Sweep:
     """The :class:`SweepStep` records of the evaluated tasks, in task order, as arrays."""
     correct = np.array([r["correct"] for r in records], dtype=bool).T.reshape(len(configs), len(records))
@@ -338,9 +442,25 @@ def _f(v) -> float | None:
     return None if v is None or not np.isfinite(v) else float(v)
 
 
+#: Rankings built from two scores and the labels (:func:`combined_rankings`).
+COMBINED = ("retrieval_then_induction", "importance_by_label")
+#: KV-head labels from the most to the least in need of the whole cache (``importance_by_label``).
+LABEL_NEED = ("retrieval", "induction", "echo", "other", "positional", "sink", "streaming")
+
+
 def ranking_kind(name: str) -> str:
-    """"random", "reversed" or "score": what kind of ranking ``name`` is."""
-    return "random" if name.startswith("random_") else "reversed" if name.startswith("reversed_") else "score"
+    """What kind of ranking ``name`` is: "random", "reversed", "greedy" (built by evaluating
+    on the calibration tasks), "combined" (:data:`COMBINED`), "trained" (DuoAttention's gates)
+    or "score".
+
+    >>> [ranking_kind(x) for x in ("random_2", "reversed_retrieval", "greedy", "importance_by_label", "duo_gates", "snapkv")]
+    ['random', 'reversed', 'greedy', 'combined', 'trained', 'score']
+    """
+    if name.startswith("random_"):
+        return "random"
+    if name.startswith("reversed_"):
+        return "reversed"
+    return {"greedy": "greedy", "duo_gates": "trained"}.get(name, "combined" if name in COMBINED else "score")
 
 
 def curve(sweep: Sweep, rankings: dict, fractions: list[float], *, resamples: int, seed: int):
@@ -373,6 +493,64 @@ def areas(outcome: dict[str, np.ndarray], fractions: list[float], *, resamples: 
         rows.append({"ranking": name, "kind": ranking_kind(name), "area": area(fractions, acc),
                      "ci_low": boot[name][0], "ci_high": boot[name][1],
                      "acc_25": at.get(0.25), "acc_50": at.get(0.5)})
+    return rows
+
+
+def config_index(sweep: Sweep, name: str, f: float) -> int:
+    """The sweep row of ranking ``name`` at fraction ``f`` (f = 0 and 1: the shared rows)."""
+    target = ("streaming_llm", 0.0) if f == 0 else ("full_cache", 1.0) if f == 1 else (name, f)
+    return next(i for i, (r, x, _) in enumerate(sweep.configs) if (r, x) == target)
+
+
+def kind_rows(outcome: dict[str, np.ndarray], fractions: list[float], tasks: Sequence[Encoded],
+              sweep: Sweep) -> list[dict]:
+    """Per ranking and task kind: the tasks, the whole cache's accuracy, the area and the
+    accuracy at 25%, 50% and 75% of the KV heads (None where not swept)."""
+    kinds = np.array([e.task.kind for e in tasks])
+    rows = []
+    for name, c in outcome.items():
+        for kind in sorted(set(kinds)):
+            sel = kinds == kind
+            acc = c[:, sel].mean(1)
+            at = {f: float(a) for f, a in zip(fractions, acc)}
+            rows.append({"ranking": name, "kind": kind, "n": int(sel.sum()),
+                         "full_cache": float(sweep.full_correct[sel].mean()), "area": area(fractions, acc),
+                         "acc_25": at.get(0.25), "acc_50": at.get(0.5), "acc_75": at.get(0.75)})
+    return rows
+
+
+def _what_came(answer: str, task) -> str:
+    """What a wrong answer holds: a number copied from elsewhere in the context, a number that
+    is not in the context, or no number."""
+    numbers = [x for x in re.findall(r"\d{3,}", answer) if x not in task.answer]
+    if not numbers:
+        return "no_number"
+    return "other_number" if any(x in task.context for x in numbers) else "unseen_number"
+
+
+def drop_rows(outcome: dict[str, np.ndarray], fractions: list[float], tasks: Sequence[Encoded],
+              sweep: Sweep) -> list[dict]:
+    """Where a nested ranking's accuracy falls as heads are added: per ranking and pair of
+    neighbouring fractions with more tasks lost than gained, the tasks lost and gained, the
+    heads added, and what the lost tasks answered instead (another number of the context: a
+    distractor copied; a number not in the context; no number), with one example."""
+    rows = []
+    for name, c in outcome.items():
+        for a in range(len(fractions) - 1):
+            lost, gained = c[a] & ~c[a + 1], ~c[a] & c[a + 1]
+            if lost.sum() <= gained.sum():
+                continue
+            fa, fb = fractions[a], fractions[a + 1]
+            ia, ib = config_index(sweep, name, fa), config_index(sweep, name, fb)
+            came = [_what_came(sweep.answers[ib][t], tasks[t].task) for t in np.flatnonzero(lost)]
+            t0 = int(np.flatnonzero(lost)[0])
+            rows.append({"ranking": name, "from": fa, "to": fb, "accuracy_from": float(c[a].mean()),
+                         "accuracy_to": float(c[a + 1].mean()), "lost": int(lost.sum()), "gained": int(gained.sum()),
+                         "heads_added": sweep.configs[ib][2] - sweep.configs[ia][2],
+                         "other_number": came.count("other_number"), "unseen_number": came.count("unseen_number"),
+                         "no_number": came.count("no_number"),
+                         "example": f"task {t0} ({tasks[t0].task.kind}, answer {' | '.join(tasks[t0].task.answer)}): "
+                                    f"{sweep.answers[ia][t0].strip()!r} -> {sweep.answers[ib][t0].strip()!r}"})
     return rows
 
 
@@ -416,7 +594,7 @@ class Summary:
 
 def summarise(cal: Calibration, sweep: Sweep, rankings: dict[str, np.ndarray], fractions: list[float], *,
               kv_heads: int, reduce: str, resamples: int, seed: int, tasks: Sequence[Encoded],
-              params: dict, source: str) -> Summary:
+              params: dict, source: str, greedy: list[dict] | None = None, timing: dict | None = None) -> Summary:
     """Labels, KV-head needs, the per-head table, the curve and the areas with their bootstrap
     intervals (``resamples``, ``seed``), the tasks table, and the ranking exported for kvpress
     (the best measured score by area)."""
@@ -426,14 +604,17 @@ def summarise(cal: Calibration, sweep: Sweep, rankings: dict[str, np.ndarray], f
     heads = head_rows(scores, lab, kv, kv_heads)
     crow, outcome = curve(sweep, rankings, fractions, resamples=resamples, seed=seed)
     arow = areas(outcome, fractions, resamples=resamples, seed=seed) if outcome else []
-    best = max((r for r in arow if r["kind"] == "score"), key=lambda r: r["area"], default=None)
+    best = max((r for r in arow if r["kind"] not in ("random", "reversed")), key=lambda r: r["area"], default=None)
     grid = [k for k in HEAD_SCORES if k in scores]  # the viewer's per-head grids
     res = Result("atlas", params={**params, "seed": seed, "thresholds": THRESHOLDS, "head_index": "0-indexed",
                                   "kv_head_of_query_head": "head // (Hq / Hkv)"},
-                 tables={"heads": heads, "curve": crow, "areas": arow, "tasks": task_rows(tasks, sweep)},
+                 tables={"heads": heads, "curve": crow, "areas": arow, "tasks": task_rows(tasks, sweep),
+                         "kinds": kind_rows(outcome, fractions, tasks, sweep) if outcome else [],
+                         "drops": drop_rows(outcome, fractions, tasks, sweep) if outcome else [],
+                         "greedy": greedy or []},
                  meta={"source": source, "calibration_tasks": cal.tasks, "calibration_correct": cal.correct,
                        "calibration_rows": cal.rows, "tasks": len(tasks), "kv_heads": kv_heads,
                        "relations": grid, "rankings": {k: v.tolist() for k, v in rankings.items()},
-                       "exported": best["ranking"] if best else None})
+                       "exported": best["ranking"] if best else None, "timing": timing or {}})
     res.arrays["scores"] = np.stack([scores[s] for s in grid]).astype(np.float64)
     return Summary(res, lab, kv)

@@ -3,6 +3,9 @@ keys, several values) and variable tracking (RULER-style), generated offline and
 requested length and needle depth (:func:`generate_tasks`), or read from the user's JSON Lines
 (:func:`read_tasks`: ``context``, ``question``, ``answer``, optional ``needle``). A task is
 answered when every answer string is in the greedy continuation (:meth:`Task.correct`).
+
+The training data of DuoAttention's gates (:func:`passkey_training`): several passkeys of
+random words hidden in a haystack, then every passkey asked for and given in turn.
 """
 
 from __future__ import annotations
@@ -134,6 +137,61 @@ def generate_tasks(tokenizer, *, count: int, length: int, kinds: Sequence[str] =
         spans = tuple(sorted(_locate(context, needles, locate)))
         tasks.append(Task(kind, context, "\n\n" + question, answer, spans, d))
     return tasks
+
+
+#: The passkeys' words (the NATO alphabet, as DuoAttention's multi-passkey data) and ordinals.
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliett",
+         "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango",
+         "uniform", "victor", "whiskey", "xray", "yankee", "zulu")
+ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
+
+
+@dataclass(frozen=True)
+class TrainingSample:
+    """Token ids of one gate-training sequence; positions ``labels_from`` on (the questions and
+    their passkeys) are the ones whose hidden states are distilled."""
+
+    ids: tuple[int, ...]
+    labels_from: int
+
+
+def passkey_training(tokenizer, *, count: int, length: int, passkeys: int, words: int,
+                     haystack: Sequence[str] | None, seed: int) -> list[TrainingSample]:
+    """``count`` sequences of about ``length`` tokens in DuoAttention's multi-passkey format
+    (Xiao et al. 2024, ``duo_attn/data.py``; attnscope's wording): ``passkeys`` passkeys of
+    ``words`` random words each, sentence-separated at sorted seeded depths of a haystack (the
+    sentences ``haystack`` from a seeded place, or the fixed :data:`FILLER`), then for each in
+    turn the question and the passkey. The labels are everything after the context."""
+    if passkeys < 1 or passkeys > len(ORDINALS) or words < 1:
+        raise ValueError(f"passkeys must be 1 to {len(ORDINALS)} and words at least 1")
+    rng = np.random.default_rng(seed)
+    pool = list(haystack) if haystack else [s.strip() + "." for s in FILLER.split(".") if s.strip()]
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    head = tokenizer("This is a long book. <book>")["input_ids"]  # with the tokenizer's BOS, if any
+    out = []
+    for _ in range(count):
+        keys = [" ".join(rng.choice(WORDS, size=words)) for _ in range(passkeys)]
+        needles = [enc(f"\n\nRemember this sequence of words, the {o} passkey to the vault: {k}.\n\n")
+                   for o, k in zip(ORDINALS, keys)]
+        qa = [t for o, k in zip(ORDINALS, keys)
+              for t in enc(f"What is the {o} passkey to the vault? Passkey: {k}.\n")]
+        tail = enc(" </book>\n\n")
+        budget = length - len(head) - len(tail) - len(qa) - sum(map(len, needles))
+        if budget < 1:
+            raise ValueError(f"{passkeys} passkeys of {words} words do not fit in {length} tokens")
+        hay: list[int] = []
+        j = int(rng.integers(len(pool)))
+        while len(hay) < budget:
+            hay += enc(" " + pool[j % len(pool)])
+            j += 1
+        hay = hay[:budget]
+        at = np.sort(rng.integers(0, budget + 1, size=passkeys))
+        context = list(head)
+        for i in range(passkeys):
+            context += hay[at[i - 1] if i else 0:at[i]] + needles[i]
+        context += hay[at[-1]:] + tail
+        out.append(TrainingSample(tuple(context + qa), len(context)))
+    return out
 
 
 def _locate(context: str, needles: Sequence[str], strings: Sequence[str]) -> list[tuple[int, int]]:

@@ -2,13 +2,16 @@
 inside attention through the forward helper's ``"attend"`` hook (:class:`Press`), and the two
 passes of kvpress's protocol that use it: one full-attention prefill of a task's context
 (:func:`prefill`) and greedy answers of many compressed-cache rows on that one prefill
-(:func:`answer`). The evicted entries are masked out of the softmax, which is exactly eviction:
-positions are those of the full context, as in kvpress. :class:`Recorder` folds what the
+(:func:`answer`), or their teacher-forced scores (:func:`score`). The evicted entries are
+masked out of the softmax, which is exactly eviction: positions are those of the full context,
+as in kvpress. :class:`Recorder` folds what the
 atlas's scores need from a full-cache run (docs/atlas.md).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -210,3 +213,46 @@ def answer(lm, model, context: list, enc: Encoded, full: np.ndarray | None, *, s
                 break
             ids = torch.tensor(nxt, device=model.device)[:, None]
     return outs
+
+
+def score(lm, model, context: list, enc: Encoded, full: np.ndarray, gold: Sequence[int], *, sink: int,
+          window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Teacher-forced, for each row of ``full`` (``[B L Hkv]``) after the prefilled ``context``:
+    whether every token of ``gold`` is the arg-max given the question and the gold tokens before
+    it (what greedy decoding would produce first), and ``gold``'s mean log-probability. One
+    forward call per row batch, no generation loop."""
+    import torch
+
+    B, n, q = len(full), len(enc.context), len(enc.question)
+    press = Press(lm.num_layers, n, sink, window, context=context, full=full)
+    ids = torch.tensor([list(enc.question) + list(gold[:-1])] * B, device=model.device)
+    pos = torch.arange(n, n + ids.shape[1], device=model.device).expand(B, -1)
+    with torch.no_grad(), hooked(lm, {"attend": press}):
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[:, q - 1:].float()
+    target = torch.tensor(list(gold), device=logits.device)
+    logp = torch.log_softmax(logits, -1)[:, torch.arange(len(gold)), target]  # [B G]
+    exact = (logits.argmax(-1) == target).all(-1)
+    return exact.cpu().numpy(), logp.mean(-1).double().cpu().numpy()
+
+
+class Prefills:
+    """Prefilled contexts kept in this process (a greedy search answers the same tasks again
+    and again), the oldest dropped beyond ``budget`` bytes."""
+
+    def __init__(self, budget: int = 4 << 30):
+        self.budget, self.kept = budget, OrderedDict()
+
+    def get(self, lm, model, enc: Encoded, *, sink: int, window: int) -> list:
+        key = (id(lm.model), len(enc.context), hash(tuple(enc.context)))
+        if key in self.kept:
+            self.kept.move_to_end(key)
+            return self.kept[key]
+        ctx = self.kept[key] = prefill(lm, model, enc, sink=sink, window=window)
+        size = lambda c: sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in c)  # noqa: E731
+        while len(self.kept) > 1 and sum(size(c) for c in self.kept.values()) > self.budget:
+            self.kept.popitem(last=False)
+        return ctx
+
+
+#: This process's kept prefills (each Ray worker has its own).
+PREFILLS = Prefills()

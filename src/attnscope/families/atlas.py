@@ -12,6 +12,7 @@ KV heads on the evaluated tasks (:mod:`attnscope.analyses.atlas`; docs/atlas.md)
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses import atlas as A
-from attnscope.analyses.atlas import REDUCTIONS, SCORES
+from attnscope.analyses.atlas import COMBINED, REDUCTIONS, SCORES
+from attnscope.analyses.duo import read_pattern
 from attnscope.analyses.lm_objective import Objective
 from attnscope.analyses.longctx import LongContextStats
 from attnscope.data.io import read_text
@@ -48,6 +50,7 @@ from attnscope.store.results import write_results
 from attnscope.viz.results_views import head_scatter, relation_grids
 
 TASK_SUFFIXES = (".jsonl", ".json")
+ESTIMATE_FROM = 20  # evaluated tasks from which the sweep's time is estimated (and said) before it starts
 QUESTION_ROOM = 128  # positions left after a generated context for its question and answer
 
 
@@ -82,6 +85,15 @@ class Options:
     atlas_probe_length: int = option(256, "Random tokens per copy in those sequences.", minimum=1)
     atlas_bootstrap: int = option(1000, "Bootstrap resamples over tasks for the intervals.", minimum=100)
     atlas_batch: int = option(64, "Sweep rows answered together on one prefill.", minimum=1)
+    atlas_combined: str = option(",".join(COMBINED), "Rankings combined from two scores or the labels "
+                                                     "(comma-separated, or 'none').")
+    atlas_gates: str = option("", "A DuoAttention pattern file (full_attention_heads.tsv, or its folder: "
+                                  "'attnscope analyze duo' writes one, DuoAttention released others), "
+                                  "swept as the ranking duo_gates.")
+    atlas_greedy: int = option(0, "Build the greedy ranking on the calibration tasks, adding this many "
+                                  "KV heads an iteration (1: exact greedy; 0: none). Costs one "
+                                  "teacher-forced pass per remaining head and answered calibration "
+                                  "task an iteration.", minimum=0)
 
 
 def _names(value: str, known: tuple[str, ...], field: str, *, allow_none: bool = False) -> list[str]:
@@ -105,6 +117,13 @@ def _fractions(value: str) -> list[float]:
         raise AttnscopeError("atlas_fractions must hold 0, 1 and at least one fraction between, "
                              f"not {value!r}", params=("atlas_fractions",))
     return fs
+
+
+def _duration(seconds: float) -> str:
+    """>>> _duration(30), _duration(150), _duration(5400)
+    ('30 s', '3 min', '1.5 h')"""
+    return (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 * 0.99
+            else f"{seconds / 3600:.1f} h")
 
 
 @register_family
@@ -152,6 +171,9 @@ class Atlas(Family):
         _names(options.atlas_scores, SCORES, "atlas_scores")
         _names(options.atlas_reversed, SCORES, "atlas_reversed", allow_none=True)
         _fractions(options.atlas_fractions)
+        _names(options.atlas_combined, COMBINED, "atlas_combined", allow_none=True)
+        gates = (read_pattern(options.atlas_gates, (lm.num_layers, lm.num_kv_heads))
+                 if options.atlas_gates else None)
         if options.atlas_depth > 1:
             raise AttnscopeError(f"atlas_depth must be at most 1, not {options.atlas_depth}",
                                  params=("atlas_depth",))
@@ -196,7 +218,8 @@ class Atlas(Family):
             notes.append("No calibration tasks (--atlas-calibration 0): the head scores come from the "
                          "evaluated tasks themselves, so the rankings are tested in-sample.")
         tokens = sum(len(e.context) for e in encs)
-        return Prepared({"tasks": encs, "calibration": calib_encs, "notes": notes, "source": source},
+        return Prepared({"tasks": encs, "calibration": calib_encs, "notes": notes, "source": source,
+                         "gates": gates},
                         weight=(tokens + sum(len(e.context) for e in calib_encs)) // 128 + 1,
                         counts={"tasks": len(encs), "calibration_tasks": len(calib) if calib else 0,
                                 "context_tokens": tokens})
@@ -220,12 +243,14 @@ class Atlas(Family):
         importance = "importance" in use and self._importance_possible(lm, notes)
         sink, window = options.atlas_sink, options.atlas_window
 
+        t0 = time.perf_counter()
         records = ctx.tasks(A.CalibrationStep(sink, window, importance, seed=ctx.seed), calib,
                             name="calibration", label="calibration")
         cal = A.calibration(records, (lm.num_layers, lm.num_heads), importance=importance)
         if {"echo", "induction"} & set(use) and options.atlas_probes:
             cal.scores.update(self._echo_induction(lm, options, ctx, notes))
         kv_heads = lm.num_kv_heads
+        total = lm.num_layers * kv_heads
         reversed_of = (_names(options.atlas_reversed, SCORES, "atlas_reversed", allow_none=True) or [None])[0]
         rankings = A.rankings_for(cal.scores, kv_heads, use=use, reduce=options.atlas_reduce,
                                   reversed_of=reversed_of, random=options.atlas_random, seed=ctx.seed + 1000)
@@ -235,13 +260,42 @@ class Atlas(Family):
                          + ("no calibration task was answered with the whole cache, so no retrieval "
                             "score was measured; " if "retrieval" in missing else "")
                          + "a score that was not measured ranks nothing.")
+        combined = _names(options.atlas_combined, COMBINED, "atlas_combined", allow_none=True)
+        made = A.combined_rankings(cal.scores, A.labels(cal.scores), kv_heads, reduce=options.atlas_reduce)
+        rankings.update({k: v for k, v in made.items() if k in combined})
+        if prepared.data["gates"] is not None:
+            rankings["duo_gates"] = A.rank(prepared.data["gates"])
         fractions = _fractions(options.atlas_fractions)
+        timing = {"calibration_seconds": time.perf_counter() - t0}
+        greedy = []
+        if options.atlas_greedy:
+            t1 = time.perf_counter()
+            answered = [e for e, r in zip(calib, records) if e.task.correct(r["answer"])]
+            if answered:
+                until = int(round(max(f for f in fractions if f < 1) * total))
+                order, greedy = A.greedy_order(
+                    lambda base, cand, it: ctx.tasks(
+                        A.GreedyStep(base, cand, sink, window, batch=options.atlas_batch, seed=ctx.seed),
+                        answered, name=f"greedy-{it}", label=f"greedy ranking, {len(base)} of {until} heads"),
+                    total, until, options.atlas_greedy)
+                rankings["greedy"] = order
+            else:
+                notes.append("No greedy ranking: no calibration task was answered with the whole cache.")
+            timing["greedy_seconds"] = time.perf_counter() - t1
         configs, masks = A.configs_for(rankings, fractions, (lm.num_layers, kv_heads))
         step = A.SweepStep(masks, configs, sink, window, batch=options.atlas_batch, seed=ctx.seed)
-        sw = A.sweep(configs, ctx.tasks(step, encs, name="sweep", label="sweep"))
+        label = "sweep"
+        if len(encs) >= ESTIMATE_FROM:
+            estimate = ctx.call(A.sweep_seconds, step, encs[0], len(encs))
+            timing["sweep_estimate_seconds"] = estimate
+            label = f"sweep (about {_duration(estimate)})"
+        t2 = time.perf_counter()
+        sw = A.sweep(configs, ctx.tasks(step, encs, name="sweep", label=label))
+        timing["sweep_seconds"] = time.perf_counter() - t2
         summary = A.summarise(cal, sw, rankings, fractions, kv_heads=kv_heads, reduce=options.atlas_reduce,
                               resamples=options.atlas_bootstrap, seed=ctx.seed, tasks=encs,
-                              params=dataclasses.asdict(options), source=prepared.data["source"])
+                              params=dataclasses.asdict(options), source=prepared.data["source"],
+                              greedy=greedy, timing=timing)
         sec = write_atlas(ctx.out_dir, summary, model_name=lm.name, cal=cal, sweep=sw, options=options,
                           notes=notes, source=prepared.data["source"], tasks=encs, title=self.title, key=self.key)
         res = summary.result

@@ -221,6 +221,15 @@ class Context:
         return (self.executor or LocalExecutor()).tasks(self.model, step, items, log=log,
                                                         progress=self.counter(label, len(items), unit=unit))
 
+    def chain(self, step: Callable[[Any, Any, dict | None], dict], items: Sequence, *, name: str, label: str,
+              unit: str = "chunks") -> list[dict]:
+        """``step(model, item, previous)`` for each item in order, each from the record of the
+        one before (a training run in chunks; :meth:`attnscope.executor.LocalExecutor.chain`):
+        kept and resumed as :meth:`tasks` keeps them, always in this process."""
+        log = UnitLog(unit_log_path(self.out_dir, self.family, name), fingerprint(self.job, name, len(items)))
+        return (self.executor or LocalExecutor()).chain(self.model, step, items, log=log,
+                                                        progress=self.counter(label, len(items), unit=unit))
+
     def counter(self, step: str, total: int, start: int = 0, *, unit: str = "items") -> Callable[[int], None]:
         """A ``tick(k)`` that counts ``k`` more ``unit`` done of ``total`` (from ``start``) and
         shows the progress under ``step``."""

@@ -89,7 +89,8 @@ def _pct(x: float | None) -> str:
 
 
 def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_rows: list[dict],
-             labels: np.ndarray, scores: dict, tasks: list) -> list[str]:
+             labels: np.ndarray, scores: dict, tasks: list, drops: list[dict] = (),
+             timing: dict | None = None) -> list[str]:
     out = []
     n = len(tasks)
     full = float(sweep.full_correct.mean())
@@ -105,7 +106,7 @@ def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_ro
     out.append(f"The f = 1 row generated exactly the full-cache tokens on {int(sweep.f1_identical.sum())} "
                f"of {n} tasks.")
     rnd = [r for r in area_rows if r["kind"] == "random"]
-    scored = sorted((r for r in area_rows if r["kind"] == "score"), key=lambda r: -r["area"])
+    scored = sorted((r for r in area_rows if r["kind"] not in ("random", "reversed")), key=lambda r: -r["area"])
     if scored:
         best = scored[0]
         line = (f"Best ranking by area: {best['ranking']} ({best['area']:.3f}, 95% interval "
@@ -131,9 +132,22 @@ def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_ro
                                     f"{'above' if r['area'] > top_random else 'not above'} every random "
                                     "ranking's)" for r in close) if close else "no ranking")
                        + f"; {best['ranking']} is {100 * (full - best['acc_50']):.1f} points below.")
+        half = {r["ranking"]: r for r in curve_rows if r["kv_fraction"] == 0.5}
+        if best["ranking"] in half and rnd:
+            b, rs = half[best["ranking"]], [half[r["ranking"]] for r in rnd if r["ranking"] in half]
+            top = max(r["ci_high"] for r in rs)
+            out.append(f"At half of the KV heads, {best['ranking']}'s 95% interval ({_pct(b['ci_low'])}-"
+                       f"{_pct(b['ci_high'])}) " + ("excludes" if b["ci_low"] > top else "overlaps")
+                       + f" every random ranking's (highest upper end {_pct(top)}).")
+        greedy = next((r for r in area_rows if r["kind"] == "greedy"), None)
+        floor = max((r["area"] for r in rnd), default=None)
         for r in scored[1:]:
-            out.append(f"{r['ranking']}: area {r['area']:.3f} ({r['ci_low']:.3f}-{r['ci_high']:.3f}), "
-                       f"{_pct(r['acc_25'])} at 25%, {_pct(r['acc_50'])} at 50%.")
+            where = ""
+            if greedy is not None and floor is not None and greedy["area"] > floor and r is not greedy:
+                where = (f"; {100 * (r['area'] - floor) / (greedy['area'] - floor):.0f}% of the way from the "
+                         "best random ranking to the greedy one")
+            out.append(f"{r['ranking']} ({r['kind']}): area {r['area']:.3f} ({r['ci_low']:.3f}-{r['ci_high']:.3f}), "
+                       f"{_pct(r['acc_25'])} at 25%, {_pct(r['acc_50'])} at 50%{where}.")
     for r in area_rows:
         if r["kind"] == "reversed":
             out.append(f"{r['ranking']}: area {r['area']:.3f}, {_pct(r['acc_50'])} at 50%.")
@@ -145,6 +159,15 @@ def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_ro
         out.append(f"Retrieval scores (Wu et al.) from {cal.correct} of {cal.tasks} calibration tasks "
                    "answered with the whole cache; highest: "
                    + ", ".join(f"{HeadId(a, b)} ({r[a, b]:.2f})" for a, b in top) + ".")
+    if drops:
+        lost = sum(d["lost"] for d in drops)
+        out.append(f"Accuracy falls as heads are added at {len(drops)} steps of the nested rankings "
+                   f"(atlas_drops): of the {lost} answers lost there, {sum(d['other_number'] for d in drops)} "
+                   f"copied another number of the context, {sum(d['unseen_number'] for d in drops)} gave a "
+                   f"number not in the context, {sum(d['no_number'] for d in drops)} no number.")
+    if timing:
+        parts = [f"{k.replace('_seconds', '').replace('_', ' ')} {v / 60:.1f} min" for k, v in timing.items()]
+        out.append("Time: " + ", ".join(parts) + ".")
     if n < 30:
         out.append(f"Caution: {n} tasks are too few for these accuracies to be compared (fewer than 30).")
     return out
@@ -163,7 +186,8 @@ def write_atlas(out_dir: Path, summary: A.Summary, *, model_name: str, cal: A.Ca
     scores = cal.scores
     resamples, seed = options.atlas_bootstrap, res.params["seed"]
     sec = Section(key=key, title=title)
-    sec.findings = findings(cal, sweep, arow, crow, lab, scores, tasks) + notes
+    sec.findings = findings(cal, sweep, arow, crow, lab, scores, tasks, res.tables["drops"],
+                            res.meta.get("timing")) + notes
     hcols = ["name", "layer", "head", "kv_head", *[k for k in A.HEAD_SCORES if k in scores],
              *[f"kv_{k}" for k in kv], "label"]
     cap = ("Per query head: scores from the calibration tasks (streaming, sink, previous: mass over context "
@@ -185,6 +209,26 @@ def write_atlas(out_dir: Path, summary: A.Summary, *, model_name: str, cal: A.Ca
     sec.tables.append(TableArtifact("atlas_areas", acap, arow, AREA_COLUMNS,
                                     write_table(arow, tables_dir / "atlas_areas", columns=AREA_COLUMNS,
                                                 caption=acap)))
+    kcols = ["ranking", "kind", "n", "full_cache", "area", "acc_25", "acc_50", "acc_75"]
+    sec.tables.append(TableArtifact("atlas_kinds", "Per ranking and task kind: tasks, the whole cache's accuracy, "
+                                                   "the area and the accuracy at 25%, 50% and 75% of KV heads kept.",
+                                    res.tables["kinds"], kcols,
+                                    write_table(res.tables["kinds"], tables_dir / "atlas_kinds", columns=kcols)))
+    dcols = ["ranking", "from", "to", "accuracy_from", "accuracy_to", "lost", "gained", "heads_added",
+             "other_number", "unseen_number", "no_number", "example"]
+    sec.tables.append(TableArtifact("atlas_drops", "Where a nested ranking's accuracy falls as KV heads are added: "
+                                                   "tasks lost and gained, and what the lost ones answered instead "
+                                                   "(another number of the context, a number not in it, none).",
+                                    res.tables["drops"], dcols,
+                                    write_table(res.tables["drops"], tables_dir / "atlas_drops", columns=dcols)))
+    if res.tables["greedy"]:
+        gcols = ["iteration", "heads", "accuracy", "logprob", "added"]
+        sec.tables.append(TableArtifact("atlas_greedy", "The greedy ranking's iterations on the calibration tasks "
+                                                        "answered with the whole cache: heads in, their teacher-forced "
+                                                        "accuracy and mean gold log-probability, the heads added "
+                                                        "(flat layer * Hkv + kv_head).",
+                                        res.tables["greedy"], gcols,
+                                        write_table(res.tables["greedy"], tables_dir / "atlas_greedy", columns=gcols)))
     tcols = ["index", "kind", "context_tokens", "depth", "line", "answer", "full_cache", "correct", "f1_identical"]
     sec.tables.append(TableArtifact("atlas_tasks", "Evaluated tasks and the whole cache's answers.", task_rows,
                                     tcols, write_table(task_rows, tables_dir / "atlas_tasks", columns=tcols)))
