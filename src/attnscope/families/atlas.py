@@ -120,9 +120,12 @@ def _fractions(value: str) -> list[float]:
 
 
 def _duration(seconds: float) -> str:
-    """>>> _duration(30), _duration(150), _duration(5400)
-    ('30 s', '3 min', '1.5 h')"""
-    return (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 * 0.99
+    """A time as the progress line says it.
+
+    >>> _duration(30), _duration(170), _duration(5400)
+    ('30 s', '3 min', '1.5 h')
+    """
+    return (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400
             else f"{seconds / 3600:.1f} h")
 
 

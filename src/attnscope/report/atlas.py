@@ -89,8 +89,7 @@ def _pct(x: float | None) -> str:
 
 
 def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_rows: list[dict],
-             labels: np.ndarray, scores: dict, tasks: list, drops: list[dict] = (),
-             timing: dict | None = None) -> list[str]:
+             labels: np.ndarray, scores: dict, tasks: list, drops: list[dict] = ()) -> list[str]:
     out = []
     n = len(tasks)
     full = float(sweep.full_correct.mean())
@@ -165,9 +164,6 @@ def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_ro
                    f"(atlas_drops): of the {lost} answers lost there, {sum(d['other_number'] for d in drops)} "
                    f"copied another number of the context, {sum(d['unseen_number'] for d in drops)} gave a "
                    f"number not in the context, {sum(d['no_number'] for d in drops)} no number.")
-    if timing:
-        parts = [f"{k.replace('_seconds', '').replace('_', ' ')} {v / 60:.1f} min" for k, v in timing.items()]
-        out.append("Time: " + ", ".join(parts) + ".")
     if n < 30:
         out.append(f"Caution: {n} tasks are too few for these accuracies to be compared (fewer than 30).")
     return out
@@ -186,8 +182,7 @@ def write_atlas(out_dir: Path, summary: A.Summary, *, model_name: str, cal: A.Ca
     scores = cal.scores
     resamples, seed = options.atlas_bootstrap, res.params["seed"]
     sec = Section(key=key, title=title)
-    sec.findings = findings(cal, sweep, arow, crow, lab, scores, tasks, res.tables["drops"],
-                            res.meta.get("timing")) + notes
+    sec.findings = findings(cal, sweep, arow, crow, lab, scores, tasks, res.tables["drops"]) + notes
     hcols = ["name", "layer", "head", "kv_head", *[k for k in A.HEAD_SCORES if k in scores],
              *[f"kv_{k}" for k in kv], "label"]
     cap = ("Per query head: scores from the calibration tasks (streaming, sink, previous: mass over context "
@@ -252,4 +247,8 @@ def write_atlas(out_dir: Path, summary: A.Summary, *, model_name: str, cal: A.Ca
         "(positional: previous-token mass; sink: first-token mass; streaming: sink + window share).",
     ]
     res.summary = list(sec.findings)
+    if res.meta.get("timing"):
+        sec.methods.append("Time on this machine: " + ", ".join(
+            f"{k.replace('_seconds', '').replace('_', ' ')} {v / 60:.1f} min" for k, v in res.meta["timing"].items())
+            + " (results meta: timing).")
     return sec

@@ -41,8 +41,7 @@ def write_duo(out_dir: Path, res: Result, *, model_name: str, title: str, key: s
     last = losses[-1]
     sec.findings = [
         f"{m['steps']} steps of {p['tokens_per_step']} tokens ({p['duo_passkeys']} passkeys of {p['duo_words']} "
-        f"words, {p['label_tokens']} answer tokens distilled each) took {m['seconds'] / 60:.1f} min "
-        f"({m['seconds_per_step']:.1f} s a step).",
+        f"words, {p['label_tokens']} answer tokens distilled each).",
         f"{m['open']} of {m['kv_heads']} KV heads end with a gate >= 0.5 (they keep their whole cache); "
         f"the last step's distillation loss is {last['distill']:.4g}, its L1 sum of the gates {last['reg']:.4g}.",
     ]
@@ -74,4 +73,6 @@ def write_duo(out_dir: Path, res: Result, *, model_name: str, title: str, key: s
         "sequences with an L1 penalty (docs/atlas.md). duo/full_attention_heads.tsv is DuoAttention's pattern "
         "format: attnscope analyze atlas --atlas-gates reads it.")
     res.summary = list(sec.findings)
+    sec.methods.append(f"Cost: the training took {m['seconds'] / 60:.1f} min ({m['seconds_per_step']:.1f} s a step) "
+                       "on this machine (results meta: seconds).")
     return sec
