@@ -104,7 +104,7 @@ def atlas_out(tmp_path_factory, smollm2, shared_data):
 
 
 @pytest.mark.slow
-def test_kvpress_with_the_exported_pattern_answers_as_the_sweep(atlas_out, kvpress_python, smollm2_file):
+def test_kvpress_with_the_exported_pattern_answers_as_the_sweep(kvpress_python, smollm2_file, atlas_out):
     import torch
 
     cmd = [str(kvpress_python), str(INTEROP / "apply_pattern.py"), str(atlas_out), "--gguf", str(smollm2_file),
