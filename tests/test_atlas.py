@@ -360,16 +360,79 @@ def test_the_viewer_and_compare_read_what_the_family_wrote(atlas_run, tmp_path):
     assert "atlas_heads_compare" in (tmp_path / "cmp" / "report.html").read_text()
 
 
-def test_the_kvpress_export_is_duo_attentions_pattern(atlas_run, debug_llama):
+def _kvpress_streaming_heads(pattern: np.ndarray, ratio: float) -> set[int]:
+    """kvpress 0.5.5's ``DuoAttentionPress.post_init_from_model``, restated: the
+    ``round(N * ratio)`` KV heads with the smallest pattern values become streaming heads
+    (``np.argsort`` over the flattened pattern; flat index ``layer * Hkv + kv_head``)."""
+    n = round(pattern.size * ratio)
+    return set(np.argsort(pattern, axis=None)[:n].tolist()) if n > 0 else set()
+
+
+def test_rank_based_pattern_and_ratio_make_kvpress_prune_the_rankings_bottom_heads():
+    from attnscope.report.atlas import compression_ratio_for, pattern_values
+
+    # 3 layers x 5 KV heads: 15 heads, odd, so f * 15 is a half at f = 0.5 and 0.1 * 15 = 1.5
+    order = np.random.default_rng(0).permutation(15)
+    pattern = pattern_values(order, (3, 5))
+    assert sorted(pattern.ravel().tolist()) == [i / 14 for i in range(15)]  # distinct, 0 .. 1
+    assert pattern.ravel()[order[0]] == 1.0 and pattern.ravel()[order[-1]] == 0.0
+    for f, kept in [(0.0, 0), (0.1, 2), (0.25, 4), (0.5, 8), (0.75, 11), (1.0, 15)]:
+        m = int(round(f * 15))  # the sweep's rule (configs_for)
+        assert m == kept
+        assert _kvpress_streaming_heads(pattern, compression_ratio_for(m, 15)) == set(order[m:].tolist())
+    # the naive ratio 1 - f prunes one head more here: round(7.5) = 8 of 15, keeping 7, not 8
+    assert len(_kvpress_streaming_heads(pattern, 1 - 0.5)) == 8
+
+
+def test_the_kvpress_export_is_duo_attentions_pattern_with_the_sweeps_tasks(atlas_run, llama):
+    """The export read back as kvpress reads it: its rule prunes exactly the ranking's bottom
+    heads at each fraction of the sweep; the tasks' ids and answers are the sweep's (replayed
+    here with attnscope's press on the exported ids)."""
+    lm, model = llama
     d = json.loads((atlas_run / "results" / "atlas.json").read_text())
-    pattern = np.loadtxt(atlas_run / "kvpress" / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
-    assert pattern.shape == (debug_llama.num_layers, d["meta"]["kv_heads"])
-    assert pattern.min() == 0.0 and pattern.max() == 1.0
-    cfg = json.loads((atlas_run / "kvpress" / "config.json").read_text())
-    assert cfg["sink_size"] == 4 and cfg["recent_size"] == 64 and cfg["score"] == d["meta"]["exported"]
-    # the exported order is the exported score's ranking
-    order = d["meta"]["rankings"][cfg["score"]]
+    folder = atlas_run / "kvpress"
+    pattern = np.loadtxt(folder / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
+    assert pattern.shape == (lm.num_layers, d["meta"]["kv_heads"]) == (2, 2)
+    assert pattern.min() == 0.0 and pattern.max() == 1.0 and len(set(pattern.ravel())) == pattern.size
+    cfg = json.loads((folder / "config.json").read_text())
+    ranking = d["meta"]["exported"]
+    assert (cfg["sink_size"], cfg["recent_size"], cfg["ranking"], cfg["kv_heads_total"]) == (4, 64, ranking, 4)
+    assert cfg["eos_token_ids"] == sorted(A.eos_ids(model))
+    order = d["meta"]["rankings"][ranking]
     assert A.rank(pattern).tolist() == order
+    curve = [r for r in d["tables"]["curve"] if r["ranking"] == ranking]
+    assert list(cfg["fractions"]) == ["0", "0.5", "1"] and len(curve) == 3
+    for r in curve:
+        got = cfg["fractions"][f"{r['kv_fraction']:g}"]
+        m = r["kv_heads_kept"]
+        assert got["kv_heads_kept"] == m
+        assert _kvpress_streaming_heads(pattern, got["head_compression_ratio"]) == set(order[m:])
+    tasks = [json.loads(x) for x in (folder / "tasks.jsonl").read_text().splitlines()]
+    table = d["tables"]["tasks"]
+    assert [t["index"] for t in tasks] == [r["index"] for r in table] == list(range(6))
+    for t, row in zip(tasks, table):
+        assert len(t["context_ids"]) == row["context_tokens"] and " | ".join(t["answer"]) == row["answer"]
+        assert t["kind"] == row["kind"] and list(t["outcomes"]) == ["0", "0.5", "1"]
+        assert t["outcomes"]["1"]["answer"] == row["full_cache"] and t["outcomes"]["1"]["correct"] == row["correct"]
+        for o in t["outcomes"].values():
+            assert o["correct"] == all(a in o["answer"] for a in t["answer"])
+    for r in curve:
+        outs = [t["outcomes"][f"{r['kv_fraction']:g}"] for t in tasks]
+        assert np.mean([o["correct"] for o in outs]) == pytest.approx(r["accuracy"])
+        assert np.mean([o["kv_entries_kept"] for o in outs]) == pytest.approx(r["kv_entries_kept"])
+        assert {o["kv_heads_kept"] for o in outs} == {r["kv_heads_kept"]}
+    # the exported ids and answers belong together: the press on those ids, keeping the top half
+    # of the ranking, answers the same (on tasks where that half answers apart from f = 0 and 1)
+    assert any(len({o["answer"] for o in t["outcomes"].values()}) == 3 for t in tasks)
+    for t in tasks:
+        enc = X.Encoded(T.Task(t["kind"], "", "", tuple(t["answer"])), t["context_ids"], t["question_ids"],
+                        np.zeros(len(t["context_ids"]), bool), t["max_new"] - 2 * len(t["answer"]) - 2)
+        assert enc.max_new == t["max_new"]
+        ctx = P.prefill(lm, model, enc)
+        keep = np.zeros(4, bool)
+        keep[order[:2]] = True
+        got = P.answer(lm, model, ctx, enc, keep.reshape(1, 2, 2), sink=4, window=64, eos=A.eos_ids(model))[0]
+        assert lm.tokenizer.decode(got, skip_special_tokens=True) == t["outcomes"]["0.5"]["answer"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -300,7 +300,8 @@ class Atlas(Family):
                               params=dataclasses.asdict(options), source=prepared.data["source"],
                               greedy=greedy, timing=timing)
         sec = write_atlas(ctx.out_dir, summary, model_name=lm.name, cal=cal, sweep=sw, options=options,
-                          notes=notes, source=prepared.data["source"], tasks=encs, title=self.title, key=self.key)
+                          notes=notes, source=prepared.data["source"], tasks=encs, title=self.title, key=self.key,
+                          eos=A.eos_ids(step.decoder(lm)))
         res = summary.result
         write_results(ctx.out_dir, self.key, res)
         return sec

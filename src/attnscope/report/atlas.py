@@ -1,6 +1,7 @@
 """The head atlas's report: per-head scores and labels, the accuracy-vs-KV curve of every
-ranking with bootstrap intervals, figures, findings, and the KV-head scores in DuoAttention's
-pattern format (what kvpress's ``DuoAttentionPress`` loads).
+ranking with bootstrap intervals, figures, findings, and the best ranking in DuoAttention's
+pattern format (what kvpress's ``DuoAttentionPress`` loads) with the tasks and the sweep's
+answers, for ``interop/kvpress/`` to replay with kvpress.
 
 Heads are named 1-indexed ``layer-head`` (``kv_head`` 0-indexed, like ``layer`` and ``head``).
 """
@@ -27,22 +28,90 @@ COLOURS = {"retrieval": "#d62728", "induction": "#9467bd", "echo": "#e377c2", "s
            "positional": "#2ca02c", "streaming": "#1f77b4", "other": "#dddddd"}
 
 
-def duo_attention_export(out_dir: Path, kv_need: np.ndarray, *, score: str, sink: int, window: int) -> list[Path]:
-    """``kvpress/full_attention_heads.tsv`` (one line per layer, one tab-separated value per KV
-    head in [0, 1]: DuoAttention's pattern file, higher = keep the whole cache) and
-    ``kvpress/config.json`` (``sink_size``, ``recent_size``): what kvpress's
-    ``DuoAttentionPress.load_attention_pattern`` returns as ``(sink, recent, pattern)``."""
+def pattern_values(order: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """DuoAttention pattern values ``[L Hkv]`` of a ranking ``order`` (flat KV heads, most
+    needed first): rank-based, distinct, most needed 1 and least needed 0, so kvpress's rule
+    (prune the ``round(N ratio)`` smallest values) prunes exactly the ranking's bottom heads.
+
+    >>> pattern_values(np.array([3, 0, 2, 1]), (2, 2)).tolist()
+    [[0.6666666666666666, 0.0], [0.3333333333333333, 1.0]]
+    """
+    total = int(np.prod(shape))
+    v = np.empty(total)
+    v[np.asarray(order)] = (total - 1 - np.arange(total)) / max(total - 1, 1)
+    return v.reshape(shape)
+
+
+def compression_ratio_for(kept: int, total: int) -> float:
+    """kvpress's ``head_compression_ratio`` that keeps ``kept`` of ``total`` KV heads whole:
+    ``(total - kept) / total``, which kvpress's count of pruned heads ``round(total * ratio)``
+    turns back into ``total - kept``. ``1 - f`` is not always it: with ``total`` odd and
+    ``f total`` a half, Python's round-half-to-even prunes one head more or one fewer than
+    ``total - round(f total)``:
+
+    >>> total, f = 15, 0.5
+    >>> kept = round(f * total)
+    >>> kept, total - round(total * (1 - f)), total - round(total * compression_ratio_for(kept, total))
+    (8, 7, 8)
+    """
+    return (total - kept) / total
+
+
+def _key(f: float) -> str:
+    return f"{f:g}"
+
+
+def duo_attention_export(out_dir: Path, order: np.ndarray, shape: tuple[int, int], *, ranking: str,
+                         sink: int, window: int, sweep: A.Sweep, tasks: list, eos) -> list[Path]:
+    """The exported ranking as kvpress input, to check that kvpress's ``DuoAttentionPress``
+    with it gets the sweep's answers (``interop/kvpress/``):
+
+    - ``kvpress/full_attention_heads.tsv``: DuoAttention's pattern file, one line per layer and
+      one tab-separated value per KV head, higher = keep the whole cache; the values are
+      :func:`pattern_values` of ``order`` (rank-based, so that kvpress prunes exactly the heads
+      the sweep cut at every fraction; the scores themselves have ties).
+    - ``kvpress/config.json``: ``sink_size``, ``recent_size`` (what
+      ``DuoAttentionPress.load_attention_pattern`` returns with the pattern), ``ranking``,
+      ``layers``, ``kv_heads`` (per layer), ``kv_heads_total``, ``eos_token_ids`` (the sweep's
+      stopping tokens) and, per fraction of the sweep, ``kv_heads_kept`` and the
+      ``head_compression_ratio`` that makes kvpress keep exactly that many
+      (:func:`compression_ratio_for`).
+    - ``kvpress/tasks.jsonl``: one line per evaluated task: ``index``, ``kind``, ``context_ids``,
+      ``question_ids``, ``max_new``, ``answer`` (strings, all required) and ``outcomes``, per
+      fraction (``"0"``, ``"0.25"``, ..., ``"1"``; 0 and 1 are the all-streaming and whole-cache
+      rows every ranking shares) the sweep's ``correct``, ``answer`` (the generated text),
+      ``kv_heads_kept`` and ``kv_entries_kept`` (1 minus kvpress's ``compression_ratio``).
+    """
     folder = out_dir / "kvpress"
     folder.mkdir(parents=True, exist_ok=True)
-    v = np.nan_to_num(kv_need.astype(float), nan=0.0)
-    lo, hi = float(v.min()), float(v.max())
-    v = (v - lo) / (hi - lo) if hi > lo else np.ones_like(v)
+    total = int(np.prod(shape))
+    rows = {(1.0 if r == "full_cache" else 0.0): i for i, (r, _, _) in enumerate(sweep.configs)
+            if r in ("full_cache", "streaming_llm")}
+    rows.update({f: i for i, (r, f, _) in enumerate(sweep.configs) if r == ranking})
+    rows = dict(sorted(rows.items()))
+    fractions = {_key(f): {"kv_heads_kept": sweep.configs[i][2],
+                           "head_compression_ratio": compression_ratio_for(sweep.configs[i][2], total)}
+                 for f, i in rows.items()}
     tsv = folder / "full_attention_heads.tsv"
-    atomic_write_text(tsv, "\n".join("\t".join(f"{x:.6f}" for x in row) for row in v) + "\n")
+    values = pattern_values(order, shape)
+    atomic_write_text(tsv, "\n".join("\t".join(f"{x:.8f}" for x in row) for row in values) + "\n")
     cfg = folder / "config.json"
-    atomic_write_text(cfg, json.dumps({"sink_size": sink, "recent_size": window, "score": score,
-                                       "scaled": "min-max to [0, 1]"}, indent=2) + "\n")
-    return [tsv, cfg]
+    atomic_write_text(cfg, json.dumps({
+        "sink_size": sink, "recent_size": window, "ranking": ranking, "score": ranking,
+        "values": "rank-based: most needed KV head 1, least needed 0", "layers": int(shape[0]),
+        "kv_heads": int(shape[1]), "kv_heads_total": total, "eos_token_ids": sorted(int(e) for e in eos),
+        "fractions": fractions}, indent=2) + "\n")
+    lines = []
+    for t, enc in enumerate(tasks):
+        outcomes = {_key(f): {"correct": bool(sweep.correct[i, t]), "answer": sweep.answers[i][t],
+                              "kv_heads_kept": sweep.configs[i][2], "kv_entries_kept": float(sweep.kept[i, t])}
+                    for f, i in rows.items()}
+        lines.append(json.dumps({"index": t, "kind": enc.task.kind, "context_ids": list(map(int, enc.context)),
+                                 "question_ids": list(map(int, enc.question)), "max_new": enc.max_new,
+                                 "answer": list(enc.task.answer), "outcomes": outcomes}, ensure_ascii=False))
+    jsonl = folder / "tasks.jsonl"
+    atomic_write_text(jsonl, "".join(x + "\n" for x in lines))
+    return [tsv, cfg, jsonl]
 
 
 def label_figure(labels: np.ndarray, path: Path, title: str) -> list[Path]:
@@ -170,9 +239,12 @@ def findings(cal: A.Calibration, sweep: A.Sweep, area_rows: list[dict], curve_ro
 
 
 def write_atlas(out_dir: Path, summary: A.Summary, *, model_name: str, cal: A.Calibration, sweep: A.Sweep,
-                options: Any, notes: list[str], source: str, tasks: list, title: str, key: str) -> Section:
+                options: Any, notes: list[str], source: str, tasks: list, title: str, key: str,
+                eos: frozenset[int] = frozenset()) -> Section:
     """Tables, figures, the kvpress export and the Section of the atlas's ``summary``
-    (:func:`attnscope.analyses.atlas.summarise`); its result's ``summary`` gets the findings."""
+    (:func:`attnscope.analyses.atlas.summarise`); its result's ``summary`` gets the findings.
+    ``eos``: the sweep's end-of-sequence ids (:func:`attnscope.analyses.atlas.eos_ids`), for the
+    export."""
     out_dir = Path(out_dir)
     tables_dir, fig_dir = out_dir / "tables", out_dir / "figures"
     tables_dir.mkdir(parents=True, exist_ok=True)
@@ -234,10 +306,13 @@ def write_atlas(out_dir: Path, summary: A.Summary, *, model_name: str, cal: A.Ca
                                       curve_figure(crow, fig_dir / "atlas_curve", f"{model_name}: {source}")))
     export_score = res.meta["exported"]
     if export_score:
-        duo_attention_export(out_dir, kv[export_score], score=export_score, sink=options.atlas_sink,
-                             window=options.atlas_window)
-        sec.methods.append(f"kvpress/full_attention_heads.tsv: the KV heads' {export_score} need (the best "
-                           "ranking by area), min-max scaled, in DuoAttention's pattern format (docs/atlas.md).")
+        duo_attention_export(out_dir, np.asarray(res.meta["rankings"][export_score]), (lab.shape[0], res.meta["kv_heads"]),
+                             ranking=export_score, sink=options.atlas_sink, window=options.atlas_window,
+                             sweep=sweep, tasks=tasks, eos=eos)
+        sec.methods.append(f"kvpress/: the {export_score} ranking (the best by area) in DuoAttention's pattern "
+                           "format, rank-based so that kvpress's DuoAttentionPress prunes the heads the sweep "
+                           "cut, with each fraction's head_compression_ratio, the tasks in token ids and the "
+                           "sweep's answers (docs/atlas.md; interop/kvpress/ runs kvpress on it).")
     sec.methods += [
         "Protocol (kvpress): each task's context is prefilled once with full attention; for a ranking and a "
         "fraction f, the top f of the KV heads keep their whole context and the others only the sink and "
