@@ -135,12 +135,17 @@ def test_the_family_writes_duo_attentions_pattern_and_the_atlas_sweeps_it(duo_ru
     np.testing.assert_allclose(gates, np.asarray(d["arrays"]["gates"]["data"]), atol=1e-6)
     assert [r["step"] for r in d["tables"]["training"]] == [1, 2, 3, 4]
     assert sorted(r["rank"] for r in d["tables"]["gates"]) == list(range(1, gates.size + 1))
+    # held: each gate's mean over the chunks' ends (2 chunks of 2 steps), at most 1, at least the final gate's share
+    held = np.asarray(d["arrays"]["held"]["data"])
+    assert held.shape == gates.shape and (held <= 1).all() and (held >= gates / 2 - 1e-9).all()
     assert (run / "figures" / "duo_gates.png").is_file() and not (run / "run").exists()
     run_family("atlas", {"atlas": duo_run / "hay.txt"}, duo_run / "atlas", model=debug_llama, max_seq_len=96,
                atlas_tasks=3, atlas_calibration=2, atlas_random=1, atlas_bootstrap=100, atlas_fractions="0,0.5,1",
                atlas_scores="streaming", atlas_gates=str(run / "duo"))
     a = json.loads((duo_run / "atlas" / "results" / "atlas.json").read_text())
-    assert a["meta"]["rankings"]["duo_gates"] == np.argsort(-gates.ravel(), kind="stable").tolist()
+    held = D.read_pattern(run / "duo" / "held.tsv", gates.shape)
+    by_hand = sorted(range(gates.size), key=lambda i: (-gates.ravel()[i], -held.ravel()[i], i))
+    assert a["meta"]["rankings"]["duo_gates"] == by_hand
     assert {r["ranking"]: r["kind"] for r in a["tables"]["areas"]}["duo_gates"] == "trained"
 
 

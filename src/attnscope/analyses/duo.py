@@ -112,6 +112,19 @@ def chunks(steps: int, size: int) -> list[tuple[int, int]]:
     return [(a, min(a + size, steps)) for a in range(0, steps, size)]
 
 
+#: Beside a pattern file written by ``attnscope analyze duo``: each gate's mean over training.
+HELD = "held.tsv"
+
+
+def read_gates(path, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray | None]:
+    """The gates of a pattern file or folder (:func:`read_pattern`) and, where ``attnscope
+    analyze duo`` wrote it beside them, how long each stayed open (:data:`HELD`; else None)."""
+    path = Path(path)
+    file = path / "full_attention_heads.tsv" if path.is_dir() else path
+    held = file.parent / HELD
+    return read_pattern(file, shape), (read_pattern(held, shape) if held.is_file() else None)
+
+
 def read_pattern(path, shape: tuple[int, int]) -> np.ndarray:
     """A DuoAttention pattern file (``full_attention_heads.tsv``: one line per layer, one
     tab-separated value per KV head; DuoAttention's released patterns and attnscope's own) as
@@ -137,21 +150,37 @@ def read_pattern(path, shape: tuple[int, int]) -> np.ndarray:
     return np.asarray(rows)
 
 
-def summarise(gates: np.ndarray, losses: list[dict], *, seconds: float, params: dict, seed: int,
+def order(gates: np.ndarray, held: np.ndarray | None = None) -> np.ndarray:
+    """KV heads (flat ``layer * Hkv + kv_head``) from the highest gate down; gates that ended
+    equal (many end clamped at exactly 0) by ``held``, how long each stayed open, then by index.
+
+    >>> order(np.array([[0.0, 0.5], [0.0, 0.0]]), np.array([[0.1, 0.6], [0.3, 0.1]])).tolist()
+    [1, 2, 0, 3]
+    """
+    g = gates.ravel()
+    h = np.zeros_like(g) if held is None else held.ravel()
+    return np.lexsort((np.arange(len(g)), -h, -g))
+
+
+def summarise(snapshots: Sequence[np.ndarray], losses: list[dict], *, seconds: float, params: dict, seed: int,
               length: int, labels: int, source: str) -> Result:
-    """The training's :class:`~attnscope.analyses.base.Result`: per KV head its gate and rank
-    (1: the most needed), each step's losses, what it cost, and the gates ``[L Hkv]``."""
+    """The training's :class:`~attnscope.analyses.base.Result`: per KV head its final gate, its
+    mean over the chunks' ends ``held`` (how long it stayed open: the tie-break of gates that
+    ended equal) and its rank (1: the most needed, :func:`order`), each step's losses, what it
+    cost, and the arrays ``gates`` and ``held`` ``[L Hkv]``."""
+    gates = np.asarray(snapshots[-1], dtype=float)
+    held = np.mean(np.asarray(snapshots, dtype=float), axis=0)
     L, K = gates.shape
-    order = np.argsort(-gates.ravel(), kind="stable")
     rank = np.empty(L * K, dtype=int)
-    rank[order] = np.arange(1, L * K + 1)
-    rows = [{"layer": layer, "kv_head": k, "gate": float(gates[layer, k]), "rank": int(rank[layer * K + k])}
-            for layer in range(L) for k in range(K)]
+    rank[order(gates, held)] = np.arange(1, L * K + 1)
+    rows = [{"layer": layer, "kv_head": k, "gate": float(gates[layer, k]), "held": float(held[layer, k]),
+             "rank": int(rank[layer * K + k])} for layer in range(L) for k in range(K)]
     res = Result("duo", params={**params, "seed": seed, "tokens_per_step": length, "label_tokens": labels,
                                 "kv_head_index": "0-indexed"},
                  tables={"gates": rows, "training": losses},
                  meta={"source": source, "steps": len(losses), "seconds": seconds,
                        "seconds_per_step": seconds / max(len(losses), 1),
                        "open": int((gates >= 0.5).sum()), "kv_heads": L * K})
-    res.arrays["gates"] = gates.astype(np.float64)
+    res.arrays["gates"] = gates
+    res.arrays["held"] = held
     return res

@@ -21,7 +21,8 @@ import numpy as np
 
 from attnscope.analyses import atlas as A
 from attnscope.analyses.atlas import COMBINED, REDUCTIONS, SCORES
-from attnscope.analyses.duo import read_pattern
+from attnscope.analyses.duo import order as gate_order
+from attnscope.analyses.duo import read_gates
 from attnscope.analyses.lm_objective import Objective
 from attnscope.analyses.longctx import LongContextStats
 from attnscope.data.io import read_text
@@ -175,8 +176,7 @@ class Atlas(Family):
         _names(options.atlas_reversed, SCORES, "atlas_reversed", allow_none=True)
         _fractions(options.atlas_fractions)
         _names(options.atlas_combined, COMBINED, "atlas_combined", allow_none=True)
-        gates = (read_pattern(options.atlas_gates, (lm.num_layers, lm.num_kv_heads))
-                 if options.atlas_gates else None)
+        gates = read_gates(options.atlas_gates, (lm.num_layers, lm.num_kv_heads)) if options.atlas_gates else None
         if options.atlas_depth > 1:
             raise AttnscopeError(f"atlas_depth must be at most 1, not {options.atlas_depth}",
                                  params=("atlas_depth",))
@@ -267,7 +267,7 @@ class Atlas(Family):
         made = A.combined_rankings(cal.scores, A.labels(cal.scores), kv_heads, reduce=options.atlas_reduce)
         rankings.update({k: v for k, v in made.items() if k in combined})
         if prepared.data["gates"] is not None:
-            rankings["duo_gates"] = A.rank(prepared.data["gates"])
+            rankings["duo_gates"] = gate_order(*prepared.data["gates"])
         fractions = _fractions(options.atlas_fractions)
         timing = {"calibration_seconds": time.perf_counter() - t0}
         greedy = []

@@ -88,10 +88,10 @@ class Duo(Family):
                              lr=options.duo_lr, reg=options.duo_reg)
         records = ctx.chain(train, chunks(options.duo_steps, options.duo_chunk), name="training",
                             label="training", unit="chunks")
-        gates = np.asarray(records[-1]["gates"])
+        snapshots = [np.asarray(r["gates"]) for r in records]
         losses = [row for r in records for row in r["losses"]]
         seconds = float(sum(r["seconds"] for r in records))
-        res = summarise(gates, losses, seconds=seconds, params=dataclasses.asdict(options), seed=ctx.seed,
+        res = summarise(snapshots, losses, seconds=seconds, params=dataclasses.asdict(options), seed=ctx.seed,
                         length=prepared.data["length"], labels=len(samples[0].ids) - samples[0].labels_from,
                         source=prepared.data["source"])
         sec = write_duo(ctx.out_dir, res, model_name=lm.name, title=self.title, key=self.key)

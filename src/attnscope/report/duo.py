@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.analyses.base import Result
+from attnscope.analyses.duo import HELD
 from attnscope.data.io import atomic_write_text
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
@@ -35,7 +36,10 @@ def write_duo(out_dir: Path, res: Result, *, model_name: str, title: str, key: s
     gates, p, m = res.arrays["gates"], res.params, res.meta
     write_pattern(out_dir / "duo", gates, sink=p["duo_sink"], window=p["duo_window"],
                   extra={"model": model_name, "steps": p["duo_steps"], "lr": p["duo_lr"], "reg_weight": p["duo_reg"],
-                         "tokens_per_step": p["tokens_per_step"], "seed": p["seed"]})
+                         "tokens_per_step": p["tokens_per_step"], "seed": p["seed"],
+                         "held": f"{HELD}: each gate's mean over the training's chunks, the tie-break of equal gates"})
+    atomic_write_text(out_dir / "duo" / HELD, "\n".join("\t".join(f"{x:.6f}" for x in row)
+                                                        for row in res.arrays["held"]) + "\n")
     sec = Section(key=key, title=title)
     losses = res.tables["training"]
     last = losses[-1]
@@ -45,8 +49,9 @@ def write_duo(out_dir: Path, res: Result, *, model_name: str, title: str, key: s
         f"{m['open']} of {m['kv_heads']} KV heads end with a gate >= 0.5 (they keep their whole cache); "
         f"the last step's distillation loss is {last['distill']:.4g}, its L1 sum of the gates {last['reg']:.4g}.",
     ]
-    cols = ["layer", "kv_head", "gate", "rank"]
-    sec.tables.append(TableArtifact("duo_gates", "Each KV head's trained gate (1: whole cache) and its rank.",
+    cols = ["layer", "kv_head", "gate", "held", "rank"]
+    sec.tables.append(TableArtifact("duo_gates", "Each KV head's trained gate (1: whole cache), its mean over the "
+                                                 "training's chunks (held: the tie-break of equal gates) and its rank.",
                                     res.tables["gates"], cols,
                                     write_table(res.tables["gates"], tables_dir / "duo_gates", columns=cols)))
     lcols = ["step", "distill", "reg", "loss", "lr"]
