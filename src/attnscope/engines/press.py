@@ -230,7 +230,7 @@ def score(lm, model, context: list, enc: Encoded, full: np.ndarray, gold: Sequen
     with torch.no_grad(), hooked(lm, {"attend": press}):
         logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[:, q - 1:].float()
     target = torch.tensor(list(gold), device=logits.device)
-    logp = torch.log_softmax(logits, -1)[:, torch.arange(len(gold)), target]  # [B G]
+    logp = torch.log_softmax(logits, -1)[:, torch.arange(len(gold), device=logits.device), target]  # [B G]
     exact = (logits.argmax(-1) == target).all(-1)
     return exact.cpu().numpy(), logp.mean(-1).double().cpu().numpy()
 
