@@ -596,8 +596,9 @@ def summarise(cal: Calibration, sweep: Sweep, rankings: dict[str, np.ndarray], f
               kv_heads: int, reduce: str, resamples: int, seed: int, tasks: Sequence[Encoded],
               params: dict, source: str, greedy: list[dict] | None = None, timing: dict | None = None) -> Summary:
     """Labels, KV-head needs, the per-head table, the curve and the areas with their bootstrap
-    intervals (``resamples``, ``seed``), the tasks table, and the ranking exported for kvpress
-    (the best measured score by area)."""
+    intervals (``resamples``, ``seed``), the tasks, per-kind and drops tables, the ``greedy``
+    iterations, the ``timing`` of each step, and the ranking exported for kvpress (the best by
+    area of every kind but random and reversed)."""
     scores = dict(cal.scores)
     lab = labels(scores)
     kv = {s: kv_reduce(need(s, scores), kv_heads, reduce) for s in SCORES if s in scores}
