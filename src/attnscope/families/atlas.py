@@ -41,11 +41,11 @@ from attnscope.families.base import (
     Family,
     Input,
     Prepared,
+    hookable_decoder,
     option,
     register_family,
 )
 from attnscope.families.longctx import induction_probes
-from attnscope.models.forward import supports_hooks
 from attnscope.report.atlas import write_atlas
 from attnscope.store.results import write_results
 from attnscope.viz.results_views import head_scatter, relation_grids
@@ -162,12 +162,7 @@ class Atlas(Family):
         if path is None:
             raise AttnscopeError("atlas: no file given", params=("atlas",))
         lm = ctx.model
-        if not lm.family.causal:
-            raise AttnscopeError(f"{lm.name} is an encoder; the atlas compresses a decoder's KV cache "
-                                 "(give a decoder, e.g. --model smollm2)", params=("model",))
-        if not supports_hooks(lm):
-            raise AttnscopeError(f"{lm.name}: attnscope cannot compute its attention itself "
-                                 "(its transformers code bypasses AttentionInterface)", params=("model",))
+        hookable_decoder(lm, "the atlas compresses a decoder's KV cache")
         if getattr(lm.model.config, "sliding_window", None) and lm.model.config.sliding_window < ctx.max_seq_len:
             raise AttnscopeError(f"{lm.name} attends within a sliding window of "
                                  f"{lm.model.config.sliding_window} tokens; the atlas's press assumes "

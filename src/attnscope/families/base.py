@@ -37,6 +37,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.executor import LocalExecutor, run_pass
 from attnscope.extract.runner import ExtractOptions, Extractor, small_matrix_threads
 from attnscope.jobs import extract_to_store
+from attnscope.models.forward import supports_hooks
 from attnscope.progress import Progress, with_unit
 from attnscope.store import open_store
 from attnscope.store.checkpoints import UnitLog, unit_log_path
@@ -317,6 +318,17 @@ class Family(ABC):
 
 
 FAMILIES: dict[str, type[Family]] = {}
+
+
+def hookable_decoder(lm, what: str) -> None:
+    """Refuse, in one line naming ``--model``, a model that is not a decoder whose attention
+    attnscope computes itself (the KV-cache families); ``what`` says why a decoder is needed."""
+    if not lm.family.causal:
+        raise AttnscopeError(f"{lm.name} is an encoder; {what} (give a decoder, e.g. --model smollm2)",
+                             params=("model",))
+    if not supports_hooks(lm):
+        raise AttnscopeError(f"{lm.name}: attnscope cannot compute its attention itself "
+                             "(its transformers code bypasses AttentionInterface)", params=("model",))
 
 
 def register_family(cls: type[Family]) -> type[Family]:

@@ -18,8 +18,15 @@ from attnscope.analyses.duo import GateTraining, chunks, summarise
 from attnscope.data.io import read_text
 from attnscope.data.tasks import ORDINALS, haystack_sentences, passkey_training
 from attnscope.errors import AttnscopeError
-from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
-from attnscope.models.forward import supports_hooks
+from attnscope.families.base import (
+    Context,
+    Family,
+    Input,
+    Prepared,
+    hookable_decoder,
+    option,
+    register_family,
+)
 from attnscope.report.duo import write_duo
 from attnscope.store.results import write_results
 
@@ -56,12 +63,7 @@ class Duo(Family):
         if path is None:
             raise AttnscopeError("duo: no file given", params=("duo",))
         lm = ctx.model
-        if not lm.family.causal:
-            raise AttnscopeError(f"{lm.name} is an encoder; DuoAttention's gates are a decoder's "
-                                 "(give a decoder, e.g. --model smollm2)", params=("model",))
-        if not supports_hooks(lm):
-            raise AttnscopeError(f"{lm.name}: attnscope cannot compute its attention itself "
-                                 "(its transformers code bypasses AttentionInterface)", params=("model",))
+        hookable_decoder(lm, "DuoAttention's gates are a decoder's")
         if options.duo_passkeys > len(ORDINALS):
             raise AttnscopeError(f"duo_passkeys must be at most {len(ORDINALS)}, not {options.duo_passkeys}",
                                  params=("duo_passkeys",))
