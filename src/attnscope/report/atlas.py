@@ -17,6 +17,7 @@ import numpy as np
 from attnscope.analyses import atlas as A
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import HeadId
+from attnscope.report.duo import write_pattern
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
@@ -83,24 +84,16 @@ def duo_attention_export(out_dir: Path, order: np.ndarray, shape: tuple[int, int
       ``kv_heads_kept`` and ``kv_entries_kept`` (1 minus kvpress's ``compression_ratio``).
     """
     folder = out_dir / "kvpress"
-    folder.mkdir(parents=True, exist_ok=True)
     total = int(np.prod(shape))
-    rows = {(1.0 if r == "full_cache" else 0.0): i for i, (r, _, _) in enumerate(sweep.configs)
-            if r in ("full_cache", "streaming_llm")}
-    rows.update({f: i for i, (r, f, _) in enumerate(sweep.configs) if r == ranking})
-    rows = dict(sorted(rows.items()))
+    swept = sorted({0.0, 1.0} | {f for r, f, _ in sweep.configs if r == ranking})
+    rows = {f: A.config_index(sweep, ranking, f) for f in swept}
     fractions = {_key(f): {"kv_heads_kept": sweep.configs[i][2],
                            "head_compression_ratio": compression_ratio_for(sweep.configs[i][2], total)}
                  for f, i in rows.items()}
-    tsv = folder / "full_attention_heads.tsv"
-    values = pattern_values(order, shape)
-    atomic_write_text(tsv, "\n".join("\t".join(f"{x:.8f}" for x in row) for row in values) + "\n")
-    cfg = folder / "config.json"
-    atomic_write_text(cfg, json.dumps({
-        "sink_size": sink, "recent_size": window, "ranking": ranking, "score": ranking,
-        "values": "rank-based: most needed KV head 1, least needed 0", "layers": int(shape[0]),
-        "kv_heads": int(shape[1]), "kv_heads_total": total, "eos_token_ids": sorted(int(e) for e in eos),
-        "fractions": fractions}, indent=2) + "\n")
+    tsv, cfg = write_pattern(folder, pattern_values(order, shape), sink=sink, window=window, digits=8, extra={
+        "ranking": ranking, "score": ranking, "values": "rank-based: most needed KV head 1, least needed 0",
+        "layers": int(shape[0]), "kv_heads": int(shape[1]), "kv_heads_total": total,
+        "eos_token_ids": sorted(int(e) for e in eos), "fractions": fractions})
     lines = []
     for t, enc in enumerate(tasks):
         outcomes = {_key(f): {"correct": bool(sweep.correct[i, t]), "answer": sweep.answers[i][t],

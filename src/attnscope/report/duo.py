@@ -18,14 +18,21 @@ from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
 
 
-def write_pattern(folder: Path, gates: np.ndarray, *, sink: int, window: int, extra: dict) -> list[Path]:
-    """``full_attention_heads.tsv`` (one line per layer, one tab-separated gate per KV head)
-    and ``config.json`` (``sink_size``, ``recent_size`` and ``extra``) in ``folder``."""
+def write_tsv(path: Path, values: np.ndarray, digits: int = 6) -> Path:
+    """``values`` ``[L Hkv]`` as DuoAttention's pattern files hold them: one line per layer, one
+    tab-separated value per KV head."""
+    atomic_write_text(path, "\n".join("\t".join(f"{x:.{digits}f}" for x in row) for row in values) + "\n")
+    return path
+
+
+def write_pattern(folder: Path, gates: np.ndarray, *, sink: int, window: int, extra: dict,
+                  digits: int = 6) -> list[Path]:
+    """``full_attention_heads.tsv`` (:func:`write_tsv` of ``gates``) and ``config.json``
+    (``sink_size``, ``recent_size`` and ``extra``) in ``folder``: DuoAttention's pattern format."""
     folder.mkdir(parents=True, exist_ok=True)
-    tsv, cfg = folder / "full_attention_heads.tsv", folder / "config.json"
-    atomic_write_text(tsv, "\n".join("\t".join(f"{x:.6f}" for x in row) for row in gates) + "\n")
+    cfg = folder / "config.json"
     atomic_write_text(cfg, json.dumps({"sink_size": sink, "recent_size": window, **extra}, indent=2) + "\n")
-    return [tsv, cfg]
+    return [write_tsv(folder / "full_attention_heads.tsv", gates, digits), cfg]
 
 
 def write_duo(out_dir: Path, res: Result, *, model_name: str, title: str, key: str) -> Section:
@@ -38,8 +45,7 @@ def write_duo(out_dir: Path, res: Result, *, model_name: str, title: str, key: s
                   extra={"model": model_name, "steps": p["duo_steps"], "lr": p["duo_lr"], "reg_weight": p["duo_reg"],
                          "tokens_per_step": p["tokens_per_step"], "seed": p["seed"],
                          "held": f"{HELD}: each gate's mean over the training's chunks, the tie-break of equal gates"})
-    atomic_write_text(out_dir / "duo" / HELD, "\n".join("\t".join(f"{x:.6f}" for x in row)
-                                                        for row in res.arrays["held"]) + "\n")
+    write_tsv(out_dir / "duo" / HELD, res.arrays["held"])
     sec = Section(key=key, title=title)
     losses = res.tables["training"]
     last = losses[-1]
