@@ -1,11 +1,11 @@
 """Every streaming backend this machine runs against the eager maps: the largest difference per statistic.
 
 On the tiny decoders of the tests (debug Llama, Qwen2, Gemma, GPT-2; Qwen2 with a 4-token sliding
-window and Gemma 2 soft-capped at 1.0, from tests/test_longctx.py), each with three documents and
+window and Gemma 2 soft-capped at 1.0, from tests/engines/test_longctx.py), each with three documents and
 two induction probes in padded batches of 2, the per-head statistics of the streaming engine
 through each backend (engines/backends.py), in float32 and under bfloat16 autocast, against the
 same statistics computed independently (numpy loops) from float32 eager maps
-(``tests/test_longctx.reference``). Prints one JSON row per model, backend and dtype, then the
+(``tests/engines/test_longctx.reference``). Prints one JSON row per model, backend and dtype, then the
 largest difference per statistic over the models.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/engines.py

@@ -5,7 +5,7 @@
    paper's notebook, on the same maps held in memory; checks that the counts are identical
    and prints the ratio.
 2. Probe training time per epoch on a train store (the attention-only, attention + GloVe and
-   distance + GloVe probes trained together, as ``run_syntax`` does): the first epoch streams
+   distance + GloVe probes trained together, as the syntax family does): the first epoch streams
    the store and builds features, later ones may come from the in-memory cache.
 
     python benchmarks/syntax.py --dev-store DEV_STORE [--train-store TRAIN_STORE]

@@ -73,7 +73,7 @@ class _DeprecationLog(logging.Handler):
 @pytest.fixture(autouse=True)
 def no_deprecated_calls(monkeypatch):
     """Turn a deprecation warning (Python's, or transformers' logged one) raised under a call
-    that attnscope made into an error (tests/test_deprecations.py checks both ways)."""
+    that attnscope made into an error (tests/models/test_deprecations.py checks both ways)."""
     warn = warnings.warn
 
     def guarded(message, category=None, stacklevel=1, source=None, **kwargs):

@@ -17,12 +17,15 @@ the path's kind is decided here, the same way for every family:
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnscope.data.depparse import iter_depparse
 from attnscope.data.io import read_examples, read_text
+from attnscope.data.records import Example
 from attnscope.data.unlabeled import (
     DEFAULT_UNK_MARKER,
     UnlabeledStats,
@@ -30,7 +33,7 @@ from attnscope.data.unlabeled import (
     prepare_unlabeled,
 )
 from attnscope.errors import AttnscopeError, InputError
-from attnscope.store import open_store
+from attnscope.store import Store, open_store
 from attnscope.store.format import MANIFEST
 
 KINDS = ("store", "examples", "trees", "text")
@@ -73,6 +76,32 @@ def open_input_store(path: Path, attention: str | None = None):
     return store
 
 
+def _already_read(data: Any, accepts: tuple[str, ...], *, model, limit: int | None,
+                  require_model: bool, attention: str | None) -> Source:
+    """An input given from Python already read: an opened store, or examples."""
+    if isinstance(data, Store):
+        if "store" not in accepts:
+            raise InputError(data.path, "is a store; this input takes " + ", ".join(WHAT[k] for k in accepts))
+        if attention is None and data.complete:
+            return Source(data.path, "store", data)
+        return Source(data.path, "store", open_input_store(data.path, attention or data.kind))
+    examples = list(data) if isinstance(data, (list, tuple)) else None
+    wrong = next((e for e in examples or () if not isinstance(e, Example)), None)
+    if not examples or wrong is not None:
+        what = (type(data).__name__ if examples is None else "an empty list" if not examples
+                else f"a list holding {type(wrong).__name__}")
+        raise AttnscopeError("an input given from Python is a path, an opened store or a list of "
+                             f"attnscope.data.records.Example, not {what}")
+    if "examples" not in accepts and "trees" not in accepts:
+        raise AttnscopeError("this input takes " + ", ".join(WHAT[k] for k in accepts) + ", not examples")
+    if attention is not None:
+        raise AttnscopeError(f"attention {attention} reads an encoder-decoder store, and this input is "
+                             "examples", params=("attention",))
+    if model is None and require_model:
+        raise AttnscopeError("examples need a tokenizer: give model, or a store", params=("model",))
+    return Source(None, "examples", examples[:limit])
+
+
 @dataclass
 class Source:
     """An input read by :func:`read_source`: ``data`` is a list of
@@ -80,7 +109,7 @@ class Source:
     sentence-per-line text became pairs (None for other kinds); ``note``, when set, goes among
     the findings and into the error when no example fits."""
 
-    path: Path
+    path: Path | None  # None for what was given from Python already read
     kind: str
     data: Any
     text: Any = None
@@ -94,7 +123,8 @@ class Source:
         return len(self.data)
 
 
-def read_source(path: str | Path, accepts: tuple[str, ...], *, model=None, max_seq_len: int = 128,
+def read_source(path: str | Path | Store | Sequence[Example], accepts: tuple[str, ...], *, model=None,
+                max_seq_len: int = 128,
                 seed: int = 0, num_examples: int | None = None, packing: str = "bert",
                 keep_unk: bool = False, limit: int | None = None, require_model: bool = False,
                 attention: str | None = None) -> Source:
@@ -105,7 +135,11 @@ def read_source(path: str | Path, accepts: tuple[str, ...], *, model=None, max_s
     anything but a store without ``model``; ``attention``: the kind of an encoder-decoder store
     to read (anything but a store is then refused). Examples that ``prepare unlabeled`` packed for
     another tokenizer than ``model``'s get a ``note`` saying so
-    (:func:`~attnscope.data.unlabeled.packing_mismatch`)."""
+    (:func:`~attnscope.data.unlabeled.packing_mismatch`). ``path`` may also be what was read
+    already, from Python: an opened store, or a list of examples (``path`` is then None)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return _already_read(path, accepts, model=model, limit=limit, require_model=require_model,
+                             attention=attention)
     path = Path(path)
     kind = kind_of(path, accepts)
     if kind == "store":

@@ -72,7 +72,7 @@ def step_progress(quiet: bool, overall: bool = False):
 
     ``overall`` adds the bar that :func:`attnscope.pipeline.run_pipeline` drives across
     families. Yields the ``progress(step, done, total)`` callback that the library's long functions take
-    (``run_pipeline``, ``run_general``, ``run_syntax``, ``run_coref``); None when ``quiet``.
+    (``run_pipeline``, ``run_family``); None when ``quiet``.
     """
     if quiet:
         yield None

@@ -18,7 +18,7 @@ tiles      tiles of whole rows in torch (the compiled row kernel     anything el
            where it built): the reference, any device, any input     the others do not take
 =========  ========================================================  ==========================
 
-Every backend's statistics equal those of the eager maps of the same pass (``tests/test_engines.py``
+Every backend's statistics equal those of the eager maps of the same pass (``tests/engines/test_engines.py``
 runs each backend this machine has). ``flex`` and ``compiled`` take token-level sequences only
 (word level needs each row's weights, summed per word); ``compiled`` no probes and no sequence of
 one token either. Those go to ``tiles``. Outside CUDA, ``flex`` runs only when asked for: eager FlexAttention (off CUDA it is

@@ -38,7 +38,7 @@ those it crosses partial, the others skipped), never from an ``[n n]`` evaluatio
 where the model hands a mask tensor (padding, a sliding window) the mask function reads it, and
 no block is full. On CUDA the calls are ``torch.compile``'d (the fused kernel); elsewhere they are
 eager, which materialises a call's scores: the CPU runs this backend to prove its mathematics
-(``tests/test_engines.py``), not to be fast.
+(``tests/engines/test_engines.py``), not to be fast.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ flags and the CPU, written under a temporary name and renamed into place; later 
 file (one that does not load is built again). Where no compiler works, or with
 ``ATTNSCOPE_NATIVE=0``, the engine uses the torch path (with ``ATTNSCOPE_NATIVE=tiles``, the tiles
 that hold whole rows with :func:`softmax_stats`), whose values are the same to float32
-rounding (tests/test_native.py).
+rounding (tests/engines/test_native.py).
 """
 
 from __future__ import annotations

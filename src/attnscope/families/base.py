@@ -26,6 +26,7 @@ family through its :class:`Context`, not through its options.
 from __future__ import annotations
 
 import dataclasses
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from attnscope.extract.runner import ExtractOptions, Extractor, small_matrix_thr
 from attnscope.jobs import extract_to_store
 from attnscope.models.forward import supports_hooks
 from attnscope.progress import Progress, with_unit
-from attnscope.store import open_store
+from attnscope.store import Store, open_store
 from attnscope.store.checkpoints import UnitLog, unit_log_path
 
 
@@ -65,9 +66,15 @@ class Input:
 
     def paths(self, value: Any) -> list[Path]:
         """The files given for this input: none, one, or (``multiple``) several."""
+        return [v for v in self.given(value) if isinstance(v, Path)]
+
+    def given(self, value: Any) -> list[Any]:
+        """What was given for this input, one item each: the files as Paths and, from Python,
+        what was read already (an opened store, a list of examples, a coreference document)."""
         if value is None:
             return []
-        return [Path(p) for p in value] if self.multiple else [Path(value)]
+        items = list(value) if self.multiple else [value]
+        return [Path(v) if isinstance(v, (str, os.PathLike)) else v for v in items]
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,14 @@ class Context:
         """Report ``done`` of ``total`` ``unit`` ("examples", "documents") of step ``name``."""
         if self.progress is not None:
             self.progress(with_unit(name, unit), done, total)
+
+    def made_by(self, source: Any) -> tuple[dict[str, Any], bool]:
+        """Which model made the maps of ``source`` (a store, or examples this job's model runs
+        on): its description and whether it is causal, from the store's manifest or the model."""
+        if isinstance(source, Store):
+            made = source.manifest["model"]
+            return made, bool(made.get("causal", False))
+        return self.model.describe(), bool(self.model.family.causal)
 
     def skipped(self, count: int, what: str = "examples") -> list[str]:
         """The findings' line for ``count`` inputs over the maximum length that a pass left out

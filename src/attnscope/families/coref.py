@@ -1,6 +1,6 @@
 """The coreference family: Table 2 (which heads find antecedents), end to end.
 
-:func:`run_coref` reads coreference files, cuts the documents into model windows and runs
+The family reads coreference files, cuts the documents into model windows and runs
 :class:`~attnscope.analyses.coref.CorefAntecedents` on their word-level maps (folded where the
 maps are made: here, or on the Ray workers); :func:`attnscope.report.coref.write_coref` writes
 Table 2, the heatmap, the examples figure and ``results/coref.json``.
@@ -8,7 +8,6 @@ Table 2, the heatmap, the examples figure and ``results/coref.json``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,40 +24,21 @@ from attnscope.families.base import (
     option,
     register_family,
 )
-from attnscope.report.coref import Progress, write_coref
+from attnscope.report.coref import write_coref
 from attnscope.report.section import Section
 
 WINDOW_MODES = ("truncate", "sliding")
 
 
-def run_coref(paths: list[Path], model, out_dir: Path, *, window: str = "truncate",
-              max_seq_len: int = 128, batch_size: int = 16, seed: int = 0,
-              progress: Progress | None = None, candidates: str = "mentions", n_boot: int = 1000,
-              top_k: int = 3, n_examples: int = 3,
-              documents: Sequence[Document] | None = None, ties: str = "none",
-              executor=None) -> Section:
-    """Coreference antecedent selection (paper section 4.3, Table 2), end to end.
-
-    ``paths``: CorefUD CoNLL-U or CoNLL-2012 files, read as one corpus (``documents`` may be
-    given instead, already read). ``model``: a loaded model. ``window``: ``"truncate"`` (the
-    paper: each document's first ``max_seq_len`` tokens) or ``"sliding"``. Writes Table 2,
-    the per-head table, the heatmap, the examples figure and ``results/coref.json``.
-    ``executor``: where the forward passes run (:mod:`attnscope.executor`; default here).
-    """
-    ctx = Context(model=model, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
-                  batch_size=batch_size, progress=progress, executor=executor)
-    options = CorefOptions(window=window, candidates=candidates, n_boot=n_boot, coref_ties=ties)
-    docs = list(documents) if documents is not None else [d for p in paths for d in read_coref(p)]
-    return _coref(list(paths), docs, options, ctx, top_k=top_k, n_examples=n_examples)
-
-
-def _coref(paths: list[Path], docs: list[Document], options: "CorefOptions", ctx: Context, *,
-           top_k: int = 3, n_examples: int = 3) -> Section:
-    """The coref family's job (see :func:`run_coref`): one pass over the documents' windows."""
+def _coref(paths: list[Path], docs: list[Document], options: "CorefOptions", ctx: Context) -> Section:
+    """Coreference antecedent selection (paper section 4.3, Table 2), end to end: one pass over
+    the windows of ``docs`` (read from ``paths``). ``options.window``: ``"truncate"`` (the paper:
+    each document's first ``max_seq_len`` tokens) or ``"sliding"``. Writes Table 2, the per-head
+    table, the heatmap, the examples figure and ``results/coref.json``."""
     if not docs:
         raise AttnscopeError("no coreference documents to analyse")
     examples, wstats = coref_windows(docs, ctx.model, mode=options.window, max_seq_len=ctx.max_seq_len)
-    analysis = CorefAntecedents(options.candidates, seed=ctx.seed, n_boot=options.n_boot, top_k=top_k,
+    analysis = CorefAntecedents(options.candidates, seed=ctx.seed, n_boot=options.n_boot, top_k=3,
                                 ties=options.coref_ties)
     out = ctx.run_pass(examples, [analysis], step="extract", word_level=True)
     result = out.results[analysis.name]
@@ -67,7 +47,7 @@ def _coref(paths: list[Path], docs: list[Document], options: "CorefOptions", ctx
                         "extract": {"examples_out": out.stats.examples_out, "skipped": out.stats.skipped}})
     result.params.update({"window": options.window, "max_seq_len": ctx.max_seq_len,
                           "batch_size": ctx.batch_size})
-    return write_coref(result, ctx.out_dir, wstats=wstats, examples=examples, n_examples=n_examples,
+    return write_coref(result, ctx.out_dir, wstats=wstats, examples=examples, n_examples=3,
                        maps_of=lambda indices: ctx.maps(examples, indices, word_level=True))
 
 
@@ -102,9 +82,14 @@ class Coref(Family):
                                    "change."),)
 
     def prepare(self, inputs, options: CorefOptions, ctx: Context) -> Prepared:
-        paths = [Path(p) for p in inputs["coref"]]
+        paths: list[Path] = []
         docs: list[Document] = []
-        for p in paths:
+        for item in inputs["coref"]:  # files, or (from Python) documents already read
+            if isinstance(item, Document):
+                docs.append(item)
+                continue
+            p = Path(item)
+            paths.append(p)
             found = read_coref(p)
             if not any(d.mentions for d in found):
                 raise InputError(p, "holds no coreference annotation (no Entity= brackets in MISC, "

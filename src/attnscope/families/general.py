@@ -1,4 +1,4 @@
-"""The general family: the paper's sections 3 and 6 as one job (:func:`run_general`).
+"""The general family: the paper's sections 3 and 6 as one job.
 
 One streamed pass over the maps (from a store, or straight from the model) feeds relative
 position, special tokens, entropy and head distances (and, when the model has a masked-LM
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from attnscope.analyses.clustering import general_clusters
 from attnscope.analyses.distances import HeadDistances
@@ -31,7 +29,6 @@ from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.streamed_general import STREAM_JS_ROWS, StreamedGeneral
 from attnscope.analyses.token_classes import TokenClasser
-from attnscope.data.records import Example
 from attnscope.data.unlabeled import PACKINGS, UnlabeledStats
 from attnscope.engines.streaming import ENGINES, choose_engine, maps_bytes
 from attnscope.errors import AttnscopeError
@@ -113,37 +110,23 @@ NEEDS_MAPS = (
 )
 
 
-def run_general(examples: "list[Example] | Any", model, out_dir: Path, *, max_seq_len: int = 128,
-                batch_size: int = 16, seed: int = 0, gradients: str = "auto", progress: Progress = None,
-                save_maps: Path | None = None, engine: str = "auto",
-                maps_budget_gb: float = 2.0, text: "UnlabeledStats | None" = None,
-                input_note: str | None = None, executor=None) -> Section:
-    """Run every general analysis over ``examples`` (or a store) and write their outputs.
+def _general(source, options: "GeneralOptions", ctx: Context, text: "UnlabeledStats | None" = None,
+             note: str | None = None) -> Section:
+    """Every general analysis over ``source`` (a list of :class:`Example`, whose maps are never all
+    held, or an opened :class:`~attnscope.store.Store`); writes ``tables/``, ``figures/`` and
+    ``results/general.json`` under ``ctx.out_dir``.
 
-    ``examples``: a list of :class:`Example` (the model is run, maps are never all held) or
-    an opened :class:`~attnscope.store.Store` (``model`` may then be None). ``gradients``:
-    "auto" (only if the model has a masked-LM head), "off", "on", "fit-head" (train an output
-    layer on the frozen encoder when there is no head). ``save_maps``: also write the maps to
-    this store folder (the analyses then read them back from it). ``engine``: where the
-    statistics come from: "maps" (the attention maps, as the paper), "streaming" (computed
-    inside attention without ``[n n]`` maps,
+    ``options.gradients``: "auto" (only if the model has a masked-LM head), "off", "on",
+    "fit-head" (train an output layer on the frozen encoder when there is no head).
+    ``options.general_engine``: where the statistics come from: "maps" (the attention maps, as
+    the paper), "streaming" (computed inside attention without ``[n n]`` maps,
     :class:`~attnscope.analyses.streamed_general.StreamedGeneral`; decoders only) or "auto"
-    (streaming when one batch's maps would take more than ``maps_budget_gb``). ``text``: how
-    sentence-per-line text became the examples (recorded in the results and the findings).
-    ``input_note``: one line about the examples (that they were packed for another tokenizer:
-    :func:`~attnscope.data.unlabeled.packing_mismatch`), among the findings and in the error
-    when none fits. ``executor``: where the forward passes run (:mod:`attnscope.executor`; default here). Writes
-    ``out_dir/tables``, ``out_dir/figures`` and ``out_dir/results/general.json``.
-    """
-    ctx = Context(model=model, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
-                  batch_size=batch_size, progress=progress, save_maps=save_maps, executor=executor)
-    options = GeneralOptions(gradients=gradients, general_engine=engine,
-                             general_maps_budget_gb=maps_budget_gb)
-    return _general(examples, options, ctx, text, input_note)
-
-
-def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: str | None = None) -> Section:
-    """The general family's job on ``source`` (examples or a store); see :func:`run_general`."""
+    (streaming when one batch's maps would take more than ``general_maps_budget_gb``).
+    ``ctx.save_maps``: also write the maps to this store folder (the analyses then read them back
+    from it). ``text``: how sentence-per-line text became the examples (in the results and the
+    findings). ``note``: one line about the examples (that they were packed for another
+    tokenizer: :func:`~attnscope.data.unlabeled.packing_mismatch`), among the findings and in the
+    error when none fits."""
     seed_everything(ctx.seed)
     model, engine, notes = ctx.model, options.general_engine, [note] if note else []
     is_store = isinstance(source, Store)
@@ -152,7 +135,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
                              "holds the maps", params=("general_engine", "model"))
     if not is_store:
         if model is None:
-            raise AttnscopeError("run_general: examples need a model (or pass a store)")
+            raise AttnscopeError("general: examples need a model (or pass a store)", params=("model",))
         source = list(source)
         if engine == "streaming" or (engine == "auto" and model.family.causal):  # encoders: maps only
             chosen, line = _pick_engine(source, model, engine, ctx, options, saving=ctx.save_maps is not None)
@@ -166,7 +149,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
             notes.append(f"maps saved to {ctx.save_maps}; the analyses read them back from there")
     if is_store and source.level != "token":
         notes.append("the store holds word-level maps: statistics are per word, not per token")
-    causal = bool(source.manifest["model"].get("causal", False)) if is_store else bool(model.family.causal)
+    model_desc, causal = ctx.made_by(source)
     classer, classes_note = TokenClasser.for_model(model)
     notes += [classes_note] if classes_note else []
     scorer = _scorer_for(model, options.gradient_mode, fit_inputs(source, model, ctx.max_seq_len, 512),
@@ -176,7 +159,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text=None, note: s
     out = ctx.run_pass(source, analyses, step="general", note=note)
     notes += ctx.skipped(out.skipped)
     results = {a.name: out.results[a.name] for a in analyses if a is not keeper}
-    return write_general(results, ctx.out_dir, model_desc=source.manifest["model"] if is_store else model.describe(),
+    return write_general(results, ctx.out_dir, model_desc=model_desc,
                          example_map=keeper.best, notes=notes, seed=ctx.seed, clusters=general_clusters(results),
                          run={"examples": out.analysed, "seconds": out.seconds,
                               "analysis_seconds": {k: v for k, v in out.analysis_seconds.items()

@@ -89,12 +89,7 @@ class PatternsFamily(Family):
         source = prepared.data["source"]
         model = ctx.model
         notes: list[str] = [source.note] if source.note else []
-        if source.is_store:
-            causal = bool(source.data.manifest["model"].get("causal", False))
-            model_desc = source.data.manifest["model"]
-        else:
-            causal = bool(model.family.causal)
-            model_desc = model.describe()
+        model_desc, causal = ctx.made_by(source.data)
         classer, note = TokenClasser.for_model(model)
         notes += [note] if note else []
         analyses = [VigPatterns(classer, causal=causal), SpecialTokens(classer), RelativePosition(),

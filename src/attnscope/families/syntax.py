@@ -1,6 +1,6 @@
 """The syntax family: Table 1 (every head against every relation) and Table 3 (probes).
 
-:func:`run_syntax` extracts word-level maps (or reads a word-level store), scores every head,
+The family extracts word-level maps (or reads a word-level store), scores every head,
 and, when a train split is given, trains the probes of section 5;
 :mod:`attnscope.report.syntax` writes Table 1 in two selection modes, Table 3, the
 per-relation heatmaps and Figure 5 style examples.
@@ -36,6 +36,9 @@ from attnscope.sources import read_source
 from attnscope.store import Store
 from attnscope.viz.results_views import relation_grids
 
+#: ROOT in the probes (:mod:`attnscope.analyses.probes.features`): the special tokens together
+PROBE_ROOT = "special"
+
 
 # -- inputs ---------------------------------------------------------------------------------
 def _is_store(x) -> bool:
@@ -65,7 +68,7 @@ def _store_examples(store) -> list[tuple[int, Example]]:
 
 
 def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_dev=None,
-               config=None, root: str = "special", n_boot: int = 1000,
+               config=None, root: str = PROBE_ROOT, n_boot: int = 1000,
                progress: Progress = None, cache_bytes: int = 1 << 30) -> tuple[list[dict], dict]:
     """Train every Table 3 probe; returns the table rows and details (histories, sources)."""
     import torch
@@ -109,55 +112,31 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
 TMP_PREFIX = "attnscope-syntax-"
 
 
-def _checked_split(split, name: str, model):
-    """A store checked for word level, or examples (as a list) checked for trees and a model."""
+def _checked_split(split, name: str):
+    """A store checked for word level, or examples (as a list) checked for trees."""
     if _is_store(split):
         _check_store(split, name)
         return split
     split = list(split)
     _check_examples(split, name)
-    if model is None:
-        raise AttnscopeError(f"{name} examples need a model to extract their attention", params=("model",))
     return split
 
 
-def run_syntax(dev, model, out_dir: Path, *, train=None, glove: str | Path | None = None,
-               max_seq_len: int = 128, batch_size: int = 16, seed: int = 0,
-               progress: Progress = None, save_maps: Path | None = None, min_count: int | None = 100,
-               collapse_subtypes: bool = False, n_boot: int = 1000, probe_config=None,
-               root: str = "special", random_baseline: bool = True, ties: str = "none",
-               executor=None) -> Section:
-    """Table 1 always; Table 3 (probes) when ``train`` is given.
+def _syntax(dev, train, options: "SyntaxOptions", ctx: Context) -> Section:
+    """The syntax family's job: score the heads on ``dev`` (and ``train``), train the probes when
+    there is a train split, then :func:`~attnscope.report.syntax.write_syntax`.
 
-    ``dev`` / ``train``: lists of :class:`Example` with trees, or word-level stores. ``model``
-    (a :class:`LoadedModel`) is needed to extract lists and for the random-init baseline;
-    with stores it may be None (the baseline is then skipped, with a note). ``save_maps``: a
-    folder that keeps the extracted stores (``dev``, ``train``, ``dev-random-init``,
-    ``train-random-init``); otherwise they live in a temporary folder that is removed.
+    ``dev`` / ``train``: lists of :class:`Example` with trees, or word-level stores. The model is
+    needed to extract lists and for the random-init baseline; with stores alone the baseline is
+    skipped, with a note. ``ctx.save_maps``: a folder that keeps the extracted stores (``dev``,
+    ``train``, ``dev-random-init``, ``train-random-init``); otherwise they live in a temporary
+    folder that is removed.
 
-    Table 1 has two selection modes: ``paper`` (heads and offsets chosen on the scored dev
-    data itself) and ``held-out`` (chosen on ``train`` when given, else cross-fitted on the
-    two halves of dev by example index parity).
-
-    ``ties``: how a row without information is scored (:func:`attnscope.analyses.units.predict`):
-    ``"none"`` (default) predicts nothing, so it is wrong; ``"lowest"`` is the paper code's
-    argmax, which takes the lowest other word. ``executor``: where the forward passes run
-    (:mod:`attnscope.executor`; default here).
-    """
-    ctx = Context(model=model, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
-                  batch_size=batch_size, progress=progress, save_maps=save_maps, executor=executor)
-    options = SyntaxOptions(glove=glove, min_count=min_count, collapse_subtypes=collapse_subtypes,
-                            syntax_ties=ties)
-    return _syntax(dev, train, options, ctx, n_boot=n_boot, probe_config=probe_config, root=root,
-                   random_baseline=random_baseline)
-
-
-def _syntax(dev, train, options: "SyntaxOptions", ctx: Context, *, n_boot: int = 1000, probe_config=None,
-            root: str = "special", random_baseline: bool = True) -> Section:
-    """The syntax family's job (see :func:`run_syntax`): score the heads on dev (and train),
-    train the probes when there is a train split, then :func:`~attnscope.report.syntax.write_syntax`."""
-    dev = _checked_split(dev, "dev", ctx.model)
-    train = None if train is None else _checked_split(train, "train", ctx.model)
+    Table 1 has two selection modes: ``paper`` (heads and offsets chosen on the scored dev data
+    itself) and ``held-out`` (chosen on ``train`` when given, else cross-fitted on the two halves
+    of dev by example index parity)."""
+    dev = _checked_split(dev, "dev")
+    train = None if train is None else _checked_split(train, "train")
     ctx.out_dir.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be usable
     for stale in ctx.out_dir.glob(f"{TMP_PREFIX}*"):  # left by a run that was killed
         shutil.rmtree(stale, ignore_errors=True)
@@ -183,8 +162,7 @@ def _syntax(dev, train, options: "SyntaxOptions", ctx: Context, *, n_boot: int =
                 train, maps_root / "train", dtype="float16", step="extract train", word_level=True)
             ctx.run_pass(train_store, [heads_train], step="score heads (train)")
             rows3, probe_details = _probes(dev, train, dev_store, train_store, options, ctx, maps_root,
-                                           notes, n_boot=n_boot, config=probe_config, root=root,
-                                           random_baseline=random_baseline)
+                                           notes)
 
         def maps_of(indices: list[int]) -> list:
             if dev_store is not None:
@@ -195,40 +173,41 @@ def _syntax(dev, train, options: "SyntaxOptions", ctx: Context, *, n_boot: int =
                             dev_examples=_store_examples(dev_store) if dev_store is not None
                             else list(enumerate(dev)), maps_of=maps_of, rows3=rows3,
                             probe_details=probe_details, notes=notes, min_count=options.min_count,
-                            collapse_subtypes=options.collapse_subtypes, n_boot=n_boot, seed=ctx.seed,
-                            max_seq_len=ctx.max_seq_len, root=root, ties=options.syntax_ties)
+                            collapse_subtypes=options.collapse_subtypes, n_boot=options.syntax_bootstrap,
+                            seed=ctx.seed, max_seq_len=ctx.max_seq_len, root=PROBE_ROOT,
+                            ties=options.syntax_ties)
 
 
 def _probes(dev, train, dev_store, train_store, options: "SyntaxOptions", ctx: Context, maps_root: Path,
-            notes: list[str], *, n_boot: int, config, root: str, random_baseline: bool
-            ) -> tuple[list[dict], dict]:
+            notes: list[str]) -> tuple[list[dict], dict]:
     """Table 3: the probes on the dev and train maps, and the random-init baseline's maps
     (extracted with a copy of the model whose weights are random but the embeddings)."""
     from attnscope.analyses.probes.training import TrainConfig
 
-    config = config or TrainConfig(epochs=options.epochs, patience=options.patience, lr=options.lr,
+    config = TrainConfig(epochs=options.epochs, patience=options.patience, lr=options.lr,
                                    attn_lr=options.attn_lr, seed=ctx.seed)
     rtrain = rdev = None
-    if random_baseline and ctx.model is not None:
+    if ctx.model is not None:
         rctx = dataclasses.replace(ctx, model=random_init_model(ctx.model, ctx.seed))
         rtrain, rdev = (rctx.save_store(split if not _is_store(split) else [ex for _, ex in _store_examples(split)],
                                         maps_root / f"{name}-random-init", dtype="float16",
                                         step=f"extract {name} (random init)", word_level=True)
                         for name, split in (("train", train), ("dev", dev)))
-    elif random_baseline:
+    else:
         notes.append("random-init baseline skipped: it needs the model, and only stores were given")
     rows3, details = run_probes(train_store, dev_store, glove=options.glove, random_train=rtrain,
-                                random_dev=rdev, config=config, root=root, n_boot=n_boot,
+                                random_dev=rdev, config=config, root=PROBE_ROOT, n_boot=options.syntax_bootstrap,
                                 progress=ctx.progress)
-    return rows3, {**details, "config": config.as_dict(), "root": root}
+    return rows3, {**details, "config": config.as_dict(), "root": PROBE_ROOT}
 
 
 # -- the family ------------------------------------------------------------------------------
-def read_syntax_input(path: Path):
+def read_syntax_input(path: "Path | Store | list[Example]"):
     """A word-level store folder, or examples with trees: CoNLL-U, the paper's
     ``word head-relation`` format, or examples JSON (``attnscope prepare depparse``), read by
-    :func:`~attnscope.sources.read_source`."""
+    :func:`~attnscope.sources.read_source` (which also takes them already read)."""
     source = read_source(path, ("store", "examples", "trees"))
+    path = source.path
     if source.is_store:
         return source.data
     for i, ex in enumerate(source.data):
@@ -251,6 +230,8 @@ class SyntaxOptions:
     lr: float = option(0.01, "Adam learning rate of the probes that use GloVe.", minimum=0)
     attn_lr: float = option(0.05, "Adam learning rate of the attention-only probe (at 0.01 it is "
                             "still improving after 10 epochs; see docs/analyses-syntax.md).", minimum=0)
+    syntax_bootstrap: int = option(1000, "Bootstrap resamples for the 95% intervals of Tables 1 and 3.",
+                                   minimum=100)
     syntax_ties: str = option("none", "A Table 1 row whose top word weight is 0 or shared: none "
                               "(no prediction, counted wrong) or lowest (the paper code's argmax: "
                               "the lowest other word).", choices=TIE_RULES)
@@ -288,12 +269,12 @@ class Syntax(Family):
         return {"grids": relation_grids(results, "accuracy", source, problems, first=ALL)}
 
     def prepare(self, inputs, options: SyntaxOptions, ctx: Context) -> Prepared:
-        dev = _checked_split(read_syntax_input(Path(inputs["deps"])), "dev", ctx.model)
+        dev = _checked_split(read_syntax_input(inputs["deps"]), "dev")
         train = None
         counts = {"dependency sentences (scored)": len(dev)}
         weight = len(dev)
-        if inputs.get("deps_train"):
-            train = _checked_split(read_syntax_input(Path(inputs["deps_train"])), "train", ctx.model)
+        if inputs.get("deps_train") is not None:
+            train = _checked_split(read_syntax_input(inputs["deps_train"]), "train")
             counts["dependency sentences (train)"] = len(train)
             weight += 2 * len(train)  # extraction plus the probes' training
         return Prepared({"dev": dev, "train": train}, weight=weight, counts=counts)

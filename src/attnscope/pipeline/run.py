@@ -37,6 +37,7 @@ from attnscope.pipeline.sections import section_from_json, section_to_json
 from attnscope.progress import Progress
 from attnscope.report.html import write_head_views, write_report
 from attnscope.report.section import Section
+from attnscope.store import Store
 from attnscope.store.checkpoints import STATE_DIR, drop_unit_logs
 from attnscope.store.format import MANIFEST
 from attnscope.store.results import ResultsFolder, read_json, write_json
@@ -208,8 +209,13 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                save_maps: str | Path | None = None, progress: Progress | None = None,
                device: str = "cpu", ray: bool = False, workers: int = 1, attention: str | None = None,
                **options: Any) -> Section:
-    """One family on its own (``attnscope analyze <key>``): read and check its ``inputs`` (by
-    input name), load the model when one is needed, run it and return its Section.
+    """One family on its own (``attnscope analyze <key>``), and the one entry from Python: read and
+    check its ``inputs`` (by input name), load the model when one is needed, run it and return
+    its Section.
+
+    ``inputs`` hold paths, or what Python has read already: an opened store or a list of
+    :class:`~attnscope.data.records.Example` (general, patterns, syntax: with trees), a list of
+    :class:`~attnscope.data.coref.Document` (coref).
 
     ``model``: a name to load, an already loaded model, or None (then the family's
     ``default_model`` is loaded for files, and no model for stores). ``options`` are the
@@ -222,6 +228,8 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     encoder-decoder store is read as, "encoder" (its default) or "decoder".
 
     >>> run_family("coref", {"coref": ["doc.conllu"]}, "out/", window="sliding")  # doctest: +SKIP
+    >>> run_family("general", {"text": [Example(text="the cat sat.")]}, "out/",
+    ...            model=load_model("default"), general_engine="maps")  # doctest: +SKIP
     """
     load_families()
     try:
@@ -234,11 +242,17 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     where = resolve_device(device)  # a bad --device is refused before anything is read or written
     check_attention(attention)
     check_writable(out_dir, folder=True)
+    known = [f.name for f in dataclasses.fields(fam.Options)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise AttnscopeError(f"{key}: no option {', '.join(map(repr, unknown))}; its options: "
+                             + (", ".join(known) or "none"), params=tuple(unknown))
     opts = fam.Options(**options)
     check_options(opts)
     check_ray(ray, workers)
     inputs = {inp.name: inputs.get(inp.name) for inp in fam.inputs}
-    files = [p for inp in fam.inputs for p in inp.paths(inputs[inp.name])]
+    given = [v for inp in fam.inputs for v in inp.given(inputs[inp.name])]
+    files = [v for v in given if isinstance(v, Path)]
     for p in files:
         if not p.exists():
             raise InputError(p, "no such file")
@@ -247,7 +261,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                              "stores by kind (general and patterns do)", params=("attention",))
     if isinstance(model, LoadedModel):
         lm = model
-    elif model is not None or (fam.default_model and not all(p.is_dir() for p in files)):
+    elif model is not None or (fam.default_model and not all(_is_store(v) for v in given)):
         lm = load_model(model or fam.default_model, seed=seed, device=device,
                         mlm_head="if-present" if fam.wants_mlm_head(opts) else False)
     else:
@@ -258,7 +272,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     job = fingerprint({"family": key, "options": fam.fingerprint(opts), "seed": seed,
                        "max_seq_len": max_seq_len, "batch_size": batch_size, "attention": attention,
                        "model": None if lm is None else {k: v for k, v in lm.describe().items() if k != "device"},
-                       "data": [_data_fingerprint(p) for p in files]})
+                       "data": [_data_fingerprint(v) for v in given]})
     ctx = Context(model=lm, out_dir=Path(out_dir), seed=seed, max_seq_len=max_seq_len,
                   batch_size=batch_size, progress=prefixed(progress, key),
                   save_maps=Path(save_maps) if save_maps is not None else None, attention=attention,
@@ -291,10 +305,19 @@ def _collect_results(out_dir: Path) -> dict[str, Any]:
     return {key: d for key, _, d in ResultsFolder(out_dir).items()}
 
 
-def _data_fingerprint(path: Path) -> str:
-    """A file's sha256; a store folder's by its manifest (which holds its inputs' sha256)."""
-    path = Path(path)
-    target = path / MANIFEST if path.is_dir() else path
+def _is_store(given: Any) -> bool:
+    """An input that holds maps already: a store folder, or an opened store."""
+    return isinstance(given, Store) or (isinstance(given, Path) and given.is_dir())
+
+
+def _data_fingerprint(given: Any) -> str:
+    """A file's sha256; a store folder's by its manifest (which holds its inputs' sha256); data
+    given from Python already read, by its contents."""
+    if isinstance(given, Store):
+        given = given.path
+    if not isinstance(given, Path):
+        return fingerprint(given)
+    target = given / MANIFEST if given.is_dir() else given
     return file_fingerprint(target) if target.is_file() else "missing"
 
 

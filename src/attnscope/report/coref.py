@@ -3,7 +3,7 @@
 :func:`write_coref` turns the result of :class:`~attnscope.analyses.coref.CorefAntecedents`
 into everything under ``out_dir`` (``tables/``, ``figures/``, ``results/coref.json``) and
 returns the :class:`~attnscope.report.section.Section` that the HTML report assembles
-(:func:`attnscope.families.coref.run_coref` runs the job).
+(:mod:`attnscope.families.coref` runs the job).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The general analyses of the paper (sections 3 and 6) as one job: :func:`run_general`.
+"""The general analyses of the paper (sections 3 and 6) as one job (:mod:`attnscope.families.general` runs it).
 
 One streamed pass over the maps (from a store, or straight from the model) feeds relative
 position, special tokens, entropy and head distances (and, when the model has a masked-LM

@@ -3,7 +3,7 @@
 :func:`write_syntax` turns the scored heads (:class:`~attnscope.analyses.syntax.DependencyHeads`)
 and the probes' rows into Table 1 in two selection modes, Table 3, the per-relation heatmaps,
 Figure 5 style examples and ``results/syntax.json``, and returns the
-:class:`~attnscope.report.section.Section` (:func:`attnscope.families.syntax.run_syntax` runs
+:class:`~attnscope.report.section.Section` (:mod:`attnscope.families.syntax` runs
 the job).
 """
 

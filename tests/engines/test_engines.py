@@ -1,0 +1,454 @@
+"""The streaming engine's backends (engines/): the seam, the fused FlexAttention backend's mathematics
+on the CPU, the tiles sized for the device, precision, and running out of GPU memory.
+
+Every backend this machine can run is held to the eager maps: on random layers against the
+definitions in float64, and on the tiny decoders (grouped-query and multi-query heads, GPT-2,
+Qwen2 with a sliding window, Gemma 2 with soft-capping, padded batches) against statistics
+computed independently from the eager maps (``test_longctx.reference``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnscope.analyses.longctx import (
+    NUM_BUCKETS,
+    LongContextStats,
+    Sequence,
+    bucket_of,
+    sample_rows,
+)
+from attnscope.engines import backends, flex
+from attnscope.engines.backends import LayerInput, choose
+from attnscope.engines.streaming import auto_tile, maps_update, stream_stats
+from attnscope.errors import AttnscopeError
+from attnscope.models import load_model
+from attnscope.models.forward import Site
+from tests.engines.test_longctx import (
+    TEXTS,
+    _docs,
+    _tiny,
+    assert_close,
+    engine_against_own_attention,
+    reference,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = [b.name for b in backends.BACKENDS if backends.usable(b.name, "cpu")]
+needs_flex = pytest.mark.skipif(not flex.available(), reason="this torch has no FlexAttention")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: on a shared 2-core machine, torch's threads only wait for each other (10x
+    slower here under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_flex_and_the_tiles_run_here():
+    # torch 2.13 has FlexAttention: the fused backend's mathematics is tested on every machine
+    assert {"flex", "tiles"} <= set(HERE)
+
+
+# -- the seam ---------------------------------------------------------------------------------
+def test_choose_by_device_and_input():
+    every = lambda name, device: True  # noqa: E731
+    kw = dict(token_level=True, probe=False, tokens=50, usable=every)
+    assert choose("auto", "cuda", **kw) == choose("auto", torch.device("cuda:1"), **kw) == "flex"
+    assert choose("auto", "cpu", **kw) == "compiled"
+    assert choose("auto", "cpu", **{**kw, "usable": lambda n, d: n != "compiled"}) == "tiles"
+    assert choose("auto", "mps", **kw) == "tiles"
+    assert choose("auto", "cuda", **{**kw, "usable": lambda n, d: n != "flex"}) == "tiles"
+    # inputs: word level needs whole rows; the compiled kernel takes no probes and no 1-token sequence
+    assert choose("auto", "cuda", **{**kw, "token_level": False}) == "tiles"
+    assert choose("auto", "cuda", **{**kw, "probe": True}) == "flex"
+    assert choose("auto", "cpu", **{**kw, "probe": True}) == "tiles"
+    assert choose("auto", "cpu", **{**kw, "tokens": 1}) == "tiles"
+    # a backend named: that one where it takes the input, else the reference
+    assert choose("flex", "cpu", **kw) == "flex"
+    assert choose("tiles", "cuda", **kw) == "tiles"
+    assert choose("compiled", "cpu", **{**kw, "probe": True}) == "tiles"
+
+
+def test_a_bad_backend_is_one_line_naming_it():
+    with pytest.raises(AttnscopeError, match=r"^backend 'fast': not one of auto, flex, compiled, tiles$") as e:
+        backends.check("fast", "cpu")
+    assert e.value.params == ("backend",)
+    with pytest.raises(AttnscopeError, match=r"^backend compiled: cannot run on cuda here \(.*\)$"):
+        backends.check("compiled", "cuda")
+    lm = load_model("debug:llama")
+    with pytest.raises(AttnscopeError, match="^backend "):
+        stream_stats(lm, [[1, 2, 3]], LongContextStats(), backend="bogus")
+
+
+# -- the fused backend on random layers, against the definitions --------------------------------
+def _definitions(q, k, v, n, causal, allowed, cap, classes, scale):
+    """Per head, in float64: output [n Hq d], rows [2+F Hq n] (entropy, largest weight, mass on
+    each class), mass per distance bucket over rows >= 1 and at distance +1 [Hq NB+1]."""
+    G = q.shape[0] // k.shape[0]
+    kr, vr = k.double().repeat_interleave(G, 0), v.double().repeat_interleave(G, 0)
+    s = q.double() @ kr.transpose(1, 2) * scale
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    ok = allowed.clone()
+    if causal:
+        ok &= torch.ones(n, n, dtype=torch.bool).tril()
+    p = torch.softmax(s.masked_fill(~ok, -math.inf), -1)
+    ent = -torch.special.xlogy(p, p).sum(-1)
+    dist = torch.as_tensor(bucket_of((torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs().numpy()))
+    buckets = torch.zeros(q.shape[0], NUM_BUCKETS + 1, dtype=torch.float64)
+    for h in range(q.shape[0]):
+        buckets[h, :NUM_BUCKETS].index_add_(0, dist[1:].flatten(), p[h, 1:].flatten())
+        buckets[h, NUM_BUCKETS] = p[h, 1:].diagonal().sum()  # p[i, i-1]
+    rows = torch.cat([ent[None], p.amax(-1)[None], (p @ classes.double()).permute(2, 0, 1)])
+    return (p @ vr).transpose(0, 1), rows, buckets, p
+
+
+class _Module:
+    def __init__(self, causal):
+        self.is_causal = causal
+
+
+def _random_layer(Hq, Hkv, d, T, seed, spread):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, T, Hq, d, generator=g).transpose(1, 2) * spread  # the model's layout
+    k = torch.randn(1, T, Hkv, d, generator=g).transpose(1, 2)
+    k[:, :, 0] *= 4  # a key that draws attention (a sink)
+    v = torch.randn(1, T, Hkv, d, generator=g).transpose(1, 2)
+    return q, k, v, g
+
+
+@needs_flex
+@pytest.mark.parametrize("Hq,Hkv,d,n,causal,mask,cap", [
+    (4, 2, 8, 40, True, None, None),  # grouped-query, plain causal (no mask tensor)
+    (3, 1, 16, 300, True, None, None),  # multi-query; longer than a block of 128
+    (4, 2, 8, 37, True, "window", None),  # a sliding window of 5 keys, as a boolean mask
+    (4, 4, 8, 29, True, "padding", None),  # a padded batch: this sequence is shorter than the batch
+    (4, 2, 8, 33, True, "additive", None),  # eager's additive float mask (the reference pass)
+    (4, 2, 16, 45, True, None, 5.0),  # soft-capping (the entropy from the shifted second call)
+    (2, 2, 8, 41, True, "window", 3.0),  # soft-capping with a sliding window
+    (2, 1, 8, 30, False, None, None),  # an encoder: every key, distances |i - j|
+    (2, 2, 8, 30, False, "padding", 4.0),
+])
+def test_flex_layer_equals_the_definitions(Hq, Hkv, d, n, causal, mask, cap):
+    T = n + 5 if mask == "padding" else n  # the batch is wider than this sequence
+    q, k, v, g = _random_layer(Hq, Hkv, d, T, seed=n + Hq, spread=2.5)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    allowed = torch.ones(T, T, dtype=torch.bool)
+    model_mask = None
+    if mask == "window":
+        allowed = (j <= i) & (j > i - 5)
+        model_mask = allowed[None, None]
+    elif mask == "padding":  # keys past the sequence masked (and the causal triangle)
+        allowed = (j < n) & ((j <= i) if causal else (i >= 0))
+        model_mask = allowed[None, None]
+    elif mask == "additive":
+        allowed = j <= i
+        model_mask = torch.zeros(1, 1, T, T).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    scale = d ** -0.5
+    site = Site(3, _Module(causal), q, k, v, model_mask, scale)
+    F = 5
+    classes = (torch.rand(n, F - 3, generator=g) < 0.3).float()
+    special = torch.zeros(n)
+    special[[0, n // 2]] = 1
+    punct = (torch.rand(n, generator=g) < 0.2).float()
+    stats = LongContextStats(js_rows=3, causal=causal)
+    seq = Sequence(n, special, punct, js_rows=sample_rows(list(range(n)), 3, 0), classes=classes,
+                   class_names=("x", "y"))
+    stats.begin(4, Hq, seq)
+    out = torch.full((1, T, Hq, d), math.nan)
+    layer = LayerInput(site, stats, k.float(), v.float(), out, cap, [n])
+    flex.run_layer(layer, 0, seq)
+
+    want_out, want_rows, want_dist, p = _definitions(q[0, :, :n], k[0, :, :n], v[0, :, :n], n, causal,
+                                                      allowed[:n, :n], cap, seq.key_classes("cpu"), scale)
+    assert want_rows.shape[0] == 2 + F
+    # measured largest differences to float64, per row: entropy 7.6e-6 (n = 300: L and P K are
+    # each rounded in float32, and H is their difference), mass per bucket 7.2e-6 (a sum over
+    # 300 rows), class masses 2.3e-6, largest weight 1.9e-6, output 1.7e-6, sampled rows 2.7e-7
+    torch.testing.assert_close(out[0, :n].double(), want_out, rtol=0, atol=1e-5)
+    assert torch.isnan(out[0, n:]).all()  # rows past the sequence are not touched
+    torch.testing.assert_close(seq.row_values[:, :, 1:].double(), want_rows[:, :, 1:], rtol=0, atol=1e-5)
+    torch.testing.assert_close(seq.dist_buckets, want_dist, rtol=0, atol=1e-5)
+    torch.testing.assert_close(want_dist[:, :NUM_BUCKETS].sum(-1), torch.full((Hq,), n - 1.0, dtype=torch.float64))
+    for r in seq.js_rows:  # the sampled rows: every weight the row has
+        width = r + 1 if causal else n
+        torch.testing.assert_close(seq.js_store[r][3].double(), p[:, r, :width], rtol=0, atol=1e-6)
+    assert stats.sums["entropy"][3].tolist() == pytest.approx(want_rows[0, :, 1:].sum(-1).tolist(), abs=1e-4)
+
+
+@needs_flex
+def test_flex_probe_weights_equal_the_definitions():
+    # an induction probe: each row's weight on its target key, exp(s_ij - L_i), O(n d)
+    n, Hq, Hkv, d = 25, 4, 2, 8
+    q, k, v, g = _random_layer(Hq, Hkv, d, n, seed=7, spread=2.0)
+    target = torch.full((n,), -1)
+    target[13:] = torch.arange(1, 13)
+    stats = LongContextStats(js_rows=0)
+    seq = Sequence(n, torch.zeros(n), torch.zeros(n), targets={"induction": target})
+    stats.begin(1, Hq, seq)
+    out = torch.zeros(1, n, Hq, d)
+    flex.run_layer(LayerInput(Site(0, _Module(True), q, k, v, None, 0.35), stats, k, v, out, None, [n]), 0, seq)
+    _, _, _, p = _definitions(q[0], k[0], v[0], n, True, torch.ones(n, n, dtype=torch.bool), None,
+                              torch.zeros(n, 1), 0.35)
+    want = p[:, torch.arange(13, n), target[13:]].sum(-1)  # [Hq]
+    np.testing.assert_allclose(stats.targets["induction"][0][0], want.numpy(), atol=1e-6)
+    assert stats.rows == 0 and seq.row_values is None  # a probe feeds its targets only
+
+
+@needs_flex
+@pytest.mark.parametrize("n", [1, 127, 129, 700])
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_masks_hold_exactly_the_masked_keys(n, causal):
+    # FlexAttention's fused kernel computes a pair (i, j) when its block is full, or partial and
+    # the mask function allows it, and skips every other block; eager FlexAttention applies the
+    # mask function everywhere. So a block mask must hold every allowed pair in a full or partial
+    # block and only allowed pairs in full blocks; then both compute the same keys.
+    padded = torch.rand(n, n, generator=torch.Generator().manual_seed(n)) < 0.7  # any mask tensor
+    bands = [None, (0, 0), (1, 1), (3, 4), (65, 128), (129, 256), (257, 512)]
+    for model, band in [(m, b) for m in (None, padded) for b in bands]:
+        m = flex.Mask(n, causal, None if model is None else model[None, None])
+        if band:
+            m = m.band(*band)
+        bm = flex.block_mask(m, "cpu")
+        nb = -(-n // flex.BLOCK)
+        partial = torch.zeros(nb, nb, dtype=torch.bool)
+        full = torch.zeros(nb, nb, dtype=torch.bool)
+        for dense, num, idx in ((partial, bm.kv_num_blocks, bm.kv_indices),
+                                (full, bm.full_kv_num_blocks, bm.full_kv_indices)):
+            for qb in range(nb):
+                dense[qb, idx[0, 0, qb, :num[0, 0, qb]].long()] = True
+        assert not (partial & full).any()
+        block = lambda x: x.repeat_interleave(flex.BLOCK, 0).repeat_interleave(flex.BLOCK, 1)[:n, :n]  # noqa: E731
+        want = m.rows(0, n, "cpu")
+        kernel = block(full) | (block(partial) & want)
+        assert torch.equal(kernel, want)
+        if model is not None:
+            assert not full.any()  # a model's mask is read everywhere
+
+
+@needs_flex
+def test_the_compiled_calls_trace_and_stay_within_dynamos_recompile_limit(monkeypatch):
+    # On CUDA the calls are torch.compile'd. Past dynamo's limit of recompilations of one function
+    # (8) it would silently run the eager version, which holds [n n] scores. Here the same calls
+    # go through dynamo on the CPU (its "eager" backend: traced and guarded as on a GPU, then run
+    # by torch's reference implementation): soft-capped, padded batches and single sequences of
+    # other lengths, probes; a recompilation past the limit fails the test.
+    from functools import cache
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    traced = cache(lambda kind: torch.compile(flex.KINDS[kind], backend="eager", dynamic=True))
+    monkeypatch.setattr(flex, "function", lambda device, kind="main": traced(kind))
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    torch._dynamo.reset()
+    counters.clear()
+    lm = _model("tiny-gemma2")
+    seqs, targets = _docs(lm)
+    st = LongContextStats(js_rows=3)
+    stream_stats(lm, seqs, st, batch_size=2, targets=targets, backend="flex")
+    stream_stats(lm, seqs[:2], LongContextStats(js_rows=3), batch_size=1, backend="flex")
+    assert_close(st.means(), reference(lm, seqs, targets, js_rows=3))
+    # measured: 3 graphs per kind of call (the mask tensor as long as the sequence, then wider,
+    # then none) for the 3 kinds
+    assert counters["stats"]["unique_graphs"] <= 3 * len(flex.KINDS), dict(counters["stats"])
+    torch._dynamo.reset()
+
+
+# -- every backend on the tiny decoders, against the eager maps ----------------------------------
+MODELS = ["llama", "gemma", "gpt2", "tiny-qwen2", "tiny-gemma2"]
+
+
+def _model(name):
+    torch.manual_seed(0)
+    return _tiny(name.split("-")[1]) if name.startswith("tiny-") else load_model(f"debug:{name}")
+
+
+def _case(name: str):
+    """A tiny decoder, its documents and probes, and every statistic of their eager maps."""
+    lm = _model(name)
+    seqs, targets = _docs(lm)
+    return lm, seqs, targets, reference(lm, seqs, targets, js_rows=3)
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def decoder(request):
+    return _case(request.param)
+
+
+@pytest.mark.parametrize("backend", HERE)
+def test_every_backend_equals_the_eager_maps(decoder, backend):
+    # documents and induction probes in padded batches of 2; measured largest difference over
+    # every statistic 1.5e-6 (the position buckets' entropy), on every backend and model
+    lm, seqs, targets, ref = decoder
+    st = LongContextStats(js_rows=3)
+    stream_stats(lm, seqs, st, chunk=4, batch_size=2, targets=targets, backend=backend)
+    assert_close(st.means(), ref, tol=1e-5)
+
+
+@needs_flex
+def test_flex_on_an_encoder_and_with_extra_classes_equals_the_maps():
+    # bidirectional rows (distances |i - j|) and the general family's classes, row classes and
+    # broad rows; the maps path is held to independent definitions in test_longctx*.py
+    bert = load_model("debug:bert")
+    ids = [bert.tokenizer(t)["input_ids"] for t in TEXTS]
+    a, b = LongContextStats(js_rows=2, causal=False), LongContextStats(js_rows=2, causal=False)
+    maps_update(bert, ids, a, batch_size=3)
+    stream_stats(bert, ids, b, batch_size=2, backend="flex")
+    assert_close(b.means(), a.means(), tol=1e-5)
+    lm = load_model("debug:llama")
+    ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
+    g = np.random.default_rng(1)
+    extras = [{"classes": {"x": g.random(len(i)) < 0.3, "y": g.random(len(i)) < 0.5},
+               "from": {"r": g.random(len(i)) < 0.4}, "max_below": 0.3} for i in ids]
+    a, b = LongContextStats(js_rows=2), LongContextStats(js_rows=2)
+    maps_update(lm, ids, a, batch_size=3, extras=extras)
+    stream_stats(lm, ids, b, batch_size=2, extras=extras, backend="flex")
+    got, want = b.means(), a.means()
+    names = {"to_x", "to_y", "from_r_to_x", "from_r_to_y", "rows_max_below"}
+    assert names <= set(b.sums) and b.sums["rows_max_below"].sum() > 0
+    for k in names:
+        np.testing.assert_allclose(b.sums[k], a.sums[k], atol=1e-5, err_msg=k)
+    assert_close(got, want, tol=1e-5)
+
+
+@needs_flex
+def test_word_level_goes_to_the_tiles_under_any_backend():
+    from tests.engines.test_longctx import _units
+
+    lm = load_model("debug:llama")
+    pairs = [_units(lm, t) for t in TEXTS]
+    ids, units = [p[0] for p in pairs], [p[1] for p in pairs]
+    ref = LongContextStats(js_rows=2)
+    maps_update(lm, ids, ref, units=units, batch_size=2)
+    got = LongContextStats(js_rows=2)
+    stream_stats(lm, ids, got, units=units, batch_size=2, backend="flex")
+    assert_close(got.means(), ref.means())
+
+
+@pytest.mark.parametrize("backend", HERE)
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+def test_every_backend_gives_the_models_own_attention(kind, backend):
+    # the output that goes back to the model, on the very same q, k, v: sdpa's, or for Gemma 2
+    # (soft-capping) the family's eager attention; a padded batch, grouped-query heads.
+    # Measured largest difference per layer: 2.6e-6 (tiles), 1.9e-6 (compiled), 1.4e-6 (flex)
+    lm, _, _, worst, _ = engine_against_own_attention(kind, backend)
+    assert len(worst) == lm.num_layers and max(worst) < 5e-6, worst
+
+
+# -- precision -------------------------------------------------------------------------------
+PER_HEAD = ("sink", "special", "punct", "previous", "current", "norm_entropy", "max", "dist_mass",
+            "dist_weight", "sink_gu", "target_induction", "target_duplicate")
+
+
+@pytest.fixture(scope="module", params=["llama", "tiny-gemma2"])
+def bf16_decoder(request):
+    return _case(request.param)
+
+
+@pytest.mark.parametrize("backend", HERE)
+def test_bfloat16_is_within_its_bounds_of_the_float32_eager_maps(bf16_decoder, backend):
+    # bfloat16 autocast (the MLPs in bfloat16; attention and statistics in float32 on every
+    # backend) against statistics of float32 eager maps of the same inputs: the per-head entropy
+    # within 1e-2 nats, the other per-head statistics within 1e-3; in float32 everything within
+    # 1e-5. What bfloat16 changes is the MLPs' rounding of the next layer's input, on every
+    # backend alike (the backends differ from each other by at most 3.5e-4 under bfloat16: a
+    # float32 rounding difference in one layer's output can flip a bfloat16 rounding in the next
+    # MLP). Measured, llama / gemma2: entropy 1.5e-3 / 1.1e-4, the other per-head statistics
+    # 9.6e-4 / 1.1e-4 at most; the head distances of the sampled rows 2.3e-3 / 2.6e-4 and the
+    # per-position buckets 5.8e-3 / 1.5e-3 (means over few rows: a document has one row at
+    # position 1), bounded at 5e-3 and 1e-2.
+    lm, seqs, targets, ref = bf16_decoder
+    for bf16 in (False, True):
+        st = LongContextStats(js_rows=3)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            stream_stats(lm, seqs, st, batch_size=2, targets=targets, backend=backend)
+        got = st.means()
+        for key, want in ref.items():
+            tol = 1e-5 if not bf16 else (1e-2 if key in ("entropy", "pos_entropy", "pos_sink")
+                                         else 1e-3 if key in PER_HEAD else 5e-3)
+            np.testing.assert_allclose(got[key], want, atol=tol, rtol=0, err_msg=f"{key} bf16={bf16}")
+        if bf16:
+            assert np.abs(got["entropy"] - ref["entropy"]).max() > 1e-5  # bfloat16 did run
+
+
+# -- tiles sized for the device ----------------------------------------------------------------
+def test_a_gpu_never_gets_cpu_cache_tiles(monkeypatch):
+    # what the device reports decides: 1/8 of an 80 GB GPU's free memory for a tile's scores
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (64 << 30, 80 << 30))
+    gpu = backends.tile_budget(torch.device("cuda"))
+    assert gpu == (8 << 30, 1 << 40)
+    assert backends.tile_budget("cpu") == (7 << 20, 64)
+    # the issue's shape at 32k tokens: 32 query heads on 8 key heads, G = 4
+    assert auto_tile(4, 8, 32768) == (16, 1)  # the CPU: 16 rows of one key head (cache-sized)
+    rows, heads = auto_tile(4, 8, 32768, 0, *gpu)
+    assert (rows, heads) == (16384, 1) and rows * 4 * 4 * 32768 <= 8 << 30
+    assert auto_tile(4, 8, 4096, 0, *gpu) == (4096, 8)  # all rows of every head in one tile
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 20, 80 << 30))
+    assert backends.tile_budget("cuda:0")[0] == 7 << 20  # never below a CPU tile
+
+
+def test_tiles_as_large_as_a_gpu_gives_them_equal_the_eager_maps(monkeypatch):
+    # the tiles backend with a GPU's budget: every row of every head in one tile
+    monkeypatch.setattr(backends, "tile_budget", lambda device, cpu_bytes=0: (1 << 30, 1 << 40))
+    lm = load_model("debug:qwen2")
+    seqs, targets = _docs(lm)
+    st = LongContextStats(js_rows=3)
+    stream_stats(lm, seqs, st, batch_size=2, targets=targets, backend="tiles")
+    assert_close(st.means(), reference(lm, seqs, targets, js_rows=3))
+
+
+# -- a GPU user's errors -------------------------------------------------------------------------
+def test_out_of_gpu_memory_is_one_line_naming_max_seq_len(tmp_path, capsys, monkeypatch):
+    # simulated: torch sees one GPU (--device auto picks it), the model stays on the CPU, and the
+    # pass raises torch's out-of-memory error with its own message
+    from types import SimpleNamespace
+
+    import attnscope.executor as executor
+    import attnscope.models.loading as loading
+    from attnscope.cli.main import main
+
+    monkeypatch.setattr(loading, "resolve_device", lambda device: "cpu")  # the loader keeps it on the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 70 << 30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(total_memory=80 << 30))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 << 29, 80 << 30))
+
+    def boom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB. GPU 0 has a total "
+                                     "capacity of 79.19 GiB of which 1.50 GiB is free.\nOf the allocated "
+                                     "memory ... PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ...")
+
+    monkeypatch.setattr(executor, "stream_stats", boom)  # where the executor calls the engine
+    out = tmp_path / "out"
+    code = main(["analyze", "longctx", str(ROOT / "src/attnscope/demo_data/text.txt"), "--model", "debug:llama",
+                 "--device", "auto", "--max-seq-len", "256", "--longctx-engine", "streaming", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == [
+        "error: --max-seq-len 256: out of GPU memory on cuda: the pass needed 12.00 GiB more on top of the "
+        "70.00 GiB it held; the device has 80.00 GiB (1.50 GiB free now); lower --max-seq-len"]
+    assert not out.exists()
+
+
+def test_out_of_memory_in_the_library_names_the_parameter():
+    from attnscope.engines.memory import gpu_memory_errors
+
+    with pytest.raises(AttnscopeError, match=r"^max_seq_len 8192: out of GPU memory on cpu: the pass needed "
+                                             r"more than was free; lower max_seq_len$") as e:
+        with gpu_memory_errors(8192, "cpu"):
+            raise torch.cuda.OutOfMemoryError("out of memory")
+    assert e.value.params == ("max_seq_len",)
+    with pytest.raises(ValueError):  # anything else passes through
+        with gpu_memory_errors(8192, "cpu"):
+            raise ValueError("not memory")

@@ -1,0 +1,166 @@
+"""A model whose attention does not go through transformers' AttentionInterface (MPNet): the
+patterns and attribution families run what its attention maps allow and say in one line what
+they skipped. Checked against the same computations on the model's own ``output_attentions``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import make_map
+
+from attnscope.errors import AttnscopeError
+from attnscope.families import FAMILIES, Context, load_families
+from tests.families.test_attribution_family import _run  # a family's prepare + run with a Context
+
+EXAMPLES = [
+    {"text": "the cat sat on the mat because it was big"},
+    {"text": "the dog ran to the house.", "text_pair": "she saw the dog, then the cat."},
+    {"text": "who said that the old man was here?"},
+]
+SKIPPED = ("importance", "pruning", "norms", "value-zeroing")  # the default methods that need hooks
+
+
+@pytest.fixture(scope="module")
+def mpnet():
+    from attnscope.models import load_model
+
+    lm = load_model("debug:mpnet", mlm_head=True)  # the family loads encoders with their head
+    from attnscope.models.forward import supports_hooks
+
+    assert not supports_hooks(lm)
+    return lm
+
+
+@pytest.fixture
+def examples_file(tmp_path):
+    path = tmp_path / "ex.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in EXAMPLES) + "\n", encoding="utf-8")
+    return path
+
+
+def _own_maps(lm) -> list:
+    """Each example's maps from the model's own forward (``output_attentions``), one at a time."""
+    import torch
+
+    from attnscope.data.records import Example
+    from attnscope.extract.encode import Encoder
+
+    enc = Encoder(lm)
+    maps = []
+    for i, row in enumerate(EXAMPLES):
+        e = enc.encode(Example(**row), i)
+        with torch.inference_mode():
+            out = lm.model(input_ids=torch.tensor([e.input_ids]), output_attentions=True)
+        attn = np.stack([a[0].double().numpy() for a in out.attentions])  # [L H n n]
+        maps.append(make_map(attn, e.tokens, special=e.special, segment=e.segment, word_ids=e.word_ids,
+                             level="token", index=i, example=e.example))
+    return maps
+
+
+def test_patterns_run_on_the_maps_and_skip_key_concentration(mpnet, examples_file, tmp_path):
+    from attnscope.analyses.entropy import Entropy
+    from attnscope.analyses.patterns import VigPatterns
+    from attnscope.analyses.relative_position import RelativePosition
+    from attnscope.analyses.special_tokens import SpecialTokens
+    from attnscope.analyses.token_classes import TokenClasser
+    from attnscope.extract import AttentionBatch
+
+    sec = _run("patterns", mpnet, tmp_path, {"patterns": examples_file})
+    data = json.loads((tmp_path / "results" / "patterns.json").read_text())
+    assert data["run"]["examples"] == len(EXAMPLES)
+    assert data["keys"] is None
+    skipped = [n for n in data["notes"] if "skipped" in n]
+    assert len(skipped) == 1 and skipped[0].startswith("key concentration skipped: debug:mpnet")
+    assert "AttentionInterface" in skipped[0] and skipped[0] in sec.findings
+
+    maps = _own_maps(mpnet)
+    classer, _ = TokenClasser.for_model(mpnet)
+    for a in (VigPatterns(classer, causal=False), SpecialTokens(classer), RelativePosition(),
+              Entropy(causal=False)):
+        a.update(AttentionBatch(maps))
+        got = data["analyses"][a.name]["arrays"]
+        for k, v in a.finalize().arrays.items():
+            np.testing.assert_allclose(np.array(got[k]["data"], dtype=float), v, atol=1e-5,
+                                       equal_nan=True, err_msg=f"{a.name} {k}")
+    # one statistic by hand: mean over examples of the mean row entropy (nats)
+    by_hand = np.mean([(-(m.attn * np.log(m.attn)).sum(-1)).mean(-1) for m in maps], axis=0)
+    np.testing.assert_allclose(np.array(data["analyses"]["entropy"]["arrays"]["entropy"]["data"]),
+                               by_hand, atol=1e-5)
+
+
+def test_attribution_runs_rollout_and_flow_on_the_maps(mpnet, examples_file, tmp_path):
+    sec = _run("attribution", mpnet, tmp_path, {"attribution": examples_file}, attribution_example=0,
+               flow_max_tokens=64)
+    data = json.loads((tmp_path / "results" / "attribution.json").read_text())
+    assert data["methods"] == ["rollout"]
+    assert set(data["analyses"]) == {"attribution-agreement"}
+    agreement = data["analyses"]["attribution-agreement"]["tables"]["agreement"]
+    assert all(r["rows"] > 0 for r in agreement)  # rollout, flow, raw and saliency all ran
+    skipped = [n for n in data["notes"] if "skipped" in n]
+    assert len(skipped) == 1
+    assert skipped[0].startswith(", ".join(SKIPPED) + " skipped: debug:mpnet")
+    assert "AttentionInterface" in skipped[0] and skipped[0] in sec.findings
+
+    attn = _own_maps(mpnet)[0].attn.astype(np.float64)  # [L H n n]
+    ex = data["example"]
+    assert ex["index"] == 0 and ex["norms"] is None and "value_zeroing" not in ex
+    np.testing.assert_allclose(np.array(ex["weights"]), attn.mean(1), atol=1e-6)
+    # rollout by hand: rownorm(mean_h A_l + I), multiplied last layer first
+    n = attn.shape[-1]
+    roll = np.eye(n)
+    for layer in attn:
+        mixed = layer.mean(0) + np.eye(n)
+        roll = (mixed / mixed.sum(-1, keepdims=True)) @ roll
+    np.testing.assert_allclose(np.array(ex["rollout"]), roll, atol=1e-6)
+    from attnscope.analyses.rollout import attention_flow
+
+    np.testing.assert_allclose(np.array(ex["flow"]), attention_flow(attn, max_tokens=64), atol=1e-5)
+
+
+def test_attribution_with_only_hooked_methods_is_refused(mpnet, examples_file, tmp_path):
+    load_families()
+    fam = FAMILIES["attribution"]()
+    opts = fam.Options(attribution_methods="importance,norms")
+    with pytest.raises(AttnscopeError, match="none of the chosen methods .importance, norms. can run"):
+        fam.prepare({"attribution": examples_file}, opts, Context(model=mpnet, out_dir=tmp_path / "o"))
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.heavy
+def test_run_with_both_families_on_debug_mpnet(examples_file, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "run", "--model", "debug:mpnet",
+                           "--patterns", str(examples_file), "--attribution", str(examples_file),
+                           "--attribution-map-examples", "1", "--out", str(out), "-q"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    patterns = json.loads((out / "results" / "patterns.json").read_text())
+    attribution = json.loads((out / "results" / "attribution.json").read_text())
+    assert patterns["keys"] is None and patterns["run"]["examples"] == len(EXAMPLES)
+    assert set(attribution["analyses"]) == {"attribution-agreement"}
+    report = (out / "report.html").read_text()
+    assert "key concentration skipped" in report and ", ".join(SKIPPED) + " skipped" in report
+
+
+def test_cli_attribution_with_only_hooked_methods_is_one_line_exit_2(examples_file, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "analyze", "attribution", str(examples_file),
+                           "--model", "debug:mpnet", "--attribution-methods", "norms", "--out", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "none of the chosen methods (norms)" in lines[0], proc.stderr
+    assert not out.exists() or not any(out.rglob("*.json"))
+
+
+def test_debug_mpnet_is_mpnet_with_its_tokenizer():
+    from attnscope.models import load_model
+
+    lm = load_model("debug:mpnet")
+    assert type(lm.model).__name__ == "MPNetModel" and lm.family.name == "mpnet"
+    ids = lm.tokenizer("the cat", "a dog")["input_ids"]
+    assert lm.tokenizer.convert_ids_to_tokens(ids) == ["<s>", "the", "cat", "</s>", "</s>", "a", "dog", "</s>"]

@@ -1,0 +1,68 @@
+"""``attnscope run --resume`` after a kill -9 inside the syntax family, inside the coref family,
+and just after coref's checkpoint: the resumed ``results.json`` equals an uninterrupted run's
+(times and the command line aside; the same run and fixtures as ``test_faults_run.py``), the
+families finished before the kill are read back from their checkpoints ("resumed") and the
+interrupted one runs again ("done").
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline.test_faults_run import (
+    _cmd,
+    _differences,
+    _env,
+    _results,
+    assert_nothing_corrupt,
+    reference,  # noqa: F401 (the uninterrupted run, a fixture)
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _kill_when(out: Path, ready) -> None:
+    """Start the run in ``out`` and kill -9 it as soon as ``ready()`` holds."""
+    proc = subprocess.Popen(_cmd(out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before the moment to kill it"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
+#: where the kill falls -> what must (not) be there after it -> each family's status on resume
+CASES = {
+    "inside syntax": (lambda out: any(out.glob("attnscope-syntax-*")), ("general",), "syntax",
+                      {"general": "resumed", "syntax": "done", "coref": "done"}),
+    "inside coref": (lambda out: (out / "run" / "syntax.json").exists(), ("general", "syntax"), "coref",
+                     {"general": "resumed", "syntax": "resumed", "coref": "done"}),
+    "after coref": (lambda out: (out / "run" / "coref.json").exists(), ("general", "syntax", "coref"),
+                    None, {"general": "resumed", "syntax": "resumed", "coref": "resumed"}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.heavy
+def test_a_run_killed_in_or_after_a_family_resumes_to_the_same_results(tmp_path, reference, case):  # noqa: F811
+    ready, finished, unfinished, status = CASES[case]
+    expected, _ = reference
+    out = tmp_path / "run"
+    _kill_when(out, lambda: ready(out))
+    assert_nothing_corrupt(out)
+    assert sorted(p.stem for p in (out / "run").glob("*.json") if p.stem != "state") == sorted(finished)
+    if unfinished is not None:  # killed inside it: no results of it yet, and no report
+        assert not (out / "results" / f"{unfinished}.json").exists() and not (out / "results.json").exists()
+    r = subprocess.run(_cmd(out, "--resume"), env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    got = _results(out)
+    assert got == expected, _differences(got, expected)[:10]
+    assert json.loads((out / "results.json").read_text(encoding="utf-8"))["provenance"]["status"] == status
+    assert not list(out.glob("attnscope-syntax-*"))  # the killed run's temporary maps are gone

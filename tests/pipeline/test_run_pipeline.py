@@ -1,0 +1,326 @@
+"""``run_pipeline`` with the real general and syntax families on a tiny random BERT.
+
+These tests check the pipeline's own job: inputs, order, checkpoints, resuming, the report,
+results.json and provenance, on what the real families write. The only stand-ins: a family
+whose optional extra is "not installed" (``NotInstalled``), and a kill in the middle of a
+family (``Calls.fail``: its ``run`` raises KeyboardInterrupt as it starts), which no real
+input can cause.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import numpy as np
+import pytest
+
+import attnscope.pipeline as pipeline
+from attnscope.errors import AttnscopeError, InputError
+from attnscope.families import load_families
+from attnscope.families.coref import Coref
+from attnscope.families.general import General
+from attnscope.families.syntax import Syntax
+from attnscope.pipeline import RunConfig, run_pipeline
+from attnscope.report.html import network_references
+from tests.pipeline.test_faults_run import _stable  # a results file without its times
+
+TEXT = ("The cat sat on the mat.\nIt was warm there.\nThe dog watched it.\n\n"
+        "A second document starts here.\nIt has two sentences.\n")
+DEPS = ("1\tThe\tthe\tDET\tDT\t_\t2\tdet\t_\t_\n2\tcat\tcat\tNOUN\tNN\t_\t3\tnsubj\t_\t_\n"
+        "3\tsat\tsit\tVERB\tVBD\t_\t0\troot\t_\t_\n\n"
+        "1\tDogs\tdog\tNOUN\tNNS\t_\t2\tnsubj\t_\t_\n2\tbark\tbark\tVERB\tVBP\t_\t0\troot\t_\t_\n\n")
+
+
+class Calls:
+    def __init__(self):
+        self.count = {}
+        self.fail = set()
+
+
+def _counted(base, calls):
+    """The real family ``base``, counting its runs; one whose key is in ``calls.fail`` is
+    killed (KeyboardInterrupt) as it starts."""
+    class Counted(base):
+        def run(self, prepared, options, ctx):
+            calls.count[self.key] = calls.count.get(self.key, 0) + 1
+            if self.key in calls.fail:
+                raise KeyboardInterrupt  # stands for a kill in the middle of the family
+            return super().run(prepared, options, ctx)
+
+    return Counted
+
+
+class NotInstalled(Coref):
+    def unavailable(self):
+        return "its optional extra is not installed"
+
+
+def use_families(monkeypatch, *families):
+    monkeypatch.setattr(pipeline.config, "load_families", lambda: list(families))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    calls = Calls()
+    use_families(monkeypatch, _counted(General, calls), _counted(Syntax, calls), NotInstalled)
+    return calls
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    (tmp_path / "in").mkdir()
+    text = tmp_path / "in" / "text.txt"
+    text.write_text(TEXT)
+    deps = tmp_path / "in" / "deps.conllu"
+    deps.write_text(DEPS)
+    coref = tmp_path / "in" / "coref.conllu"
+    coref.write_text("# newdoc id = d\n1\tIt\tit\tPRON\tPRP\t_\t2\tnsubj\t_\tEntity=(1)\n"
+                     "2\tworks\twork\tVERB\tVBZ\t_\t0\troot\t_\t_\n\n")
+    return {"text": text, "deps": deps, "coref": coref}
+
+
+def _config(inputs, **kw):
+    return RunConfig(model="debug:bert", text=inputs["text"], deps=inputs["deps"], **kw)
+
+
+def test_every_promised_file_and_provenance(tmp_path, fake, inputs, debug_bert):
+    out = tmp_path / "out"
+    cfg = _config(inputs, coref=[inputs["coref"]])
+    outcome = run_pipeline(cfg, out, command="attnscope run --out out", model=debug_bert)
+    assert outcome.status == {"general": "done", "syntax": "done", "coref": "unavailable"}
+    for table in ("general_heads", "table1_syntax"):
+        for ext in ("csv", "md", "tex", "json"):
+            assert (out / "tables" / f"{table}.{ext}").is_file()
+    for figure in ("figure2_special_tokens", "figure_syntax_heatmap_all"):
+        for ext in ("png", "svg"):
+            assert (out / "figures" / f"{figure}.{ext}").is_file()
+    assert outcome.report == out / "report.html" and outcome.results == out / "results.json"
+    res = json.loads((out / "results.json").read_text())
+    best = [h for key in ("general", "syntax") for h in res["families"][key]["section"]["best_heads"]]
+    assert len(best) >= 1 and len(list((out / "views").glob("*.html"))) == len(best)  # a page per best head
+    assert not (out / "maps").exists()  # only with save_maps
+    prov = res["provenance"]
+    assert prov["model"]["weights_sha256"] == debug_bert.weights_hash
+    by_role = {d["role"]: d for d in prov["data"]}
+    assert by_role["text"]["sha256"] == hashlib.sha256(inputs["text"].read_bytes()).hexdigest()
+    assert by_role["deps"]["bytes"] == len(DEPS.encode())
+    assert prov["arguments"]["seed"] == 0 and prov["seeds"]["run"] == 0 and set(prov["seeds"].values()) == {0}
+    assert prov["command"] == "attnscope run --out out"
+    assert {"attnscope", "torch", "transformers", "numpy"} <= set(prov["versions"])
+    assert prov["elapsed_s"] > 0
+    # results.json holds each family's results file and its section (tables with numbers).
+    assert res["results"]["general"]["tables"]["general_heads"][0]["name"] == "1-1"
+    assert res["results"]["general"] == json.loads((out / "results" / "general.json").read_text())
+    table1 = res["families"]["syntax"]["section"]["tables"][0]
+    assert table1["name"] == "table1_syntax" and table1["rows"][0]["relation"] == "all"
+    html = (out / "report.html").read_text()
+    for anchor in ("sec-general", "sec-syntax", "summary", "provenance"):
+        assert f'id="{anchor}"' in html
+    assert html.count('class="head-view"') == len(best)
+    assert debug_bert.weights_hash in html
+    # every family's input has its own rows (data), so none shows among the arguments, given or
+    # not (the report once listed only the paper's four and printed patterns=default, ...)
+    from attnscope.families import load_families
+    from attnscope.report.html import _provenance_rows
+
+    shown = next(r["value"] for r in _provenance_rows(prov) if r["name"] == "arguments")
+    names = [inp.name for fam in load_families() for inp in fam.inputs]
+    assert {"patterns", "attribution", "documents"} <= set(names)
+    keys = {part.split("=", 1)[0] for part in shown.split(", ") if "=" in part}
+    assert "seed" in keys and not keys & set(names), shown
+    assert json.loads((out / "run" / "state.json").read_text())["status"] == "complete"
+
+
+def test_numbers_match_an_independent_computation(tmp_path, fake, inputs, debug_bert):
+    """The general family's previous-token table in results.json, recomputed here from scratch:
+    per example sum_{i>=1} a[i, i-1] / (n - 1), then the mean over examples (section 3.1)."""
+    from attnscope.data.unlabeled import prepare_unlabeled
+    from attnscope.extract import extract
+
+    out = tmp_path / "out"
+    run_pipeline(RunConfig(model="debug:bert", text=inputs["text"]), out, model=debug_bert)
+    exs = prepare_unlabeled(inputs["text"], debug_bert.tokenizer, max_seq_len=128, seed=0, num_examples=1000)
+    per_example = [np.diagonal(m.attn.astype(float), offset=-1, axis1=2, axis2=3).mean(-1)
+                   for b in extract(exs, debug_bert, max_seq_len=128) for m in b]  # [L H] each
+    assert len(per_example) == 2
+    got = json.loads((out / "results.json").read_text())["results"]["general"]["tables"]["general_heads"]
+    np.testing.assert_allclose([r["previous"] for r in got], np.mean(per_example, axis=0).ravel(), rtol=1e-6)
+
+
+def test_no_file_refers_to_the_network(tmp_path, fake, inputs, debug_bert):
+    out = tmp_path / "out"
+    run_pipeline(_config(inputs), out, model=debug_bert)
+    checked = 0
+    for p in out.rglob("*"):
+        if p.suffix in (".html", ".svg", ".json", ".md", ".csv", ".tex"):
+            assert network_references(p.read_text(encoding="utf-8")) == [], p
+            checked += 1
+    assert checked >= 10
+    text = re.sub(r"data:[a-z+/]+;base64,[A-Za-z0-9+/=]+", "", (out / "report.html").read_text())
+    assert not re.search(r"https?:|ftp:", text, re.I)
+
+
+def test_same_arguments_same_numbers(tmp_path, fake, inputs, debug_bert):
+    a = run_pipeline(_config(inputs), tmp_path / "a", model=debug_bert).results_json
+    b = run_pipeline(_config(inputs), tmp_path / "b", model=debug_bert).results_json
+    assert _stable(a["results"]) == _stable(b["results"])
+    assert _stable(a["families"]) == _stable(b["families"])
+
+
+@pytest.mark.heavy
+def test_interrupted_run_resumes_without_redoing_finished_families(tmp_path, fake, inputs, debug_bert):
+    out = tmp_path / "out"
+    fake.fail.add("syntax")
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(_config(inputs), out, model=debug_bert)
+    assert fake.count == {"general": 1, "syntax": 1}
+    assert not (out / "report.html").exists()
+    assert json.loads((out / "run" / "state.json").read_text())["status"] == "running"
+    with pytest.raises(AttnscopeError, match=r"already holds a run \(use resume to continue it") as refused:
+        run_pipeline(_config(inputs), out, model=debug_bert)
+    assert refused.value.params == ("resume", "overwrite")
+    fake.fail.clear()
+    outcome = run_pipeline(_config(inputs), out, resume=True, model=debug_bert)
+    assert fake.count == {"general": 1, "syntax": 2}
+    assert outcome.status == {"general": "resumed", "syntax": "done"}
+    prov = outcome.results_json["provenance"]
+    assert prov["analysis_time_s"] == pytest.approx(sum(prov["family_times_s"].values()), abs=0.01)
+    html = outcome.report.read_text()
+    assert 'id="sec-general"' in html and 'id="sec-syntax"' in html
+    fresh = run_pipeline(_config(inputs), tmp_path / "fresh", model=debug_bert)
+    # the resumed family's view links are kept
+    assert html.count('class="head-view"') == fresh.report.read_text().count('class="head-view"') >= 1
+    assert _stable(outcome.results_json["results"]) == _stable(fresh.results_json["results"])
+    # Other arguments cannot resume this run; --overwrite starts again.
+    with pytest.raises(AttnscopeError, match="cannot resume"):
+        run_pipeline(_config(inputs, seed=1), out, resume=True, model=debug_bert)
+    again = run_pipeline(_config(inputs, seed=1), out, overwrite=True, model=debug_bert)
+    assert again.status == {"general": "done", "syntax": "done"}
+
+
+def test_bad_input_names_file_and_line_and_writes_nothing(tmp_path, fake, inputs, debug_bert):
+    bad = tmp_path / "in" / "bad.conllu"
+    bad.write_text(DEPS + "1\tOops\toops\tNOUN\tNN\t_\tx\troot\t_\t_\n\n")
+    out = tmp_path / "out"
+    with pytest.raises(InputError) as err:
+        run_pipeline(RunConfig(model="debug:bert", deps=bad), out, model=debug_bert)
+    assert str(err.value).startswith(f"{bad}:8:")
+    assert "\n" not in str(err.value)
+    assert not out.exists()
+    with pytest.raises(InputError, match="no such file"):
+        run_pipeline(RunConfig(model="debug:bert", text=tmp_path / "missing.txt"), out, model=debug_bert)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({}, "nothing to do"),
+    ({"deps_train": "x"}, "^deps_train needs deps$"),
+    ({"text": "T", "gradients": "sometimes"}, "^gradients must be one of"),
+    ({"text": "T", "window": "wide"}, "^window must be one of"),
+    ({"text": "T", "max_seq_len": 2}, "^max_seq_len must be at least 8"),
+])
+def test_bad_arguments_are_refused(tmp_path, inputs, kwargs, message):
+    kwargs = {k: (inputs["text"] if v == "T" else v) for k, v in kwargs.items()}
+    with pytest.raises(AttnscopeError, match=message):
+        run_pipeline(RunConfig(model="debug:bert", **kwargs), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_to_overwrite_a_folder_that_is_not_a_run(tmp_path, fake, inputs, debug_bert):
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "thesis.tex").write_text("years of work")
+    for kw in ({}, {"overwrite": True}, {"resume": True}):
+        with pytest.raises(AttnscopeError, match="not an attnscope run|other files"):
+            run_pipeline(_config(inputs), out, model=debug_bert, **kw)
+    assert (out / "thesis.tex").read_text() == "years of work"
+
+
+@pytest.mark.heavy
+def test_unavailable_family_is_reported_not_fatal(tmp_path, monkeypatch, inputs, debug_bert):
+    calls = Calls()
+    use_families(monkeypatch, _counted(General, calls), NotInstalled)
+    outcome = run_pipeline(RunConfig(model="debug:bert", text=inputs["text"], coref=[inputs["coref"]]),
+                           tmp_path / "out", model=debug_bert)
+    assert outcome.status == {"coref": "unavailable", "general": "done"}
+    assert "not available in this installation" in outcome.notes[0]["message"]
+    html = outcome.report.read_text()
+    assert 'id="note-coref"' in html and "not available in this installation" in html
+
+
+def test_registry_finds_every_family_module():
+    """The families package is scanned: every module registers its family, in report order."""
+    import pkgutil
+
+    import attnscope.families as pkg
+
+    modules = {m.name for m in pkgutil.iter_modules(pkg.__path__)} - {"base"}
+    keys = [f.key for f in load_families()]
+    assert keys[:3] == ["general", "syntax", "coref"] and set(keys) >= modules & {"general", "syntax", "coref"}
+    assert len(keys) == len(set(keys)) >= len(modules)
+
+
+def test_unknown_run_argument_is_refused():
+    with pytest.raises(AttnscopeError, match="unknown run argument.*colour"):
+        RunConfig(text="t.txt", colour="red")
+
+
+@pytest.mark.heavy
+def test_progress_has_an_overall_count_that_never_goes_back(tmp_path, fake, inputs, debug_bert):
+    seen = []
+    run_pipeline(_config(inputs), tmp_path / "out", model=debug_bert,
+                 progress=lambda step, done, total: seen.append((step, done, total)))
+    overall = [(d, t) for s, d, t in seen if s == "overall"]
+    assert [d for d, _ in overall] == sorted(d for d, _ in overall)
+    # The total is the work estimate: examples built from the text plus dependency sentences.
+    n_text = overall[-1][1] - 2
+    assert overall[-1][0] == overall[-1][1] and n_text >= 1
+    steps = {s for s, _, _ in seen}
+    assert {"load model", "prepare inputs", "report"} <= steps
+    assert {s.split(": ")[0] for s in steps if ": " in s} == {"general", "syntax"}  # each family's own steps
+
+
+def test_save_maps_is_passed_to_families(tmp_path, fake, inputs, debug_bert):
+    """``save_maps``: the general family keeps its maps in maps/general, a complete store of
+    the examples it analysed (the text makes two)."""
+    from attnscope.store import open_store
+
+    run_pipeline(RunConfig(model="debug:bert", text=inputs["text"], save_maps=True), tmp_path / "o",
+                 model=debug_bert)
+    store = open_store(tmp_path / "o" / "maps" / "general")
+    assert store.complete and len(store) == 2 and store.num_layers == debug_bert.num_layers
+
+
+def test_overwrite_with_bad_input_keeps_the_old_run(tmp_path, fake, inputs, debug_bert):
+    out = tmp_path / "out"
+    run_pipeline(_config(inputs), out, model=debug_bert)
+    before = (out / "results.json").read_bytes()
+    bad = tmp_path / "in" / "bad.conllu"
+    bad.write_text("1\tA\ta\tDET\tDT\t_\t2\tdet\t_\t_\n2\tB\tb\tNOUN\tNN\t_\t1\tnsubj\t_\t_\n\n")
+    with pytest.raises(InputError, match="cycle"):
+        run_pipeline(RunConfig(model="debug:bert", deps=bad), out, overwrite=True, model=debug_bert)
+    assert (out / "results.json").read_bytes() == before
+
+
+def test_run_family_takes_what_python_has_read_and_refuses_the_rest(tmp_path, debug_bert):
+    """``run_family`` is the one entry from Python too: examples already read give the numbers the
+    same examples give from a file; anything else is one line naming what is wrong."""
+    from attnscope.data.io import write_examples
+    from attnscope.data.records import Example
+
+    examples = [Example(text="the cat sat on the mat."), Example(text="a dog ran.", text_pair="it was red.")]
+    write_examples(examples, tmp_path / "in.json")
+    common = dict(model=debug_bert, max_seq_len=32, gradients="off")
+    pipeline.run_family("general", {"text": examples}, tmp_path / "mem", **common)
+    pipeline.run_family("general", {"text": tmp_path / "in.json"}, tmp_path / "file", **common)
+    mem, file = (json.loads((tmp_path / d / "tables" / "general_heads.json").read_text()) for d in ("mem", "file"))
+    assert mem == file and len(mem) == 4  # 2 layers x 2 heads
+    with pytest.raises(AttnscopeError) as refused:
+        pipeline.run_family("general", {"text": examples}, tmp_path / "x", engine="maps", **common)
+    assert refused.value.params == ("engine",) and "general_engine" in str(refused.value)
+    with pytest.raises(AttnscopeError) as refused:
+        pipeline.run_family("general", {"text": ["the cat sat."]}, tmp_path / "x", **common)
+    assert "Example" in str(refused.value) and "str" in str(refused.value)  # what it takes, what it got
+    assert not (tmp_path / "x").exists()
