@@ -151,13 +151,14 @@ def test_kept_entries_area_and_paired_bootstrap_by_hand():
 
 
 # -- scores against eager maps ------------------------------------------------------------------------
-def test_recorded_scores_equal_the_eager_maps(decoder):
+@pytest.mark.parametrize("fused", [False, True], ids=["torch", "fused"])
+def test_recorded_scores_equal_the_eager_maps(decoder, fused):
     lm, model = decoder
     enc = _task(lm, 60)
     sink, w = 2, 8
     rec = P.Recorder(lm.num_layers, lm.num_heads)
-    ctx = P.prefill(lm, model, enc, rec, sink=sink, window=w)
-    gen = P.answer(lm, model, ctx, enc, None, sink=sink, window=w, recorder=rec)[0]
+    ctx = P.prefill(lm, model, enc, rec, sink=sink, window=w, fused=fused)
+    gen = P.answer(lm, model, ctx, enc, None, sink=sink, window=w, recorder=rec, fused=fused)[0]
     n, q = len(enc.context), len(enc.question)
     maps = _eager(lm, enc.context + enc.question + gen)  # the whole sequence, the model's own attention
     rows = np.arange(sink + w, n)
@@ -224,18 +225,19 @@ def test_answer_importance_equals_finite_differences_of_the_answer_loss():
 
 
 # -- the press ----------------------------------------------------------------------------------------
-def test_f1_equals_the_full_cache_token_for_token(decoder):
+@pytest.mark.parametrize("fused", [False, True], ids=["torch", "fused"])
+def test_f1_equals_the_full_cache_token_for_token(decoder, fused):
     from attnscope.models.gguf import greedy_continue
 
     lm, model = decoder
     for words in (20, 50):
         enc = _task(lm, words)
         own = greedy_continue(model, enc.context + enc.question, enc.max_new)  # eager, no hooks
-        ctx = P.prefill(lm, model, enc)
+        ctx = P.prefill(lm, model, enc, fused=fused)
         full = np.ones((2, lm.num_layers, lm.num_kv_heads), bool)
         eos = A.eos_ids(model)
-        assert P.answer(lm, model, ctx, enc, None, sink=2, window=4, eos=eos)[0] == own
-        assert P.answer(lm, model, ctx, enc, full, sink=2, window=4, eos=eos) == [own, own]
+        assert P.answer(lm, model, ctx, enc, None, sink=2, window=4, eos=eos, fused=fused)[0] == own
+        assert P.answer(lm, model, ctx, enc, full, sink=2, window=4, eos=eos, fused=fused) == [own, own]
 
 
 def _streaming_llm(model, enc, sink, window, steps):
@@ -263,12 +265,13 @@ def _streaming_llm(model, enc, sink, window, steps):
     return out
 
 
-def test_f0_equals_streaming_llm_built_independently(decoder):
+@pytest.mark.parametrize("fused", [False, True], ids=["torch", "fused"])
+def test_f0_equals_streaming_llm_built_independently(decoder, fused):
     lm, model = decoder
     enc = _task(lm, 50)
-    ctx = P.prefill(lm, model, enc, sink=3, window=7)
+    ctx = P.prefill(lm, model, enc, sink=3, window=7, fused=fused)
     none_kept = np.zeros((1, lm.num_layers, lm.num_kv_heads), bool)
-    got = P.answer(lm, model, ctx, enc, none_kept, sink=3, window=7)[0]
+    got = P.answer(lm, model, ctx, enc, none_kept, sink=3, window=7, fused=fused)[0]
     assert got == _streaming_llm(model, enc, 3, 7, enc.max_new)
 
 
@@ -282,7 +285,8 @@ def test_f0_is_not_the_full_cache_on_this_context(llama):
             != P.answer(lm, model, ctx, enc, None, sink=3, window=7)[0])
 
 
-def test_a_kept_head_changes_only_its_own_rows_in_a_batch(llama):
+@pytest.mark.parametrize("fused", [False, True], ids=["torch", "fused"])
+def test_a_kept_head_changes_only_its_own_rows_in_a_batch(llama, fused):
     lm, model = llama
     enc = _task(lm, 40)
     ctx = P.prefill(lm, model, enc)
@@ -290,8 +294,8 @@ def test_a_kept_head_changes_only_its_own_rows_in_a_batch(llama):
     rows = np.zeros((3, lm.num_layers, K), bool)
     rows[1] = True
     rows[2, 0, 0] = True
-    outs = P.answer(lm, model, ctx, enc, rows, sink=2, window=4)
-    alone = [P.answer(lm, model, ctx, enc, rows[i:i + 1], sink=2, window=4)[0] for i in range(3)]
+    outs = P.answer(lm, model, ctx, enc, rows, sink=2, window=4, fused=fused)
+    alone = [P.answer(lm, model, ctx, enc, rows[i:i + 1], sink=2, window=4, fused=fused)[0] for i in range(3)]
     assert outs == alone
 
 
@@ -539,7 +543,8 @@ def test_a_killed_run_resumes_from_its_finished_tasks(debug_llama, tmp_path, mon
 
 
 # -- the greedy, combined and trained rankings, the kinds and the drops ----------------------------------
-def test_teacher_forced_scores_agree_with_greedy_generation(llama):
+@pytest.mark.parametrize("fused", [False, True], ids=["torch", "fused"])
+def test_teacher_forced_scores_agree_with_greedy_generation(llama, fused):
     """Gold = what greedy decoding generated in each row: every row is then exact, and its mean
     log-probability is that of those tokens under the same row's cache."""
     import torch
@@ -550,15 +555,29 @@ def test_teacher_forced_scores_agree_with_greedy_generation(llama):
     rows = np.zeros((3, lm.num_layers, lm.num_kv_heads), bool)
     rows[1] = True
     rows[2, 0, 1] = True
-    outs = P.answer(lm, model, ctx, enc, rows, sink=2, window=4)
+    outs = P.answer(lm, model, ctx, enc, rows, sink=2, window=4, fused=fused)
     for b, gold in enumerate(outs):
-        exact, logp = P.score(lm, model, ctx, enc, rows, gold, sink=2, window=4)
+        exact, logp = P.score(lm, model, ctx, enc, rows, gold, sink=2, window=4, fused=fused)
         assert exact[b]
         ids = torch.tensor([enc.context + enc.question + gold[:-1]])
         with torch.no_grad():  # the whole cache's row: transformers' own forward over everything
             full = torch.log_softmax(model(input_ids=ids).logits[0, -len(gold):].double(), -1)
         if b == 1:
             assert logp[b] == pytest.approx(float(full[np.arange(len(gold)), gold].mean()), abs=1e-4)
+
+
+def test_the_fused_press_scores_mixed_rows_as_the_torch_press(decoder):
+    """Rows keeping different KV heads whole (a per-row, per-head mask in one FlexAttention call),
+    Gemma's soft-capping and GPT-2 included: the same arg-max and log-probabilities."""
+    lm, model = decoder
+    enc = _task(lm, 50)
+    ctx = P.prefill(lm, model, enc, sink=2, window=4)
+    rows = np.random.default_rng(0).random((4, lm.num_layers, lm.num_kv_heads)) < 0.5
+    gold = P.answer(lm, model, ctx, enc, None, sink=2, window=4)[0]
+    want, got = (P.score(lm, model, ctx, enc, rows, gold, sink=2, window=4, fused=f) for f in (False, True))
+    assert got[0].tolist() == want[0].tolist()
+    np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+    assert np.ptp(want[1]) > 1e-3  # the rows differ: the masks matter
 
 
 def test_greedy_order_by_hand():

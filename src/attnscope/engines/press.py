@@ -6,6 +6,22 @@ passes of kvpress's protocol that use it: one full-attention prefill of a task's
 masked out of the softmax, which is exactly eviction: positions are those of the full context,
 as in kvpress. :class:`Recorder` folds what the
 atlas's scores need from a full-cache run (docs/atlas.md).
+
+Two ways to compute the same numbers (``fused``; by default fused on CUDA, torch elsewhere):
+
+- torch: the recorded prefill in tiles of ``chunk`` rows, the rows after the context as one
+  ``[rows x n]`` product per KV head;
+- fused (:mod:`attnscope.engines.flex`, FlexAttention): no row of scores is held. The recorded
+  prefill is one call for the output and each row's log-sum-exp ``L_i``; the first and previous
+  keys' weights are ``exp(s_ij - L_i)`` (``O(n d)``) and the sink + window mass is the sink keys'
+  weights plus ``exp(L_i^band - L_i)`` of a call restricted to distances ``0 .. window - 1``. The
+  rows after the context (a row batch of ``B`` rows of ``T`` tokens) are ``B T`` query rows of
+  one call over the shared context keys, whose mask keeps a KV head's whole context in the rows
+  that keep it and only sink + window in the others (a per-row, per-head mask, no copy of the
+  keys); their few keys after the context are one small product, and the two parts meet through
+  their log-sum-exps: ``L = logaddexp(L_ctx, L_new)``, ``out = e^(L_ctx - L) out_ctx + e^(L_new - L) out_new``.
+  A recorded answer (calibration, one row) stays in torch: it needs whole rows (SnapKV's mass,
+  the arg-max key), ``O(T n)``.
 """
 
 from __future__ import annotations
@@ -16,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from attnscope.engines import flex
 from attnscope.extract.tasks import Encoded
 from attnscope.models.forward import hooked
 
@@ -59,9 +76,10 @@ class Press:
     """
 
     def __init__(self, layers: int, n: int, sink: int, window: int, *, context: list | None = None,
-                 full: np.ndarray | None = None, recorder: Recorder | None = None, chunk: int = 128):
+                 full: np.ndarray | None = None, recorder: Recorder | None = None, chunk: int = 128,
+                 fused: bool = False):
         self.layers, self.n, self.sink, self.window, self.chunk = layers, n, sink, window, chunk
-        self.context, self.full, self.recorder = context, full, recorder
+        self.context, self.full, self.recorder, self.fused = context, full, recorder, fused
         self.new: list = [None] * layers  # per layer: keys, values [B Hkv t d] after the context
         self.calls = 0  # forward calls finished since the prefill
 
@@ -71,18 +89,26 @@ class Press:
         if self.context is None and self.recorder is None:
             return None  # a plain prefill: the model's own fused attention
         with torch.autocast(device_type=query.device.type, enabled=False):
-            out = (self._prefill(site, query.float()) if self.context is None
-                   else self._decode(site, query.float()))
+            q = query.float()
+            if self.context is None:
+                out = self._prefill_fused(site, q) if self.fused else self._prefill(site, q)
+            else:
+                out = self._decode_fused(site, q) if self.fused and self.recorder is None else self._decode(site, q)
         if site.layer == self.layers - 1:
             self.calls += 1
         return out.to(query.dtype)
 
     @staticmethod
-    def _cap(site, s):
+    def _capping(site) -> float | None:
+        """The family's logit soft-capping ``c`` (Gemma 2), or None."""
+        return getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
+
+    @classmethod
+    def _cap(cls, site, s):
         """Scores soft-capped as the family does (Gemma 2: ``c tanh(s / c)``), else as they are."""
         import torch
 
-        cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
+        cap = cls._capping(site)
         return torch.tanh(s / cap) * cap if cap else s
 
     def _prefill(self, site, q):
@@ -103,6 +129,91 @@ class Press:
             out[:, :, :, t0:t1] = torch.matmul(p, v[:, :, None, :t1])
             self._record_rows(site.layer, p[0].reshape(Hq, t1 - t0, t1), pos)
         return out.view(B, Hq, T, -1).transpose(1, 2)
+
+    def _prefill_fused(self, site, q):
+        """:meth:`_prefill` without a row of scores: FlexAttention's output and log-sum-exps (one
+        sequence: the task's context)."""
+        import torch
+
+        k, v, cap, scale = site.key.float(), site.value.float(), self._capping(site), site.scaling
+        n = q.shape[2]
+        mask = flex.Mask(n, causal=True)
+        out, lse, _ = flex.attend(q, k, v, mask, scale, flex.softcap(cap))
+        rec, sink, w = self.recorder, self.sink, self.window
+        if rec is not None and n > sink + w:
+            L, i = lse[0], torch.arange(n, device=q.device)  # [Hq n]
+
+            def weight(j):  # every row's weight on key j[i]
+                return flex.key_weight(q, k, L, mask, j, scale, cap)
+
+            _, band, _ = flex.attend(q, k, v[..., :1], mask.band(0, w - 1), scale, flex.softcap(cap),
+                                     kind="band")
+            local = torch.exp(band[0] - L) + sum(weight(torch.full_like(i, j)) for j in range(sink))
+            rows = slice(sink + w, n)
+            layer = site.layer
+            rec.streaming[layer] += local[:, rows].sum(-1).double().cpu().numpy()
+            rec.sink_mass[layer] += weight(torch.zeros_like(i))[:, rows].sum(-1).double().cpu().numpy()
+            rec.previous[layer] += weight(i - 1)[:, rows].sum(-1).double().cpu().numpy()
+            if layer == 0:
+                rec.rows += n - sink - w
+        return out.transpose(1, 2)
+
+    def _decode_fused(self, site, q):
+        """:meth:`_decode` without a row of scores over the context: the ``B T`` rows are the
+        query rows of one FlexAttention call over the shared context keys (row ``b T + t``), masked
+        per row and KV head; the keys after the context are one small product; the two parts are
+        joined through their log-sum-exps."""
+        import torch
+
+        B, Hq, T, d = q.shape
+        kc, vc = (x.float() for x in self.context[site.layer])  # [1 Hkv n d]
+        kn, vn = site.key.float(), site.value.float()
+        if self.new[site.layer] is not None:
+            kn = torch.cat([self.new[site.layer][0], kn], 2)
+            vn = torch.cat([self.new[site.layer][1], vn], 2)
+        self.new[site.layer] = (kn, vn)
+        Hkv, n, t = kc.shape[1], kc.shape[2], kn.shape[2]
+        g, cap, scale = Hq // Hkv, self._capping(site), site.scaling
+        rows = q.transpose(0, 1).reshape(1, Hq, B * T, d)
+        mod = None  # every row sees the whole context
+        if self.full is not None and not self.full[:, site.layer].all():
+            keep = torch.as_tensor(self.full[:, site.layer].copy(), device=q.device)  # [B Hkv]
+            # the constants as tensors: one compiled kernel whatever the lengths
+            per, heads = torch.tensor(T, device=q.device), torch.tensor(g, device=q.device)
+            sink, edge = torch.tensor(self.sink, device=q.device), torch.tensor(n - self.window, device=q.device)
+
+            def mod(b, h, qi, kj):
+                return keep[qi // per, h // heads] | (kj < sink) | (kj >= edge)
+
+        oc, lc, _ = flex.attend(rows, kc, vc, None, scale, flex.softcap(cap),
+                                blocks=self._every_block(B * T, n, q.device, mod))
+        oc = oc[0].view(Hq, B, T, d).transpose(0, 1)  # [B Hq T d]
+        lc = lc[0].view(Hq, B, T).transpose(0, 1)
+        sn = torch.matmul((q * scale).reshape(B, Hkv, g * T, d), kn.transpose(-1, -2))
+        sn = self._cap(site, sn).view(B, Hkv, g, T, t)
+        later = torch.arange(t, device=q.device)[None, :] > torch.arange(t - T, t, device=q.device)[:, None]
+        sn = sn.masked_fill(later, float("-inf")).view(B, Hq, T, t)
+        ln = torch.logsumexp(sn, -1)
+        on = torch.matmul(torch.softmax(sn, -1).view(B, Hkv, g * T, t), vn).view(B, Hq, T, d)
+        L = torch.logaddexp(lc, ln)
+        out = torch.exp(lc - L)[..., None] * oc + torch.exp(ln - L)[..., None] * on
+        return out.transpose(1, 2)
+
+    @staticmethod
+    def _every_block(m: int, n: int, device, mod=None):
+        """FlexAttention's block mask over every block of ``m`` rows and ``n`` keys: partial
+        (``mod(b, h, q, k)`` decides each entry) or, without ``mod``, full."""
+        import torch
+        from torch.nn.attention.flex_attention import BlockMask
+
+        nq, nk = -(-m // flex.BLOCK), -(-n // flex.BLOCK)
+        idx = torch.arange(nk, device=device, dtype=torch.int32).expand(1, 1, nq, nk).contiguous()
+        every, none = (torch.full((1, 1, nq), c, dtype=torch.int32, device=device) for c in (nk, 0))
+        if mod is None:
+            return BlockMask.from_kv_blocks(none, idx, every, idx, BLOCK_SIZE=flex.BLOCK,
+                                            seq_lengths=(m, n), compute_q_blocks=False)
+        return BlockMask.from_kv_blocks(every, idx, BLOCK_SIZE=flex.BLOCK, mask_mod=mod,
+                                        seq_lengths=(m, n), compute_q_blocks=False)
 
     def _decode(self, site, q):
         """Rows after the context: ``softmax([s_ctx, s_new]) [V_ctx; V_new]`` in two parts
@@ -171,21 +282,28 @@ class Press:
         rec.top[-1][layer] = p[:, -1].argmax(-1).cpu().numpy()
 
 
+def fused_on(model, fused: bool | None = None) -> bool:
+    """Whether the press runs fused (:class:`Press`): as asked, else on CUDA when this torch has
+    FlexAttention."""
+    return fused if fused is not None else model.device.type == "cuda" and flex.available()
+
+
 def prefill(lm, model, enc: Encoded, recorder: Recorder | None = None, *, sink: int = 4,
-            window: int = 64) -> list:
+            window: int = 64, fused: bool | None = None) -> list:
     """Each layer's keys and values ``[1 Hkv n d]`` of the context after one full-attention
-    pass (``recorder``: its rows' statistics too)."""
+    pass (``recorder``: its rows' statistics too; ``fused``: :func:`fused_on`)."""
     import torch
 
-    press = Press(lm.num_layers, len(enc.context), sink, window, recorder=recorder)
+    press = Press(lm.num_layers, len(enc.context), sink, window, recorder=recorder,
+                  fused=fused_on(model, fused))
     with torch.no_grad(), hooked(lm, {"attend": press}):
         out = model(input_ids=torch.tensor([enc.context], device=model.device), use_cache=True)
     return [(lay.keys, lay.values) for lay in out.cache.layers]
 
 
 def answer(lm, model, context: list, enc: Encoded, full: np.ndarray | None, *, sink: int,
-           window: int, recorder: Recorder | None = None, eos: frozenset[int] = frozenset()
-           ) -> list[list[int]]:
+           window: int, recorder: Recorder | None = None, eos: frozenset[int] = frozenset(),
+           fused: bool | None = None) -> list[list[int]]:
     """Read the question and generate greedily after the prefilled ``context`` (from
     :func:`prefill`, unchanged) for each row of ``full`` (``[B L Hkv]``; None: one row with the
     whole context). A row stops at an end-of-sequence id (kept) or after ``enc.max_new``
@@ -194,7 +312,8 @@ def answer(lm, model, context: list, enc: Encoded, full: np.ndarray | None, *, s
 
     B = 1 if full is None else len(full)
     n = len(enc.context)
-    press = Press(lm.num_layers, n, sink, window, context=context, full=full, recorder=recorder)
+    press = Press(lm.num_layers, n, sink, window, context=context, full=full, recorder=recorder,
+                  fused=fused_on(model, fused))
     outs: list[list[int]] = [[] for _ in range(B)]
     done = np.zeros(B, dtype=bool)
     ids = torch.tensor([enc.question] * B, device=model.device)
@@ -216,7 +335,7 @@ def answer(lm, model, context: list, enc: Encoded, full: np.ndarray | None, *, s
 
 
 def score(lm, model, context: list, enc: Encoded, full: np.ndarray, gold: Sequence[int], *, sink: int,
-          window: int) -> tuple[np.ndarray, np.ndarray]:
+          window: int, fused: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Teacher-forced, for each row of ``full`` (``[B L Hkv]``) after the prefilled ``context``:
     whether every token of ``gold`` is the arg-max given the question and the gold tokens before
     it (what greedy decoding would produce first), and ``gold``'s mean log-probability. One
@@ -224,7 +343,7 @@ def score(lm, model, context: list, enc: Encoded, full: np.ndarray, gold: Sequen
     import torch
 
     B, n, q = len(full), len(enc.context), len(enc.question)
-    press = Press(lm.num_layers, n, sink, window, context=context, full=full)
+    press = Press(lm.num_layers, n, sink, window, context=context, full=full, fused=fused_on(model, fused))
     ids = torch.tensor([list(enc.question) + list(gold[:-1])] * B, device=model.device)
     pos = torch.arange(n, n + ids.shape[1], device=model.device).expand(B, -1)
     with torch.no_grad(), hooked(lm, {"attend": press}):
