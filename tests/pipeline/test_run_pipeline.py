@@ -324,3 +324,21 @@ def test_run_family_takes_what_python_has_read_and_refuses_the_rest(tmp_path, de
         pipeline.run_family("general", {"text": ["the cat sat."]}, tmp_path / "x", **common)
     assert "Example" in str(refused.value) and "str" in str(refused.value)  # what it takes, what it got
     assert not (tmp_path / "x").exists()
+
+
+def test_out_of_gpu_memory_in_a_run_is_one_line_naming_max_seq_len(tmp_path, capsys, monkeypatch, inputs):
+    """``attnscope run`` as ``analyze``: torch's out-of-memory error (several lines of allocator
+    advice) becomes one line naming --max-seq-len and what the pass needed, exit 2."""
+    import torch
+
+    from attnscope.cli.main import main
+
+    def boom(self, prepared, options, ctx):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB.\nOf the allocated ...")
+
+    monkeypatch.setattr(General, "run", boom)
+    code = main(["run", "--text", str(inputs["text"]), "--model", "debug:bert", "--max-seq-len", "64",
+                 "--out", str(tmp_path / "out"), "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert all(fact in err for fact in ("--max-seq-len 64", "3.00 GiB", "out of GPU memory")), err

@@ -82,7 +82,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     out_dir = Path(out_dir)
     cfg = config
     check_config(cfg)
-    resolve_device(cfg.device)  # a bad --device is refused before anything is written
+    where = resolve_device(cfg.device)  # a bad --device is refused before anything is written
     check_ray(ray, workers)
     check_writable(out_dir, folder=True)
     old_run = check_out_dir(out_dir, resume=resume, overwrite=overwrite)
@@ -125,7 +125,8 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                            "weights": model_info["weights_sha256"],
                            "model": {k: v for k, v in model_info.items() if k != "device"}})
     old_state = take_out_dir(out_dir, old_run, run_fp, overwrite=overwrite)
-    with refused_writes(out_dir), executor(ray, workers) as ex:
+    # out of GPU memory: one line naming max_seq_len (the finished families stay checkpointed)
+    with refused_writes(out_dir), gpu_memory_errors(cfg.max_seq_len, where), executor(ray, workers) as ex:
         base = dataclasses.replace(base, executor=ex)
         (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
         state = {"fingerprint": run_fp, "status": "running", "started": started,
