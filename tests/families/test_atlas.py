@@ -542,6 +542,40 @@ def test_a_killed_run_resumes_from_its_finished_tasks(debug_llama, tmp_path, mon
     run_family("atlas", {"atlas": text}, tmp_path / "killed", **{**opts, "atlas_tasks": 4})
 
 
+def test_the_sweep_estimate_times_only_the_tasks_left(debug_llama, tmp_path, monkeypatch):
+    """From ESTIMATE_FROM tasks the sweep is timed before it starts and its label says the
+    estimate; a resumed run estimates only the tasks it has left, and none when none is left."""
+    from importlib.resources import files
+
+    import attnscope.families.atlas as family
+    from attnscope.pipeline import run_family
+
+    monkeypatch.setattr(family, "ESTIMATE_FROM", 2)
+    asked, labels, real = [], [], A.sweep_seconds
+    monkeypatch.setattr(A, "sweep_seconds", lambda lm, step, enc, tasks: asked.append(tasks) or real(lm, step, enc, tasks))
+    text = str(files("attnscope") / "demo_data" / "text.txt")
+    opts = dict(model=debug_llama, max_seq_len=96, atlas_tasks=5, atlas_calibration=2, atlas_random=1,
+                atlas_bootstrap=100, atlas_fractions="0,0.5,1", atlas_scores="streaming")
+
+    def kill_at(n):
+        def progress(step, done, total):
+            labels.append(step)
+            if step.startswith("atlas: sweep") and done == n:
+                raise KeyboardInterrupt
+        return progress
+
+    with pytest.raises(KeyboardInterrupt):
+        run_family("atlas", {"atlas": text}, tmp_path / "out", progress=kill_at(3), **opts)
+    assert asked == [5] and any(label.startswith("atlas: sweep (about ") for label in labels)
+    with pytest.raises(KeyboardInterrupt):  # resumed: 2 left, then killed after the last one
+        run_family("atlas", {"atlas": text}, tmp_path / "out", progress=kill_at(5), **opts)
+    assert asked == [5, 2]
+    run_family("atlas", {"atlas": text}, tmp_path / "out", **opts)  # every sweep task is in the log
+    assert asked == [5, 2]
+    timing = json.loads((tmp_path / "out" / "results" / "atlas.json").read_text())["meta"]["timing"]
+    assert "sweep_estimate_seconds" not in timing and timing["sweep_seconds"] >= 0
+
+
 # -- the greedy, combined and trained rankings, the kinds and the drops ----------------------------------
 @pytest.mark.parametrize("fused", [False, True], ids=["torch", "fused"])
 def test_teacher_forced_scores_agree_with_greedy_generation(llama, fused):

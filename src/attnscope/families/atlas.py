@@ -283,8 +283,9 @@ class Atlas(Family):
         configs, masks = A.configs_for(rankings, fractions, (lm.num_layers, kv_heads))
         step = A.SweepStep(masks, configs, sink, window, batch=options.atlas_batch, seed=ctx.seed)
         label = "sweep"
-        if len(encs) >= ESTIMATE_FROM:
-            estimate = ctx.call(A.sweep_seconds, step, encs[0], len(encs))
+        left = len(encs) - ctx.finished("sweep", encs)  # a resumed run: only what is left
+        if left >= ESTIMATE_FROM:
+            estimate = ctx.call(A.sweep_seconds, step, encs[0], left)
             timing["sweep_estimate_seconds"] = estimate
             label = f"sweep (about {_duration(estimate)})"
         t2 = time.perf_counter()

@@ -233,8 +233,7 @@ class Context:
         folder under the job's fingerprint, so a killed run picks up where it stopped (the
         pipeline removes the log once the family's results are written). ``step`` is a
         picklable callable: on Ray it runs on the workers."""
-        log = UnitLog(unit_log_path(self.out_dir, self.family, name), fingerprint(self.job, name, len(items)))
-        return (self.executor or LocalExecutor()).tasks(self.model, step, items, log=log,
+        return (self.executor or LocalExecutor()).tasks(self.model, step, items, log=self._log(name, items),
                                                         progress=self.counter(label, len(items), unit=unit))
 
     def chain(self, step: Callable[[Any, Any, dict | None], dict], items: Sequence, *, name: str, label: str,
@@ -242,9 +241,16 @@ class Context:
         """``step(model, item, previous)`` for each item in order, each from the record of the
         one before (a training run in chunks; :meth:`attnscope.executor.LocalExecutor.chain`):
         kept and resumed as :meth:`tasks` keeps them, always in this process."""
-        log = UnitLog(unit_log_path(self.out_dir, self.family, name), fingerprint(self.job, name, len(items)))
-        return (self.executor or LocalExecutor()).chain(self.model, step, items, log=log,
+        return (self.executor or LocalExecutor()).chain(self.model, step, items, log=self._log(name, items),
                                                         progress=self.counter(label, len(items), unit=unit))
+
+    def finished(self, name: str, items: Sequence) -> int:
+        """How many of ``items`` an earlier, killed run of this job already finished in the step
+        ``name`` of :meth:`tasks` (they will not run again)."""
+        return len(self._log(name, items).done)
+
+    def _log(self, name: str, items: Sequence) -> UnitLog:
+        return UnitLog(unit_log_path(self.out_dir, self.family, name), fingerprint(self.job, name, len(items)))
 
     def counter(self, step: str, total: int, start: int = 0, *, unit: str = "items") -> Callable[[int], None]:
         """A ``tick(k)`` that counts ``k`` more ``unit`` done of ``total`` (from ``start``) and
