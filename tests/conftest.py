@@ -196,6 +196,16 @@ def says(text, *facts) -> str:
     return text
 
 
+def line_saying(lines, *facts) -> str:
+    """The first of ``lines`` (findings, notes, output lines) that holds every fact; fails,
+    showing the lines, when none does."""
+    lines = list(lines)
+    for line in lines:
+        if all(str(f) in str(line) for f in facts):
+            return str(line)
+    raise AssertionError(f"no line holds all of {list(facts)!r} in:\n" + "\n".join(map(str, lines)))
+
+
 def one_line(text) -> str:
     """Assert that an error message is one line (the project's rule); returns it."""
     text = str(text)
