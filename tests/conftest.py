@@ -184,6 +184,35 @@ def make_map(attn, tokens, *, special=None, segment=None, word_ids=None, level="
                         level, example)
 
 
+def says(text, *facts) -> str:
+    """Assert that ``text`` (a message, stderr, a report) holds every fact a user must see: a
+    path, ``path:line``, an option, a number, a value given, a type. Returns ``text``.
+
+    Tests check these facts rather than a message's exact wording, so rewording a message
+    breaks no test while dropping a fact does."""
+    text = str(text)
+    missing = [f for f in facts if str(f) not in text]
+    assert not missing, f"missing {missing!r} in:\n{text}"
+    return text
+
+
+def line_saying(lines, *facts) -> str:
+    """The first of ``lines`` (findings, notes, output lines) that holds every fact; fails,
+    showing the lines, when none does."""
+    lines = list(lines)
+    for line in lines:
+        if all(str(f) in str(line) for f in facts):
+            return str(line)
+    raise AssertionError(f"no line holds all of {list(facts)!r} in:\n" + "\n".join(map(str, lines)))
+
+
+def one_line(text) -> str:
+    """Assert that an error message is one line (the project's rule); returns it."""
+    text = str(text)
+    assert "\n" not in text.strip(), f"not one line:\n{text}"
+    return text
+
+
 @pytest.fixture
 def map_factory():
     return make_map

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_map
+from conftest import make_map, says
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -405,7 +405,7 @@ def test_one_word_sentence_is_an_example_with_nothing_to_score():
     d.update(AttentionBatch([m]))
     assert (d.examples, d.skipped_examples) == (1, 0)
     r = d.finalize()
-    assert r.summary[0] == "0 relations over 0 dependents in 1 sentences"
+    says(r.summary[0], "0 relations", "0 dependents", "1 sentences")
     # no tree: skipped and counted
     d.update(AttentionBatch([make_map(np.full((3, 3), 1 / 3), ["[CLS]", "Hi", "[SEP]"],
                                       example=Example(words=["Hi"], heads=[0]))]))
@@ -487,7 +487,8 @@ def test_finalize_result_in_full():
                                       example=Example(words=["Hi"]), index=1)]))  # no tree
     r = d.finalize()
     assert r.analysis == "dependency-heads" and r.params == d.params()
-    assert r.summary == ["4 relations over 5 dependents in 1 sentences"]
+    assert len(r.summary) == 1
+    says(r.summary[0], "4 relations", "5 dependents", "1 sentences")
     assert r.tables == {"relations": [{"relation": "case", "count": 1}, {"relation": "det", "count": 2},
                                       {"relation": "nsubj", "count": 1}, {"relation": "obl", "count": 1},
                                       {"relation": ALL, "count": 5}]}

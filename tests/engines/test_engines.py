@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import one_line, says
 
 from attnscope.analyses.longctx import (
     NUM_BUCKETS,
@@ -79,11 +80,13 @@ def test_choose_by_device_and_input():
 
 
 def test_a_bad_backend_is_one_line_naming_it():
-    with pytest.raises(AttnscopeError, match=r"^backend 'fast': not one of auto, flex, compiled, tiles$") as e:
+    with pytest.raises(AttnscopeError) as e:
         backends.check("fast", "cpu")
+    says(one_line(e.value), "backend", "'fast'", "auto, flex, compiled, tiles")
     assert e.value.params == ("backend",)
-    with pytest.raises(AttnscopeError, match=r"^backend compiled: cannot run on cuda here \(.*\)$"):
+    with pytest.raises(AttnscopeError) as e:
         backends.check("compiled", "cuda")
+    says(one_line(e.value), "backend compiled", "cuda")
     lm = load_model("debug:llama")
     with pytest.raises(AttnscopeError, match="^backend "):
         stream_stats(lm, [[1, 2, 3]], LongContextStats(), backend="bogus")
@@ -435,19 +438,19 @@ def test_out_of_gpu_memory_is_one_line_naming_max_seq_len(tmp_path, capsys, monk
                  "--device", "auto", "--max-seq-len", "256", "--longctx-engine", "streaming", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert err.strip().splitlines() == [
-        "error: --max-seq-len 256: out of GPU memory on cuda: the pass needed 12.00 GiB more on top of the "
-        "70.00 GiB it held; the device has 80.00 GiB (1.50 GiB free now); lower --max-seq-len"]
+    # the flag and its value, the device, the sizes, and what to do
+    says(one_line(err.strip()), "error: ", "--max-seq-len 256", "GPU memory", "cuda", "12.00 GiB",
+         "70.00 GiB", "80.00 GiB", "1.50 GiB", "lower --max-seq-len")
     assert not out.exists()
 
 
 def test_out_of_memory_in_the_library_names_the_parameter():
     from attnscope.engines.memory import gpu_memory_errors
 
-    with pytest.raises(AttnscopeError, match=r"^max_seq_len 8192: out of GPU memory on cpu: the pass needed "
-                                             r"more than was free; lower max_seq_len$") as e:
+    with pytest.raises(AttnscopeError) as e:
         with gpu_memory_errors(8192, "cpu"):
             raise torch.cuda.OutOfMemoryError("out of memory")
+    says(one_line(e.value), "max_seq_len 8192", "GPU memory", "cpu", "lower max_seq_len")
     assert e.value.params == ("max_seq_len",)
     with pytest.raises(ValueError):  # anything else passes through
         with gpu_memory_errors(8192, "cpu"):

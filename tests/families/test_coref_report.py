@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import says
 
 from attnscope.analyses.coref import BASELINES
 from attnscope.pipeline import run_family
@@ -89,8 +90,8 @@ def test_run_coref_writes_table2_and_baselines_match_hand(tmp_path, debug_bert):
     assert len(verdicts) == 2
     for f, key in zip(verdicts, ("table2", "table2_all_words")):
         assert res["tables"][key][len(BASELINES)]["all_n"] == 3
-        assert "is not compared with the rule-based system" in f and "3 mentions are fewer than 30" in f, f
-    assert section.findings[0].startswith("Caution: Table 2 rests on only 3 items, fewer than 30")
+        says(f, "not compared", "rule-based", "3 mentions", "30")
+    says(section.findings[0], "Caution", "Table 2", "3 items", "30")
     for _layer, _head, idx, _ in section.best_heads:
         assert idx in section.maps and section.maps[idx].level == "word"
 
@@ -119,21 +120,22 @@ def test_few_mentions_get_a_caution_and_no_comparison_with_the_rules():
     rows = _table2(best=[1] * 7, rules=[1] * 7)
     best = rows[3]
     assert (best["all_lo"], best["all_hi"]) == (1.0, 1.0)
-    assert small_sample_caution("Table 2", 7, 100 * best["all_lo"], 100 * best["all_hi"]) == (
-        "Caution: Table 2 rests on only 7 items, fewer than 30: too few for these numbers to be "
-        "compared with the paper or between rows (a bootstrap interval over so few items, here 0.0 "
-        "points wide, understates the uncertainty).")
-    assert against_rules(rows, "with mentions as candidates") == (
-        "With mentions as candidates, the best head (5-4, 100.0% [100.0, 100.0]) is not compared with "
-        "the rule-based system (100.0% [100.0, 100.0]): 7 mentions are fewer than 30.")
+    # the caution: which table, how few items against how many, and the interval's width
+    caution = small_sample_caution("Table 2", 7, 100 * best["all_lo"], 100 * best["all_hi"])
+    says(caution, "Caution", "Table 2", "7 items", "30", "0.0 points")
+    verdict = against_rules(rows, "with mentions as candidates")
+    says(verdict, "mentions as candidates", "5-4", "100.0% [100.0, 100.0]", "rule-based",
+         "not compared", "7 mentions", "30")
+    assert verdict.count("100.0% [100.0, 100.0]") == 2  # the head's, and the system's
     # 30 mentions, 27 and 26 right: a verdict again, and a narrow enough interval needs no caution
     rows = _table2(best=[1] * 27 + [0] * 3, rules=[1] * 26 + [0] * 4)
     lo, hi = 100 * rows[2]["all_lo"], 100 * rows[2]["all_hi"]
     blo, bhi = 100 * rows[3]["all_lo"], 100 * rows[3]["all_hi"]
     assert lo <= 90.0 <= hi
-    assert against_rules(rows, "with mentions as candidates") == (
-        f"With mentions as candidates, the best head (5-4, 90.0% [{blo:.1f}, {bhi:.1f}]) comes close to "
-        f"the rule-based system (86.7% [{lo:.1f}, {hi:.1f}]).")
+    verdict = against_rules(rows, "with mentions as candidates")
+    says(verdict, "mentions as candidates", "5-4", f"90.0% [{blo:.1f}, {bhi:.1f}]", "rule-based",
+         f"86.7% [{lo:.1f}, {hi:.1f}]")
+    assert check_verdict(verdict, rows) == "comes close to"
     assert small_sample_caution("Table 2", 30, 80.0, 95.0) is None
 
 
@@ -195,7 +197,7 @@ def test_coref_findings_agree_with_the_rows_of_a_real_run(tmp_path, debug_bert):
     top = max(h["all"] for h in heads if h["all"] is not None)
     assert best["all"] == pytest.approx(top)  # the best head is the best of every head
     said = next(f for f in section.findings if f.startswith("best head "))
-    assert said.startswith(f"best head {best['name']} selects the antecedent of {100 * best['all']:.1f}%")
+    says(said, f"best head {best['name']}", f"{100 * best['all']:.1f}%")
 
 
 def test_cli_coref_runs_and_bad_input_fails_cleanly(tmp_path, capsys):

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import line_saying, says
 
 from attnscope.analyses.distances import HeadDistances
 from attnscope.analyses.entropy import Entropy
@@ -87,7 +88,7 @@ def test_run_general_forced_streaming_matches_maps(tmp_path, llama):
                           ("relative-position", "current")):
         np.testing.assert_allclose(_array(stream, analysis, key), _array(maps, analysis, key), atol=1e-5)
     assert maps["run"]["engine"] == "maps" and stream["run"]["engine"] == "streaming"
-    assert any(f.startswith("Engine: streaming (forced") for f in sec_s.findings)
+    line_saying(sec_s.findings, "Engine: streaming", "forced")
     assert any("Figure 1" in f and "not computed" in f for f in sec_s.findings)
     assert "figure1_examples" not in {f.name for f in sec_s.figures}
     assert "figure1_examples" in {f.name for f in sec_m.figures}
@@ -100,11 +101,11 @@ def test_auto_picks_streaming_under_a_tiny_budget(tmp_path, llama, capsys):
                          progress=lambda *a: None)
     assert data["run"]["engine"] == "streaming"
     line = next(f for f in sec.findings if f.startswith("Engine:"))
-    assert line.startswith("Engine: streaming (chosen") and "0.00 GB" in line
+    says(line, "Engine: streaming", "chosen", "0.00 GB")
     assert line in capsys.readouterr().err  # said on the console too
     sec, data = _general(tmp_path / "b", llama, general_engine="auto", general_maps_budget_gb=1e-4)
     assert data["run"]["engine"] == "maps"
-    assert any(f.startswith("Engine: maps (chosen") for f in sec.findings)
+    line_saying(sec.findings, "Engine: maps", "chosen")
 
 
 def test_streaming_refused_for_encoders_and_stores(tmp_path, capsys):
@@ -124,7 +125,8 @@ def test_cli_analyze_general_streaming_and_run_help(tmp_path, capsys):
                  "--general-engine", "auto", "--general-maps-budget-gb", "0", "--general-num-text-examples", "2"])
     out = capsys.readouterr()
     assert code == 0, out.err
-    assert "Engine: streaming (chosen" in out.out and "Engine: streaming (chosen" in out.err
+    for text in (out.out, out.err):
+        line_saying(text.splitlines(), "Engine: streaming", "chosen")
     data = json.loads((tmp_path / "o" / "results" / "general.json").read_text())
     assert data["run"]["engine"] == "streaming"
     assert main(["run", "--help"]) == 0  # no option name collides across families
@@ -141,7 +143,7 @@ def test_attnscope_run_picks_streaming_for_general_and_longctx(tmp_path, capsys)
                  "--longctx-maps-budget-gb", "0", "--longctx-induction", "0"])
     cap = capsys.readouterr()
     assert code == 0, cap.err
-    assert "Engine: streaming (chosen" in cap.err  # the general family says so on the console
+    line_saying(cap.err.splitlines(), "Engine: streaming", "chosen")  # the general family says so on the console
     general = json.loads((out / "results" / "general.json").read_text())
     longctx = json.loads((out / "results" / "longctx.json").read_text())
     assert general["run"]["engine"] == "streaming" and longctx["meta"]["engine"] == "streaming"
@@ -149,7 +151,7 @@ def test_attnscope_run_picks_streaming_for_general_and_longctx(tmp_path, capsys)
     assert e.shape == (2, 4) and (e > 0).all()
     summary = json.loads((out / "results.json").read_text())
     findings = summary["families"]["general"]["section"]["findings"]
-    assert any(f.startswith("Engine: streaming (chosen") for f in findings)
+    line_saying(findings, "Engine: streaming", "chosen")
 
 
 @pytest.mark.parametrize("engine", ["auto", "streaming"])
@@ -167,13 +169,16 @@ def test_save_maps_needs_the_maps_engine(tmp_path, llama):
     from attnscope.errors import AttnscopeError
 
     examples = [Example(text=t) for t in TEXTS]
-    with pytest.raises(AttnscopeError, match="^save_maps needs the maps engine, not general_engine") as refused:
+    with pytest.raises(AttnscopeError) as refused:
         run_family("general", {"text": examples}, tmp_path / "o", model=llama, max_seq_len=64,
                    general_engine="streaming", save_maps=tmp_path / "m")
+    says(refused.value, "save_maps", "maps engine", "general_engine streaming")
     assert refused.value.params == ("save_maps", "general_engine")
-    with pytest.raises(AttnscopeError, match="raise general_maps_budget_gb") as refused:
+    with pytest.raises(AttnscopeError) as refused:
         run_family("general", {"text": examples}, tmp_path / "o", model=llama, max_seq_len=64,
                    general_maps_budget_gb=0, save_maps=tmp_path / "m")
+    says(refused.value, "save_maps", "maps engine", "general_maps_budget_gb")
+    assert refused.value.params == ("save_maps", "general_maps_budget_gb")
     assert "--general-maps-budget-gb" in refused.value.for_flags({})
     assert not (tmp_path / "m").exists() and not (tmp_path / "o").exists()
 
@@ -186,9 +191,11 @@ def test_streaming_runs_a_decoder_past_its_configured_positions(tmp_path, debug_
     text = " ".join(f"word{i % 50}" for i in range(150))  # 721 tokens of the debug tokenizer
     sec = run_family("general", {"text": [Example(text=text)]}, tmp_path / "d", model=debug_llama,
                      max_seq_len=1024, general_engine="streaming", gradients="off")
-    assert any("past the 512 positions" in f for f in sec.findings), sec.findings
-    with pytest.raises(AttnscopeError, match="above the position limit"):
+    line_saying(sec.findings, "past", "512 positions")
+    with pytest.raises(AttnscopeError) as refused:
         from attnscope.models import load_model
 
         run_family("general", {"text": [Example(text="a b c")]}, tmp_path / "e", model=load_model("debug:bert"),
                    max_seq_len=4096, gradients="off")
+    says(refused.value, "max_seq_len 4096", "debug:bert", "512")
+    assert refused.value.params == ("max_seq_len",)

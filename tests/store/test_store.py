@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import one_line, says
 
 from attnscope.errors import InputError, StoreError
 from attnscope.extract import ExtractOptions, extract
@@ -67,8 +68,9 @@ def test_existing_store_is_refused_unless_resume_or_overwrite(tmp_path, debug_be
 
     records = [example_from_dict(e, i) for i, e in enumerate(examples(5))]
     extract_to_store(records, tmp_path / "s", debug_bert)
-    with pytest.raises(StoreError, match="already holds a store"):
+    with pytest.raises(StoreError) as e:
         extract_to_store(records, tmp_path / "s", debug_bert)
+    says(one_line(e.value), str(tmp_path / "s"), "already", "store")
     with pytest.raises(StoreError, match="cannot resume"):
         extract_to_store(records[:3], tmp_path / "s", debug_bert, resume=True)
     extract_to_store(records[:3], tmp_path / "s", debug_bert, overwrite=True)
@@ -89,8 +91,9 @@ def test_corrupt_and_truncated_shards_are_named(tmp_path, debug_bert):
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
     store = open_store(tmp_path / "s")
-    with pytest.raises(StoreError, match=r"00001\.safetensors: corrupt or truncated shard"):
+    with pytest.raises(StoreError) as e:
         list(store)
+    says(one_line(e.value), "00001.safetensors:", "truncated")
     assert any("checksum mismatch" in p for p in store.verify())
     shard.write_bytes(b"\x00" * 3)
     with pytest.raises(StoreError, match="00001.safetensors"):
@@ -98,8 +101,9 @@ def test_corrupt_and_truncated_shards_are_named(tmp_path, debug_bert):
 
 
 def test_not_a_store(tmp_path):
-    with pytest.raises(StoreError, match="no such store folder"):
+    with pytest.raises(StoreError) as e:
         open_store(tmp_path / "missing")
+    says(one_line(e.value), str(tmp_path / "missing"), "no such")
     (tmp_path / "x").mkdir()
     with pytest.raises(StoreError, match="not an attnscope store"):
         open_store(tmp_path / "x")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import one_line, says
 
 from attnscope.cli.main import main
 from attnscope.models import load_model
@@ -98,17 +99,20 @@ def test_cli_long_continuation_window(tmp_path):
 def test_errors_are_one_line(tmp_path, capsys):
     from attnscope.errors import AttnscopeError
 
-    with pytest.raises(AttnscopeError, match="not a decoder model"):
+    with pytest.raises(AttnscopeError) as e:
         continuation_map(load_model("debug:bert"), PROMPT, 3)
-    with pytest.raises(AttnscopeError, match="pass the limit of 20"):
+    says(one_line(e.value), "generate 3", "debug:bert", "decoder")
+    with pytest.raises(AttnscopeError) as e:
         continuation_map(load_model("debug:llama"), PROMPT, 3, max_seq_len=20)
+    says(one_line(e.value), "generate 3", "limit of 20")
+    assert e.value.params == ("generate",)
     out = tmp_path / "g.html"
     assert main(["view", "--generate", "3", "--out", str(out)]) == 2
-    assert capsys.readouterr().err.strip() == \
-        "error: generate needs a --model and a --prompt (or a store to take them from)"
+    says(one_line(capsys.readouterr().err.strip()), "error: ", "generate", "--model", "--prompt", "store")
     assert main(["view", "--generate", "3", "--model", "debug", "--prompt", "the cat", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not a decoder model" in err[0]
+    assert len(err) == 1
+    says(err[0], "debug", "decoder")
     assert main(["view", "--generate", "0", "--model", "debug:llama", "--prompt", "x", "--out", str(out)]) == 2
     assert not out.exists()
     capsys.readouterr()
@@ -117,8 +121,7 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert main(["extract", str(inp), "--model", "debug:llama", "--out", str(tmp_path / "s")]) == 0
     capsys.readouterr()
     assert main(["view", str(tmp_path / "s"), "--prompt", "x", "--out", str(out)]) == 2
-    assert capsys.readouterr().err.strip() == \
-        "error: --prompt is only for --generate (a stored example has its own text)"
+    says(one_line(capsys.readouterr().err.strip()), "error: ", "--prompt", "--generate")
     assert not out.exists()
 
 

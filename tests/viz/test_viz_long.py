@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import one_line, says
 
 from attnscope.errors import AttnscopeError
 from attnscope.viz.encoding import decode
@@ -25,10 +26,12 @@ def test_window_units_keeps_the_sink_and_the_last_rows():
     assert window_units(10, 4, offset=3).tolist() == [0, 3, 4, 5, 6]
     assert window_units(10, 4, offset=0).tolist() == [0, 1, 2, 3]  # the sink is in the window
     assert window_units(3, 8).tolist() == [0, 1, 2]
-    with pytest.raises(AttnscopeError, match=r"^offset 7: out of range .* \(0 \.\. 6\)"):
+    with pytest.raises(AttnscopeError) as e:
         window_units(10, 4, offset=7)
-    with pytest.raises(AttnscopeError, match="^window 0: must be at least 1"):
+    says(one_line(e.value), "offset 7", "0 .. 6")
+    with pytest.raises(AttnscopeError) as e:
         window_units(10, 0)
+    says(one_line(e.value), "window 0", "at least 1")
 
 
 def test_long_payload_is_the_window_with_the_mass_left_outside(map_factory):
@@ -71,8 +74,9 @@ def test_short_inputs_are_whole_and_refuse_an_offset(map_factory):
     amap = map_factory(causal_uniform(10), [f"t{i}" for i in range(10)], level="token")
     p = page_payload(amap)
     assert p["window"] is None and decode(p["attn"]).shape == (1, 2, 10, 10)
-    with pytest.raises(AttnscopeError, match="^offset 2: example 0 has 10 units"):
+    with pytest.raises(AttnscopeError) as e:
         page_payload(amap, offset=2)
+    says(one_line(e.value), "offset 2", "example 0", "10 units")
 
 
 def test_distance_profile_by_hand():
