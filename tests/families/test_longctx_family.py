@@ -181,6 +181,20 @@ def test_generate_refused_for_an_encoder(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("flag, value", [("--longctx-js-rows", "-1"), ("--longctx-induction-length", "0"),
+                                         ("--longctx-chunk", "-8")])
+def test_a_count_below_its_minimum_names_the_flag_and_the_value(tmp_path, capsys, flag, value):
+    from attnscope.cli.main import main
+
+    docs = tmp_path / "d.txt"
+    docs.write_text(DOCS)
+    code = main(["analyze", "longctx", str(docs), "--model", "debug:llama", "--out", str(tmp_path / "o"),
+                 flag, value, "-q"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
+    assert flag in err and f"not {value}" in err  # the option and what was given
+
+
 def test_word_level_documents(tmp_path, llama):
     p1, s1, c1 = _run(tmp_path / "a", llama, word_level=True, engine="maps")
     _, _, c2 = _run(tmp_path / "b", llama, word_level=True, engine="streaming", chunk=2)

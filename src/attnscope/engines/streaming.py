@@ -465,7 +465,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
     of every layer's input, which 30 layers amplify to ~1e-5 in the statistics).
     """
     if chunk < 0:
-        raise ValueError("chunk must be at least 1 (or 0: automatic)")
+        raise ValueError(f"chunk must be at least 1 (or 0: automatic), not {chunk}")
     device = lm.model.device  # where the statistics' tensors live: the model's device
     backends.check(backend, device)
     for start in range(0, len(sequences), batch_size):

@@ -225,7 +225,6 @@ class Attribution(Family):
         return {"attribution": attribution_payload(results, source, problems)}
 
     def prepare(self, inputs, options: AttributionOptions, ctx: Context) -> Prepared:
-
         methods = options.method_list()  # refuse a bad --attribution-methods before anything runs
         for name in ("attribution_examples", "attribution_map_examples", "flow_max_tokens"):
             if getattr(options, name) < 1:

@@ -20,7 +20,15 @@ from attnscope.data.unlabeled import prepare_documents
 from attnscope.engines.streaming import choose_engine, induction_sequences, maps_bytes
 from attnscope.errors import AttnscopeError
 from attnscope.extract.encode import word_units
-from attnscope.families.base import Context, Family, Input, Prepared, option, register_family
+from attnscope.families.base import (
+    Context,
+    Family,
+    Input,
+    Prepared,
+    check_options,
+    option,
+    register_family,
+)
 from attnscope.models.gguf import ContinueStep
 from attnscope.report.longctx import run_findings, write_section
 from attnscope.store.results import write_results
@@ -40,7 +48,7 @@ def _plan(sequences: list, batch_size: int) -> tuple[int, int]:
 @dataclass
 class Options:
     chunk: int = option(0, "Query rows per tile of the streaming engine (memory ~ heads x chunk x "
-                           "length floats; the numbers do not depend on it); 0: tiles of about 4 MB.")
+                           "length floats; the numbers do not depend on it); 0: tiles of about 4 MB.", minimum=0)
     engine: str = option("auto", "Where the statistics come from: the streaming engine (no n x n maps), "
                                  "the attention maps, or auto (maps when they fit in --longctx-maps-budget-gb).",
                          choices=("auto", "streaming", "maps"))
@@ -50,12 +58,12 @@ class Options:
                                    "attention modules; the statistics are always float32).",
                         choices=("float32", "bfloat16"))
     join: bool = option(False, "Join consecutive documents (in file order) until --max-seq-len tokens.")
-    num_docs: int = option(0, "Use only the first N documents (0: all).")
+    num_docs: int = option(0, "Use only the first N documents (0: all).", minimum=0)
     js_rows: int = option(8, "Query rows sampled per document (seeded) for the head-to-head "
-                             "Jensen-Shannon distances.")
+                             "Jensen-Shannon distances.", minimum=0)
     induction: int = option(4, "Sequences of repeated random tokens for the induction and "
-                               "duplicate-token scores (0: none).")
-    induction_length: int = option(256, "Random tokens per copy in those sequences.")
+                               "duplicate-token scores (0: none).", minimum=0)
+    induction_length: int = option(256, "Random tokens per copy in those sequences.", minimum=1)
     sink_threshold: float = option(0.3, "A sink head's mean attention on the first token is above "
                                         "this (Gu et al. 2024 use 0.3).")
     sink_metric: str = option("pooled", "How sink heads are told: pooled (the mean over every "
@@ -96,10 +104,7 @@ class LongContext(Family):
         if path is None:
             raise AttnscopeError("documents: no file given", params=("documents",))
         lm = ctx.model
-        for name in ("chunk", "js_rows", "induction", "induction_length", "num_docs"):
-            if getattr(options, name) < (1 if name == "induction_length" else 0):
-                raise AttnscopeError(f"{name} must be at least {1 if name == 'induction_length' else 0}",
-                                     params=(name,))
+        check_options(options)  # chunk, js_rows, ... at least their minimum, naming the value given
         if options.sink_metric == "gu2024" and not lm.family.causal:
             raise AttnscopeError(f"sink_metric gu2024: {lm.name} is an encoder; Gu et al.'s metric "
                                  "is defined for decoder (causal) models", params=("sink_metric",))
