@@ -142,6 +142,26 @@ def debug_llama():
     return load_model("debug:llama")
 
 
+@pytest.fixture(scope="module")
+def causal_llama(debug_llama):
+    """debug:llama with its language-model head (seeded): ``(lm, model)`` to generate with."""
+    from attnscope.models.gguf import causal_lm_for
+
+    return debug_llama, causal_lm_for(debug_llama, seed=0)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma", "gpt2"])
+def causal_decoder(request):
+    """Each tiny decoder family with its language-model head, ``(lm, model)``: grouped-query
+    (Llama, Qwen2), Gemma's scaling and soft-capping, GPT-2's absolute positions and fused
+    projections."""
+    from attnscope.models import load_model
+    from attnscope.models.gguf import causal_lm_for
+
+    lm = load_model(f"debug:{request.param}")
+    return lm, causal_lm_for(lm, seed=0)
+
+
 @pytest.fixture(scope="session")
 def debug_gpt2():
     from attnscope.models import load_model
