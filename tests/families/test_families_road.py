@@ -47,3 +47,23 @@ def test_the_check_finds_a_family_that_runs_the_model(tmp_path):
                    "def run(lm, ids):\n    return forward(lm, pad_batch(lm, [ids]))\n")
     assert [what for _, what in _calls_and_imports(bad)] == [
         "imports attnscope.models.forward: forward, pad_batch", "calls forward", "calls pad_batch"]
+
+
+def _builds_a_context(path: Path) -> list[int]:
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Context"]
+
+
+def test_only_the_pipeline_builds_a_context():
+    """One entry per family (``run_pipeline``, ``run_family``): nothing else in the package makes a
+    job's Context by hand (a Context made elsewhere would bypass the job's fingerprint, resume,
+    executor and out-of-memory line)."""
+    src = FAMILIES.parent
+    builders = {str(p.relative_to(src)): lines for p in sorted(src.rglob("*.py")) if (lines := _builds_a_context(p))}
+    assert list(builders) == ["pipeline/run.py"], builders
+
+
+def test_the_check_finds_a_context_built_by_hand(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from attnscope.families import base\n\nctx = base.Context(model=None, out_dir='o')\n")
+    assert _builds_a_context(bad) == [3]
