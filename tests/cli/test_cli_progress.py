@@ -7,6 +7,8 @@ import re
 from importlib.resources import files
 from pathlib import Path
 
+from conftest import says
+
 from attnscope.cli.common import plain_progress, step_progress
 from attnscope.progress import Step
 
@@ -27,11 +29,18 @@ def test_plain_progress_writes_a_line_every_so_often_and_one_when_a_total_is_rea
     # 31 s after the start, then 30 s after that line; another family counts from the start;
     # a count shown reaches its total on a line of its own, however soon; a step done once
     # (the report) that took long enough to be shown says when it is done
-    assert capsys.readouterr().err.splitlines() == [
-        "longctx: statistics: 2/60 documents after 31 s", "syntax: probes epoch 1: 4/9 sentences after 45 s",
-        "longctx: statistics: 5/60 documents after 61 s", "longctx: statistics: 60/60 documents after 70 s",
-        "syntax: probes epoch 1: 9/9 sentences after 71 s", "report: started after 72 s",
-        "report: done after 110 s"]
+    # each line: the step, its count out of the total with the unit, the seconds since the start
+    lines = capsys.readouterr().err.splitlines()
+    shown = [("longctx: statistics", "2/60", "documents", "31 s"),
+             ("syntax: probes epoch 1", "4/9", "sentences", "45 s"),
+             ("longctx: statistics", "5/60", "documents", "61 s"),
+             ("longctx: statistics", "60/60", "documents", "70 s"),
+             ("syntax: probes epoch 1", "9/9", "sentences", "71 s"),
+             ("report", "started", "72 s"), ("report", "done", "110 s")]
+    assert len(lines) == len(shown), lines
+    for line, facts in zip(lines, shown):
+        assert line.startswith(f"{facts[0]}: "), line
+        says(line, *facts)
 
 
 def test_a_step_never_shown_prints_nothing_when_it_ends(capsys):

@@ -63,10 +63,13 @@ def test_tab_file_reads_like_its_space_aligned_twin(tmp_path):
 
 def test_tab_file_with_a_short_row_names_its_line(tmp_path):
     import pytest
+    from conftest import one_line, says
 
     from attnscope.errors import InputError
 
     rows = list(TAB_ROWS)
     rows[3] = rows[3].rsplit("\t", 1)[0]  # "Mary" loses its coreference column
-    with pytest.raises(InputError, match=r"tabs_gold_conll:4: expected 13 columns"):
+    with pytest.raises(InputError) as e:
         _read(tmp_path, "tabs_gold_conll", rows)
+    # the line, the columns of the sentence's first line, the columns found
+    says(one_line(e.value), f"{tmp_path / 'tabs_gold_conll'}:4: ", "13 columns", "found 12")

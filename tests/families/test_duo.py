@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import one_line, says
 
 from attnscope.analyses import duo as D
 from attnscope.data import tasks as T
@@ -106,12 +107,14 @@ def test_pattern_files_are_read_back_and_broken_ones_named_by_line(tmp_path):
     np.testing.assert_array_equal(D.read_pattern(tmp_path / "p" / "full_attention_heads.tsv", (3, 2)), g)
     assert json.loads((tmp_path / "p" / "config.json").read_text()) == {"sink_size": 4, "recent_size": 64}
     bad = tmp_path / "bad.tsv"
-    for text, shape, message in [("1\t0\n0.5\n1\t1\n", (3, 2), "bad.tsv:2: 1 values"),
-                                 ("1\t0\nx\t1\n", (2, 2), "bad.tsv:2: not tab-separated numbers"),
-                                 ("1\t0\n", (2, 2), "1 lines; the model has 2 layers")]:
+    # the file and line, what it holds, and what the model has
+    for text, shape, facts in [("1\t0\n0.5\n1\t1\n", (3, 2), (f"{bad}:2: ", "1 values", "2 key/value heads")),
+                               ("1\t0\nx\t1\n", (2, 2), (f"{bad}:2: ", "tab-separated numbers")),
+                               ("1\t0\n", (2, 2), (f"{bad}: ", "1 lines", "2 layers"))]:
         bad.write_text(text)
-        with pytest.raises(InputError, match=message):
+        with pytest.raises(InputError) as e:
             D.read_pattern(bad, shape)
+        says(one_line(e.value), *facts)
 
 
 @pytest.fixture(scope="module")
@@ -180,5 +183,6 @@ def test_cli_refuses_a_pattern_of_another_shape_in_one_line(duo_run, tmp_path, c
     code = main(["analyze", "atlas", str(duo_run / "hay.txt"), "--model", "debug:llama", "--max-seq-len", "96",
                  "--atlas-gates", str(bad), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err == [f"error: {bad}:1: 3 values; the model has 2 key/value heads a layer"], err
+    assert code == 2 and len(err) == 1, err
+    says(err[0], f"error: {bad}:1: ", "3 values", "2 key/value heads")  # the line, what it has, what fits
     assert not (tmp_path / "out").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import one_line, says
 
 from attnscope.errors import AttnscopeError
 from attnscope.models.forward import forward, pad_batch, supports_hooks
@@ -161,8 +162,9 @@ def test_head_out_hook_can_replace(debug_bert):
 def test_unknown_hook_point_and_outside_a_pass(debug_bert):
     lm = debug_bert
     inputs = _inputs(lm, [[2, 5, 3]])
-    with pytest.raises(ValueError, match="unknown hook points"):
+    with pytest.raises(ValueError) as e:
         forward(lm, inputs, hooks={"qq": lambda s, t: None})
+    says(one_line(e.value), "unknown", "'qq'", "head_out")  # the name given, and the known ones
     # Outside forward(), the model is exactly eager attention (output_attentions works).
     with torch.no_grad():
         out = lm.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,

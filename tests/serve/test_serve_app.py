@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import one_line, says
 
 from attnscope.errors import StoreError
 from attnscope.viz.encoding import decode
@@ -130,7 +131,8 @@ def test_results_are_read(client, store_path, general_out, tmp_path):
     c = create_app(None, tmp_path / "out").test_client()
     assert c.get("/api/info").get_json()["summary"]["layers"] == 2
     got = c.get("/api/results").get_json()
-    assert got["problems"] == ["results/broken.json: not readable as JSON"]
+    assert len(got["problems"]) == 1  # the file, and that it is not JSON
+    says(one_line(got["problems"][0]), "results/broken.json: ", "JSON")
     assert [s["name"] for s in got["stats"]] == [s["name"] for s in r["stats"]]
 
 
@@ -181,24 +183,28 @@ def test_no_results_degrades(store_path, tmp_path):
     r = create_app(store_path).test_client().get("/api/results").get_json()
     assert r == {"folder": None, "stats": [], "scatter": None, "summaries": [], "problems": []}
     r = create_app(store_path, tmp_path / "none").test_client().get("/api/results").get_json()
-    assert r["problems"] == [f"{tmp_path / 'none'}: no such results folder"]
+    assert len(r["problems"]) == 1  # the folder given, and that there is none
+    says(one_line(r["problems"][0]), f"{tmp_path / 'none'}: ", "no such")
 
 
 def test_user_errors_are_json_messages(client):
-    for url, status, text in (("/api/example/99", 400, "no example at position 99"),
-                              ("/api/example/0/neuron?layer=7", 400, "layer 7 out of range"),
-                              ("/api/examples?offset=x", 400, "offset must be a whole number"),
-                              ("/nowhere", 404, "not found")):
+    # the position and the store's size; the layer given and the model's; the parameter and value
+    for url, status, facts in (("/api/example/99", 400, ("99", f"has {len(TEXTS)}")),
+                               ("/api/example/0/neuron?layer=7", 400, ("layer 7", "out of range", "2 layers")),
+                               ("/api/examples?offset=x", 400, ("offset", "whole number", "'x'")),
+                               ("/nowhere", 404, ("not found",))):
         r = client.get(url)
-        assert r.status_code == status and text in r.get_json()["error"]
+        assert r.status_code == status
+        says(one_line(r.get_json()["error"]), *facts)
         assert b"Traceback" not in r.data
 
 
 def test_wrong_store_path_and_corrupt_shard(store_path, tmp_path):
     from attnscope.serve.app import create_app
 
-    with pytest.raises(StoreError, match="no such store folder"):
+    with pytest.raises(StoreError) as e:
         create_app(tmp_path / "missing")
+    says(one_line(e.value), f"{tmp_path / 'missing'}: ", "no such store folder")
     bad = tmp_path / "bad"
     shutil.copytree(store_path, bad)
     from attnscope.store import open_store
@@ -217,4 +223,5 @@ def test_serve_command_rejects_a_wrong_store(tmp_path, capsys):
 
     assert main(["serve", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "no such store folder" in err
+    assert err.startswith("error: ")
+    says(one_line(err.strip()), str(tmp_path / "missing"), "no such store folder")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import one_line, says
 
 from attnscope.errors import AttnscopeError
 from attnscope.viz.encoding import decode
@@ -118,11 +119,13 @@ def test_selected_values_are_consistent(debug_bert):
 def test_errors(debug_bert):
     from dataclasses import replace
 
-    with pytest.raises(AttnscopeError, match="layer 5 out of range"):
+    with pytest.raises(AttnscopeError) as e:
         capture_qk(debug_bert, TEXT, 5)
+    says(one_line(e.value), "neuron view", "layer 5", "out of range", "2 layers")
     qk = capture_qk(debug_bert, TEXT, 0)
-    with pytest.raises(AttnscopeError, match="head 2 out of range"):
+    with pytest.raises(AttnscopeError) as e:
         neuron_payload(qk, head=2)
+    says(one_line(e.value), "neuron view", "head 2", "out of range", "2 heads")
     # Families routed through the forward helper need no module paths: q and k come from its
     # hook points, and softmax(q.k * scaling) is still the model's attention.
     bare = replace(debug_bert, family=replace(debug_bert.family, query=None, key=None))
