@@ -129,7 +129,8 @@ def test_attribution_with_only_hooked_methods_is_refused(mpnet, examples_file, t
     with pytest.raises(AttnscopeError) as e:
         fam.prepare({"attribution": examples_file}, opts, Context(model=mpnet, out_dir=tmp_path / "o"))
     # the model, why, the methods chosen, and what does run on it
-    says(one_line(e.value), "debug:mpnet", "AttentionInterface", "importance, norms", "rollout")
+    says(one_line(e.value), "debug:mpnet", "AttentionInterface", "attribution_methods importance,norms", "rollout")
+    assert e.value.params == ("attribution_methods",)
     assert not (tmp_path / "o").exists()
 
 
@@ -159,7 +160,7 @@ def test_cli_attribution_with_only_hooked_methods_is_one_line_exit_2(examples_fi
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
-    says(lines[0], "error: ", "debug:mpnet", "AttentionInterface", "(norms)", "rollout")
+    says(lines[0], "error: ", "--attribution-methods norms", "debug:mpnet", "AttentionInterface", "rollout")
     assert not out.exists() or not any(out.rglob("*.json"))
 
 

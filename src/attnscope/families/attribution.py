@@ -232,9 +232,9 @@ class Attribution(Family):
         if ctx.model is None:
             raise AttnscopeError("the attribution family needs model (it runs the model)", params=("model",))
         if not hook_free(ctx.model, methods)[0]:
-            raise AttnscopeError(f"{ctx.model.name} does not route attention through transformers' "
-                                 f"AttentionInterface, so none of the chosen methods ({', '.join(methods)}) "
-                                 "can run on it; rollout uses its attention maps")
+            raise AttnscopeError(f"attribution_methods {','.join(methods)}: {ctx.model.name} does not route "
+                                 "attention through transformers' AttentionInterface, so none of them can run "
+                                 "on it; rollout uses its attention maps", params=("attribution_methods",))
         source = read_source(inputs["attribution"], self.inputs[0].kinds, model=ctx.model,
                              max_seq_len=ctx.max_seq_len, seed=ctx.seed,
                              num_examples=options.attribution_examples, limit=options.attribution_examples)
