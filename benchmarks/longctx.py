@@ -17,6 +17,8 @@ mode runs in its own process:
              compiled row kernel, ATTNSCOPE_NATIVE=tiles; on a GPU tiles sized from its memory)
   streaming-torch  the tiles without a compiled kernel (ATTNSCOPE_NATIVE=0), as on a machine
              with no C compiler
+  streaming-onepass  the same through attnscope's one-pass Triton kernel (engines/onepass.py;
+             on CUDA, or under TRITON_INTERPRET=1 on the CPU: the interpreter, not a speed)
   sdpa       the bare forward pass (sdpa, no hooks, no statistics)
 
 and reports wall time, CPU time (user + system) and peak resident memory (ru_maxrss) of the
@@ -30,6 +32,7 @@ the measured step.
     PYTHONPATH=src python benchmarks/longctx.py --lengths 4096 --bf16-diff
     PYTHONPATH=src python benchmarks/longctx.py --device cuda --lengths 8192 32768 131072
     PYTHONPATH=src python benchmarks/longctx.py --device cuda --lengths 4096 --compare flex tiles
+    PYTHONPATH=src python benchmarks/longctx.py --device cuda --lengths 32768 --modes sdpa streaming streaming-onepass
 
 ``--device cuda`` also reports torch.cuda.max_memory_allocated (every mode, sdpa included);
 the streaming modes there run the fused FlexAttention backend (streaming, streaming-flex) or the
@@ -50,9 +53,10 @@ import sys
 import time
 from pathlib import Path
 
-MODES = ["sdpa", "streaming", "streaming-flex", "streaming-tiles", "streaming-torch", "maps"]
+MODES = ["sdpa", "streaming", "streaming-flex", "streaming-tiles", "streaming-torch", "streaming-onepass", "maps"]
 #: the streaming engine's backend per mode (engines/backends.py)
-BACKEND = {"streaming": "auto", "streaming-flex": "flex", "streaming-tiles": "tiles", "streaming-torch": "tiles"}
+BACKEND = {"streaming": "auto", "streaming-flex": "flex", "streaming-tiles": "tiles", "streaming-torch": "tiles",
+           "streaming-onepass": "onepass"}
 ROOT = Path(__file__).resolve().parents[1]
 WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.sentences.txt"
 if not WIKITEXT.is_file():
@@ -142,7 +146,7 @@ def worker(args) -> dict:
         if args.worker.startswith("streaming"):
             out["backend"] = choose(backend, args.device, token_level=True, probe=False, tokens=len(ids))
             out["warmup_s"] = round(warmup, 2)
-            out["kernel"] = ("flex" if out["backend"] == "flex" else
+            out["kernel"] = (out["backend"] if out["backend"] in ("flex", "onepass") else
                              ("flash" if out["backend"] == "compiled" else "tiles")
                              if args.worker != "streaming-torch" and native.available(args.device) else "torch")
         means = stats.means()
@@ -204,7 +208,7 @@ def main() -> None:
                     help="streaming in float32 and in bfloat16 at each length: time ratio, largest "
                          "difference of each statistic")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
-                    help="the streaming engine through backends A and B (flex, compiled, tiles) at each "
+                    help="the streaming engine through backends A and B (flex, compiled, onepass, tiles) at each "
                          "length: times, largest difference of each statistic")
     ap.add_argument("--load-times", action="store_true",
                     help="time load_model(--model) twice in fresh processes with an empty cache "
@@ -269,7 +273,7 @@ def main() -> None:
             print(json.dumps(got[m]), flush=True)
             rows.append(got[m])
         c = got.get("sdpa", {})
-        for mode in ("streaming", "streaming-flex", "streaming-tiles", "streaming-torch"):
+        for mode in [m for m in MODES if m.startswith("streaming")]:
             b = got.get(mode, {})
             if "wall_s" in b and "wall_s" in c:
                 name = mode.replace("-", "_")

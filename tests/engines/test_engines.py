@@ -9,7 +9,9 @@ computed independently from the eager maps (``test_longctx.reference``).
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +42,8 @@ from tests.engines.test_longctx import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+if not torch.cuda.is_available():  # the one-pass Triton kernel on CPU tensors: Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 HERE = [b.name for b in backends.BACKENDS if backends.usable(b.name, "cpu")]
 needs_flex = pytest.mark.skipif(not flex.available(), reason="this torch has no FlexAttention")
 
@@ -55,8 +59,10 @@ def one_thread():
 
 
 def test_flex_and_the_tiles_run_here():
-    # torch 2.13 has FlexAttention: the fused backend's mathematics is tested on every machine
+    # torch 2.13 has FlexAttention: the fused backend's mathematics is tested on every machine;
+    # the one-pass kernel's wherever Triton is installed (the test extra installs it)
     assert {"flex", "tiles"} <= set(HERE)
+    assert ("onepass" in HERE) == (importlib.util.find_spec("triton") is not None)
 
 
 # -- the seam ---------------------------------------------------------------------------------
@@ -82,7 +88,7 @@ def test_choose_by_device_and_input():
 def test_a_bad_backend_is_one_line_naming_it():
     with pytest.raises(AttnscopeError) as e:
         backends.check("fast", "cpu")
-    says(one_line(e.value), "backend", "'fast'", "auto, flex, compiled, tiles")
+    says(one_line(e.value), "backend", "'fast'", *backends.NAMES)
     assert e.value.params == ("backend",)
     with pytest.raises(AttnscopeError) as e:
         backends.check("compiled", "cuda")
@@ -298,15 +304,15 @@ def test_every_backend_equals_the_eager_maps(decoder, backend):
     assert_close(st.means(), ref, tol=1e-5)
 
 
-@needs_flex
-def test_flex_on_an_encoder_and_with_extra_classes_equals_the_maps():
+@pytest.mark.parametrize("backend", [b for b in HERE if b in ("flex", "onepass")])
+def test_the_fused_backends_on_an_encoder_and_with_extra_classes_equal_the_maps(backend):
     # bidirectional rows (distances |i - j|) and the general family's classes, row classes and
     # broad rows; the maps path is held to independent definitions in test_longctx*.py
     bert = load_model("debug:bert")
     ids = [bert.tokenizer(t)["input_ids"] for t in TEXTS]
     a, b = LongContextStats(js_rows=2, causal=False), LongContextStats(js_rows=2, causal=False)
     maps_update(bert, ids, a, batch_size=3)
-    stream_stats(bert, ids, b, batch_size=2, backend="flex")
+    stream_stats(bert, ids, b, batch_size=2, backend=backend)
     assert_close(b.means(), a.means(), tol=1e-5)
     lm = load_model("debug:llama")
     ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
@@ -315,7 +321,7 @@ def test_flex_on_an_encoder_and_with_extra_classes_equals_the_maps():
                "from": {"r": g.random(len(i)) < 0.4}, "max_below": 0.3} for i in ids]
     a, b = LongContextStats(js_rows=2), LongContextStats(js_rows=2)
     maps_update(lm, ids, a, batch_size=3, extras=extras)
-    stream_stats(lm, ids, b, batch_size=2, extras=extras, backend="flex")
+    stream_stats(lm, ids, b, batch_size=2, extras=extras, backend=backend)
     got, want = b.means(), a.means()
     names = {"to_x", "to_y", "from_r_to_x", "from_r_to_y", "rows_max_below"}
     assert names <= set(b.sums) and b.sums["rows_max_below"].sum() > 0
@@ -346,6 +352,34 @@ def test_every_backend_gives_the_models_own_attention(kind, backend):
     # Measured largest difference per layer: 2.6e-6 (tiles), 1.9e-6 (compiled), 1.4e-6 (flex)
     lm, _, _, worst, _ = engine_against_own_attention(kind, backend)
     assert len(worst) == lm.num_layers and max(worst) < 5e-6, worst
+
+
+@pytest.mark.skipif("onepass" not in HERE, reason="Triton is not installed")
+@pytest.mark.parametrize("cap", [None, 2.0])
+def test_the_one_pass_kernel_in_half_precision_sums_in_float32(cap):
+    """Half-precision q, k, v (what a GPU gives it): the products are exact in float32 and the
+    sums are float32, so every statistic equals the float32 run on the same values; only the
+    output rounds P to the values' precision before P V, as FlashAttention does. (float16 here:
+    Triton's interpreter reads no bfloat16; the kernel's code path is the same.)"""
+    from attnscope.engines import onepass
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(h, 70, 16, generator=g) for h in (4, 2, 2))
+    classes = (torch.rand(70, 3, generator=g) < 0.3).float()
+    half = [x.half() for x in (q, k, v)]
+    got = onepass.layer_stats(*half, classes, scale=0.25, cap=cap, causal=True)
+    want = onepass.layer_stats(*[x.float() for x in half], classes, scale=0.25, cap=cap, causal=True)
+    for name, a, b in zip(("lse", "rows", "dist"), got[1:], want[1:]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
+    torch.testing.assert_close(got[0], want[0], atol=2e-3, rtol=0)
+    # and the float32 run is the definition: softmax rows of the causal scores
+    s = (q.half().float().view(2, 2, 70, 16) @ k.half().float()[:, None].transpose(-1, -2)).view(4, 70, 70) * 0.25
+    s = cap * torch.tanh(s / cap) if cap else s
+    p = torch.softmax(s.masked_fill(torch.ones(70, 70, dtype=torch.bool).triu(1), -torch.inf), -1)
+    ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+    torch.testing.assert_close(want[2][0], ent, atol=1e-5, rtol=0)
+    torch.testing.assert_close(want[2][1], p.amax(-1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(want[2][2:], (p @ classes).permute(2, 0, 1), atol=1e-6, rtol=0)
 
 
 # -- precision -------------------------------------------------------------------------------

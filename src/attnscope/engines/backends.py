@@ -14,6 +14,9 @@ flex       fused attention (``torch.nn.attention.flex_attention``):  CUDA
            (:mod:`attnscope.engines.flex`)
 compiled   the compiled one-call CPU kernel                          the CPU, where it built
            (:func:`attnscope.engines.native.flash`)
+onepass    attnscope's own Triton kernel: every statistic in one     never (asked for by name;
+           pass, the float32 sums kept beside the row sum            unmeasured on a GPU so far)
+           (:mod:`attnscope.engines.onepass`)
 tiles      tiles of whole rows in torch (the compiled row kernel     anything else; every input
            where it built): the reference, any device, any input     the others do not take
 =========  ========================================================  ==========================
@@ -26,7 +29,7 @@ not compiled) is torch's reference implementation, which holds a layer's ``[H n 
 proves the backend's mathematics on the CPU, it is not a fast path there.
 
 >>> [b.name for b in BACKENDS]
-['flex', 'compiled', 'tiles']
+['flex', 'compiled', 'onepass', 'tiles']
 >>> choose("auto", "cpu", token_level=True, probe=False, usable=lambda name, device: name != "compiled")
 'tiles'
 """
@@ -37,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from attnscope.engines import flex, native
+from attnscope.engines import flex, native, onepass
 from attnscope.engines.tiles import CPU_TILE_BYTES, CPU_TILE_ROWS, GPU_TILE_SHARE, tile_budget  # noqa: F401
 from attnscope.errors import AttnscopeError
 
@@ -46,7 +49,8 @@ from attnscope.errors import AttnscopeError
 class Backend:
     """What the seam knows of a backend: its ``name``, the device types on which ``choose``
     picks it by itself, and which inputs it takes (``token_level``: no word-level sequences;
-    ``probes``: sequences with targets, e.g. the induction probes)."""
+    ``probes``: sequences with targets, e.g. the induction probes; ``automatic``: ``choose`` may
+    pick it by itself)."""
 
     name: str
     devices: tuple[str, ...]  # () = every device
@@ -54,6 +58,7 @@ class Backend:
     probes: bool
     min_tokens: int = 1
     reference: bool = False
+    automatic: bool = True
 
     def takes(self, token_level: bool, probe: bool, tokens: int) -> bool:
         return ((token_level or not self.token_level) and (self.probes or not probe)
@@ -63,7 +68,8 @@ class Backend:
 BACKENDS = (
     Backend("flex", devices=("cuda",), token_level=True, probes=True),
     Backend("compiled", devices=("cpu",), token_level=True, probes=False, min_tokens=2),
-    Backend("tiles", devices=(), token_level=False, probes=True, reference=True),
+    Backend("onepass", devices=("cuda",), token_level=True, probes=True, automatic=False),
+    Backend("tiles", devices=(), token_level=False, probes=True, reference=True),  # last: takes the rest
 )
 NAMES = ("auto", *(b.name for b in BACKENDS))
 
@@ -102,6 +108,8 @@ def usable(name: str, device) -> bool:
         return flex.available()
     if name == "compiled":
         return native.available(kind) and native.flash_kernel() is not None
+    if name == "onepass":
+        return onepass.available(kind)
     return name == "tiles"
 
 
@@ -113,7 +121,9 @@ def check(backend: str, device) -> None:
     if backend != "auto" and not usable(backend, device):
         why = {"flex": "this torch has no torch.nn.attention.flex_attention",
                "compiled": "the compiled kernel runs on the CPU only, and only where a C compiler "
-                           "built it and torch's library exports sgemm_"}[backend]
+                           "built it and torch's library exports sgemm_",
+               "onepass": "it needs Triton (pip install triton) and a CUDA device, or TRITON_INTERPRET=1 "
+                          "to run Triton's interpreter on the CPU"}[backend]
         raise AttnscopeError(f"backend {backend}: cannot run on {device} here ({why})",
                              params=("backend",))
 
@@ -128,7 +138,7 @@ def choose(backend: str, device, *, token_level: bool, probe: bool, tokens: int 
     for b in BACKENDS:
         if not b.takes(token_level, probe, tokens):
             continue
-        wanted = b.name == backend or (backend == "auto" and (not b.devices or kind in b.devices))
+        wanted = b.name == backend or (backend == "auto" and b.automatic and (not b.devices or kind in b.devices))
         if b.reference or (wanted and usable(b.name, device)):
             return b.name
     raise AssertionError("the reference backend takes every input")  # pragma: no cover

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnscope.engines import backends, flex, native
+from attnscope.engines import backends, flex, native, onepass
 from attnscope.engines.backends import LayerInput
 from attnscope.engines.rows import Sequence, is_punct, sample_by_digest, sample_rows
 from attnscope.extract.wordlevel import to_word_level
@@ -376,7 +376,7 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0,
 
         seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
         layer = LayerInput(site, stats, k, v, out, cap, seq_len)
-        runs = {"flex": flex.run_layer, "compiled": whole_layer, "tiles": tile_layer}
+        runs = {"flex": flex.run_layer, "compiled": whole_layer, "tiles": tile_layer, "onepass": onepass.run_layer}
         for b, seq in enumerate(seqs):
             runs[backends.choose(backend, v.device, token_level=seq.units is None, probe=bool(seq.targets),
                                  tokens=seq_len[b])](layer, b, seq)
