@@ -339,6 +339,9 @@ def test_run_family_takes_what_python_has_read_and_refuses_the_rest(tmp_path, de
     with pytest.raises(AttnscopeError) as refused:
         pipeline.run_family("general", {"text": ["the cat sat."]}, tmp_path / "x", **common)
     assert "Example" in str(refused.value) and "str" in str(refused.value)  # what it takes, what it got
+    with pytest.raises(AttnscopeError) as refused:  # a family with a reader of its own takes files
+        pipeline.run_family("longctx", {"documents": examples}, tmp_path / "x", model=debug_bert)
+    assert refused.value.params == ("documents",) and "list" in str(refused.value)
     assert not (tmp_path / "x").exists()
 
 

@@ -59,6 +59,10 @@ class Input:
     argument: str | None = None  # name of the positional argument in ``attnscope analyze``
     sample: str | None = None  # a small valid input in attnscope/demo_data (the contract test runs it)
     analyze_flag: str | None = None  # flag in ``attnscope analyze`` when it differs from ``flag``
+    #: what ``run_family`` may be given instead of a file, already read, for an input the family
+    #: reads with a reader of its own (coref: ``Document``); inputs with ``kinds`` take an opened
+    #: store or a list of examples (:func:`attnscope.sources.read_source`)
+    objects: tuple[type, ...] = ()
 
     @property
     def flag(self) -> str:

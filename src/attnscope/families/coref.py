@@ -73,7 +73,7 @@ class Coref(Family):
     help = "Antecedent selection accuracy of every head and three baselines (paper section 4.3)."
     inputs = (Input("coref", "Coreference files (repeatable): CoNLL-U with Entity= in MISC (CorefUD, "
                     "OntoGUM) or CoNLL-2012 *_conll; read as one corpus: Table 2.", multiple=True,
-                    argument="files", sample="coref.conllu"),)
+                    argument="files", sample="coref.conllu", objects=(Document,)),)
     Options = CorefOptions
     default_model = "default"
     order = 30
