@@ -164,3 +164,38 @@ def test_the_fused_press_scores_mixed_rows_as_the_torch_press(causal_decoder):
     assert got[0].tolist() == want[0].tolist()
     np.testing.assert_allclose(got[1], want[1], atol=1e-5)
     assert np.ptp(want[1]) > 1e-3  # the rows differ: the masks matter
+
+
+def test_the_fused_press_traces_and_stays_within_dynamos_recompile_limit(causal_llama, monkeypatch):
+    """On CUDA the press's FlexAttention calls are torch.compile'd; past dynamo's limit of
+    recompilations of one function it would silently run the eager version, which holds every
+    call's scores. Here they go through dynamo on the CPU (its "eager" backend: traced and guarded
+    as on a GPU): two context lengths, row batches of 1 and 3, greedy steps (one row each) and
+    teacher-forced rows; a recompilation past the limit fails, and the answers are the torch
+    path's."""
+    from functools import cache
+
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from attnscope.engines import flex
+
+    traced = cache(lambda kind: torch.compile(flex.KINDS[kind], backend="eager", dynamic=True))
+    monkeypatch.setattr(flex, "function", lambda device, kind="main": traced(kind))
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    torch._dynamo.reset()
+    counters.clear()
+    lm, model = causal_llama
+    graphs = []
+    for words, rows in ((30, 1), (45, 3), (60, 2)):
+        enc = _task(lm, words)
+        keep = np.random.default_rng(words).random((rows, lm.num_layers, lm.num_kv_heads)) < 0.5
+        ctx = P.prefill(lm, model, enc, P.Recorder(lm.num_layers, lm.num_heads), sink=2, window=4, fused=True)
+        fused = P.answer(lm, model, ctx, enc, keep, sink=2, window=4, fused=True)
+        assert fused == P.answer(lm, model, ctx, enc, keep, sink=2, window=4, fused=False)
+        P.score(lm, model, ctx, enc, keep, fused[0], sink=2, window=4, fused=True)
+        graphs.append(counters["stats"]["unique_graphs"])
+    # measured: 10 graphs once the second length made the shapes dynamic, and none after it
+    assert graphs[1] == graphs[2] <= 12, graphs
+    torch._dynamo.reset()
