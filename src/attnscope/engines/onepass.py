@@ -145,10 +145,9 @@ def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bo
     """One sequence's layer: ``q`` ``[Hq n d]``, ``k`` / ``v`` ``[Hkv n d]`` (any float dtype; the
     sums are float32), ``classes`` ``[n F]`` float32, ``mask``: the model's own for the sequence
     (``[>=n >=n]``, boolean or additive float; None: the sequence's causal triangle, or none).
-    Returns the output ``[Hq n d]`` (float32),
-    the log-sum-exps ``[Hq n]``, the per-row values ``[2+F Hq n]`` (entropy, largest weight, the
-    class masses) and the per-head sums over rows ``>= 1`` ``[Hq NB+1]`` (float64: the buckets'
-    masses, then the previous token's)."""
+    Returns the output ``[Hq n d]`` (float32), the log-sum-exps ``[Hq n]``, the per-row values
+    ``[2+F Hq n]`` (entropy, largest weight, the class masses) and the per-head sums over rows
+    ``>= 1`` ``[Hq NB+1]`` (float64: the buckets' masses, then the previous token's)."""
     import torch
     import triton
 
