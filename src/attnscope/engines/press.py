@@ -132,7 +132,7 @@ class Press:
 
     def _prefill_fused(self, site, q):
         """:meth:`_prefill` without a row of scores: FlexAttention's output and log-sum-exps (one
-        sequence: the task's context)."""
+        sequence: the task's context; a prefill without a recorder is the model's own attention)."""
         import torch
 
         k, v, cap, scale = site.key.float(), site.value.float(), self._capping(site), site.scaling
@@ -140,7 +140,7 @@ class Press:
         mask = flex.Mask(n, causal=True)
         out, lse, _ = flex.attend(q, k, v, mask, scale, flex.softcap(cap))
         rec, sink, w = self.recorder, self.sink, self.window
-        if rec is not None and n > sink + w:
+        if n > sink + w:  # rows past sink + window to fold
             L, i = lse[0], torch.arange(n, device=q.device)  # [Hq n]
 
             def weight(j):  # every row's weight on key j[i]
