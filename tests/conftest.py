@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+# Without a GPU the one-pass Triton kernel (engines/onepass.py) runs on CPU tensors under Triton's
+# interpreter, which must be chosen before anything imports triton (torch._dynamo does): here,
+# before any test module is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_addoption(parser):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch._dynamo
 
 from attnscope.analyses import atlas as A
 from attnscope.data import tasks as T
@@ -166,6 +167,8 @@ def test_the_fused_press_scores_mixed_rows_as_the_torch_press(causal_decoder):
     assert np.ptp(want[1]) > 1e-3  # the rows differ: the masks matter
 
 
+# dynamo's own patch, undone as it was made (a monkeypatch of its config module deletes the key)
+@torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
 def test_the_fused_press_traces_and_stays_within_dynamos_recompile_limit(causal_llama, monkeypatch):
     """On CUDA the press's FlexAttention calls are torch.compile'd; past dynamo's limit of
     recompilations of one function it would silently run the eager version, which holds every
@@ -176,14 +179,12 @@ def test_the_fused_press_traces_and_stays_within_dynamos_recompile_limit(causal_
     from functools import cache
 
     import torch
-    import torch._dynamo
     from torch._dynamo.utils import counters
 
     from attnscope.engines import flex
 
     traced = cache(lambda kind: torch.compile(flex.KINDS[kind], backend="eager", dynamic=True))
     monkeypatch.setattr(flex, "function", lambda device, kind="main": traced(kind))
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
     torch._dynamo.reset()
     counters.clear()
     lm, model = causal_llama
