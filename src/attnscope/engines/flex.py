@@ -280,6 +280,26 @@ def key_weight(q, k, lse, mask: Mask, j, scale: float, cap: float | None):
     return torch.where(ok, torch.exp(s - lse), torch.zeros((), device=q.device))
 
 
+def probe_targets(layer, seq, q, k, lse, mask: Mask) -> None:
+    """A probe's rows' weights on their targets, ``exp(s_ij - L_i)`` from the rows' log-sum-exps
+    ``lse`` ``[Hq n]`` (``q`` ``[1 Hq n d]``, ``k`` ``[1 Hkv n d]``, float32), into ``layer.stats``."""
+    layer.stats.target_weights(layer.site.layer, seq, {
+        name: key_weight(q, k, lse, mask, t, layer.site.scaling, layer.cap) for name, t in seq.targets.items()})
+
+
+def sampled_rows(layer, seq, q, k, mask: Mask) -> None:
+    """The rows sampled for the head distances: every weight of each row from its scores, O(n)
+    each, into ``layer.stats``."""
+    import torch
+
+    n = mask.n
+    for r in seq.js_rows:
+        width = r + 1 if layer.causal else n
+        s = scores(q, k, slice(r, r + 1), layer.site.scaling, layer.cap)[:, 0, :width]
+        ok = mask.rows(r, r + 1, q.device)[0, :width]
+        layer.stats.sampled_row(layer.site.layer, seq, r, torch.softmax(s.masked_fill(~ok, LOW), -1))
+
+
 def run_layer(layer, b: int, seq) -> None:
     """Sequence ``b`` of ``layer`` (:class:`~attnscope.engines.backends.LayerInput`): its output
     rows into ``layer.out`` and its statistics into ``layer.stats`` (a probe: the weights on its
@@ -302,8 +322,7 @@ def run_layer(layer, b: int, seq) -> None:
     layer.out[b, :n] = o[0, :, :, :d].transpose(0, 1)
     L = lse[0]  # [Hq n]
     if seq.targets:
-        stats.target_weights(site.layer, seq, {name: key_weight(q, k, L, mask, t, scale, cap)
-                                               for name, t in seq.targets.items()})
+        probe_targets(layer, seq, q, k, L, mask)
     if not full:
         stats.layer_end(seq)
         return
@@ -335,9 +354,5 @@ def run_layer(layer, b: int, seq) -> None:
     rowv[0] = ent
     rowv[1] = torch.exp(m - L)
     rowv[2:] = masses.permute(2, 0, 1)
-    for r in seq.js_rows:  # the sampled rows: every weight of the row, O(n) each
-        width = r + 1 if layer.causal else n
-        s = scores(q, k, slice(r, r + 1), scale, cap)[:, 0, :width]
-        ok = mask.rows(r, r + 1, q.device)[0, :width]
-        stats.sampled_row(site.layer, seq, r, torch.softmax(s.masked_fill(~ok, LOW), -1))
+    sampled_rows(layer, seq, q, k, mask)
     stats.layer_end(seq)

@@ -23,8 +23,9 @@ does, which is why :mod:`attnscope.engines.flex` computes in float32), and soft-
 Each program writes, per block of rows, the bucket and previous-token masses already summed over
 its rows ``>= 1`` (``[H blocks NB+1]``); the torch wrapper adds the blocks in float64, in order
 (no atomics: the numbers are the same on every run). A probe's target weights come from the
-row's log-sum-exp (``exp(s_ij - L_i)``, :func:`attnscope.engines.flex.key_weight`) and the sampled
-rows of the head distances from their scores in torch, as on the FlexAttention backend.
+row's log-sum-exp (:func:`attnscope.engines.flex.probe_targets`) and the sampled rows of the head
+distances from their scores in torch (:func:`attnscope.engines.flex.sampled_rows`), as on the
+FlexAttention backend.
 
 The sequence's causal triangle (none in an encoder), and where the model hands a mask of its own
 (a sliding window, a padded batch) each block of it as the block's keys arrive (boolean, read as
@@ -198,17 +199,12 @@ def run_layer(layer, b: int, seq) -> None:
     qf, kf = q[None].float(), k[None].float()
     mask = flex.Mask(n, layer.causal, site.mask, b)
     if seq.targets:
-        stats.target_weights(site.layer, seq, {name: flex.key_weight(qf, kf, lse, mask, t, scale, cap)
-                                               for name, t in seq.targets.items()})
+        flex.probe_targets(layer, seq, qf, kf, lse, mask)
     if n <= 1 or seq.targets:
         stats.layer_end(seq)
         return
     buffers, sums = stats.row_buffers(site.layer, seq, q.device)
     buffers.copy_(rowv)
     sums += dist
-    for r in seq.js_rows:  # the sampled rows: every weight of the row, O(n) each
-        width = r + 1 if layer.causal else n
-        s = flex.scores(qf, kf, slice(r, r + 1), scale, cap)[:, 0, :width]
-        ok = mask.rows(r, r + 1, q.device)[0, :width]
-        stats.sampled_row(site.layer, seq, r, torch.softmax(s.masked_fill(~ok, flex.LOW), -1))
+    flex.sampled_rows(layer, seq, qf, kf, mask)
     stats.layer_end(seq)

@@ -252,12 +252,13 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     check_options(opts)
     check_ray(ray, workers)
     inputs = {inp.name: inputs.get(inp.name) for inp in fam.inputs}
-    given = [v for inp in fam.inputs for v in inp.given(inputs[inp.name])]
+    given = []
     for inp in fam.inputs:
         for v in inp.given(inputs[inp.name]):
             if not (isinstance(v, Path) or inp.kinds or isinstance(v, inp.objects)):
                 raise AttnscopeError(f"{inp.name}: the {key} family reads this input from a file: give "
                                      f"its path, not {type(v).__name__}", params=(inp.name,))
+            given.append(v)
     files = [v for v in given if isinstance(v, Path)]
     for p in files:
         if not p.exists():
