@@ -380,6 +380,57 @@ def test_the_one_pass_kernel_in_half_precision_sums_in_float32(cap):
     torch.testing.assert_close(want[2][2:], (p @ classes).permute(2, 0, 1), atol=1e-6, rtol=0)
 
 
+
+@pytest.mark.skipif("onepass" not in HERE, reason="Triton is not installed")
+@pytest.mark.parametrize(("causal", "window"), [(True, None), (True, 90), (False, None)])
+@pytest.mark.parametrize("blocks", [(32, 32), (64, 64), (64, 32)])
+def test_the_one_pass_kernel_equals_the_definitions_where_blocks_lie_in_one_bucket(causal, window, blocks):
+    """At 300 tokens many blocks lie inside one distance bucket (65-128, 129-256), where the
+    kernel adds the block's row sums to that bucket; near the diagonal and across a bucket's edge
+    it sums each bucket the block meets. Both against the softmax rows in float64, with
+    grouped-query heads, an encoder, a sliding window handed as the model's mask, the
+    interpreter's blocks (32 x 32) and CUDA's (64 x 64)."""
+    from attnscope.engines import onepass
+
+    g = torch.Generator().manual_seed(3)
+    n = 300
+    q, k, v = (torch.randn(h, n, 16, generator=g) for h in (4, 2, 2))
+    classes = (torch.rand(n, 3, generator=g) < 0.3).float()
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    mask = None if window is None else (j <= i) & (i - j < window)
+    out, _, rows, dist = onepass.layer_stats(q, k, v, classes, scale=0.25, cap=None, causal=causal,
+                                             mask=mask, blocks=blocks)
+    allowed = torch.ones(n, n, dtype=torch.bool) if mask is None else mask
+    want_out, want_rows, want_dist, _ = _definitions(q, k, v, n, causal, allowed, None, classes, 0.25)
+    torch.testing.assert_close(out.transpose(0, 1).double(), want_out, atol=2e-6, rtol=0)
+    torch.testing.assert_close(rows.double(), want_rows, atol=2e-6, rtol=0)
+    torch.testing.assert_close(dist, want_dist, atol=1e-4, rtol=0)  # sums of 299 rows
+    assert (want_dist[:, 8] > 1).all()  # the bucket 65-128 holds mass; 129-256 only unwindowed
+    assert ((want_dist[:, 9] > 1) if window is None else (dist[:, 9].abs() < 1e-12)).all()
+
+
+@pytest.mark.skipif("onepass" not in HERE, reason="Triton is not installed")
+def test_the_one_pass_kernel_keeps_a_sinks_small_weights_in_half_precision():
+    """A sink: every row puts nearly all its weight on the first key and about e^-16 (1e-7) on
+    each other key, weights that float16 holds only as subnormals (steps of 6e-8). The kernel
+    scales P by 2^14 before splitting it into two float16 parts for the class masses' product,
+    so those masses equal the float32 run's to 1e-9 (unscaled, each weight would round by up to
+    3e-8: about 1e-6 over 300 keys)."""
+    from attnscope.engines import onepass
+
+    g = torch.Generator().manual_seed(4)
+    n = 300
+    q, k, v = (torch.randn(h, n, 16, generator=g) * 0.2 for h in (2, 1, 1))
+    q[..., 0], k[:, 0, 0] = 4.0, 16.0  # s_i0 = 0.25 * 4 * 16 = 16
+    classes = (torch.rand(n, 3, generator=g) < 0.5).float()
+    classes[0] = 0.0  # the classes see only the small weights
+    half = [x.half() for x in (q, k, v)]
+    got = onepass.layer_stats(*half, classes, scale=0.25, cap=None, causal=True)[2]
+    want = onepass.layer_stats(*[x.float() for x in half], classes, scale=0.25, cap=None, causal=True)[2]
+    tail = want[2:, :, 100:]
+    assert (tail > 2e-6).all() and (tail < 1e-4).all()  # 40+ weights near 1e-7 in each class
+    torch.testing.assert_close(got[2:], want[2:], atol=1e-9, rtol=0)
+
 # -- precision -------------------------------------------------------------------------------
 PER_HEAD = ("sink", "special", "punct", "previous", "current", "norm_entropy", "max", "dist_mass",
             "dist_weight", "sink_gu", "target_induction", "target_duplicate")

@@ -20,6 +20,19 @@ does, which is why :mod:`attnscope.engines.flex` computes in float32), and soft-
 (Gemma 2) need no second call. What FlashAttention was asked for and did not take (its issue
 #1878; pull request #2359, closed unmerged) is this sum.
 
+What each block of scores costs beyond FlashAttention's loop is kept to a few operations per score:
+
+- the buckets: a block of rows ``i0 .. i1`` and keys ``j0 .. j1`` holds the distances
+  ``i0 - j1 .. i1 - j0``; where they lie in one bucket (every block but those near the diagonal
+  and across a bucket's edge: the buckets widen with the distance) the bucket's mass is the row
+  sum ``z`` already takes; elsewhere one masked sum per bucket the block meets (at most
+  ``log2(BM + BN) + 2``); the previous token's weight only in the blocks that hold ``i - j = 1``;
+- the classes: with half-precision inputs (a GPU), ``P C`` is two float16 products on the tensor
+  cores, of ``P`` scaled by 2^14 (float16's normal range reaches down to ``2^-14 / 2^14``, far
+  below any weight that adds to a mass) and split into a float16 part and its float16
+  remainder: float32 ``P`` to about 2^-22, where one float32 product of few columns runs on
+  the CUDA cores at a fraction of their rate. Float32 inputs keep the float32 product.
+
 Each program writes, per block of rows, the bucket and previous-token masses already summed over
 its rows ``>= 1`` (``[H blocks NB+1]``); the torch wrapper adds the blocks in float64, in order
 (no atomics: the numbers are the same on every run). A probe's target weights come from the
@@ -43,7 +56,12 @@ from functools import cache
 from attnscope.engines import flex
 from attnscope.engines.rows import NUM_BUCKETS
 
-BM, BN = 32, 32  # query rows and keys per block
+
+def block_sizes(device) -> tuple[int, int]:
+    """Query rows and keys per block: 64 x 64 on CUDA (FlashAttention's Triton tiles for head size
+    64 are 128 x 64; each row here carries about 112 running sums, the output's 64 and the
+    buckets' and classes' 48, so half the rows; not yet timed), 32 x 32 under the interpreter."""
+    return (64, 64) if getattr(device, "type", str(device)) == "cuda" else (32, 32)
 
 
 def available(device=None) -> bool:
@@ -109,24 +127,51 @@ def _kernel():
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: any finite shift
             alpha = tl.exp(m - shift)
             p = tl.where(ok, tl.exp(s - shift[:, None]), 0.0)
-            z = z * alpha + tl.sum(p, 1)
+            row = tl.sum(p, 1)
+            z = z * alpha + row
             if PREC is None:  # half-precision values: P V as FlashAttention does it
                 pv = tl.dot(p.to(v.dtype), v)
             else:
                 pv = tl.dot(p, v, input_precision=PREC)
             acc = acc * alpha[:, None] + pv
             ps = ps * alpha + tl.sum(p * s, 1)
-            cls = cls * alpha[:, None] + tl.dot(p, c, input_precision="ieee")  # the statistics: float32
-            # bucket of a distance: 0, 1, 2, then k for 2^(k-2) < d <= 2^(k-1)
-            bucket = (dist >= 1).to(tl.int32) + (dist >= 2).to(tl.int32)
+            if PREC is None:  # on tensor cores: P (scaled into float16's normal range) split in two
+                hi = (p * 16384.0).to(tl.float16)  # float16 parts, exact to about 2^-22 of P
+                lo = (p * 16384.0 - hi.to(tl.float32)).to(tl.float16)
+                pc = (tl.dot(hi, c.to(tl.float16)) + tl.dot(lo, c.to(tl.float16))) * (1.0 / 16384.0)
+            else:
+                pc = tl.dot(p, c, input_precision="ieee")
+            cls = cls * alpha[:, None] + pc
+            # the distance buckets (0, 1, 2, then k for 2^(k-2) < d <= 2^(k-1)) this block's
+            # distances fall in, from its smallest and largest i - j: one bucket (its mass is the
+            # row sum) except near the diagonal and the buckets' edges
+            d_lo = blk * BM - start - BN + 1
+            d_hi = blk * BM + BM - 1 - start
+            if CAUSAL:
+                a = tl.maximum(d_lo, 0)
+                e = d_hi
+            else:
+                a = tl.where(d_lo > 0, d_lo, tl.where(d_hi < 0, -d_hi, 0))
+                e = tl.maximum(d_hi, -d_lo)
+            b_lo = (a >= 1).to(tl.int32) + (a >= 2).to(tl.int32)
+            b_hi = (e >= 1).to(tl.int32) + (e >= 2).to(tl.int32)
             for kk in tl.static_range(3, NB):
-                bucket += (dist >= (1 << (kk - 2)) + 1).to(tl.int32)
+                b_lo += (a > (1 << (kk - 2))).to(tl.int32)
+                b_hi += (e > (1 << (kk - 2))).to(tl.int32)
+            b_hi = tl.minimum(b_hi, NB - 1)  # (the padding of the last block can reach past the last)
             bkt = bkt * alpha[:, None]
-            for kk in tl.static_range(NB):
-                mass = tl.sum(tl.where(bucket == kk, p, 0.0), 1)
-                bkt += mass[:, None] * (bb[None, :] == kk).to(tl.float32)
-            prev = tl.sum(tl.where(rows[:, None] - cols[None, :] == 1, p, 0.0), 1)
-            bkt += prev[:, None] * (bb[None, :] == NB).to(tl.float32)
+            if b_lo == b_hi:
+                bkt += row[:, None] * (bb[None, :] == b_lo).to(tl.float32)
+            else:
+                for kk in range(b_lo, b_hi + 1):
+                    up = tl.maximum(kk - 2, 0)
+                    first = tl.where(kk < 3, kk, (1 << up) + 1)  # the bucket's distances
+                    last = tl.where(kk < 3, kk, 2 << up)
+                    mass = tl.sum(tl.where((dist >= first) & (dist <= last), p, 0.0), 1)
+                    bkt += mass[:, None] * (bb[None, :] == kk).to(tl.float32)
+            if (d_lo <= 1) & (d_hi >= 1):  # the previous token's key is in this block
+                prev = tl.sum(tl.where(rows[:, None] - cols[None, :] == 1, p, 0.0), 1)
+                bkt += prev[:, None] * (bb[None, :] == NB).to(tl.float32)
             m = m_new
         z = tl.where(live, z, 1.0)
         lse = m + tl.log(z)
@@ -142,13 +187,15 @@ def _kernel():
     return stats_kernel
 
 
-def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bool, mask=None):
+def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bool, mask=None,
+                blocks: tuple[int, int] | None = None):
     """One sequence's layer: ``q`` ``[Hq n d]``, ``k`` / ``v`` ``[Hkv n d]`` (any float dtype; the
     sums are float32), ``classes`` ``[n F]`` float32, ``mask``: the model's own for the sequence
     (``[>=n >=n]``, boolean or additive float; None: the sequence's causal triangle, or none).
     Returns the output ``[Hq n d]`` (float32), the log-sum-exps ``[Hq n]``, the per-row values
     ``[2+F Hq n]`` (entropy, largest weight, the class masses) and the per-head sums over rows
-    ``>= 1`` ``[Hq NB+1]`` (float64: the buckets' masses, then the previous token's)."""
+    ``>= 1`` ``[Hq NB+1]`` (float64: the buckets' masses, then the previous token's).
+    ``blocks``: query rows and keys per block (:func:`block_sizes` of the device)."""
     import torch
     import triton
 
@@ -158,6 +205,7 @@ def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bo
     if D != d:
         q, k, v = (torch.nn.functional.pad(x, (0, D - d)) for x in (q, k, v))
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    BM, BN = blocks or block_sizes(q.device)
     blocks = triton.cdiv(n, BM)
     out = torch.empty(Hq, n, D, device=q.device, dtype=torch.float32)
     lse = torch.empty(Hq, n, device=q.device, dtype=torch.float32)
