@@ -8,12 +8,15 @@
 # then one device call, from the project's root:
 #   bash benchmarks/gpu_session.sh    # rows and logs under $OUT
 #
-# Each step has its own time limit, so a step that hangs costs only its share (together 9 min):
-#   longctx   the Llama-3.2-1B shape in bfloat16 at 4k, 32k and 128k tokens: the bare sdpa forward,
-#             the streaming engine as it picks its backend on CUDA (flex), and the one-pass kernel
-#             (wall time and CUDA peak memory; ../shared/gpu/run.sh installs the wheels and makes
-#             the seeded weights first)
-#   compare   flex against the one-pass kernel at 4k: the largest difference of every statistic
+# Each step has its own time limit, so a step that hangs costs only its share (together 8 min 50 s):
+#   rounded   the Llama-3.2-1B shape in bfloat16 at 4k, 32k and 128k tokens: the bare sdpa forward
+#             and the one-pass kernel on q, k, v rounded to bfloat16 as sdpa multiplies them
+#             (--attention-dtype bfloat16: the tensor cores), wall time and CUDA peak memory
+#             (../shared/gpu/run.sh installs the wheels and makes the seeded weights first)
+#   float32   the same at 4k and 32k with float32 attention modules (the default): the engine as
+#             it picks its backend on CUDA (flex) and the one-pass kernel
+#   compare   flex against the one-pass kernel at 4k on the rounded q, k, v: the largest
+#             difference of every statistic
 #   press     the atlas's press at 8k: torch against fused, beside the model's own sdpa forward
 set -u
 R=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,9 +35,10 @@ step() {  # name, seconds, command...: its output in $OUT/<name>.log, the rows t
   grep -E '^\{|x sdpa|difference|Error|error' "$OUT/$name.log" | tail -20
 }
 
-step longctx 330 bash "$R/.gpu/run.sh" --lengths 4096 32768 131072 \
-  --modes sdpa streaming streaming-onepass --timeout 100
-step compare 90 python3 "$R/benchmarks/longctx.py" --device cuda --model "$M" --dtype bfloat16 \
-  --lengths 4096 --compare flex onepass
-step press 120 python3 "$R/benchmarks/press.py" --model "$M" --device cuda --dtype bfloat16 \
+step rounded 210 bash "$R/.gpu/run.sh" --lengths 4096 32768 131072 --modes sdpa streaming-onepass \
+  --attention-dtype bfloat16 --timeout 60
+step float32 170 bash "$R/.gpu/run.sh" --lengths 4096 32768 --modes sdpa streaming streaming-onepass --timeout 45
+step compare 60 python3 "$R/benchmarks/longctx.py" --device cuda --model "$M" --dtype bfloat16 \
+  --attention-dtype bfloat16 --lengths 4096 --compare flex onepass
+step press 90 python3 "$R/benchmarks/press.py" --model "$M" --device cuda --dtype bfloat16 \
   --length 8192 --tasks 2 --rows 32

@@ -33,6 +33,8 @@ the measured step.
     PYTHONPATH=src python benchmarks/longctx.py --device cuda --lengths 8192 32768 131072
     PYTHONPATH=src python benchmarks/longctx.py --device cuda --lengths 4096 --compare flex tiles
     PYTHONPATH=src python benchmarks/longctx.py --device cuda --lengths 32768 --modes sdpa streaming streaming-onepass
+    PYTHONPATH=src python benchmarks/longctx.py --device cuda --dtype bfloat16 --attention-dtype bfloat16 \
+        --lengths 32768 131072 --modes sdpa streaming-onepass
 
 ``--device cuda`` also reports torch.cuda.max_memory_allocated (every mode, sdpa included);
 the streaming modes there run the fused FlexAttention backend (streaming, streaming-flex) or the
@@ -111,7 +113,8 @@ def worker(args) -> dict:
     warmup = 0.0
     if args.worker.startswith("streaming"):  # compiles the fused kernels on CUDA
         w0 = time.perf_counter()
-        stream_stats(lm, [ids[:256]], LongContextStats(js_rows=args.js_rows), backend=backend)
+        stream_stats(lm, [ids[:256]], LongContextStats(js_rows=args.js_rows), backend=backend,
+                     attention_dtype=args.attention_dtype)
         warmup = time.perf_counter() - w0
     after_load = current_rss_mb()
     peak_before = rss_mb()
@@ -124,7 +127,8 @@ def worker(args) -> dict:
         if args.worker == "maps":
             maps_update(lm, [ids], stats, keep_all=True)
         elif args.worker.startswith("streaming"):
-            stream_stats(lm, [ids], stats, chunk=args.chunk, backend=backend)
+            stream_stats(lm, [ids], stats, chunk=args.chunk, backend=backend,
+                         attention_dtype=args.attention_dtype)
         else:
             inputs = pad_batch(lm, [ids])
             inputs.input_ids = inputs.input_ids.to(args.device)
@@ -144,6 +148,7 @@ def worker(args) -> dict:
         from attnscope.engines.backends import choose
 
         if args.worker.startswith("streaming"):
+            out["attention_dtype"] = args.attention_dtype
             out["backend"] = choose(backend, args.device, token_level=True, probe=False, tokens=len(ids))
             out["warmup_s"] = round(warmup, 2)
             out["kernel"] = (out["backend"] if out["backend"] in ("flex", "onepass") else
@@ -162,10 +167,12 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 2) if b else None  # (a tiny model's step can round to 0.0 s)
 
 
-def run_one(args, mode: str, n: int, dtype: str, save: str | None = None, backend: str | None = None) -> dict:
+def run_one(args, mode: str, n: int, dtype: str, save: str | None = None, backend: str | None = None,
+            attention: str | None = None) -> dict:
     cmd = [sys.executable, __file__, "--worker", mode, "--length", str(n), "--model", args.model,
            "--device", args.device, "--dtype", dtype, "--threads", str(args.threads),
-           "--chunk", str(args.chunk), "--js-rows", str(args.js_rows)]
+           "--chunk", str(args.chunk), "--js-rows", str(args.js_rows),
+           "--attention-dtype", attention or args.attention_dtype]
     if save:
         cmd += ["--save-means", save]
     if backend:
@@ -199,14 +206,19 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--attention-dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="what the streaming modes' scores are made of (stream_stats' attention_dtype): "
+                         "float32 attention modules under --dtype bfloat16, or q, k, v rounded to "
+                         "bfloat16 as the bare sdpa forward multiplies them")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--chunk", type=int, default=0, help="rows per tile; 0: automatic (streaming.auto_tile)")
     ap.add_argument("--js-rows", type=int, default=8)
     ap.add_argument("--timeout", type=int, default=480)
     ap.add_argument("--mem-cap-gb", type=float, default=12.0)
     ap.add_argument("--bf16-diff", action="store_true",
-                    help="streaming in float32 and in bfloat16 at each length: time ratio, largest "
-                         "difference of each statistic")
+                    help="streaming in float32, in bfloat16 (float32 attention modules) and in "
+                         "bfloat16 with q, k, v rounded to bfloat16 at each length: time ratios, the "
+                         "largest difference of each statistic to the float32 run")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
                     help="the streaming engine through backends A and B (flex, compiled, onepass, tiles) at each "
                          "length: times, largest difference of each statistic")
@@ -259,12 +271,15 @@ def main() -> None:
 
             with tempfile.TemporaryDirectory() as tmp:
                 a = run_one(args, "streaming", n, "float32", f"{tmp}/f32.npz")
-                b = run_one(args, "streaming", n, "bfloat16", f"{tmp}/bf16.npz")
-                row = {"length": n, "float32": a, "bfloat16": b}
-                if Path(f"{tmp}/f32.npz").is_file() and Path(f"{tmp}/bf16.npz").is_file():
-                    fa, fb = np.load(f"{tmp}/f32.npz"), np.load(f"{tmp}/bf16.npz")
-                    row["max_abs_diff"] = {k: float(np.nanmax(np.abs(fa[k] - fb[k]))) for k in fa.files}
-                    row["time_ratio_bf16_over_f32"] = round(b["wall_s"] / a["wall_s"], 2)
+                b = run_one(args, "streaming", n, "bfloat16", f"{tmp}/bf16.npz", attention="float32")
+                c = run_one(args, "streaming", n, "bfloat16", f"{tmp}/att.npz", attention="bfloat16")
+                row = {"length": n, "float32": a, "bfloat16": b, "bfloat16_attention": c}
+                fa = np.load(f"{tmp}/f32.npz") if Path(f"{tmp}/f32.npz").is_file() else None
+                for name, run, file in (("bf16", b, "bf16"), ("bf16_attention", c, "att")):
+                    if fa is not None and Path(f"{tmp}/{file}.npz").is_file():
+                        fb = np.load(f"{tmp}/{file}.npz")
+                        row[f"max_abs_diff_{name}"] = {k: float(np.nanmax(np.abs(fa[k] - fb[k]))) for k in fa.files}
+                        row[f"time_ratio_{name}_over_f32"] = round(run["wall_s"] / a["wall_s"], 2)
             print(json.dumps(row), flush=True)
             rows.append(row)
             continue

@@ -72,11 +72,13 @@ class LocalExecutor:
 
     def stream(self, lm, sequences: Sequence[Sequence[int]], stats, *, chunk: int = 0,
                batch_size: int = 1, targets: Sequence | None = None, units=None,
-               progress: Callable[[int], None] | None = None, engine: str = "streaming") -> int:
+               progress: Callable[[int], None] | None = None, engine: str = "streaming",
+               backend: str = "auto", attention_dtype: str = "float32") -> int:
         """The long-context statistics of ``sequences`` folded into ``stats``: computed inside
-        attention with no ``[n n]`` maps (``engine`` "streaming"), or from each layer's eager
-        maps as they are made ("maps", the reference); returns the number of workers that ran
-        them (0: this process)."""
+        attention with no ``[n n]`` maps (``engine`` "streaming", through ``backend`` from scores
+        made of ``attention_dtype`` values: :func:`~attnscope.engines.streaming.stream_stats`),
+        or from each layer's eager maps as they are made ("maps", the reference); returns the
+        number of workers that ran them (0: this process)."""
         if engine == "maps":
             maps_update(lm, sequences, stats, batch_size=batch_size, targets=targets, keep_all=False,
                         units=units)
@@ -84,7 +86,7 @@ class LocalExecutor:
                 progress(len(sequences))
         else:
             stream_stats(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets,
-                         progress=progress, units=units)
+                         progress=progress, units=units, backend=backend, attention_dtype=attention_dtype)
         return 0
 
     def call(self, lm, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -153,10 +155,12 @@ class RayExecutor(LocalExecutor):
 
     def stream(self, lm, sequences, stats, *, chunk: int = 0, batch_size: int = 1, targets=None,
                units=None, progress: Callable[[int], None] | None = None,
-               engine: str = "streaming") -> int:
-        if units is not None or engine != "streaming":  # word level and eager maps fold here
+               engine: str = "streaming", backend: str = "auto", attention_dtype: str = "float32") -> int:
+        if units is not None or engine != "streaming" or (backend, attention_dtype) != ("auto", "float32"):
+            # word level, eager maps and a backend or attention dtype asked for fold here
             return super().stream(lm, sequences, stats, chunk=chunk, batch_size=batch_size,
-                                  targets=targets, units=units, progress=progress, engine=engine)
+                                  targets=targets, units=units, progress=progress, engine=engine,
+                                  backend=backend, attention_dtype=attention_dtype)
         self.runner.stream(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets)
         if progress is not None:
             progress(len(sequences))

@@ -467,6 +467,33 @@ def test_bfloat16_is_within_its_bounds_of_the_float32_eager_maps(bf16_decoder, b
             assert np.abs(got["entropy"] - ref["entropy"]).max() > 1e-5  # bfloat16 did run
 
 
+
+@pytest.mark.parametrize("backend", HERE)
+def test_bfloat16_attention_is_the_statistics_of_the_rounded_queries_keys_and_values(backend):
+    """``attention_dtype="bfloat16"``: every backend computes the statistics of q, k, v rounded
+    to bfloat16 (what sdpa multiplies under bfloat16 autocast), against the float64 definitions
+    on the rounded values; at this spread of scores the rounding moves them by far more."""
+    from attnscope.engines.streaming import one_pass
+
+    n, Hq, Hkv, d = 40, 4, 2, 16
+    q, k, v, _ = _random_layer(Hq, Hkv, d, n, seed=11, spread=4.0)
+    scale = d ** -0.5
+    stats = LongContextStats(js_rows=0)
+    seq = Sequence(n, torch.zeros(n), torch.zeros(n))
+    stats.begin(1, Hq, seq)
+    out = one_pass(stats, [seq], backend=backend, attention_dtype="bfloat16")(
+        Site(0, _Module(True), q, k, v, None, scale), q)
+    stats.end(seq)
+    rounded = [x[0].bfloat16().float() for x in (q, k, v)]
+    everything = torch.ones(n, n, dtype=torch.bool)
+    want_out, want, _, _ = _definitions(*rounded, n, True, everything, None, seq.key_classes("cpu"), scale)
+    _, exact, _, _ = _definitions(q[0], k[0], v[0], n, True, everything, None, seq.key_classes("cpu"), scale)
+    for row, name in enumerate(("entropy", "max", "sink")):
+        got, sums = stats.sums[name][0], want[row, :, 1:].sum(-1).numpy()
+        np.testing.assert_allclose(got, sums, atol=1e-4, err_msg=name)  # sums of 39 rows
+        assert np.abs(exact[row, :, 1:].sum(-1).numpy() - sums).max() > 1e-2, name
+    torch.testing.assert_close(out[0].double(), want_out, atol=1e-5, rtol=0)
+
 # -- tiles sized for the device ----------------------------------------------------------------
 def test_a_gpu_never_gets_cpu_cache_tiles(monkeypatch):
     # what the device reports decides: 1/8 of an 80 GB GPU's free memory for a tile's scores

@@ -44,3 +44,29 @@ def test_a_pass_that_analyses_nothing_is_one_error_naming_the_parameter(debug_be
                  options=ExtractOptions(max_seq_len=8), note="why")
     says(one_line(e.value), "no examples", "max_seq_len 8", "why")  # the note the caller gave
     assert e.value.params == ("max_seq_len",)
+
+
+def test_the_ray_executor_streams_a_named_backend_or_attention_dtype_here():
+    # the workers run the default engine only; a backend or attention dtype asked for runs in
+    # this process (what LocalExecutor does), never silently dropped on the way to the workers
+    from attnscope.analyses.longctx import LongContextStats
+    from attnscope.engines.streaming import stream_stats
+    from attnscope.executor import RayExecutor
+    from attnscope.models import load_model
+
+    class Runner:
+        workers, calls = 2, []
+
+        def stream(self, *args, **kwargs):
+            self.calls.append(kwargs)
+
+    lm = load_model("debug:llama")
+    ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
+    ray = RayExecutor(Runner())
+    assert ray.stream(lm, ids, LongContextStats(js_rows=0)) == 2 and len(Runner.calls) == 1
+    for asked in ({"backend": "tiles"}, {"attention_dtype": "bfloat16"}):
+        got, want = LongContextStats(js_rows=0), LongContextStats(js_rows=0)
+        assert ray.stream(lm, ids, got, **asked) == 0 and len(Runner.calls) == 1
+        stream_stats(lm, ids, want, **asked)
+        for k, v in want.means().items():
+            np.testing.assert_array_equal(got.means()[k], v, err_msg=f"{asked} {k}")

@@ -310,3 +310,72 @@ def test_analyze_longctx_defaults_to_long_documents(tmp_path, capsys):
     assert main(["analyze", "longctx", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.replace("│", " ").split())
     says(help_text, "Default: 4096", "positions")
+
+
+def _cli(tmp_path, name, *flags):
+    from attnscope.cli.main import main
+
+    docs = tmp_path / "d.txt"
+    docs.write_text(DOCS)
+    out = tmp_path / name
+    assert main(["analyze", "longctx", str(docs), "--model", "debug:llama", "--out", str(out), "-q",
+                 "--max-seq-len", "64", "--longctx-induction", "0", "--longctx-js-rows", "2", *flags]) == 0
+    return json.loads((out / "results" / "longctx.json").read_text())
+
+
+def test_bfloat16_attention_reaches_the_engine_from_the_command_line(tmp_path, llama):
+    # the command's arrays are those of the engine called on the same documents with the same
+    # rounding (the producer), and the rounding changes them (the option is not lost on the way)
+    import torch
+
+    from attnscope.analyses.longctx import LongContextStats
+    from attnscope.data.unlabeled import prepare_documents
+    from attnscope.engines.streaming import stream_stats
+
+    got = _cli(tmp_path, "rounded", "--longctx-dtype", "bfloat16", "--longctx-attention-dtype", "bfloat16")
+    exact = _cli(tmp_path, "exact", "--longctx-dtype", "bfloat16")
+    assert (got["meta"]["attention_dtype"], exact["meta"]["attention_dtype"]) == ("bfloat16", "float32")
+    docs = prepare_documents(tmp_path / "d.txt", llama.tokenizer, max_seq_len=64)
+    stats = LongContextStats(js_rows=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        stream_stats(llama, [d.ids for d in docs], stats, batch_size=len(docs), attention_dtype="bfloat16")
+    want = stats.finalize().arrays
+    for name in ("sink", "entropy", "max", "previous", "dist_mass", "js"):
+        np.testing.assert_allclose(got["arrays"][name]["data"], want[name], atol=1e-6, err_msg=name)
+    moved = np.abs(np.asarray(got["arrays"]["entropy"]["data"]) - exact["arrays"]["entropy"]["data"]).max()
+    assert moved > 1e-4  # rounding q, k, v to bfloat16 does change the scores
+
+
+def test_a_backend_named_on_the_command_line_runs_and_gives_the_same_statistics(tmp_path, monkeypatch, llama):
+    from attnscope.data.unlabeled import prepare_documents
+    from attnscope.engines import onepass
+
+    calls = []
+    run_layer = onepass.run_layer
+    monkeypatch.setattr(onepass, "run_layer", lambda *a: calls.append(a[1]) or run_layer(*a))
+    got = _cli(tmp_path, "onepass", "--longctx-backend", "onepass")
+    want = _cli(tmp_path, "auto")
+    assert got["meta"]["backend"] == "onepass" and want["meta"]["backend"] == "auto"
+    docs = prepare_documents(tmp_path / "d.txt", llama.tokenizer, max_seq_len=64)
+    assert sorted(calls) == sorted(list(range(len(docs))) * llama.num_layers)  # each document, each layer
+    for name, arr in want["arrays"].items():  # (null: no induction sequences, in both)
+        np.testing.assert_allclose(np.array(got["arrays"][name]["data"], dtype=float),
+                                   np.array(arr["data"], dtype=float), atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--longctx-engine", "maps", "--longctx-backend", "tiles"], ["--longctx-engine maps", "--longctx-backend tiles"]),
+    (["--longctx-engine", "maps", "--longctx-attention-dtype", "bfloat16"],
+     ["--longctx-engine maps", "--longctx-attention-dtype bfloat16"]),
+    (["--longctx-backend", "fast"], ["--longctx-backend", "'fast'", "onepass"]),
+])
+def test_a_backend_or_attention_dtype_the_engine_cannot_take_is_one_line(tmp_path, capsys, flags, named):
+    from attnscope.cli.main import main
+
+    docs = tmp_path / "d.txt"
+    docs.write_text(DOCS)
+    code = main(["analyze", "longctx", str(docs), "--model", "debug:llama", "--out", str(tmp_path / "o"),
+                 "-q", *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
+    says(err, *named)

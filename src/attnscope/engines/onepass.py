@@ -240,6 +240,8 @@ def run_layer(layer, b: int, seq) -> None:
     # the model's own q, k, v (bfloat16 on a GPU: half the bytes; the sums are float32)
     q, k, v = site.query[b, :, :n], site.key[b, :, :n], site.value[b, :, :n]
     dt = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    if dt == torch.bfloat16 and q.device.type != "cuda":  # the interpreter reads no bfloat16:
+        dt = torch.float32  # the same products, exact in float32
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     out, lse, rowv, dist = layer_stats(q, k, v, seq.key_classes(q.device), scale=scale, cap=cap,
                                        causal=layer.causal, mask=own)

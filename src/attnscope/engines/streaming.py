@@ -47,11 +47,12 @@ sized for the device); at the smallest automatic CPU tile, 16 rows of one key he
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -238,7 +239,7 @@ def auto_tile(kv_groups: int, kv_heads: int, n: int, rows: int = 0,
 
 
 def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0,
-             backend: str = "auto") -> Callable:
+             backend: str = "auto", attention_dtype: str = "float32") -> Callable:
     """The forward helper's ``"attend"`` hook of the streaming engine: for each layer, fold the
     statistics of every sequence of the batch (begun in ``stats``) and return the heads' outputs
     ``P V`` computed with them, so the layer's own attention does not run.
@@ -252,13 +253,20 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0,
     is needed. A tile holds a block of key heads and
     their query heads; the blocks go one after the other, each through all its rows, so one
     block's keys and values stay in the cache.
+
+    ``attention_dtype="bfloat16"``: the queries, keys and values are rounded to bfloat16 first,
+    as ``scaled_dot_product_attention`` rounds them under bfloat16 autocast (see
+    :func:`stream_stats`).
     """
     import torch
 
     tiles = [None, None, None]  # a tile's scores, weights and mass per distance: kept across the layers
 
     def hook(site, query):
-        # float32 whatever the forward pass runs in (autocast would turn matmul to bfloat16)
+        if attention_dtype == "bfloat16":
+            site = dataclasses.replace(site, **{k: getattr(site, k).to(torch.bfloat16)
+                                                for k in ("query", "key", "value")})
+        # float32 sums whatever the forward pass runs in (autocast would turn matmul to bfloat16)
         with torch.autocast(device_type=query.device.type, enabled=False):
             return _tiles(site).to(query.dtype)
 
@@ -444,7 +452,8 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
                  progress: Callable[[int], None] | None = None,
                  reference: LongContextStats | None = None,
                  extras: Seq[dict[str, Any] | None] | None = None,
-                 units: Seq[Any] | None = None, backend: str = "auto") -> None:
+                 units: Seq[Any] | None = None, backend: str = "auto",
+                 attention_dtype: str = "float32") -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
     ``chunk``: query rows per tile (0: :func:`auto_tile` per sequence; the one-call CPU kernel
@@ -459,6 +468,14 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
     (``"flex"``, ``"compiled"``, ``"tiles"``; :mod:`attnscope.engines.backends`); the statistics do
     not depend on it (up to float32 rounding).
 
+    ``attention_dtype``: what the scores are made of. ``"float32"``: under bfloat16 autocast the
+    attention modules run in float32 (:func:`float32_attention`), so the queries and keys are
+    not rounded. ``"bfloat16"``: the attention modules run as the forward pass runs them and
+    the queries, keys and values (after the rotary embedding) are rounded to bfloat16, as
+    ``scaled_dot_product_attention`` does under bfloat16 autocast: the statistics of the bare
+    bfloat16 flash forward's own attention (products of bfloat16 values, exact in float32; sums
+    in float32), which the one-pass kernel computes on a GPU's tensor cores.
+
     ``reference`` (for testing on deep models): also fold the family's eager probabilities of
     the same pass into it, so both see the very same queries and keys (the layers' output then
     comes from eager attention, not sdpa; a separate eager run would differ in the last bits
@@ -468,6 +485,8 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
         raise ValueError(f"chunk must be at least 1 (or 0: automatic), not {chunk}")
     device = lm.model.device  # where the statistics' tensors live: the model's device
     backends.check(backend, device)
+    if attention_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"attention_dtype is float32 or bfloat16, not {attention_dtype!r}")
     for start in range(0, len(sequences), batch_size):
         batch = [list(s) for s in sequences[start:start + batch_size]]
         tg = None if targets is None else targets[start:start + batch_size]
@@ -478,7 +497,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
             stats.begin(lm.num_layers, lm.num_heads, seq)
         inputs = pad_batch(lm, batch)  # forward() moves it to the model's device
 
-        hooks = {"attend": one_pass(stats, seqs, chunk, backend)}
+        hooks = {"attend": one_pass(stats, seqs, chunk, backend, attention_dtype)}
         if reference is not None:
             ref_seqs = make_sequences(lm, batch, reference, tg, device, ex, un)
             for seq in ref_seqs:
@@ -490,7 +509,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
                     _fold_maps(reference, site.layer, seq, probs[b, :, :n, :n])
 
             hooks["attn"] = fold
-        with float32_attention(lm):
+        with float32_attention(lm) if attention_dtype == "float32" else nullcontext():
             forward(lm, inputs, hooks=hooks, lean_mask=True)
         for seq in seqs:
             stats.end(seq)

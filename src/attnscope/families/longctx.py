@@ -17,6 +17,7 @@ import numpy as np
 
 from attnscope.analyses.longctx import LongContextStats, head_clusters
 from attnscope.data.unlabeled import prepare_documents
+from attnscope.engines import backends
 from attnscope.engines.streaming import choose_engine, induction_sequences, maps_bytes
 from attnscope.errors import AttnscopeError
 from attnscope.extract.encode import word_units
@@ -55,8 +56,20 @@ class Options:
     maps_budget_gb: float = option(2.0, "Largest size of one batch's attention maps for --longctx-engine auto "
                                         "to use them.")
     dtype: str = option("float32", "Precision of the forward pass (bfloat16: autocast, except the "
-                                   "attention modules; the statistics are always float32).",
+                                   "attention modules, see --longctx-attention-dtype; the statistics "
+                                   "are always float32).",
                         choices=("float32", "bfloat16"))
+    attention_dtype: str = option("float32", "What the attention scores are made of: float32 (under "
+                                             "--longctx-dtype bfloat16 the attention modules run in "
+                                             "float32) or bfloat16 (the queries, keys and values rounded "
+                                             "to bfloat16, as the bare bfloat16 flash forward multiplies "
+                                             "them; sums in float32; what --longctx-backend onepass runs "
+                                             "on a GPU's tensor cores). Streaming engine only.",
+                                  choices=("float32", "bfloat16"))
+    backend: str = option("auto", "The streaming engine's backend: auto (by device: FlexAttention on a "
+                                  "GPU, the compiled kernel on a CPU) or one by name "
+                                  "(docs/long-context.md); the statistics do not depend on it.",
+                          choices=backends.NAMES)
     join: bool = option(False, "Join consecutive documents (in file order) until --max-seq-len tokens.")
     num_docs: int = option(0, "Use only the first N documents (0: all).", minimum=0)
     js_rows: int = option(8, "Query rows sampled per document (seeded) for the head-to-head "
@@ -117,6 +130,12 @@ class LongContext(Family):
         if options.generate and options.word_level:
             raise AttnscopeError("word_level with generate: generated tokens have no words from "
                                  "the text; use one or the other", params=("word_level", "generate"))
+        for name, default in (("backend", "auto"), ("attention_dtype", "float32")):
+            if options.engine == "maps" and getattr(options, name) != default:
+                raise AttnscopeError(f"engine maps with {name} {getattr(options, name)}: {name} is the "
+                                     "streaming engine's; leave engine at auto or streaming",
+                                     params=("engine", name))
+        backends.check(options.backend, lm.model.device)
         if not lm.family.decoder_llm and ctx.max_seq_len > lm.max_positions:
             raise AttnscopeError(f"max_seq_len {ctx.max_seq_len} is longer than {lm.name} allows "
                                  f"({lm.max_positions} positions)", params=("max_seq_len",))
@@ -154,7 +173,8 @@ class LongContext(Family):
         longest, batch_size = plans[widest]
         engine = choose_engine(lm, longest, batch_size, int(options.maps_budget_gb * 2 ** 30),
                                options.engine)
-        if engine == "maps" and options.dtype == "bfloat16":
+        if engine == "maps" and (options.dtype == "bfloat16" or options.attention_dtype == "bfloat16"
+                                 or options.backend != "auto"):
             engine = "streaming"  # eager maps under autocast would not be the same computation
         stats = LongContextStats(js_rows=options.js_rows, seed=ctx.seed,
                                  sink_threshold=options.sink_threshold, causal=lm.family.causal,
@@ -167,8 +187,10 @@ class LongContext(Family):
                 # autocast applies in this process only: here
                 on_workers = ctx.stream(group, stats, step="statistics", chunk=options.chunk, engine=engine,
                                         batch_size=size, targets=None if units else targets,
-                                        units=units, here=options.dtype != "float32", start=done,
-                                        total=total)
+                                        units=units, start=done, total=total, backend=options.backend,
+                                        attention_dtype=options.attention_dtype,
+                                        here=(options.dtype, options.attention_dtype, options.backend)
+                                        != ("float32", "float32", "auto"))
                 done += len(group)
         res = stats.finalize()
         extra = notes + run_findings(res, options, engine=engine, ray_workers=on_workers, model=lm,

@@ -204,7 +204,8 @@ def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, mo
     documents ran past the positions ``model`` was configured for."""
     size, longest, kind = batch
     res.meta.update({"engine": engine, "ray_workers": ray_workers,
-                     "dtype": options.dtype, "longest": doc_longest, "max_seq_len": max_seq_len,
+                     "dtype": options.dtype, "attention_dtype": options.attention_dtype,
+                     "backend": options.backend, "longest": doc_longest, "max_seq_len": max_seq_len,
                      "induction_sequences": len(probes),
                      "model": model.describe(), "generate": options.generate,
                      "level": "word" if options.word_level else "token",
@@ -216,7 +217,11 @@ def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, mo
            f"{maps_gb:.1f} GB"
            + (" (more than --longctx-maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
     out = [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
-           f"forward pass in {options.dtype}; {counted(documents, 'document')}, longest "
+           f"forward pass in {options.dtype}"
+           + ("" if options.attention_dtype == "float32" else
+              ", attention scores of bfloat16 queries and keys (as the bare bfloat16 flash forward)")
+           + ("" if options.backend == "auto" else f", backend {options.backend}")
+           + f"; {counted(documents, 'document')}, longest "
            f"{doc_longest} tokens"
            + (f"; {counted(len(probes), 'induction sequence')} of {len(probes[0])} tokens, "
               "run apart (they give the induction and duplicate scores only)." if probes else ".")]
