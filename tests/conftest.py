@@ -284,3 +284,20 @@ def open_viewer(browser):
         page.evaluate("() => window.attnscopeViewer.ready.then(() => null)")
         return context, page, left, errors
     return open_
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_run(tmp_path_factory):
+    """The uninterrupted ``attnscope run`` that the kill and resume tests of ``tests/pipeline``
+    compare with (``test_faults_run.py``, ``test_resume_syntax_coref.py``), run once per
+    session: its results (times and the command line aside) and its seconds."""
+    import subprocess
+    import time
+
+    from tests.pipeline.test_faults_run import _cmd, _env, _results
+
+    out = tmp_path_factory.mktemp("run-faults") / "reference"
+    t0 = time.perf_counter()
+    r = subprocess.run(_cmd(out), env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return _results(out), time.perf_counter() - t0

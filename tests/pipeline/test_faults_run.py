@@ -75,15 +75,6 @@ def _results(out: Path) -> dict:
     return _stable(json.loads((out / "results.json").read_text(encoding="utf-8")))
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("run-faults") / "reference"
-    t0 = time.perf_counter()
-    r = subprocess.run(_cmd(out), env=_env(), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    return _results(out), time.perf_counter() - t0
-
-
 def assert_nothing_corrupt(out: Path) -> None:
     """Every JSON file a killed run leaves parses (all are written atomically)."""
     for p in out.rglob("*.json"):
@@ -91,8 +82,8 @@ def assert_nothing_corrupt(out: Path) -> None:
 
 
 @pytest.mark.parametrize("k", range(KILLS))
-def test_kill_9_then_resume_gives_the_same_results(tmp_path, reference, k):
-    expected, seconds = reference
+def test_kill_9_then_resume_gives_the_same_results(tmp_path, uninterrupted_run, k):
+    expected, seconds = uninterrupted_run
     rng = random.Random(2000 + k)
     out = tmp_path / "run"
     proc = subprocess.Popen(_cmd(out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -117,8 +108,8 @@ def test_kill_9_then_resume_gives_the_same_results(tmp_path, reference, k):
     assert not list(out.glob("attnscope-syntax-*"))  # no temporary maps left behind
 
 
-def test_full_disk_stops_with_one_line_then_resumes(tmp_path, reference):
-    expected, _ = reference
+def test_full_disk_stops_with_one_line_then_resumes(tmp_path, uninterrupted_run):
+    expected, _ = uninterrupted_run
     disk = tmp_path / "disk"
     reason = _mount_tmpfs(disk, "600k")  # the run writes a few MB: it cannot finish
     if reason:

@@ -21,7 +21,6 @@ from tests.pipeline.test_faults_run import (
     _env,
     _results,
     assert_nothing_corrupt,
-    reference,  # noqa: F401 (the uninterrupted run, a fixture)
 )
 
 pytestmark = pytest.mark.slow
@@ -51,9 +50,9 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.heavy
-def test_a_run_killed_in_or_after_a_family_resumes_to_the_same_results(tmp_path, reference, case):  # noqa: F811
+def test_a_run_killed_in_or_after_a_family_resumes_to_the_same_results(tmp_path, uninterrupted_run, case):
     ready, finished, unfinished, status = CASES[case]
-    expected, _ = reference
+    expected, _ = uninterrupted_run
     out = tmp_path / "run"
     _kill_when(out, lambda: ready(out))
     assert_nothing_corrupt(out)
