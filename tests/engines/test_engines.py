@@ -383,13 +383,13 @@ def test_the_one_pass_kernel_in_half_precision_sums_in_float32(cap):
 
 @pytest.mark.skipif("onepass" not in HERE, reason="Triton is not installed")
 @pytest.mark.parametrize(("causal", "window"), [(True, None), (True, 90), (False, None)])
-@pytest.mark.parametrize("blocks", [(32, 32), (64, 64), (64, 32)])
+@pytest.mark.parametrize("blocks", [(32, 32, 4), (64, 64, 4), (64, 32, 8)])
 def test_the_one_pass_kernel_equals_the_definitions_where_blocks_lie_in_one_bucket(causal, window, blocks):
     """At 300 tokens many blocks lie inside one distance bucket (65-128, 129-256), where the
     kernel adds the block's row sums to that bucket; near the diagonal and across a bucket's edge
     it sums each bucket the block meets. Both against the softmax rows in float64, with
     grouped-query heads, an encoder, a sliding window handed as the model's mask, the
-    interpreter's blocks (32 x 32) and CUDA's (64 x 64)."""
+    interpreter's blocks (32 x 32) and those CUDA runs (``onepass.launch``)."""
     from attnscope.engines import onepass
 
     g = torch.Generator().manual_seed(3)

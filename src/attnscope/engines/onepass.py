@@ -57,11 +57,20 @@ from attnscope.engines import flex
 from attnscope.engines.rows import NUM_BUCKETS
 
 
-def block_sizes(device) -> tuple[int, int]:
-    """Query rows and keys per block: 64 x 64 on CUDA (FlashAttention's Triton tiles for head size
-    64 are 128 x 64; each row here carries about 112 running sums, the output's 64 and the
-    buckets' and classes' 48, so half the rows; not yet timed), 32 x 32 under the interpreter."""
-    return (64, 64) if getattr(device, "type", str(device)) == "cuda" else (32, 32)
+def launch(device, dtype, masked: bool) -> tuple[int, int, int]:
+    """Query rows and keys per block, and warps per program. Under the interpreter 32 x 32. On
+    CUDA blocks that ptxas compiles for an H100 (sm_90a) without spilling a register
+    (``tests/engines/test_onepass_cuda.py`` compiles each on the CPU): 64 x 64
+    with 4 warps for half-precision inputs, 64 x 32 with 8 warps where the kernel also reads the
+    model's mask or the inputs are float32, 32 x 32 with 8 warps for both. Each row carries
+    about 112 running sums (the output's 64, the buckets' and classes' 48). Not yet timed."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cuda":
+        return 32, 32, 4
+    half = dtype in (torch.float16, torch.bfloat16)
+    return {(True, False): (64, 64, 4), (True, True): (64, 32, 8), (False, False): (64, 32, 8),
+            (False, True): (32, 32, 8)}[half, masked]
 
 
 def available(device=None) -> bool:
@@ -163,12 +172,12 @@ def _kernel():
             if b_lo == b_hi:
                 bkt += row[:, None] * (bb[None, :] == b_lo).to(tl.float32)
             else:
-                for kk in range(b_lo, b_hi + 1):
-                    up = tl.maximum(kk - 2, 0)
-                    first = tl.where(kk < 3, kk, (1 << up) + 1)  # the bucket's distances
-                    last = tl.where(kk < 3, kk, 2 << up)
+                for kb in range(b_lo, b_hi + 1):
+                    up = tl.maximum(kb - 2, 0)
+                    first = tl.where(kb < 3, kb, (1 << up) + 1)  # the bucket's distances
+                    last = tl.where(kb < 3, kb, 2 << up)
                     mass = tl.sum(tl.where((dist >= first) & (dist <= last), p, 0.0), 1)
-                    bkt += mass[:, None] * (bb[None, :] == kk).to(tl.float32)
+                    bkt += mass[:, None] * (bb[None, :] == kb).to(tl.float32)
             if (d_lo <= 1) & (d_hi >= 1):  # the previous token's key is in this block
                 prev = tl.sum(tl.where(rows[:, None] - cols[None, :] == 1, p, 0.0), 1)
                 bkt += prev[:, None] * (bb[None, :] == NB).to(tl.float32)
@@ -188,14 +197,14 @@ def _kernel():
 
 
 def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bool, mask=None,
-                blocks: tuple[int, int] | None = None):
+                blocks: tuple[int, int, int] | None = None):
     """One sequence's layer: ``q`` ``[Hq n d]``, ``k`` / ``v`` ``[Hkv n d]`` (any float dtype; the
     sums are float32), ``classes`` ``[n F]`` float32, ``mask``: the model's own for the sequence
     (``[>=n >=n]``, boolean or additive float; None: the sequence's causal triangle, or none).
     Returns the output ``[Hq n d]`` (float32), the log-sum-exps ``[Hq n]``, the per-row values
     ``[2+F Hq n]`` (entropy, largest weight, the class masses) and the per-head sums over rows
     ``>= 1`` ``[Hq NB+1]`` (float64: the buckets' masses, then the previous token's).
-    ``blocks``: query rows and keys per block (:func:`block_sizes` of the device)."""
+    ``blocks``: query rows and keys per block and warps per program (:func:`launch`)."""
     import torch
     import triton
 
@@ -205,7 +214,7 @@ def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bo
     if D != d:
         q, k, v = (torch.nn.functional.pad(x, (0, D - d)) for x in (q, k, v))
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    BM, BN = blocks or block_sizes(q.device)
+    BM, BN, warps = blocks or launch(q.device, q.dtype, mask is not None)
     blocks = triton.cdiv(n, BM)
     out = torch.empty(Hq, n, D, device=q.device, dtype=torch.float32)
     lse = torch.empty(Hq, n, device=q.device, dtype=torch.float32)
@@ -225,7 +234,7 @@ def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bo
         rows.stride(0), rows.stride(1), dist.stride(0), dist.stride(1),
         G=G, D=D, F=F, FP=max(16, triton.next_power_of_2(F)), NB=NUM_BUCKETS,
         NBP=dist.shape[-1], CAUSAL=causal, CAP=bool(cap), BM=BM, BN=BN,
-        PREC="ieee" if q.dtype == torch.float32 else None, MASK=kind)
+        PREC="ieee" if q.dtype == torch.float32 else None, MASK=kind, num_warps=warps)
     return out[..., :d], lse, rows, dist.double().sum(1)[:, :NUM_BUCKETS + 1]
 
 
