@@ -383,8 +383,8 @@ def test_the_one_pass_kernel_in_half_precision_sums_in_float32(cap):
 
 @pytest.mark.skipif("onepass" not in HERE, reason="Triton is not installed")
 @pytest.mark.parametrize(("causal", "window"), [(True, None), (True, 90), (False, None)])
-@pytest.mark.parametrize("blocks", [(32, 32, 4), (64, 64, 4), (64, 32, 8)])
-def test_the_one_pass_kernel_equals_the_definitions_where_blocks_lie_in_one_bucket(causal, window, blocks):
+@pytest.mark.parametrize("config", [(32, 32, 4), (64, 64, 4), (64, 32, 8)])
+def test_the_one_pass_kernel_equals_the_definitions_where_blocks_lie_in_one_bucket(causal, window, config):
     """At 300 tokens many blocks lie inside one distance bucket (65-128, 129-256), where the
     kernel adds the block's row sums to that bucket; near the diagonal and across a bucket's edge
     it sums each bucket the block meets. Both against the softmax rows in float64, with
@@ -399,7 +399,7 @@ def test_the_one_pass_kernel_equals_the_definitions_where_blocks_lie_in_one_buck
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
     mask = None if window is None else (j <= i) & (i - j < window)
     out, _, rows, dist = onepass.layer_stats(q, k, v, classes, scale=0.25, cap=None, causal=causal,
-                                             mask=mask, blocks=blocks)
+                                             mask=mask, config=config)
     allowed = torch.ones(n, n, dtype=torch.bool) if mask is None else mask
     want_out, want_rows, want_dist, _ = _definitions(q, k, v, n, causal, allowed, None, classes, 0.25)
     torch.testing.assert_close(out.transpose(0, 1).double(), want_out, atol=2e-6, rtol=0)

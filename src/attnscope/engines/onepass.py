@@ -197,14 +197,14 @@ def _kernel():
 
 
 def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bool, mask=None,
-                blocks: tuple[int, int, int] | None = None):
+                config: tuple[int, int, int] | None = None):
     """One sequence's layer: ``q`` ``[Hq n d]``, ``k`` / ``v`` ``[Hkv n d]`` (any float dtype; the
     sums are float32), ``classes`` ``[n F]`` float32, ``mask``: the model's own for the sequence
     (``[>=n >=n]``, boolean or additive float; None: the sequence's causal triangle, or none).
     Returns the output ``[Hq n d]`` (float32), the log-sum-exps ``[Hq n]``, the per-row values
     ``[2+F Hq n]`` (entropy, largest weight, the class masses) and the per-head sums over rows
     ``>= 1`` ``[Hq NB+1]`` (float64: the buckets' masses, then the previous token's).
-    ``blocks``: query rows and keys per block and warps per program (:func:`launch`)."""
+    ``config``: query rows and keys per block and warps per program (default :func:`launch`)."""
     import torch
     import triton
 
@@ -214,7 +214,7 @@ def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bo
     if D != d:
         q, k, v = (torch.nn.functional.pad(x, (0, D - d)) for x in (q, k, v))
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    BM, BN, warps = blocks or launch(q.device, q.dtype, mask is not None)
+    BM, BN, warps = config or launch(q.device, q.dtype, mask is not None)
     blocks = triton.cdiv(n, BM)
     out = torch.empty(Hq, n, D, device=q.device, dtype=torch.float32)
     lse = torch.empty(Hq, n, device=q.device, dtype=torch.float32)
