@@ -56,8 +56,8 @@ class Options:
     maps_budget_gb: float = option(2.0, "Largest size of one batch's attention maps for --longctx-engine auto "
                                         "to use them.")
     dtype: str = option("float32", "Precision of the forward pass (bfloat16: autocast, except the "
-                                   "attention modules, see --longctx-attention-dtype; the statistics "
-                                   "are always float32).",
+                                   "attention modules, which --longctx-attention-dtype sets; the "
+                                   "statistics are always float32).",
                         choices=("float32", "bfloat16"))
     attention_dtype: str = option("float32", "What the attention scores are made of: float32 (under "
                                              "--longctx-dtype bfloat16 the attention modules run in "
