@@ -8,7 +8,8 @@
 # then one device call, from the project's root:
 #   bash benchmarks/gpu_session.sh    # rows and logs under $OUT
 #
-# Each step has its own time limit, so a step that hangs costs only its share (together 8 min 50 s):
+# Each step has its own time limit, so a step that hangs costs only its share (together 8 min 50 s);
+# each writes $OUT/<step>.log, and the two run.sh steps their rows to $OUT/<step>/longctx-gpu.json:
 #   rounded   the Llama-3.2-1B shape in bfloat16 at 4k, 32k and 128k tokens: the bare sdpa forward
 #             and the one-pass kernel on q, k, v rounded to bfloat16 as sdpa multiplies them
 #             (--attention-dtype bfloat16: the tensor cores), wall time and CUDA peak memory
@@ -35,10 +36,12 @@ step() {  # name, seconds, command...: its output in $OUT/<name>.log, the rows t
   grep -E '^\{|x sdpa|difference|Error|error' "$OUT/$name.log" | tail -20
 }
 
-step rounded 210 bash "$R/.gpu/run.sh" --lengths 4096 32768 131072 --modes sdpa streaming-onepass \
-  --attention-dtype bfloat16 --timeout 60
-step float32 170 bash "$R/.gpu/run.sh" --lengths 4096 32768 --modes sdpa streaming streaming-onepass --timeout 45
+mkdir -p "$OUT/rounded" "$OUT/float32"
+step rounded 270 env OUT="$OUT/rounded" bash "$R/.gpu/run.sh" --lengths 4096 32768 131072 \
+  --modes sdpa streaming-onepass --attention-dtype bfloat16 --timeout 60
+step float32 120 env OUT="$OUT/float32" bash "$R/.gpu/run.sh" --lengths 4096 32768 \
+  --modes sdpa streaming streaming-onepass --timeout 30
 step compare 60 python3 "$R/benchmarks/longctx.py" --device cuda --model "$M" --dtype bfloat16 \
   --attention-dtype bfloat16 --lengths 4096 --compare flex onepass
-step press 90 python3 "$R/benchmarks/press.py" --model "$M" --device cuda --dtype bfloat16 \
+step press 80 python3 "$R/benchmarks/press.py" --model "$M" --device cuda --dtype bfloat16 \
   --length 8192 --tasks 2 --rows 32

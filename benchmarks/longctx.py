@@ -270,7 +270,7 @@ def main() -> None:
             import numpy as np
 
             with tempfile.TemporaryDirectory() as tmp:
-                a = run_one(args, "streaming", n, "float32", f"{tmp}/f32.npz")
+                a = run_one(args, "streaming", n, "float32", f"{tmp}/f32.npz", attention="float32")
                 b = run_one(args, "streaming", n, "bfloat16", f"{tmp}/bf16.npz", attention="float32")
                 c = run_one(args, "streaming", n, "bfloat16", f"{tmp}/att.npz", attention="bfloat16")
                 row = {"length": n, "float32": a, "bfloat16": b, "bfloat16_attention": c}

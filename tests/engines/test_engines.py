@@ -394,6 +394,12 @@ def test_the_one_pass_kernel_equals_the_definitions_where_blocks_lie_in_one_buck
 
     g = torch.Generator().manual_seed(3)
     n = 300
+    BM, BN, _ = config
+    spans = [(r - c - BN + 1, r + BM - 1 - c) for r in range(0, n, BM) for c in range(0, n, BN)]
+    spans = [(max(lo, 0), hi) if causal else (0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
+             for lo, hi in spans if hi >= 0 or not causal]
+    one = sum(bucket_of(np.array([lo]))[0] == bucket_of(np.array([hi]))[0] for lo, hi in spans)
+    assert one >= 2 and one < len(spans)  # both ways of summing the buckets run
     q, k, v = (torch.randn(h, n, 16, generator=g) for h in (4, 2, 2))
     classes = (torch.rand(n, 3, generator=g) < 0.3).float()
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]

@@ -19,10 +19,13 @@ from pathlib import Path
 
 import pytest
 
-#: (inputs, model mask: 0 none / 1 boolean / 2 additive, causal, soft-capping)
-CASES = {"bfloat16-causal": ("bfloat16", 0, True, False), "bfloat16-model-mask": ("bfloat16", 1, True, False),
-         "float32-causal": ("float32", 0, True, False), "float32-model-mask": ("float32", 1, True, False),
-         "bfloat16-encoder-capped-additive": ("bfloat16", 2, False, True)}
+#: (inputs, model mask: 0 none / 1 boolean / 2 additive, causal, soft-capping, head size)
+CASES = {"bfloat16-causal": ("bfloat16", 0, True, False, 64), "bfloat16-model-mask": ("bfloat16", 1, True, False, 64),
+         "float32-causal": ("float32", 0, True, False, 64), "float32-model-mask": ("float32", 1, True, False, 64),
+         "bfloat16-encoder-capped-additive": ("bfloat16", 2, False, True, 64),
+         "bfloat16-causal-head-128": ("bfloat16", 0, True, False, 128),
+         "bfloat16-model-mask-head-128": ("bfloat16", 1, True, False, 128),
+         "float32-causal-head-128": ("float32", 0, True, False, 128)}
 
 
 def compile_for_h100(name: str) -> dict:
@@ -36,11 +39,11 @@ def compile_for_h100(name: str) -> dict:
     from attnscope.engines import onepass
     from attnscope.engines.rows import NUM_BUCKETS
 
-    dtype, mask, causal, cap = CASES[name]
+    dtype, mask, causal, cap, D = CASES[name]
     dtype = getattr(torch, dtype)
     kernel = onepass._kernel()
-    BM, BN, warps = onepass.launch(torch.device("cuda"), dtype, mask != 0)
-    const = dict(G=4, D=64, F=3, FP=16, NB=NUM_BUCKETS, NBP=32, CAUSAL=causal, CAP=cap,
+    BM, BN, warps = onepass.launch(torch.device("cuda"), dtype, mask != 0, D)
+    const = dict(G=4, D=D, F=3, FP=16, NB=NUM_BUCKETS, NBP=32, CAUSAL=causal, CAP=cap,
                  PREC="ieee" if dtype == torch.float32 else None, MASK=mask, BM=BM, BN=BN)
     ptr = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     sig = {name: ("constexpr" if name in const else ptr if name in ("Q", "K", "V")
@@ -81,11 +84,12 @@ def compiled(tmp_path_factory):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_kernel_compiles_for_an_h100_without_spilling(compiled, case):
-    # measured, registers of 255: 243, 229, 172, 166 and 238 (the same kernel at the next block
-    # size up, 64 x 64, spills 0.4-15 KB with a mask or float32 inputs)
+    # measured at head size 64, registers of 255: 243, 229, 172, 166 and 238 (the next block
+    # size up, 64 x 64, spills 0.4-15 KB with a mask or float32 inputs); at 128 the sizes of 64
+    # spill 60 B to 25 KB
     got = compiled[case]
     assert "error" not in got, got.get("error")
-    assert got["spilled"] == 0 and got["registers"] <= 255, got
+    assert got["spilled"] == 0, got
 
 
 def _each() -> dict:

@@ -57,18 +57,22 @@ from attnscope.engines import flex
 from attnscope.engines.rows import NUM_BUCKETS
 
 
-def launch(device, dtype, masked: bool) -> tuple[int, int, int]:
+def launch(device, dtype, masked: bool, head_dim: int) -> tuple[int, int, int]:
     """Query rows and keys per block, and warps per program. Under the interpreter 32 x 32. On
     CUDA blocks that ptxas compiles for an H100 (sm_90a) without spilling a register
-    (``tests/engines/test_onepass_cuda.py`` compiles each on the CPU): 64 x 64
-    with 4 warps for half-precision inputs, 64 x 32 with 8 warps where the kernel also reads the
-    model's mask or the inputs are float32, 32 x 32 with 8 warps for both. Each row carries
-    about 112 running sums (the output's 64, the buckets' and classes' 48). Not yet timed."""
+    (``tests/engines/test_onepass_cuda.py`` compiles them on the CPU). Each row carries its
+    output (``head_dim`` sums) and 48 more (the buckets' and the classes'), so the blocks shrink
+    as the head grows: at head size 64, 64 x 64 with 4 warps for half-precision inputs, 64 x 32
+    with 8 warps where the kernel also reads the model's mask or the inputs are float32, 32 x 32
+    with 8 warps for both; above 64 (128: Llama-3.1-8B), 64 x 32 with 8 warps for half-precision
+    inputs and 32 x 32 for float32. Not yet timed."""
     import torch
 
     if getattr(device, "type", str(device)) != "cuda":
         return 32, 32, 4
     half = dtype in (torch.float16, torch.bfloat16)
+    if head_dim > 64:
+        return (64, 32, 8) if half else (32, 32, 8)
     return {(True, False): (64, 64, 4), (True, True): (64, 32, 8), (False, False): (64, 32, 8),
             (False, True): (32, 32, 8)}[half, masked]
 
@@ -167,7 +171,6 @@ def _kernel():
             for kk in tl.static_range(3, NB):
                 b_lo += (a > (1 << (kk - 2))).to(tl.int32)
                 b_hi += (e > (1 << (kk - 2))).to(tl.int32)
-            b_hi = tl.minimum(b_hi, NB - 1)  # (the padding of the last block can reach past the last)
             bkt = bkt * alpha[:, None]
             if b_lo == b_hi:
                 bkt += row[:, None] * (bb[None, :] == b_lo).to(tl.float32)
@@ -214,7 +217,7 @@ def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bo
     if D != d:
         q, k, v = (torch.nn.functional.pad(x, (0, D - d)) for x in (q, k, v))
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    BM, BN, warps = config or launch(q.device, q.dtype, mask is not None)
+    BM, BN, warps = config or launch(q.device, q.dtype, mask is not None, D)
     blocks = triton.cdiv(n, BM)
     out = torch.empty(Hq, n, D, device=q.device, dtype=torch.float32)
     lse = torch.empty(Hq, n, device=q.device, dtype=torch.float32)

@@ -474,7 +474,9 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
     the queries, keys and values (after the rotary embedding) are rounded to bfloat16, as
     ``scaled_dot_product_attention`` does under bfloat16 autocast: the statistics of the bare
     bfloat16 flash forward's own attention (products of bfloat16 values, exact in float32; sums
-    in float32), which the one-pass kernel computes on a GPU's tensor cores.
+    in float32), which the one-pass kernel computes on a GPU's tensor cores. There it also rounds
+    ``P`` to bfloat16 for the layer's output, as FlashAttention does, so from the second layer on
+    its statistics differ from another backend's by that rounding.
 
     ``reference`` (for testing on deep models): also fold the family's eager probabilities of
     the same pass into it, so both see the very same queries and keys (the layers' output then
@@ -485,7 +487,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
         raise ValueError(f"chunk must be at least 1 (or 0: automatic), not {chunk}")
     device = lm.model.device  # where the statistics' tensors live: the model's device
     backends.check(backend, device)
-    if attention_dtype not in ("float32", "bfloat16"):
+    if attention_dtype not in ("float32", "bfloat16"):  # before any pass begins
         raise ValueError(f"attention_dtype is float32 or bfloat16, not {attention_dtype!r}")
     for start in range(0, len(sequences), batch_size):
         batch = [list(s) for s in sequences[start:start + batch_size]]

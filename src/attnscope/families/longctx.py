@@ -68,7 +68,7 @@ class Options:
                                   choices=("float32", "bfloat16"))
     backend: str = option("auto", "The streaming engine's backend: auto (by device: FlexAttention on a "
                                   "GPU, the compiled kernel on a CPU) or one by name "
-                                  "(docs/long-context.md); the statistics do not depend on it.",
+                                  "(docs/long-context.md); the statistics do not depend on it beyond rounding.",
                           choices=backends.NAMES)
     join: bool = option(False, "Join consecutive documents (in file order) until --max-seq-len tokens.")
     num_docs: int = option(0, "Use only the first N documents (0: all).", minimum=0)

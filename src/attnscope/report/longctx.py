@@ -219,8 +219,8 @@ def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, mo
     out = [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
            f"forward pass in {options.dtype}"
            + ("" if options.attention_dtype == "float32" else
-              ", attention scores of bfloat16 queries and keys (as the bare bfloat16 flash forward)")
-           + ("" if options.backend == "auto" else f", backend {options.backend}")
+              ", attention of bfloat16 queries, keys and values (as the bare bfloat16 flash forward)")
+           + ("" if options.backend == "auto" else f", backend {options.backend} asked for")
            + f"; {counted(documents, 'document')}, longest "
            f"{doc_longest} tokens"
            + (f"; {counted(len(probes), 'induction sequence')} of {len(probes[0])} tokens, "
