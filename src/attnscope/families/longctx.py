@@ -92,6 +92,13 @@ class Options:
                               "prompt + continuation; 0: off.", minimum=0)
 
 
+def _streaming_only(options: Options) -> list[str]:
+    """The options set away from their defaults that only the streaming engine takes (they run
+    in this process, never on Ray workers, and the maps engine refuses them)."""
+    return [name for name in ("backend", "attention_dtype")
+            if getattr(options, name) != Options.__dataclass_fields__[name].default]
+
+
 @register_family
 class LongContext(Family):
     key = "longctx"
@@ -130,8 +137,8 @@ class LongContext(Family):
         if options.generate and options.word_level:
             raise AttnscopeError("word_level with generate: generated tokens have no words from "
                                  "the text; use one or the other", params=("word_level", "generate"))
-        for name, default in (("backend", "auto"), ("attention_dtype", "float32")):
-            if options.engine == "maps" and getattr(options, name) != default:
+        for name in _streaming_only(options):
+            if options.engine == "maps":
                 raise AttnscopeError(f"engine maps with {name} {getattr(options, name)}: {name} is the "
                                      "streaming engine's; leave engine at auto or streaming",
                                      params=("engine", name))
@@ -173,9 +180,9 @@ class LongContext(Family):
         longest, batch_size = plans[widest]
         engine = choose_engine(lm, longest, batch_size, int(options.maps_budget_gb * 2 ** 30),
                                options.engine)
-        if engine == "maps" and (options.dtype == "bfloat16" or options.attention_dtype == "bfloat16"
-                                 or options.backend != "auto"):
-            engine = "streaming"  # eager maps under autocast would not be the same computation
+        if engine == "maps" and (options.dtype == "bfloat16" or _streaming_only(options)):
+            # eager maps under autocast would not be the same computation
+            engine = "streaming"
         stats = LongContextStats(js_rows=options.js_rows, seed=ctx.seed,
                                  sink_threshold=options.sink_threshold, causal=lm.family.causal,
                                  sink_metric=options.sink_metric)
@@ -189,8 +196,7 @@ class LongContext(Family):
                                         batch_size=size, targets=None if units else targets,
                                         units=units, start=done, total=total, backend=options.backend,
                                         attention_dtype=options.attention_dtype,
-                                        here=(options.dtype, options.attention_dtype, options.backend)
-                                        != ("float32", "float32", "auto"))
+                                        here=options.dtype != "float32" or bool(_streaming_only(options)))
                 done += len(group)
         res = stats.finalize()
         extra = notes + run_findings(res, options, engine=engine, ray_workers=on_workers, model=lm,
