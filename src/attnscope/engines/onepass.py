@@ -208,6 +208,18 @@ def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bo
     ``[2+F Hq n]`` (entropy, largest weight, the class masses) and the per-head sums over rows
     ``>= 1`` ``[Hq NB+1]`` (float64: the buckets' masses, then the previous token's).
     ``config``: query rows and keys per block and warps per program (default :func:`launch`)."""
+    grid, args, consts, warps = arguments(q, k, v, classes, scale=scale, cap=cap, causal=causal,
+                                          mask=mask, config=config)
+    _kernel()[grid](*args, **consts, num_warps=warps)
+    out, lse, rows, dist = args[5:9]
+    return out[..., :q.shape[-1]], lse, rows, dist.double().sum(1)[:, :NUM_BUCKETS + 1]
+
+
+def arguments(q, k, v, classes, *, scale: float, cap: float | None, causal: bool, mask=None,
+              config: tuple[int, int, int] | None = None):
+    """The kernel's launch for :func:`layer_stats`: ``(grid, positional arguments, constexprs,
+    warps)``, the output buffers among the arguments. ``benchmarks/kernel_budget.py`` compiles
+    the kernel from exactly these (the JIT's specialisation of each argument included)."""
     import torch
     import triton
 
@@ -229,16 +241,14 @@ def layer_stats(q, k, v, classes, *, scale: float, cap: float | None, causal: bo
         low = torch.finfo(mask.dtype).min / 2 if kind == 2 else 0.0
         mask = mask if kind == 2 else mask.view(torch.uint8)  # the same bytes
     m = mask if mask is not None else lse  # (unread without a mask)
-    _kernel()[(blocks, Hq)](
-        q, k, v, classes.contiguous().float(), m, out, lse, rows, dist, n, float(scale), float(cap or 1.0),
-        float(low), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        m.stride(0) if mask is not None else 0, m.stride(1) if mask is not None else 0,
-        out.stride(0), out.stride(1),
-        rows.stride(0), rows.stride(1), dist.stride(0), dist.stride(1),
-        G=G, D=D, F=F, FP=max(16, triton.next_power_of_2(F)), NB=NUM_BUCKETS,
-        NBP=dist.shape[-1], CAUSAL=causal, CAP=bool(cap), BM=BM, BN=BN,
-        PREC="ieee" if q.dtype == torch.float32 else None, MASK=kind, num_warps=warps)
-    return out[..., :d], lse, rows, dist.double().sum(1)[:, :NUM_BUCKETS + 1]
+    args = (q, k, v, classes.contiguous().float(), m, out, lse, rows, dist, n, float(scale), float(cap or 1.0),
+            float(low), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            m.stride(0) if mask is not None else 0, m.stride(1) if mask is not None else 0,
+            out.stride(0), out.stride(1), rows.stride(0), rows.stride(1), dist.stride(0), dist.stride(1))
+    consts = dict(G=G, D=D, F=F, FP=max(16, triton.next_power_of_2(F)), NB=NUM_BUCKETS,
+                  NBP=dist.shape[-1], CAUSAL=causal, CAP=bool(cap), BM=BM, BN=BN,
+                  PREC="ieee" if q.dtype == torch.float32 else None, MASK=kind)
+    return (blocks, Hq), args, consts, warps
 
 
 def run_layer(layer, b: int, seq) -> None:
