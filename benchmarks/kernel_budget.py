@@ -60,7 +60,8 @@ MORE = {"bf16-d64-mask": ("bfloat16", 64, True, "bool", False),
         "f32-d64-mask": ("float32", 64, True, "bool", False),
         "bf16-d64-encoder-capped-additive": ("bfloat16", 64, False, "additive", True),
         "bf16-d128-mask": ("bfloat16", 128, True, "bool", False),
-        "f32-d128-causal": ("float32", 128, True, None, False)}
+        "f32-d128-causal": ("float32", 128, True, None, False),
+        "f32-d128-mask": ("float32", 128, True, "bool", False)}
 TOKENS = 32768  # the length whose strides the arguments have (every stride here divisible by 16)
 GROUPS = 4  # query heads per key head (Llama-3.2-1B: 32 / 8)
 
@@ -144,12 +145,12 @@ def _source(fn, args, consts):
     return ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
 
 
-def compile_sm90(fn, args, consts, warps: int, workdir: Path, name: str) -> dict:
+def compile_sm90(fn, args, consts, warps: int, stages: int, workdir: Path, name: str) -> dict:
     """Registers, spilled bytes and the SASS of ``fn`` for an H100."""
     from triton.backends.compiler import GPUTarget
 
     compiled = triton.compile(_source(fn, args, consts), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps})
+                              options={"num_warps": warps, "num_stages": stages})
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     ptx = workdir / f"{name}.ptx"
     ptx.write_text(compiled.asm["ptx"])
@@ -281,17 +282,19 @@ def loops(instr, blocks, succ) -> list[dict]:
 
 
 def per_score(sass: str, BM: int, BN: int, warps: int) -> dict:
-    """Instructions per score per thread on the loops that multiply on the tensor cores: the
+    """Instructions per score per thread on the outermost loops that multiply on the tensor cores
+    (any, for float32 inputs): the
     first (below the diagonal) on its common path, the last (the diagonal's blocks) with each of
     its instructions once."""
     instr = instructions(sass)
     blocks, succ = blocks_of(instr)
-    mma = [lp for lp in loops(instr, blocks, succ) if lp["mma"]]
+    every = loops(instr, blocks, succ)
+    mma = [lp for lp in every if lp["mma"]] or every  # float32 inputs multiply on the CUDA cores
     span = [(blocks[lp["head"]][0], blocks[lp["latch"]][-1]) for lp in mma]  # (first, last instruction)
     outer = [lp for lp, (a, b) in zip(mma, span)  # not inside another loop's span of addresses
              if not any((c <= a and b <= d) and (c, d) != (a, b) for c, d in span)]
     if not outer:
-        raise RuntimeError("no loop multiplies on the tensor cores")
+        raise RuntimeError("the kernel has no loop")
     scores = BM * BN / (32 * warps)
     return {"common": outer[0]["fewest"] / scores, "diagonal": outer[-1]["every"] / scores,
             "loop_instructions": outer[0]["fewest"], "loops": len(outer), "total": len(instr)}
@@ -301,17 +304,18 @@ def case(name: str, spec, workdir: Path, bare: bool = True) -> dict:
     dtype, d, causal, mask, cap = spec
     q, k, v, classes, own = _inputs(dtype, d, mask)
     dev = torch.device("cuda")
-    BM, BN, warps = onepass.launch(dev, q.dtype, own is not None, d)
+    BM, BN, warps, stages = onepass.launch(dev, q.dtype, own is not None, d)
     grid, args, consts, _ = onepass.arguments(q, k, v, classes, scale=d ** -0.5, cap=50.0 if cap else None,
-                                              causal=causal, mask=own, config=(BM, BN, warps))
-    got = compile_sm90(onepass._kernel(), args, consts, warps, workdir, name)
-    row = {"blocks": [BM, BN, warps], "registers": got["registers"], "spilled": got["spilled"]}
+                                              causal=causal, mask=own, config=(BM, BN, warps, stages))
+    got = compile_sm90(onepass._kernel(), args, consts, warps, stages, workdir, name)
+    row = {"blocks": [BM, BN, warps, stages], "registers": got["registers"], "spilled": got["spilled"]}
     row.update({f"attnscope_{k}": v for k, v in per_score(got["sass"], BM, BN, warps).items()})
     if bare:
         out = torch.empty(q.shape, dtype=torch.float32)
         bargs = (q, k, v, out, q.shape[1], d ** -0.5, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                  out.stride(0), out.stride(1))
-        b = compile_sm90(bare_kernel, bargs, dict(G=GROUPS, D=d, BM=BM, BN=BN), warps, workdir, name + "-bare")
+        b = compile_sm90(bare_kernel, bargs, dict(G=GROUPS, D=d, BM=BM, BN=BN), warps, stages, workdir,
+                         name + "-bare")
         row.update({f"bare_{k}": v for k, v in per_score(b["sass"], BM, BN, warps).items()},
                    bare_registers=b["registers"], bare_spilled=b["spilled"])
         row.update(attnscope=round(row["attnscope_common"], 2), bare=round(row["bare_common"], 2),

@@ -416,6 +416,32 @@ def test_the_one_pass_kernel_equals_the_definitions_where_blocks_lie_in_one_buck
 
 
 @pytest.mark.skipif("onepass" not in HERE, reason="Triton is not installed")
+def test_the_one_pass_kernel_reads_the_models_mask_past_2_to_the_31_bytes():
+    """The offset of row i's mask is i times the mask's row stride: past 46,341 tokens that
+    passes 2^31, and an int32 product wraps. Here a mask whose rows lie 2^25 + 16 bytes apart
+    (a view into 5 GB of untouched memory) puts rows 64 .. 95 there; the view starts 2^31 bytes
+    into its buffer, so a wrapped offset reads zeros (every key masked) instead of crashing. With
+    64-bit offsets every statistic equals the same mask held compactly."""
+    from attnscope.engines import onepass
+
+    g = torch.Generator().manual_seed(5)
+    n, stride, before = 96, (1 << 25) + 16, 1 << 31
+    assert 64 * stride > 2 ** 31 > 63 * stride
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    window = (j <= i) & (i - j < 40)
+    buffer = torch.empty(before + (n - 1) * stride + n, dtype=torch.bool)
+    far = buffer.as_strided((n, n), (stride, 1), storage_offset=before)
+    far.copy_(window)
+    q, k, v = (torch.randn(h, n, 16, generator=g) for h in (2, 1, 1))
+    classes = (torch.rand(n, 3, generator=g) < 0.3).float()
+    got = onepass.layer_stats(q, k, v, classes, scale=0.25, cap=None, causal=True, mask=far)
+    want = onepass.layer_stats(q, k, v, classes, scale=0.25, cap=None, causal=True, mask=window)
+    for name, a, b in zip(("out", "lse", "rows", "dist"), got, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
+    assert torch.isfinite(got[1]).all() and (got[2][1][:, 1:] < 1).all()  # every row but the first sees 2+ keys
+
+
+@pytest.mark.skipif("onepass" not in HERE, reason="Triton is not installed")
 def test_the_one_pass_kernel_keeps_a_sinks_small_weights_in_half_precision():
     """A sink: every row puts nearly all its weight on the first key and about e^-16 (1e-7) on
     each other key, weights that float16 holds only as subnormals (steps of 6e-8). The kernel
