@@ -73,7 +73,7 @@ class LocalExecutor:
     def stream(self, lm, sequences: Sequence[Sequence[int]], stats, *, chunk: int = 0,
                batch_size: int = 1, targets: Sequence | None = None, units=None,
                progress: Callable[[int], None] | None = None, engine: str = "streaming",
-               backend: str = "auto", attention_dtype: str = "float32") -> int:
+               backend: str = "auto", attention_dtype: str = "auto") -> int:
         """The long-context statistics of ``sequences`` folded into ``stats``: computed inside
         attention with no ``[n n]`` maps (``engine`` "streaming", through ``backend`` from scores
         made of ``attention_dtype`` values: :func:`~attnscope.engines.streaming.stream_stats`),
@@ -155,8 +155,8 @@ class RayExecutor(LocalExecutor):
 
     def stream(self, lm, sequences, stats, *, chunk: int = 0, batch_size: int = 1, targets=None,
                units=None, progress: Callable[[int], None] | None = None,
-               engine: str = "streaming", backend: str = "auto", attention_dtype: str = "float32") -> int:
-        if units is not None or engine != "streaming" or (backend, attention_dtype) != ("auto", "float32"):
+               engine: str = "streaming", backend: str = "auto", attention_dtype: str = "auto") -> int:
+        if units is not None or engine != "streaming" or backend != "auto" or attention_dtype == "bfloat16":
             # word level, eager maps and a backend or attention dtype asked for fold here
             return super().stream(lm, sequences, stats, chunk=chunk, batch_size=batch_size,
                                   targets=targets, units=units, progress=progress, engine=engine,

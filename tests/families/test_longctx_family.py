@@ -333,8 +333,10 @@ def test_bfloat16_attention_reaches_the_engine_from_the_command_line(tmp_path, l
     from attnscope.engines.streaming import stream_stats
 
     got = _cli(tmp_path, "rounded", "--longctx-dtype", "bfloat16", "--longctx-attention-dtype", "bfloat16")
-    exact = _cli(tmp_path, "exact", "--longctx-dtype", "bfloat16")
-    assert (got["meta"]["attention_dtype"], exact["meta"]["attention_dtype"]) == ("bfloat16", "float32")
+    exact = _cli(tmp_path, "exact", "--longctx-dtype", "bfloat16", "--longctx-attention-dtype", "float32")
+    auto = _cli(tmp_path, "auto", "--longctx-dtype", "bfloat16")  # the default follows the forward's dtype
+    assert [r["meta"]["attention_dtype"] for r in (got, exact, auto)] == ["bfloat16", "float32", "bfloat16"]
+    assert auto["arrays"]["entropy"]["data"] == got["arrays"]["entropy"]["data"]
     docs = prepare_documents(tmp_path / "d.txt", llama.tokenizer, max_seq_len=64)
     stats = LongContextStats(js_rows=2)
     with torch.autocast("cpu", dtype=torch.bfloat16):

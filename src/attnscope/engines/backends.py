@@ -9,14 +9,14 @@ by device and input, the math one the reference), a caller never asks which one 
 =========  ========================================================  ==========================
 name       what                                                      chosen automatically on
 =========  ========================================================  ==========================
-flex       fused attention (``torch.nn.attention.flex_attention``):  CUDA
-           never a row of scores; statistics from log-sum-exps
+onepass    attnscope's own Triton kernel: every statistic in one     CUDA, where Triton is
+           pass, the float32 sums kept beside the row sum            installed
+           (:mod:`attnscope.engines.onepass`)
+flex       fused attention (``torch.nn.attention.flex_attention``):  CUDA without Triton (the
+           never a row of scores; statistics from log-sum-exps       reference on a GPU)
            (:mod:`attnscope.engines.flex`)
 compiled   the compiled one-call CPU kernel                          the CPU, where it built
            (:func:`attnscope.engines.native.flash`)
-onepass    attnscope's own Triton kernel: every statistic in one     never (asked for by name;
-           pass, the float32 sums kept beside the row sum            unmeasured on a GPU so far)
-           (:mod:`attnscope.engines.onepass`)
 tiles      tiles of whole rows in torch (the compiled row kernel     anything else; every input
            where it built): the reference, any device, any input     the others do not take
 =========  ========================================================  ==========================
@@ -29,7 +29,11 @@ not compiled) is torch's reference implementation, which holds a layer's ``[H n 
 proves the backend's mathematics on the CPU, it is not a fast path there.
 
 >>> [b.name for b in BACKENDS]
-['flex', 'compiled', 'onepass', 'tiles']
+['onepass', 'flex', 'compiled', 'tiles']
+>>> choose("auto", "cuda", token_level=True, probe=False, usable=lambda name, device: True)
+'onepass'
+>>> choose("auto", "cuda", token_level=True, probe=False, usable=lambda name, device: name != "onepass")
+'flex'
 >>> choose("auto", "cpu", token_level=True, probe=False, usable=lambda name, device: name != "compiled")
 'tiles'
 """
@@ -49,8 +53,7 @@ from attnscope.errors import AttnscopeError
 class Backend:
     """What the seam knows of a backend: its ``name``, the device types on which ``choose``
     picks it by itself, and which inputs it takes (``token_level``: no word-level sequences;
-    ``probes``: sequences with targets, e.g. the induction probes; ``automatic``: ``choose`` may
-    pick it by itself)."""
+    ``probes``: sequences with targets, e.g. the induction probes)."""
 
     name: str
     devices: tuple[str, ...]  # () = every device
@@ -58,7 +61,6 @@ class Backend:
     probes: bool
     min_tokens: int = 1
     reference: bool = False
-    automatic: bool = True
 
     def takes(self, token_level: bool, probe: bool, tokens: int) -> bool:
         return ((token_level or not self.token_level) and (self.probes or not probe)
@@ -66,9 +68,9 @@ class Backend:
 
 
 BACKENDS = (
+    Backend("onepass", devices=("cuda",), token_level=True, probes=True),
     Backend("flex", devices=("cuda",), token_level=True, probes=True),
     Backend("compiled", devices=("cpu",), token_level=True, probes=False, min_tokens=2),
-    Backend("onepass", devices=("cuda",), token_level=True, probes=True, automatic=False),
     Backend("tiles", devices=(), token_level=False, probes=True, reference=True),  # last: takes the rest
 )
 NAMES = ("auto", *(b.name for b in BACKENDS))
@@ -80,8 +82,9 @@ class LayerInput:
 
     ``site``: the forward helper's :class:`~attnscope.models.forward.Site` (queries ``[B Hq T d]``
     as the model made them, the mask, the scaling, the module); ``key`` / ``value``: its keys and
-    values in float32 ``[B Hkv T d]``; ``out``: the heads' outputs ``[B T Hq d]`` (float32), which a
-    backend fills for rows ``0 .. n-1`` of the sequences it runs; ``cap``: the logit soft-capping
+    values ``[B Hkv T d]`` in float32 (the model's own where every sequence of the batch goes to the
+    one-pass kernel, which reads them as they are); ``out``: the heads' outputs ``[B T Hq d]``
+    (float32; there, the forward's dtype), which a backend fills for rows ``0 .. n-1`` of the sequences it runs; ``cap``: the logit soft-capping
     (``cap tanh(s / cap)``; None: none); ``lengths``: each sequence's tokens in the batch."""
 
     site: Any
@@ -138,7 +141,7 @@ def choose(backend: str, device, *, token_level: bool, probe: bool, tokens: int 
     for b in BACKENDS:
         if not b.takes(token_level, probe, tokens):
             continue
-        wanted = b.name == backend or (backend == "auto" and b.automatic and (not b.devices or kind in b.devices))
+        wanted = b.name == backend or (backend == "auto" and (not b.devices or kind in b.devices))
         if b.reference or (wanted and usable(b.name, device)):
             return b.name
     raise AssertionError("the reference backend takes every input")  # pragma: no cover

@@ -240,10 +240,11 @@ def softcap(cap: float | None):
 
 
 def scores(q, k, rows, scale: float, cap: float | None):
-    """``[Hq c n]`` float32 scores of ``rows`` (a slice) against every key, the ``G`` query heads
-    of a key head stacked into one product (query head ``h`` reads key head ``h // G``)."""
+    """``[Hq c n]`` float32 scores of ``rows`` (a slice) against every key (``k`` float32; ``q``
+    any float dtype), the ``G`` query heads of a key head stacked into one product (query head
+    ``h`` reads key head ``h // G``)."""
     Hq, Hkv = q.shape[1], k.shape[1]
-    qr = q[0, :, rows]  # [Hq c d]
+    qr = q[0, :, rows].to(k.dtype)  # [Hq c d] (the rows only, in the keys' float32)
     c = qr.shape[1]
     s = (qr.reshape(Hkv, (Hq // Hkv) * c, -1) @ k[0].transpose(-1, -2)).view(Hq, c, -1).mul_(scale)
     if cap:

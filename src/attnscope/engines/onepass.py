@@ -174,15 +174,17 @@ def run_layer(layer, b: int, seq) -> None:
     out, lse, rowv, dist = layer_stats(q, k, v, seq.key_classes(q.device), scale=scale, cap=cap,
                                        causal=layer.causal, mask=own)
     layer.out[b, :n] = out.transpose(0, 1)
-    qf, kf = q[None].float(), k[None].float()
     mask = flex.Mask(n, layer.causal, site.mask, b)
+    # the keys in float32 for the few rows computed in torch (a probe's targets, the sampled
+    # rows); the queries are taken a row at a time
+    kf = k[None].float() if seq.targets or (n > 1 and seq.js_rows) else None
     if seq.targets:
-        flex.probe_targets(layer, seq, qf, kf, lse, mask)
+        flex.probe_targets(layer, seq, q[None].float(), kf, lse, mask)
     if n <= 1 or seq.targets:
         stats.layer_end(seq)
         return
     buffers, sums = stats.row_buffers(site.layer, seq, q.device)
     buffers.copy_(rowv)
     sums += dist
-    flex.sampled_rows(layer, seq, qf, kf, mask)
+    flex.sampled_rows(layer, seq, q[None], kf, mask)
     stats.layer_end(seq)

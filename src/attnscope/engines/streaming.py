@@ -268,21 +268,27 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0,
                                                 for k in ("query", "key", "value")})
         # float32 sums whatever the forward pass runs in (autocast would turn matmul to bfloat16)
         with torch.autocast(device_type=query.device.type, enabled=False):
-            return _tiles(site).to(query.dtype)
+            return _tiles(site, query.dtype).to(query.dtype)
 
-    def _tiles(site):
+    def _tiles(site, dtype):
         """The statistics of every tile and, from the same tiles, the heads' outputs
         ``[B T Hq d]`` (``P V``, float32; rows past a sequence's end are 0)."""
         q = site.query  # scaled a tile at a time: a scaled copy of all of it took 38 MB at 16k
-        v = site.value.float()
-        k = site.key.float()  # [B Hkv T d], read transposed by Q K^T (faster than a transposed copy)
+        seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
+        chosen = [backends.choose(backend, q.device, token_level=seq.units is None, probe=bool(seq.targets),
+                                  tokens=seq_len[b]) for b, seq in enumerate(seqs)]
+        # the keys and values in float32, and the output, for the backends that take them so (the
+        # one-pass kernel reads the model's own and writes the output in the query's dtype)
+        own = all(c == "onepass" for c in chosen)
+        v = site.value if own else site.value.float()
+        k = site.key if own else site.key.float()  # [B Hkv T d], read transposed by Q K^T
         cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
         plain = site.mask is None and stats.causal  # no padding: the causal triangle only
         d = v.shape[-1]
         B, H, T = q.shape[:3]
         G = site.kv_groups
         Hkv = H // G
-        out = v.new_zeros(B, T, H, d)  # [B T Hq d]
+        out = v.new_zeros(B, T, H, d, dtype=dtype if own else torch.float32)  # [B T Hq d]
         fast = native.available(v.device)
 
         def buffer(i, shape):  # sized at once for rows as wide as the longest sequence
@@ -382,12 +388,10 @@ def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0,
                     stats.tile(site.layer, seq, q0, p, ent, top, masses, heads=block[1], per_d=per_d)
             stats.layer_end(seq)
 
-        seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
         layer = LayerInput(site, stats, k, v, out, cap, seq_len)
         runs = {"flex": flex.run_layer, "compiled": whole_layer, "tiles": tile_layer, "onepass": onepass.run_layer}
         for b, seq in enumerate(seqs):
-            runs[backends.choose(backend, v.device, token_level=seq.units is None, probe=bool(seq.targets),
-                                 tokens=seq_len[b])](layer, b, seq)
+            runs[chosen[b]](layer, b, seq)
         return out
 
     def _unit_tiles(layer, probs, seq, rows, heads):
@@ -447,13 +451,24 @@ def float32_attention(lm):
             del m.forward
 
 
+def forward_dtype(lm) -> str:
+    """``"bfloat16"`` where the forward pass runs in bfloat16 here (bfloat16 autocast on the
+    model's device, or bfloat16 weights), else ``"float32"``."""
+    import torch
+
+    device = model_device(lm.model).type
+    if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.bfloat16:
+        return "bfloat16"
+    return "bfloat16" if next(lm.model.parameters()).dtype == torch.bfloat16 else "float32"
+
+
 def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk: int = 0,
                  batch_size: int = 1, targets: Seq[dict[str, Seq[int]] | None] | None = None,
                  progress: Callable[[int], None] | None = None,
                  reference: LongContextStats | None = None,
                  extras: Seq[dict[str, Any] | None] | None = None,
                  units: Seq[Any] | None = None, backend: str = "auto",
-                 attention_dtype: str = "float32") -> None:
+                 attention_dtype: str = "auto") -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
     ``chunk``: query rows per tile (0: :func:`auto_tile` per sequence; the one-call CPU kernel
@@ -468,7 +483,9 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
     (``"flex"``, ``"compiled"``, ``"tiles"``; :mod:`attnscope.engines.backends`); the statistics do
     not depend on it (up to float32 rounding).
 
-    ``attention_dtype``: what the scores are made of. ``"float32"``: under bfloat16 autocast the
+    ``attention_dtype``: what the scores are made of. ``"auto"`` (the default): the forward pass's
+    dtype (:func:`forward_dtype`: bfloat16 under bfloat16 autocast or with bfloat16 weights, else
+    float32). ``"float32"``: under bfloat16 autocast the
     attention modules run in float32 (:func:`float32_attention`), so the queries and keys are
     not rounded. ``"bfloat16"``: the attention modules run as the forward pass runs them and
     the queries, keys and values (after the rotary embedding) are rounded to bfloat16, as
@@ -487,8 +504,10 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
         raise ValueError(f"chunk must be at least 1 (or 0: automatic), not {chunk}")
     device = lm.model.device  # where the statistics' tensors live: the model's device
     backends.check(backend, device)
-    if attention_dtype not in ("float32", "bfloat16"):  # before any pass begins
-        raise ValueError(f"attention_dtype is float32 or bfloat16, not {attention_dtype!r}")
+    if attention_dtype not in ("auto", "float32", "bfloat16"):  # before any pass begins
+        raise ValueError(f"attention_dtype is auto, float32 or bfloat16, not {attention_dtype!r}")
+    if attention_dtype == "auto":
+        attention_dtype = forward_dtype(lm)
     for start in range(0, len(sequences), batch_size):
         batch = [list(s) for s in sequences[start:start + batch_size]]
         tg = None if targets is None else targets[start:start + batch_size]

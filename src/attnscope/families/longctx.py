@@ -59,15 +59,17 @@ class Options:
                                    "attention modules, which --longctx-attention-dtype sets; the "
                                    "statistics are always float32).",
                         choices=("float32", "bfloat16"))
-    attention_dtype: str = option("float32", "What the attention scores are made of: float32 (under "
-                                             "--longctx-dtype bfloat16 the attention modules run in "
-                                             "float32) or bfloat16 (the queries, keys and values rounded "
-                                             "to bfloat16, as the bare bfloat16 flash forward multiplies "
-                                             "them; sums in float32; what --longctx-backend onepass runs "
-                                             "on a GPU's tensor cores). Streaming engine only.",
-                                  choices=("float32", "bfloat16"))
-    backend: str = option("auto", "The streaming engine's backend: auto (by device: FlexAttention on a "
-                                  "GPU, the compiled kernel on a CPU) or one by name "
+    attention_dtype: str = option("auto", "What the attention scores are made of: auto (the forward "
+                                          "pass's dtype, --longctx-dtype), float32 (under --longctx-dtype "
+                                          "bfloat16 the attention modules run in float32: the precise "
+                                          "statistics, at float32 speed on a GPU) or bfloat16 (the queries, "
+                                          "keys and values rounded to bfloat16, as the bare bfloat16 flash "
+                                          "forward multiplies them, on a GPU's tensor cores; sums in float32). "
+                                          "Streaming engine only.",
+                                  choices=("auto", "float32", "bfloat16"))
+    backend: str = option("auto", "The streaming engine's backend: auto (by device: attnscope's one-pass "
+                                  "Triton kernel on a GPU, FlexAttention where Triton is missing, the "
+                                  "compiled kernel on a CPU) or one by name "
                                   "(docs/long-context.md); the statistics do not depend on it beyond rounding.",
                           choices=backends.NAMES)
     join: bool = option(False, "Join consecutive documents (in file order) until --max-seq-len tokens.")
@@ -92,11 +94,16 @@ class Options:
                               "prompt + continuation; 0: off.", minimum=0)
 
 
+def attention_dtype(options: Options) -> str:
+    """What the scores are made of: ``--longctx-attention-dtype``, or (auto) the forward's dtype."""
+    return options.dtype if options.attention_dtype == "auto" else options.attention_dtype
+
+
 def _streaming_only(options: Options) -> list[str]:
-    """The options set away from their defaults that only the streaming engine takes (they run
-    in this process, never on Ray workers, and the maps engine refuses them)."""
-    return [name for name in ("backend", "attention_dtype")
-            if getattr(options, name) != Options.__dataclass_fields__[name].default]
+    """The options whose values only the streaming engine takes (they run in this process, never
+    on Ray workers, and the maps engine refuses them): a backend by name, scores of bfloat16."""
+    return [name for name, ok in (("backend", options.backend == "auto"),
+                                  ("attention_dtype", attention_dtype(options) == "float32")) if not ok]
 
 
 @register_family
@@ -195,14 +202,15 @@ class LongContext(Family):
                 on_workers = ctx.stream(group, stats, step="statistics", chunk=options.chunk, engine=engine,
                                         batch_size=size, targets=None if units else targets,
                                         units=units, start=done, total=total, backend=options.backend,
-                                        attention_dtype=options.attention_dtype,
+                                        attention_dtype=attention_dtype(options),
                                         here=options.dtype != "float32" or bool(_streaming_only(options)))
                 done += len(group)
         res = stats.finalize()
         extra = notes + run_findings(res, options, engine=engine, ray_workers=on_workers, model=lm,
                                      documents=len(docs), doc_longest=plans[0][0], probes=probes,
                                      batch=(batch_size, longest, groups[widest][2]),
-                                     max_seq_len=ctx.max_seq_len, generated=generated)
+                                     max_seq_len=ctx.max_seq_len, generated=generated,
+                                     attention_dtype=attention_dtype(options))
         clusters = head_clusters(res)
         if clusters is not None:  # the MDS placement the viewer's scatter draws
             res.tables["clusters"] = clusters["rows"]

@@ -197,14 +197,14 @@ def _cluster_figure(clusters: dict, stem: Path, tables_dir: Path, sec: Section) 
 
 def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, model: Any,
                  documents: int, doc_longest: int, probes: list, batch: tuple[int, int, str],
-                 max_seq_len: int, generated: list[dict]) -> list[str]:
+                 max_seq_len: int, generated: list[dict], attention_dtype: str) -> list[str]:
     """Record how the long-context statistics were computed in ``res.meta`` and say it in
     findings: the engine (chosen or forced, and why: the maps of ``batch`` = ``(size, longest,
     kind)`` in GB), the forward precision, the documents and induction sequences, and whether
     documents ran past the positions ``model`` was configured for."""
     size, longest, kind = batch
     res.meta.update({"engine": engine, "ray_workers": ray_workers,
-                     "dtype": options.dtype, "attention_dtype": options.attention_dtype,
+                     "dtype": options.dtype, "attention_dtype": attention_dtype,
                      "backend": options.backend, "longest": doc_longest, "max_seq_len": max_seq_len,
                      "induction_sequences": len(probes),
                      "model": model.describe(), "generate": options.generate,
@@ -218,7 +218,7 @@ def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, mo
            + (" (more than --longctx-maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))
     out = [f"Engine: {engine} ({'chosen: ' if options.engine == 'auto' else 'forced: '}{why}); "
            f"forward pass in {options.dtype}"
-           + ("" if options.attention_dtype == "float32" else
+           + ("" if attention_dtype == "float32" else
               ", attention of bfloat16 queries, keys and values (as the bare bfloat16 flash forward)")
            + ("" if options.backend == "auto" else f", backend {options.backend} asked for")
            + f"; {counted(documents, 'document')}, longest "
