@@ -36,6 +36,15 @@ the measured step.
     PYTHONPATH=src python benchmarks/longctx.py --device cuda --dtype bfloat16 --attention-dtype bfloat16 \
         --lengths 32768 131072 --modes sdpa streaming-onepass
 
+``--jsonl FILE`` runs instead every length and mode in this one process (the model loaded once;
+not streaming-tiles or streaming-torch, which need a process of their own): each mode warmed at
+the measured length under the autocast it is timed with, then timed as the best of ``--repeat``
+(3) runs, each row appended to FILE (one JSON line) the moment it is measured, so a run killed
+by the shell's ``timeout`` keeps its rows (benchmarks/gpu_session.sh):
+
+    PYTHONPATH=src python benchmarks/longctx.py --device cuda --model .gpu/llama1b --dtype bfloat16 \
+        --attention-dtype bfloat16 --lengths 4096 32768 --modes sdpa streaming-onepass --jsonl rows.jsonl
+
 ``--device cuda`` also reports torch.cuda.max_memory_allocated (every mode, sdpa included);
 the streaming modes there run the fused FlexAttention backend (streaming, streaming-flex) or the
 GPU-sized tiles (streaming-tiles). ``--compare A B`` runs the streaming engine through backends
@@ -54,6 +63,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from rowfile import RowFile, usage_error  # benchmarks/rowfile.py, beside this script
 
 MODES = ["sdpa", "streaming", "streaming-flex", "streaming-tiles", "streaming-torch", "streaming-onepass", "maps"]
 #: the streaming engine's backend per mode (engines/backends.py)
@@ -163,6 +174,108 @@ def worker(args) -> dict:
     return out
 
 
+def in_process(args) -> None:
+    """``--jsonl``: the model loaded once, every length and mode measured in turn in this process,
+    each row appended to ``args.jsonl`` the moment it is measured (rowfile.RowFile).
+
+    Each mode runs once at the measured length under the autocast it is timed with (``warmup_s``:
+    the weights made resident, sdpa's and the fused kernels' first-use costs, the kernels'
+    compiling), then ``--repeat`` times: ``times_s`` all of them, ``wall_s`` the best and
+    ``cpu_s`` that run's CPU time. On CUDA ``cuda_peak_mb`` is the peak of the warm-up and the
+    runs. A mode that raises (out of GPU memory, say) gives a ``failed`` row and the next goes on.
+    """
+    import torch
+
+    from attnscope.analyses.longctx import LongContextStats
+    from attnscope.engines.backends import choose
+    from attnscope.engines.streaming import maps_update, stream_stats
+    from attnscope.models import load_model
+    from attnscope.models.forward import forward, pad_batch
+
+    torch.set_num_threads(args.threads)
+    emit = RowFile(args.jsonl)
+    cuda = args.device == "cuda"
+
+    def clock(fn):
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return out, time.perf_counter() - t0, time.process_time() - c0
+
+    def load():
+        lm = load_model(args.model)
+        lm.model.to(args.device)
+        return lm
+
+    lm, load_s, _ = clock(load)
+    base = {"script": "longctx", "model": Path(args.model).name or args.model, "device": args.device,
+            "dtype": args.dtype}
+    emit({**base, "mode": "load", "load_s": round(load_s, 2), "torch": torch.__version__,
+          "gpu": torch.cuda.get_device_name() if cuda else None})
+    autocast = torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
+    for n in args.lengths:
+        ids = document(lm, n)
+        sdpa = {}
+        for mode in args.modes:
+            row = {**base, "mode": mode, "length": n}
+            backend = args.backend or BACKEND.get(mode, "auto")
+            if mode == "streaming-onepass" and not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+                emit({**row, "skipped": "the one-pass kernel needs CUDA or TRITON_INTERPRET=1"})
+                continue
+            if mode.startswith("streaming"):
+                row.update(attention_dtype=args.attention_dtype,
+                           backend=choose(backend, args.device, token_level=True, probe=False, tokens=n))
+            if mode == "maps" and maps_gb(lm, n) > args.mem_cap_gb:
+                emit({**row, "skipped": f"maps alone need {maps_gb(lm, n):.1f} GB > --mem-cap-gb {args.mem_cap_gb}"})
+                continue
+
+            def once(mode=mode, backend=backend):
+                stats = LongContextStats(js_rows=args.js_rows)
+                with autocast:
+                    if mode == "maps":
+                        maps_update(lm, [ids], stats, keep_all=True)
+                    elif mode.startswith("streaming"):
+                        stream_stats(lm, [ids], stats, chunk=args.chunk, backend=backend,
+                                     attention_dtype=args.attention_dtype)
+                    else:
+                        forward(lm, inputs, lean_mask=True)
+                return stats
+
+            inputs = pad_batch(lm, [ids])
+            inputs.input_ids = inputs.input_ids.to(args.device)
+            inputs.attention_mask = inputs.attention_mask.to(args.device)
+            try:
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                _, warm, _ = clock(once)
+                runs = [clock(once) for _ in range(args.repeat)]
+            except Exception as exc:  # noqa: BLE001 (the row says what failed; the next mode goes on)
+                emit({**row, "failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+                if cuda:
+                    torch.cuda.empty_cache()
+                continue
+            stats, wall, cpu = min(runs, key=lambda r: r[1])
+            row.update(warmup_s=round(warm, 3), times_s=[round(r[1], 3) for r in runs], wall_s=round(wall, 3),
+                       cpu_s=round(cpu, 3))
+            if cuda:
+                row["cuda_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2 ** 20)
+            if mode == "sdpa":
+                sdpa = row
+            elif "wall_s" in sdpa:
+                row["over_sdpa_wall"] = _ratio(wall, sdpa["wall_s"])
+                if cuda:
+                    row["over_sdpa_cuda_peak"] = round(row["cuda_peak_mb"] / max(1, sdpa["cuda_peak_mb"]), 2)
+            if mode != "sdpa":
+                row["sink_heads"] = int((stats.means()["sink"] > 0.3).sum())
+            emit(row)
+
+
+def maps_gb(lm, n: int) -> float:
+    """What the eager maps of every layer take at ``n`` tokens, float32."""
+    return lm.num_layers * lm.num_heads * n * n * 4 / 2 ** 30
+
+
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 2) if b else None  # (a tiny model's step can round to 0.0 s)
 
@@ -226,6 +339,11 @@ def main() -> None:
                     help="time load_model(--model) twice in fresh processes with an empty cache "
                          "folder: the first load converts (GGUF), the second reads the cache")
     ap.add_argument("--out", type=Path, help="also write the rows as JSON here")
+    ap.add_argument("--jsonl", type=Path,
+                    help="one process: the model loaded once, every length and mode measured in turn (warmed "
+                         "at the measured length, best of --repeat), each row appended to this JSON Lines "
+                         "file the moment it is measured (--timeout does not apply: use the shell's timeout)")
+    ap.add_argument("--repeat", type=int, default=3, help="with --jsonl: timed runs per mode, the best reported")
     ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--length", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--save-means", help=argparse.SUPPRESS)
@@ -233,6 +351,19 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
+        return
+    if args.jsonl:
+        other = [f for f, on in (("--compare", args.compare), ("--bf16-diff", args.bf16_diff),
+                                 ("--load-times", args.load_times), ("--out", args.out)) if on]
+        own = [m for m in args.modes if m in ("streaming-tiles", "streaming-torch")]
+        if other:
+            usage_error("longctx.py", f"--jsonl measures --modes in one process; it does not take {other[0]}")
+        if own:
+            usage_error("longctx.py", f"--jsonl: {own[0]} needs a process of its own (ATTNSCOPE_NATIVE); "
+                                      "leave out --jsonl")
+        if args.repeat < 1:
+            usage_error("longctx.py", f"--repeat must be at least 1, not {args.repeat}")
+        in_process(args)
         return
     if args.load_times:
         import tempfile
