@@ -150,24 +150,30 @@ def _heatmap_grid(cmp, stem: Path) -> list[Path]:
     S, L, H = st["diff"].shape
     cols = 5
     rows = (S + cols - 1) // cols
-    fig, axes = new_figure(rows, cols, figsize=(3.0 * cols, 0.35 * L * rows + 1.2 * rows), squeeze=False)
+    step = -(-H // 12)  # at most 12 head ticks a panel, so that "10 11 12" never run together
+    fig, axes = new_figure(rows, cols, figsize=(3.2 * cols, 0.3 * L * rows + 1.4 * rows), squeeze=False,
+                           layout="constrained")
     changed = cmp.changed()
     for s in range(rows * cols):
         ax = axes[s // cols][s % cols]
         if s >= S:
             ax.axis("off")
             continue
-        d = st["diff"][s]
-        lim = max(float(np.nanmax(np.abs(d))), 1e-6)
+        d = np.where(np.abs(st["diff"][s]) <= ROUNDING, 0.0, st["diff"][s])  # rounding is no change
+        # a scale of at least +-0.01, so that no change shows as "no change" and not as a
+        # colour bar of 1e-6 with its offset text over the panel
+        lim = max(float(np.nanmax(np.abs(d), initial=0.0)), 0.01)
         im = ax.imshow(d, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
         ys, xs = np.nonzero(changed[s])
         ax.scatter(xs, ys, s=6, c="black", marker="o")
         ax.set_title(STAT_NAMES[s], fontsize=9)
-        ax.set_xticks(range(H))
-        ax.set_xticklabels([str(h + 1) for h in range(H)], fontsize=8)
+        ax.set_xticks(range(0, H, step))
+        ax.set_xticklabels([str(h + 1) for h in range(0, H, step)], fontsize=7)
         ax.set_yticks(range(L))
-        ax.set_yticklabels([str(i + 1) for i in range(L)], fontsize=8)
-        fig.colorbar(im, ax=ax, shrink=0.8)
+        ax.set_yticklabels([str(i + 1) for i in range(L)], fontsize=7)
+        bar = fig.colorbar(im, ax=ax, shrink=0.9, format="%.2g", aspect=15)
+        bar.ax.tick_params(labelsize=7)
+        bar.ax.locator_params(nbins=3)
     fig.supxlabel("head")
     fig.supylabel("layer")
     return save_figure(fig, stem)
@@ -177,7 +183,7 @@ def _layer_figure(cmp, stem: Path) -> list[Path]:
     d = cmp.same_head()
     d = np.where(d <= JS_ROUNDING, 0.0, d)  # float rounding is no change: no bars of 1e-8
     L = d.shape[0]
-    fig, ax = new_figure(figsize=(6, 3.5))
+    fig, ax = new_figure(figsize=(6, 3.5), layout="constrained")
     ax.bar(range(1, L + 1), d.mean(1), color="#3b6ea5", label="mean over heads")
     ax.scatter(np.repeat(np.arange(1, L + 1), d.shape[1]), d.ravel(), s=8, c="black", alpha=0.5,
                label="each head")
@@ -193,7 +199,7 @@ def _cross_figure(cmp, stem: Path) -> list[Path]:
     d = cmp.distances
     (la, ha), (lb, hb) = cmp.shape_a, cmp.shape_b
     size = min(12.0, 3.0 + 0.08 * max(d.shape))
-    fig, ax = new_figure(figsize=(size, size))
+    fig, ax = new_figure(figsize=(size, size), layout="constrained")
     im = ax.imshow(d, cmap="viridis_r", aspect="auto")
     ii, jj = zip(*cmp.matching)
     ax.scatter(jj, ii, s=10, facecolors="none", edgecolors="red", linewidths=0.8, label="matching")
