@@ -16,6 +16,7 @@ from attnscope.data.io import atomic_write_bytes, atomic_write_text
 from attnscope.errors import AttnscopeError
 from attnscope.families import FAMILIES, load_families
 from attnscope.models import load_model
+from attnscope.models.loaded import display_name
 from attnscope.store import open_store
 from attnscope.store.format import MANIFEST
 from attnscope.store.results import RESULTS_DIR, ResultsFolder
@@ -100,12 +101,12 @@ def write_view(store_path: str | Path, example: int, view: str, out: str | Path,
                              params=("kind",))
     warnings: list[str] = []
     neuron = None
-    model_name = store.manifest.get("model", {}).get("name")
+    model_name = display_name(store.manifest.get("model"))
     if view == "neuron":
         lm, warnings = model_for_store(store, model)
         qk = capture_qk(lm, amap.example, layer, index=amap.index)
         neuron = neuron_payload(qk, head=head if head is not None else 0, query=query)
-        model_name = lm.name
+        model_name = lm.display_name
     # an encoder-decoder store: the other kinds beside the map already read (the encoder's)
     maps = {k: amap if k == store.kind else load_example(open_store(store_path, k), example)
             for k in store.kinds} or amap
@@ -142,7 +143,7 @@ def _write_generated(store_path, example: int, view: str, out, *, generate: int,
         lm = load_model(model)
     maps = model_maps(lm, prompt, generate=generate, long_input=page["long_input"],
                       window=page["window"], offset=page["offset"])
-    html = maps_html(maps, view, kind=kind, model=lm.name,
+    html = maps_html(maps, view, kind=kind, model=lm.display_name,
                      title=f"{lm.name}: continued by {generate} tokens", **page)
     return {**_finish(html, out, png, svg, scale, chromium, warnings), "view": view}
 

@@ -43,6 +43,8 @@ def test_extract_and_info_say_what_they_count(tmp_path, capsys, words_file, debu
     assert "tokens" not in info  # the ambiguous name is gone
     code, out, err = run(capsys, "info", store)
     assert code == 0 and err == "" and "model tokens" in out and "words + special tokens" in out
+    # stored positions 5, 6 and 3 (words + [CLS] and [SEP]): mean 14 / 3, shown to 2 decimals
+    assert "mean_length: 4.67\n" in out and info["mean_length"] == pytest.approx(14 / 3)
 
 
 def test_extract_summary_on_stdout_names_both_counts(tmp_path, capsys, words_file, debug_bert):

@@ -331,3 +331,19 @@ def test_one_object_spread_over_lines_is_refused_whatever_the_name(tmp_path):
     with pytest.raises(InputError) as e:
         read_examples(p)
     says(e.value, str(p), "JSON object", ".jsonl")
+
+
+def test_a_store_with_another_models_name_is_refused(tmp_path, capsys, files):
+    """``analyze general STORE --model M``: the maps are the store's model's; a different M is
+    refused in one line naming both models, nothing written; the store's own model is fine."""
+    store = tmp_path / "store"
+    code, _, err = run(capsys, "extract", files / "ex.json", "--model", "debug:bert", "--out", store, "-q")
+    assert code == 0, err
+    out = tmp_path / "out"
+    code, _, err = run(capsys, "analyze", "general", store, "--model", "debug:gpt2", "--out", out, "-q")
+    assert code == 2
+    assert one_line(err.strip()) == (f"error: --model debug:gpt2: {store} holds the maps of debug:bert, not of "
+                             "debug:gpt2; leave --model out to analyse those maps, or give debug:bert")
+    assert not out.exists()
+    code, _, err = run(capsys, "analyze", "general", store, "--model", "debug:bert", "--out", out, "-q")
+    assert code == 0, err

@@ -141,9 +141,13 @@ def test_a_store_against_itself(tmp_path, debug_bert):
     assert cmp.same_head().max() < off.min() / 100  # random heads are close to uniform, yet distinct
     res = json.loads((out / "results" / "compare.json").read_text())
     assert res["level"] == "token" and res["matching"] == [[i, i] for i in range(4)]
-    line_saying(res["findings"], "0 of 40", "statistics")
-    line_saying(res["findings"], "4 of 4 heads")
+    assert res["identical"] is True and res["max_weight_difference"] == 0.0
+    line_saying(res["findings"], "identical within float rounding")
+    assert not any("changed most" in f or "largest change" in f for f in res["findings"]), res["findings"]
+    layers = json.loads((out / "tables" / "compare_layers.json").read_text())
+    assert [r["most_changed_head"] for r in layers] == [None, None]  # noise names no head
     html = (out / "report.html").read_text()
+    assert "identical within float rounding" in html
     assert "What changed from" in html and "Content-Security-Policy" in html
     from attnscope.report.html import network_references
 
@@ -151,6 +155,24 @@ def test_a_store_against_itself(tmp_path, debug_bert):
     assert (out / "tables" / "compare_heads.tex").is_file()
     assert (out / "figures" / "compare_layers.png").is_file()
     assert any((out / "views").glob("compare-a-*.html"))
+
+
+def test_a_store_compared_with_itself_says_identical(tmp_path, debug_bert, capsys):
+    """``attnscope compare X X`` (the tour's): float32 rounding of the distances (about 1e-8) is
+    not reported as change, in the printed findings, the page or the results."""
+    from attnscope.cli.main import main
+
+    s = _store(tmp_path, "a", debug_bert, word_level=True)
+    out = tmp_path / "out"
+    assert main(["compare", str(s), str(s), "--out", str(out), "--n-boot", "200"]) == 0
+    err = capsys.readouterr().err
+    assert "identical within float rounding" in err and "changed most" not in err, err
+    res = json.loads((out / "results" / "compare.json").read_text())
+    assert res["identical"] is True and res["level"] == "word"
+    assert not any(res["arrays"]["diff"][s][l][h] for s in range(10) for l in range(2) for h in range(2))
+    assert len(res["findings"]) == 2  # what was compared, and that nothing changed
+    html = (out / "report.html").read_text()
+    assert "identical within float rounding" in html and "changed most" not in html
 
 
 def _swap_heads(lm, layer: int, h1: int, h2: int) -> None:
@@ -188,6 +210,12 @@ def test_swapped_heads_are_matched_back(tmp_path):
     from attnscope.compare.report import findings
 
     said = findings(cmp)
+    assert not cmp.identical() and cmp.max_diff > 1e-3  # random heads are near uniform
+    # layer 1 changed; layer 2 differs by float rounding only (the swapped heads' outputs are
+    # summed in another order), which is no finding
+    assert cmp.changed_layers() == [0] and cmp.layer_distance()[1] <= 1e-5
+    line_saying(said, "changed most", "layer 1 (", "least: layer 2 (<1e-05 nats")
+    assert not cmp.changed()[:, 1].any()
     line = line_saying(said, "2 of 4 heads")
     # each moved head is named with its match, one pair to a clause
     assert re.search(r"1-1 of A[^;]*1-2 of B", line) and re.search(r"1-2 of A[^;]*1-1 of B", line), line

@@ -88,6 +88,14 @@ def test_paper_depparse_errors(tmp_path, content, facts, line):
     assert says(one_line(err.value), *facts).startswith(f"{p}:{line}:")
 
 
+def test_plain_text_as_dependencies_hints_at_conllu(tmp_path):
+    p = write(tmp_path, "wiki.txt", "The cat sat on the mat .\n")
+    with pytest.raises(InputError) as err:
+        list(iter_depparse(p))
+    assert one_line(err.value) == (f"{p}:1: expected 'word head-relation', found 7 columns (CoNLL-U "
+                                   "is read too: a .conllu file, or 10 tab-separated columns)")
+
+
 CONLLU = """# sent_id = s1
 # text = I can't go.
 1\tI\tI\tPRON\tPRP\tCase=Nom\t3\tnsubj\t_\t_

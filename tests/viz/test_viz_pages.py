@@ -144,3 +144,21 @@ def test_view_command_missing_store(tmp_path, capsys):
 
     assert main(["view", str(tmp_path / "nope"), "--out", str(tmp_path / "v.html")]) == 2
     says(one_line(capsys.readouterr().err.strip()), "error: ", str(tmp_path / "nope"), "no such store folder")
+
+
+@pytest.mark.slow
+def test_a_view_of_the_default_models_store_names_the_real_model(tmp_path):
+    """``--model default`` is a shorthand: the page names the model the loader recorded
+    (sentence-transformers/all-MiniLM-L6-v2), not "default"."""
+    from attnscope.data.io import example_from_dict
+    from attnscope.jobs import extract_to_store
+    from attnscope.models import load_model
+    from attnscope.views import write_view
+
+    lm = load_model("default")
+    assert lm.name == "default" and lm.display_name == "sentence-transformers/all-MiniLM-L6-v2"
+    store = tmp_path / "store"
+    extract_to_store([example_from_dict({"words": ["the", "cat", "sat", "."]}, 0)], store, lm)
+    write_view(store, 0, "head", tmp_path / "head.html")
+    page = payload_of((tmp_path / "head.html").read_text())
+    assert page["model"] == "sentence-transformers/all-MiniLM-L6-v2"

@@ -70,6 +70,8 @@ CANDIDATE_SETS = ("mentions", "words", "all-words")
 PAPER_CANDIDATES = "all-words"
 #: Suffix of the result keys computed with :data:`PAPER_CANDIDATES` (``accuracy_all_words``, ...).
 PAPER_SUFFIX = "_all_words"
+#: How the summary and the report name results computed with :data:`PAPER_CANDIDATES`.
+PAPER_DEFINITION = "with the paper's definition (every other word a candidate)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,8 +428,7 @@ class CorefAntecedents(MapsAnalysis):
             f"mentions ({self.candidates} as candidates); nearest mention {100 * rows[0]['all']:.1f}%, "
             f"same head word {100 * rows[1]['all']:.1f}%, rule-based {100 * rows[2]['all']:.1f}%")
         result.summary.append(
-            f"with the paper's definition (every other word a candidate) the best head is "
-            f"{best_p['name']} at {100 * best_p['all']:.1f}%")
+            f"{PAPER_DEFINITION} the best head is {best_p['name']} at {100 * best_p['all']:.1f}%")
         result.tables["table2_heldout"] = self._heldout(everything)
         return result
 

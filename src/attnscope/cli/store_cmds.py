@@ -21,6 +21,13 @@ LABELS = {
 }
 
 
+def _shown(value) -> str:
+    """A summary value for the table: floats to 2 decimals (``--json`` keeps every digit)."""
+    if value is None:
+        return "–"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
 class ExportFormat(str, Enum):
     paper_pickle = "paper-pickle"
 
@@ -50,8 +57,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
             from rich.table import Table
 
             unit = "words + special tokens" if summary["level"] == "word" else "tokens"
-            rows = [(LABELS.get(k, k).format(unit=unit), "–" if v is None else str(v))
-                    for k, v in summary.items()]
+            rows = [(LABELS.get(k, k).format(unit=unit), _shown(v)) for k, v in summary.items()]
             if not results.is_terminal:  # piped: plain "label: value" lines, never wrapped
                 for label, value in rows:
                     print(f"{label}: {value}")

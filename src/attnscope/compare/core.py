@@ -27,7 +27,13 @@ from attnscope.compare.pairing import (
     run_stores,
 )
 from attnscope.compare.report import write_compare, write_tables_compare
-from attnscope.compare.stats import CrossDistances, PairedHeadStats, match_heads
+from attnscope.compare.stats import (
+    JS_ROUNDING,
+    ROUNDING,
+    CrossDistances,
+    PairedHeadStats,
+    match_heads,
+)
 from attnscope.data.depparse import iter_depparse
 from attnscope.data.io import file_fingerprint, read_examples
 from attnscope.errors import AttnscopeError
@@ -57,6 +63,7 @@ class Comparison:
     run_tables: dict[str, list[dict]] = field(default_factory=dict)
     run_captions: dict[str, str] = field(default_factory=dict)  # caption of each run table
     notes: list[str] = field(default_factory=list)
+    max_diff: float = float("inf")  # the largest |A - B| of any attention weight, same head and unit
 
     @property
     def same_shape(self) -> bool:
@@ -74,13 +81,28 @@ class Comparison:
         d = self.same_head()
         return None if d is None else d.mean(1)
 
+    def identical(self) -> bool:
+        """A and B hold the same maps within float rounding: same heads, and no attention weight
+        of any head differs by more than :data:`~attnscope.compare.stats.ROUNDING` (e.g. a store
+        compared with itself)."""
+        return self.same_shape and self.max_diff <= ROUNDING
+
     def changed(self) -> np.ndarray:
-        """``[S L H]`` bool: the 95% paired interval of the difference excludes 0."""
+        """``[S L H]`` bool: the 95% paired interval of the difference excludes 0 and the change
+        is larger than float rounding (:data:`~attnscope.compare.stats.ROUNDING`)."""
         if not self.stats:
             return np.zeros((0,) + self.shape_a, dtype=bool)
-        lo, hi = self.stats["low"], self.stats["high"]
+        lo, hi, diff = self.stats["low"], self.stats["high"], self.stats["diff"]
         with np.errstate(invalid="ignore"):
-            return (lo > 0) | (hi < 0)
+            return ((lo > 0) | (hi < 0)) & (np.abs(diff) > ROUNDING)
+
+    def changed_layers(self) -> list[int]:
+        """0-indexed layers whose mean same-head distance exceeds float rounding
+        (:data:`~attnscope.compare.stats.JS_ROUNDING`), most changed first."""
+        d = self.layer_distance()
+        if d is None:
+            return []
+        return [int(i) for i in np.argsort(-d, kind="stable") if d[i] > JS_ROUNDING]
 
 
 def compare(a: str | Path, b: str | Path, out_dir: str | Path | None = None, *,
@@ -146,12 +168,14 @@ def compute(a: Side, b: Side, pairing: Pairing, *, n_boot: int = 1000, seed: int
     distances = cross.distances()
     params = {"level": pairing.level, "units": pairing.layout, "examples": len(pairing.indices),
               "bootstrap": head_stats.params(), "distances": cross.params(),
+              "rounding": {"weights_and_statistics": ROUNDING, "js_nats_per_unit": JS_ROUNDING},
               "matching": "scipy.optimize.linear_sum_assignment on the A x B distances, maximize=False",
               "maps": {"A": str(a.store.path), "B": str(b.store.path)}}
     return Comparison(a=a, b=b, pairing=pairing, stats=stats, distances=distances,
                       matching=match_heads(distances), shape_a=shape_a, shape_b=shape_b,
                       params=params, rows=cross.rows, run_tables=_run_tables(a, b), notes=notes,
-                      run_captions={t.name: t.caption for t in _compare_tables()})
+                      run_captions={t.name: t.caption for t in _compare_tables()},
+                      max_diff=cross.max_diff)
 
 
 def _compare_tables() -> list:

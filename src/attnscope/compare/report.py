@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.compare.stats import STAT_NAMES, STAT_WORDS
+from attnscope.compare.stats import JS_ROUNDING, ROUNDING, STAT_NAMES, STAT_WORDS
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import HeadId
 from attnscope.report.figures import new_figure, save_figure
@@ -60,7 +60,9 @@ def layer_rows(cmp) -> list[dict]:
     if d is None:
         return []
     return [{"layer": layer + 1, "mean_js": float(d[layer].mean()), "min_js": float(d[layer].min()),
-             "max_js": float(d[layer].max()), "most_changed_head": str(HeadId(layer, int(d[layer].argmax())))}
+             "max_js": float(d[layer].max()),
+             "most_changed_head": (str(HeadId(layer, int(d[layer].argmax()))) if d[layer].max() > JS_ROUNDING
+                                   else None)}
             for layer in range(d.shape[0])]
 
 
@@ -77,6 +79,12 @@ def matching_rows(cmp) -> list[dict]:
     return rows
 
 
+def _nats(x: float) -> str:
+    """A distance in nats: 4 decimals, two significant digits below 0.001, and no digits of
+    float rounding (at most :data:`JS_ROUNDING`)."""
+    return f"<{JS_ROUNDING:g}" if x <= JS_ROUNDING else f"{x:.4f}" if x >= 1e-3 else f"{x:.1e}"
+
+
 def findings(cmp) -> list[str]:
     """The plain-words summary of the largest changes."""
     a, b = cmp.a.name, cmp.b.name
@@ -87,13 +95,24 @@ def findings(cmp) -> list[str]:
                                      "the two models add different special tokens"
                                      if cmp.pairing.layout != "same units" else ""))
     out.append(f"A = {a}, B = {b}: {len(cmp.pairing.indices)} examples compared {how}.")
+    if cmp.identical():
+        out.append(f"A and B are identical within float rounding: no attention weight of any head differs "
+                   f"by more than {ROUNDING:g} (largest difference {cmp.max_diff:.2g}), so nothing "
+                   "changed; differences below the rounding thresholds are not findings.")
+        return out + list(cmp.notes)
     layer = cmp.layer_distance()
     if layer is not None:
-        order = np.argsort(-layer)
-        top = ", ".join(f"layer {i + 1} ({layer[i]:.4f})" for i in order[:max(1, min(2, len(order) - 1))])
-        out.append(f"The layers that changed most, by the mean Jensen-Shannon distance between each "
-                   f"head of A and the same head of B: {top}; least: layer {order[-1] + 1} "
-                   f"({layer[order[-1]]:.4f} nats per unit).")
+        moved_layers = cmp.changed_layers()
+        if not moved_layers:
+            out.append(f"No layer changed beyond float rounding: every layer's mean Jensen-Shannon distance "
+                       f"between each head of A and the same head of B is at most {JS_ROUNDING:g} nats per unit.")
+        else:
+            top = ", ".join(f"layer {i + 1} ({_nats(layer[i])})"
+                            for i in moved_layers[:max(1, min(2, len(layer) - 1))])
+            least = int(np.argmin(layer))
+            out.append(f"The layers that changed most, by the mean Jensen-Shannon distance between each "
+                       f"head of A and the same head of B: {top}; least: layer {least + 1} "
+                       f"({_nats(layer[least])} nats per unit).")
     moved = [r for r in matching_rows(cmp) if r["moved"]]
     pa = cmp.shape_a[0] * cmp.shape_a[1]
     if cmp.same_shape:
@@ -131,24 +150,30 @@ def _heatmap_grid(cmp, stem: Path) -> list[Path]:
     S, L, H = st["diff"].shape
     cols = 5
     rows = (S + cols - 1) // cols
-    fig, axes = new_figure(rows, cols, figsize=(3.0 * cols, 0.35 * L * rows + 1.2 * rows), squeeze=False)
+    step = -(-H // 12)  # at most 12 head ticks a panel, so that "10 11 12" never run together
+    fig, axes = new_figure(rows, cols, figsize=(3.2 * cols, 0.3 * L * rows + 1.4 * rows), squeeze=False,
+                           layout="constrained")
     changed = cmp.changed()
     for s in range(rows * cols):
         ax = axes[s // cols][s % cols]
         if s >= S:
             ax.axis("off")
             continue
-        d = st["diff"][s]
-        lim = max(float(np.nanmax(np.abs(d))), 1e-6)
+        d = np.where(np.abs(st["diff"][s]) <= ROUNDING, 0.0, st["diff"][s])  # rounding is no change
+        # a scale of at least +-0.01, so that no change shows as "no change" and not as a
+        # colour bar of 1e-6 with its offset text over the panel
+        lim = max(float(np.nanmax(np.abs(d), initial=0.0)), 0.01)
         im = ax.imshow(d, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
         ys, xs = np.nonzero(changed[s])
         ax.scatter(xs, ys, s=6, c="black", marker="o")
         ax.set_title(STAT_NAMES[s], fontsize=9)
-        ax.set_xticks(range(H))
-        ax.set_xticklabels([str(h + 1) for h in range(H)], fontsize=8)
+        ax.set_xticks(range(0, H, step))
+        ax.set_xticklabels([str(h + 1) for h in range(0, H, step)], fontsize=7)
         ax.set_yticks(range(L))
-        ax.set_yticklabels([str(i + 1) for i in range(L)], fontsize=8)
-        fig.colorbar(im, ax=ax, shrink=0.8)
+        ax.set_yticklabels([str(i + 1) for i in range(L)], fontsize=7)
+        bar = fig.colorbar(im, ax=ax, shrink=0.9, format="%.2g", aspect=15)
+        bar.ax.tick_params(labelsize=7)
+        bar.ax.locator_params(nbins=3)
     fig.supxlabel("head")
     fig.supylabel("layer")
     return save_figure(fig, stem)
@@ -156,14 +181,16 @@ def _heatmap_grid(cmp, stem: Path) -> list[Path]:
 
 def _layer_figure(cmp, stem: Path) -> list[Path]:
     d = cmp.same_head()
+    d = np.where(d <= JS_ROUNDING, 0.0, d)  # float rounding is no change: no bars of 1e-8
     L = d.shape[0]
-    fig, ax = new_figure(figsize=(6, 3.5))
+    fig, ax = new_figure(figsize=(6, 3.5), layout="constrained")
     ax.bar(range(1, L + 1), d.mean(1), color="#3b6ea5", label="mean over heads")
     ax.scatter(np.repeat(np.arange(1, L + 1), d.shape[1]), d.ravel(), s=8, c="black", alpha=0.5,
                label="each head")
     ax.set_xlabel("layer")
     ax.set_ylabel("JS distance, A head vs same B head (nats)")
     ax.set_xticks(range(1, L + 1))
+    ax.set_ylim(0, max(float(d.max()) * 1.1, 0.01))
     ax.legend(fontsize=8)
     return save_figure(fig, stem)
 
@@ -172,7 +199,7 @@ def _cross_figure(cmp, stem: Path) -> list[Path]:
     d = cmp.distances
     (la, ha), (lb, hb) = cmp.shape_a, cmp.shape_b
     size = min(12.0, 3.0 + 0.08 * max(d.shape))
-    fig, ax = new_figure(figsize=(size, size))
+    fig, ax = new_figure(figsize=(size, size), layout="constrained")
     im = ax.imshow(d, cmap="viridis_r", aspect="auto")
     ii, jj = zip(*cmp.matching)
     ax.scatter(jj, ii, s=10, facecolors="none", edgecolors="red", linewidths=0.8, label="matching")
@@ -329,6 +356,8 @@ def results_json(cmp) -> dict[str, Any]:
                    **({"same_head": cmp.same_head(), "layer_distance": cmp.layer_distance()}
                       if cmp.same_shape else {})},
         "matching": [[i, j] for i, j in cmp.matching],
+        "identical": cmp.identical(),
+        "max_weight_difference": cmp.max_diff if np.isfinite(cmp.max_diff) else None,
         "run_tables": cmp.run_tables, "findings": findings(cmp), "notes": cmp.notes,
         "head_order": "layer-major: flat index = layer * num_heads + head (0-indexed)",
     }
@@ -361,4 +390,6 @@ def write_compare(cmp, out_dir: str | Path, *, command: str | None = None,
                         title=f"What changed from {cmp.a.name} to {cmp.b.name}?",
                         intro=(f"An attnscope comparison, head by head: A = {cmp.a.name}, B = "
                                f"{cmp.b.name}, on the same {len(cmp.pairing.indices)} examples "
-                               f"({cmp.pairing.level} level). Changes are B - A."))
+                               f"({cmp.pairing.level} level). Changes are B - A."
+                               + (" A and B are identical within float rounding: nothing changed."
+                                  if cmp.identical() else "")))

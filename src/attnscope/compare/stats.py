@@ -37,6 +37,15 @@ HEAD_STATS = (
     ("entropy", Entropy), ("entropy_first", Entropy), ("max_weight", Entropy),
 )
 STAT_NAMES = tuple(name for name, _ in HEAD_STATS)
+#: Differences of attention weights or of per-head statistics at most this large are float
+#: rounding, not change (a store compared with itself differs by exactly 0; statistics are
+#: means of float32 values of at most ln n).
+ROUNDING = 1e-6
+#: Same-head Jensen-Shannon distances (nats per unit) at most this large are float rounding: the
+#: divergence identity in :func:`js_cross` sums each row's terms in float32, which leaves about
+#: 1e-8 per unit where two heads are identical and at most ``eps32 * ln(units)``, about 1e-6,
+#: on rows of thousands of units.
+JS_ROUNDING = 1e-5
 #: What each statistic measures, in plain words (the report's summary uses them).
 STAT_WORDS = {
     "current": "attention to the unit itself", "previous": "attention to the previous unit",
@@ -191,6 +200,7 @@ class CrossDistances:
         self.rows = 0
         self.examples = 0
         self.shapes: tuple[tuple[int, int], tuple[int, int]] | None = None
+        self.max_diff = 0.0  # the largest |A - B| of any weight, head by head (maps of one shape)
 
     def params(self) -> dict[str, Any]:
         return {"smoothing": self.smoothing, "divergence": "Jensen-Shannon, nats, mean per row",
@@ -206,6 +216,11 @@ class CrossDistances:
         self.sums = d if self.sums is None else self.sums + d
         self.rows += attn_a.shape[-2]
         self.examples += 1
+        if attn_a.shape == attn_b.shape:
+            diff = float(np.abs(np.asarray(attn_a, np.float64) - attn_b).max(initial=0.0))
+            self.max_diff = max(self.max_diff, diff)
+        else:
+            self.max_diff = float("inf")  # other heads or units: never identical
 
     def merge(self, other: "CrossDistances") -> "CrossDistances":
         if other.smoothing != self.smoothing:
@@ -217,6 +232,7 @@ class CrossDistances:
                 self.sums = self.sums + other.sums
         self.rows += other.rows
         self.examples += other.examples
+        self.max_diff = max(self.max_diff, other.max_diff) if other.examples else self.max_diff
         return self
 
     def distances(self) -> np.ndarray | None:

@@ -47,7 +47,9 @@ def iter_paper_depparse(path: str | Path) -> Iterator[Example]:
             continue
         parts = line.split()
         if len(parts) != 2:
-            raise InputError(path, f"expected 'word head-relation', found {len(parts)} columns", line=lineno)
+            raise InputError(path, f"expected 'word head-relation', found {len(parts)} columns "
+                                   "(CoNLL-U is read too: a .conllu file, or 10 tab-separated columns)",
+                             line=lineno)
         word, hr = parts
         if "-" not in hr:
             raise InputError(path, f"expected head-relation, found '{hr}'", line=lineno)

@@ -295,7 +295,7 @@ class Atlas(Family):
                               resamples=options.atlas_bootstrap, seed=ctx.seed, tasks=encs,
                               params=dataclasses.asdict(options), source=prepared.data["source"],
                               greedy=greedy, timing=timing)
-        sec = write_atlas(ctx.out_dir, summary, model_name=lm.name, cal=cal, sweep=sw, options=options,
+        sec = write_atlas(ctx.out_dir, summary, model_name=lm.display_name, cal=cal, sweep=sw, options=options,
                           notes=notes, source=prepared.data["source"], tasks=encs, title=self.title, key=self.key,
                           eos=A.eos_ids(step.decoder(lm)))
         res = summary.result

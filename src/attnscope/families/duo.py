@@ -96,6 +96,6 @@ class Duo(Family):
         res = summarise(snapshots, losses, seconds=seconds, params=dataclasses.asdict(options), seed=ctx.seed,
                         length=prepared.data["length"], labels=len(samples[0].ids) - samples[0].labels_from,
                         source=prepared.data["source"])
-        sec = write_duo(ctx.out_dir, res, model_name=lm.name, title=self.title, key=self.key)
+        sec = write_duo(ctx.out_dir, res, model_name=lm.display_name, title=self.title, key=self.key)
         write_results(ctx.out_dir, self.key, res)
         return sec

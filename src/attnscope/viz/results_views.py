@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from attnscope.models.loaded import display_name
 from attnscope.models.pieces import readable, visible
 from attnscope.viz.encoding import encode_f32
 
@@ -147,7 +148,7 @@ def attribution_payload(d: dict, source: str, problems: list[str]) -> dict | Non
     text = [visible(t) for t in readable(tokens, [False] * n, None, "token")]  # tokens as the views show them
     return {"index": ex.get("index"), "tokens": tokens, "token_text": text, "num_layers": layers or 1,
             "source": source,
-            "model": model.get("name") if isinstance(model, dict) else model,
+            "model": display_name(model) if isinstance(model, dict) else model,
             "notes": [str(x) for x in d.get("notes") or []], "methods": methods}
 
 

@@ -1,0 +1,82 @@
+"""Figures whose text collides: every visible text of a figure (titles, axis labels, tick labels,
+colour-bar labels, offset text) measured by matplotlib's renderer, none overlapping another and
+none outside the figure."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+
+def text_collisions(fig) -> list[str]:
+    """Pairs of visible, non-empty texts whose window extents overlap (by more than one pixel
+    each way), and texts that reach outside the figure."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = []
+    for t in fig.findobj(Text):
+        if t.get_visible() and t.get_text().strip() and (t.axes is None or t.axes.get_visible()):
+            boxes.append((t.get_text(), t.get_window_extent(renderer)))
+    out = []
+    W, H = fig.bbox.width, fig.bbox.height
+    for text, b in boxes:
+        if b.x0 < -1 or b.y0 < -1 or b.x1 > W + 1 or b.y1 > H + 1:
+            out.append(f"{text!r} outside the figure ({b.x0:.0f}, {b.y0:.0f}, {b.x1:.0f}, {b.y1:.0f} in {W:.0f} x {H:.0f})")
+    for (ta, a), (tb, b) in itertools.combinations(boxes, 2):
+        if min(a.x1, b.x1) - max(a.x0, b.x0) > 1 and min(a.y1, b.y1) - max(a.y0, b.y0) > 1:
+            out.append(f"{ta!r} overlaps {tb!r}")
+    return out
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the report code saves, by file stem, checked before they are closed."""
+    import attnscope.report.figures as F
+
+    found = {}
+    save = F.save_figure
+
+    def keep(fig, stem, *a, **k):
+        found[str(stem).rsplit("/", 1)[-1]] = text_collisions(fig)
+        return save(fig, stem, *a, **k)
+
+    for mod in ("attnscope.compare.report", "attnscope.report.figures"):
+        monkeypatch.setattr(f"{mod}.save_figure", keep)
+    return found
+
+
+def _bert_12_heads(tokenizer, seed: int):
+    import torch
+    import transformers
+
+
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=48, num_hidden_layers=3,
+                                     num_attention_heads=12, intermediate_size=64,
+                                     max_position_embeddings=512, type_vocab_size=2)
+    return transformers.BertModel(config)
+
+
+def test_compare_head_changes_has_no_colliding_text(tmp_path, debug_bert, figures):
+    """Two random 3-layer x 12-head models (the tick labels of 12 heads, ten colour bars)."""
+    from attnscope.compare import compare
+    from attnscope.data.records import Example
+    from attnscope.extract.runner import ExtractOptions
+    from attnscope.jobs import extract_to_store
+    from attnscope.models import load_model
+
+    stores = []
+    for seed in (0, 1):
+        folder = tmp_path / f"bert-{seed}"
+        _bert_12_heads(debug_bert.tokenizer, seed).save_pretrained(folder)
+        debug_bert.tokenizer.save_pretrained(folder)
+        stores.append(tmp_path / f"s{seed}")
+        extract_to_store([Example(words=["the", "cat", "sat", "on", "the", "mat", "."]),
+                          Example(words=["a", "dog", "ran", "."])], stores[-1], load_model(str(folder)),
+                         options=ExtractOptions())
+    compare(stores[0], stores[1], tmp_path / "out", n_boot=100)
+    assert figures["compare_head_changes"] == []
+    assert figures["compare_layers"] == [] and figures["compare_distances"] == []
