@@ -23,7 +23,7 @@ def test_demo_runs_every_family_and_prints_the_report(tmp_path, capsys):
     assert prov["counts"] == {"text examples": prov["counts"]["text examples"], "dependency sentences (scored)": 12,
                               "dependency sentences (train)": 28, "coreference sentences": 14}
     html = (out / "report.html").read_text(encoding="utf-8")
-    assert "What does all-MiniLM-L6-v2 look at?" in html
+    assert "What does sentence-transformers/all-MiniLM-L6-v2 look at?" in html  # the model behind "default"
     # A second demo in the same folder replaces the first; --resume reuses it.
     assert main(["demo", "--out", str(out), "--quiet", "--resume"]) == 0
     again = json.loads((out / "results.json").read_text())

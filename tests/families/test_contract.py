@@ -135,21 +135,21 @@ def _feed(name: str, items):
     return AttentionBatch(list(items)) if ANALYSES[name].consumes == "maps" else list(items)
 
 
-def _equal(a, b, path="result"):
-    """Recursive equality: floats to 1e-9 relative, NaN equal to NaN (and to null after JSON)."""
+def _equal(a, b, path="result", rel=1e-9):
+    """Recursive equality: floats to ``rel`` relative, NaN equal to NaN (and to null after JSON)."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         np.testing.assert_allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float),
-                                   rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=path)
+                                   rtol=rel, atol=rel * 1e-3, equal_nan=True, err_msg=path)
         return
     if isinstance(a, dict):
         assert isinstance(b, dict) and set(a) == set(b), (path, sorted(a), sorted(b))
         for k in a:
-            _equal(a[k], b[k], f"{path}.{k}")
+            _equal(a[k], b[k], f"{path}.{k}", rel)
         return
     if isinstance(a, (list, tuple)):
         assert isinstance(b, (list, tuple)) and len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b)):
-            _equal(x, y, f"{path}[{i}]")
+            _equal(x, y, f"{path}[{i}]", rel)
         return
     def nan(v):
         return v is None or (isinstance(v, float) and math.isnan(v))
@@ -158,7 +158,7 @@ def _equal(a, b, path="result"):
         if nan(a) or nan(b):
             assert nan(a) and nan(b), (path, a, b)
         else:
-            assert a == pytest.approx(b, rel=1e-9, abs=1e-12), (path, a, b)
+            assert a == pytest.approx(b, rel=rel, abs=rel * 1e-3), (path, a, b)
         return
     assert a == b, (path, a, b)
 
@@ -184,8 +184,17 @@ def test_empty_input_and_one_example(name, model_for, batches_for):
     assert res.tables or res.arrays  # one example gives numbers
 
 
+def _batching_tolerance(name: str) -> float:
+    """Maps are summed in float64: any batching gives the whole to 1e-9. An analysis that runs
+    the model itself (``consumes == "encoded"``) gets float32 forwards whose padded batch shape
+    changes the matrix products' blocking, so batching moves its numbers by float32 rounding
+    (seen: up to 1.6e-8 relative on an AMD EPYC): 1e-6."""
+    return 1e-6 if ANALYSES[name].consumes == "encoded" else 1e-9
+
+
 @pytest.mark.parametrize("name", ANALYSIS_NAMES)
 def test_merge_of_halves_and_any_batching_equal_the_whole(name, model_for, batches_for):
+    rel = _batching_tolerance(name)
     maps = batches_for(name)
     whole = _build(name, model_for(name))
     whole.update(_feed(name, maps))
@@ -194,13 +203,13 @@ def test_merge_of_halves_and_any_batching_equal_the_whole(name, model_for, batch
     one_by_one = _build(name, model_for(name))
     for m in maps:
         one_by_one.update(_feed(name, [m]))
-    _equal(_plain(one_by_one.finalize()), expected, f"{name} one by one")
+    _equal(_plain(one_by_one.finalize()), expected, f"{name} one by one", rel)
 
     half = len(maps) // 2
     a, b = _build(name, model_for(name)), _build(name, model_for(name))
     a.update(_feed(name, maps[:half]))
     b.update(_feed(name, maps[half:]))
-    _equal(_plain(a.merge(b).finalize()), expected, f"{name} merged")
+    _equal(_plain(a.merge(b).finalize()), expected, f"{name} merged", rel)
 
 
 @pytest.mark.parametrize("name", ANALYSIS_NAMES)

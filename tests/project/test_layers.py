@@ -64,10 +64,12 @@ def test_import_attnscope_stays_light():
 
 def test_the_tests_sit_in_the_room_of_what_they_test():
     """``tests/<room>/`` mirrors ``src/attnscope/<room>``: a reader finds a module's tests in the
-    folder of its package (``tests/README.md``); ``project/`` holds the checks of the house itself."""
+    folder of its package (``tests/README.md``); ``project/`` holds the checks of the house itself
+    and ``benchmarks/`` the plumbing of the repository's ``benchmarks/`` scripts."""
     src = ROOT / "src" / "attnscope"
     rooms = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert rooms - {"project"} <= {p.stem for p in src.iterdir() if p.is_dir() or p.suffix == ".py"}
+    assert (ROOT / "benchmarks").is_dir()
+    assert rooms - {"project", "benchmarks"} <= {p.stem for p in src.iterdir() if p.is_dir() or p.suffix == ".py"}
     assert not list((ROOT / "tests").glob("test_*.py"))  # none left outside a room
     readme = (ROOT / "tests" / "README.md").read_text()
     assert all(f"`{room}/`" in readme for room in rooms), sorted(r for r in rooms if f"`{r}/`" not in readme)
