@@ -102,3 +102,8 @@ class IndexRangeError(AttnscopeError):
 
 class StoreError(AttnscopeError):
     """A store that is missing, corrupt, or in conflict with what was asked."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during a job, carrying the one line that says what the job kept and
+    how to go on; the command line prints it and exits 130."""

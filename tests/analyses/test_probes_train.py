@@ -256,3 +256,49 @@ def test_a_dev_set_without_scored_dependents_and_zero_epochs():
     run = train_probes({"attn": AttentionProbe(4)}, train, source_of(dev_maps),
                        TrainConfig(epochs=0))["attn"]
     assert run.history == [] and run.epochs_run == 0 and np.isnan(run.seconds_per_epoch)
+
+
+def test_training_killed_after_an_epoch_goes_on_from_its_state_with_the_same_numbers(tmp_path):
+    """The epoch state (``state=``): a run stopped inside epoch 3 goes on at epoch 3 from what
+    epoch 2 kept, and ends with the uninterrupted run's histories, scores and weights; a state of
+    another job is not read."""
+    from attnscope.store.checkpoints import StateFile
+
+    vectors = np.random.default_rng(0).normal(size=(11, 5)).astype(np.float32)
+
+    class G:
+        def lookup(self, words):
+            return np.array([int(w[1:]) for w in words])
+
+    def train(state=None, stop_at=None):
+        torch.manual_seed(0)
+        mods = {"attn": AttentionProbe(4), "attn+glove": AttentionGloveProbe(4, vectors)}
+        epochs = []
+
+        def progress(step, done, total):
+            epochs.append(step)
+            if step == stop_at:
+                raise KeyboardInterrupt
+        runs = train_probes(mods, source_of(planted_maps(40, seed=3), G()), source_of(planted_maps(10, seed=4), G()),
+                            TrainConfig(epochs=4, patience=5, lr=0.05, seed=0), progress, state=state)
+        return runs, mods, sorted(set(epochs))
+
+    whole, whole_mods, _ = train()
+    path = tmp_path / "probes.safetensors"
+    with pytest.raises(KeyboardInterrupt):
+        train(StateFile(path, "job"), stop_at="probes epoch 3")
+    record, arrays = StateFile(path, "job").load()
+    assert record["epoch"] == 2 and set(record["runs"]) == {"attn", "attn+glove"}
+    assert {k.split("/", 2)[2] for k in arrays if k.startswith("now/attn+glove/")} == {
+        "vectors.root", "cand.weight", "cand.bias", "dep.weight"}  # the trained tensors, not the table
+    again, again_mods, steps = train(StateFile(path, "job"))
+    assert steps == ["probes epoch 3", "probes epoch 4"]  # epochs 1-2 not redone
+    for n in whole:
+        strip = lambda r: [{k: v for k, v in h.items() if k != "seconds"} for h in r.history]  # noqa: E731
+        assert strip(again[n]) == strip(whole[n]) and len(whole[n].history) == 4
+        assert (again[n].uas, again[n].correct, again[n].best_epoch) == (whole[n].uas, whole[n].correct,
+                                                                         whole[n].best_epoch)
+        for k, v in whole_mods[n].state_dict().items():
+            torch.testing.assert_close(again_mods[n].state_dict()[k], v, rtol=0, atol=0)
+    _, _, steps = train(StateFile(path, "another job"))
+    assert steps[0] == "probes epoch 1"

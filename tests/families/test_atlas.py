@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import says
 
 from attnscope.analyses import atlas as A
 from attnscope.data import tasks as T
@@ -389,8 +390,11 @@ def test_a_killed_run_resumes_from_its_finished_tasks(debug_llama, tmp_path, mon
         if step == "atlas: sweep" and done == 3:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as stopped:
         run_family("atlas", {"atlas": text}, tmp_path / "killed", progress=kill, **opts)
+    # one line: the folder, the finished units of the stage it was in, and how to go on
+    says(str(stopped.value), f"interrupted: {tmp_path / 'killed'} keeps atlas's", "3 finished sweep units",
+         "run the same command again")
     assert not (tmp_path / "killed" / "results" / "atlas.json").exists()
     log = (tmp_path / "killed" / "run" / "atlas-sweep.jsonl").read_text().splitlines()
     assert len(log) == 1 + 3  # the fingerprint and three finished tasks

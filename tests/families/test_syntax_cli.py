@@ -228,3 +228,63 @@ def test_a_tie_with_the_offset_is_not_a_head_above_it():
     asked = []  # Figure 5 looks for a sentence for 'det' only (its maps: none here)
     figs, best, maps = _pick_examples(rows, [(0, ex)], lambda idx: asked.append(idx) or [], None, False)
     assert asked == [[0]] and (figs, best, maps) == ([], [], {})
+
+
+def test_a_stopped_run_keeps_whole_shards_and_finished_epochs_and_goes_on_from_there(tmp_path, debug_bert,
+                                                                                    monkeypatch):
+    """Stopped inside the train extraction, the next run of the same job reads the whole shards
+    back (shards of four batches) and runs only the batches after them; stopped inside probe
+    training, it goes on at the next epoch (the random-init probes have their own name); both
+    end with the uninterrupted run's results, and nothing is left in ``run/``."""
+    from attnscope.errors import Interrupted
+    from attnscope.extract.runner import Extractor
+    from attnscope.pipeline import run_family
+
+    dev, train = tmp_path / "dev.conllu", tmp_path / "train.conllu"
+    write_conllu(dev, SENTS * 2)
+    write_conllu(train, SENTS * 8)  # 24 sentences, batches of 2, shards of 8
+    opts = dict(model=debug_bert, batch_size=2, epochs=3, patience=5, min_count=1, syntax_bootstrap=100)
+
+    def results(out):
+        d = json.loads((out / "results" / "syntax.json").read_text())
+        for h in d["meta"]["probes"]["history"].values():
+            for e in h:
+                e.pop("seconds")  # times differ between any two runs
+        for row in d["tables"]["table3"]:
+            row.pop("seconds_per_epoch")
+        return d["tables"], d["meta"]["probes"]["history"]
+
+    def syntax(out, stop=None):
+        steps = []
+
+        def progress(step, done, total):
+            steps.append((step, done))
+            if stop is not None and stop(step, done):
+                raise KeyboardInterrupt
+        run_family("syntax", {"deps": dev, "deps_train": train}, out, progress=progress, **opts)
+        return steps
+
+    run = Extractor.run_batch
+    forwards = []
+    monkeypatch.setattr(Extractor, "run_batch", lambda self, b, *a, **k: forwards.append(len(b)) or run(self, b, *a, **k))
+    syntax(tmp_path / "whole")
+    expected = results(tmp_path / "whole")
+    whole_forwards = len(forwards)
+
+    out = tmp_path / "stopped"
+    with pytest.raises(Interrupted) as stopped:  # after the 5th batch of train: shard 0 is whole
+        syntax(out, lambda step, done: step == "syntax: extract train" and done == 10)
+    says(str(stopped.value), f"interrupted: {out} keeps syntax's", "2 extracted shards of maps",
+         "run the same command again")
+    forwards.clear()
+    with pytest.raises(Interrupted) as stopped:  # in epoch 2 of the pretrained model's probes
+        syntax(out, lambda step, done: step == "syntax: probes epoch 2")
+    says(str(stopped.value), "the last finished round of probes")
+    # dev's one shard (3 batches) and train's first (4 batches) were not run again
+    assert len(forwards) == whole_forwards - 3 - 4
+    steps = syntax(out)
+    names = [s for s, _ in steps]
+    assert "syntax: extract train" in names and "syntax: probes epoch 1" not in names  # epoch 1 kept
+    assert "syntax: probes epoch 2" in names and "syntax: random-init probes epoch 1" in names
+    assert results(out) == expected
+    assert not (out / "run").exists()

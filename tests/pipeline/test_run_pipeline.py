@@ -174,11 +174,14 @@ def test_same_arguments_same_numbers(tmp_path, fake, inputs, debug_bert):
 def test_interrupted_run_resumes_without_redoing_finished_families(tmp_path, fake, inputs, debug_bert):
     out = tmp_path / "out"
     fake.fail.add("syntax")
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as stopped:
         run_pipeline(_config(inputs), out, model=debug_bert)
     assert fake.count == {"general": 1, "syntax": 1}
     assert not (out / "report.html").exists()
-    assert json.loads((out / "run" / "state.json").read_text())["status"] == "running"
+    state = json.loads((out / "run" / "state.json").read_text())
+    assert (state["status"], state["finished"], state["running"]) == ("interrupted", ["general"], "syntax")
+    # one line: the folder, what it keeps, and how to go on
+    says(one_line(stopped.value), f"interrupted: {out} keeps general (finished)", "--resume")
     with pytest.raises(AttnscopeError) as refused:
         run_pipeline(_config(inputs), out, model=debug_bert)
     # the folder, that it holds a run, and the two ways on

@@ -20,7 +20,7 @@ from attnscope.cli.options import (
 )
 from attnscope.cli.output import results
 from attnscope.data.io import file_fingerprint
-from attnscope.errors import InputError, StoreError
+from attnscope.errors import InputError, Interrupted, StoreError
 from attnscope.extract.runner import ExtractOptions
 from attnscope.jobs import extract_to_store
 from attnscope.models import load_model
@@ -96,8 +96,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                 raise InputError(input, str(exc)) from None
             raise
         except KeyboardInterrupt:
-            console.print(interrupted_line(out), markup=False, highlight=False)
-            raise
+            raise Interrupted(interrupted_line(out)) from None
         for w in stats.warnings:
             console.print(f"[yellow]warning:[/] {w}")
         if not quiet:

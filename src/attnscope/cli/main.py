@@ -6,13 +6,16 @@ only parses arguments and calls a library function. User errors print one line a
 
 from __future__ import annotations
 
+import functools
 import importlib
+import signal
 import sys
+from contextlib import contextmanager
 
 import typer
 
 from attnscope.cli.options import polish_help
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, Interrupted
 
 app = typer.Typer(help="attnscope: what does this transformer look at?", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -85,7 +88,28 @@ def build_command():
 
     command = typer.main.get_command(app)
     polish_help(command)
+    say_interrupts(command)
     return command
+
+
+def say_interrupts(command) -> None:
+    """Typer turns Ctrl-C inside a command into exit 130 with no word: wrap every command's
+    callback so that the line a job's :class:`~attnscope.errors.Interrupted` carries (what it
+    kept, how to go on) is printed first."""
+    callback = getattr(command, "callback", None)
+    if callback is not None and not getattr(callback, "_attnscope_says", False):
+        @functools.wraps(callback)
+        def saying(*args, _callback=callback, **kwargs):
+            try:
+                return _callback(*args, **kwargs)
+            except KeyboardInterrupt as exc:
+                print(str(exc) if isinstance(exc, Interrupted) else "interrupted", file=sys.stderr)
+                raise
+
+        saying._attnscope_says = True
+        command.callback = saying
+    for sub in (getattr(command, "commands", None) or {}).values():
+        say_interrupts(sub)
 
 
 def command_flags(command, argv: list[str]) -> dict[str, str]:
@@ -99,20 +123,40 @@ def command_flags(command, argv: list[str]) -> dict[str, str]:
             if getattr(p, "param_type_name", "") == "option" and p.name}
 
 
+@contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (a scheduler's stop, ``kill``) stops a command as Ctrl-C does: the job says what
+    it kept and exits 130. Only the main thread can set a signal handler; elsewhere nothing changes."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app; user and usage errors print one line on stderr and exit 2."""
     usage_errors, aborts = _click_error_types()
     command = build_command()
     try:
-        result = command.main(args=argv, prog_name="attnscope", standalone_mode=False)
+        with sigterm_as_interrupt():
+            result = command.main(args=argv, prog_name="attnscope", standalone_mode=False)
     except AttnscopeError as exc:
         # parameters as this command's flags; one line, even if a message quotes a line break
         message = exc.for_flags(command_flags(command, sys.argv[1:] if argv is None else argv))
         message = message.replace("\r", "\\r").replace("\n", "\\n")
         print(f"error: {message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        # a job's own line says what it kept and how to go on (attnscope.errors.Interrupted)
+        print(str(exc) if isinstance(exc, Interrupted) else "interrupted", file=sys.stderr)
         return 130
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

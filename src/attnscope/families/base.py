@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from attnscope.jobs import extract_to_store
 from attnscope.models.forward import supports_hooks
 from attnscope.progress import Progress, with_unit
 from attnscope.store import Store, open_store
-from attnscope.store.checkpoints import UnitLog, unit_log_path
+from attnscope.store.checkpoints import StateFile, UnitLog, unit_log_path, unit_path
 
 
 @dataclass(frozen=True)
@@ -217,13 +218,15 @@ class Context:
         return (self.executor or LocalExecutor()).call(self.model, fn, *args, **kwargs)
 
     def save_store(self, examples: Sequence, path: Path, *, step: str, dtype: str = "float16",
-                   **overrides: Any):
+                   resume: bool = False, **overrides: Any):
         """Extract ``examples`` into a store at ``path`` on the job's executor, with the job's
         options and ``overrides`` (e.g. ``word_level=True``) and progress under ``step``, and
-        return it opened (:func:`attnscope.jobs.extract_to_store`)."""
+        return it opened (:func:`attnscope.jobs.extract_to_store`). ``resume``: a store a killed
+        run left at ``path`` (under :meth:`scratch`) keeps its whole shards, of four batches each,
+        so that a kill costs at most four batches' forward passes."""
         total = len(examples)
         extract_to_store(examples, path, self.model, options=self.extract_options(**overrides), dtype=dtype,
-                         executor=self.executor,
+                         executor=self.executor, resume=resume, shard_size=4 * self.batch_size if resume else 128,
                          progress=lambda done, tokens: self.step(step, done, total, "examples"))
         self.step(step, total, total, "examples")  # every one read (the too long ones skipped)
         return open_store(path)
@@ -252,6 +255,25 @@ class Context:
         """How many of ``items`` an earlier, killed run of this job already finished in the step
         ``name`` of :meth:`tasks` (they will not run again)."""
         return len(self._log(name, items).done)
+
+    def scratch(self, name: str) -> Path:
+        """A folder for the work in progress called ``name`` (the stores a family extracts for
+        itself) that outlives a killed run of this job: ``run/<family>-<name>`` of the output
+        folder, emptied first when another job left it. The pipeline removes it with the unit
+        logs once the family's results are written."""
+        folder = unit_path(self.out_dir, self.family or "family", name)
+        stamp = folder / "job"
+        if folder.exists() and not (stamp.is_file() and stamp.read_text(encoding="utf-8") == self.job):
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(self.job, encoding="utf-8")
+        return folder
+
+    def state_file(self, name: str) -> StateFile:
+        """The state of this job's step ``name`` that runs in rounds (a training run's epochs),
+        kept in ``run/<family>-<name>.safetensors`` until the family's results are written."""
+        return StateFile(unit_path(self.out_dir, self.family or "family", f"{name}.safetensors"),
+                         fingerprint(self.job, name))
 
     def _log(self, name: str, items: Sequence) -> UnitLog:
         return UnitLog(unit_log_path(self.out_dir, self.family, name), fingerprint(self.job, name, len(items)))

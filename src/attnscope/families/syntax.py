@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,8 +68,11 @@ def _store_examples(store) -> list[tuple[int, Example]]:
 
 def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_dev=None,
                config=None, root: str = PROBE_ROOT, n_boot: int = 1000,
-               progress: Progress = None, cache_bytes: int = 1 << 30) -> tuple[list[dict], dict]:
-    """Train every Table 3 probe; returns the table rows and details (histories, sources)."""
+               progress: Progress = None, cache_bytes: int = 1 << 30,
+               state=None) -> tuple[list[dict], dict]:
+    """Train every Table 3 probe; returns the table rows and details (histories, sources).
+    ``state(name)``: the :class:`~attnscope.store.checkpoints.StateFile` in which training run
+    ``name`` keeps its last finished epoch (None: nothing is kept)."""
     import torch
 
     from attnscope.analyses.probes.models import (
@@ -89,7 +91,7 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
     torch.manual_seed(config.seed)
     modules = {"attn": AttentionProbe(K), "attn+glove": AttentionGloveProbe(K, table.vectors),
                "distance+glove": DistanceGloveMLP(table.vectors)}
-    runs = train_probes(modules, train, dev, config, progress)
+    runs = train_probes(modules, train, dev, config, progress, state=state and state("probes"))
     runs["right-branching"] = right_branching_uas(dev)
     details = {"glove": table.source, "glove_dim": table.dim, "train_sentences": train.num_sentences,
                "dev_sentences": dev.num_sentences, "skipped_train": train.skipped,
@@ -100,7 +102,8 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
         rdev = SentenceSource(random_dev.batches, table, root=root, cache_bytes=cache_bytes)
         torch.manual_seed(config.seed)
         rmod = {"random-init attn+glove": AttentionGloveProbe(K, table.vectors)}
-        runs.update(train_probes(rmod, rtrain, rdev, config, progress))
+        runs.update(train_probes(rmod, rtrain, rdev, config, progress,
+                                 state=state and state("probes-random-init"), label="random-init probes"))
     order = ["right-branching", "distance+glove", "random-init attn+glove", "attn", "attn+glove"]
     rows = [_table3_row(n, runs[n], n_boot, config.seed + i) for i, n in enumerate(order) if n in runs]
     details["history"] = {n: r.history for n, r in runs.items()}
@@ -129,8 +132,9 @@ def _syntax(dev, train, options: "SyntaxOptions", ctx: Context) -> Section:
     ``dev`` / ``train``: lists of :class:`Example` with trees, or word-level stores. The model is
     needed to extract lists and for the random-init baseline; with stores alone the baseline is
     skipped, with a note. ``ctx.save_maps``: a folder that keeps the extracted stores (``dev``,
-    ``train``, ``dev-random-init``, ``train-random-init``); otherwise they live in a temporary
-    folder that is removed.
+    ``train``, ``dev-random-init``, ``train-random-init``); otherwise they live in
+    ``run/syntax-maps`` of the output folder until the family's results are written, so that a
+    killed run keeps their whole shards (as the probes keep their last finished epoch).
 
     Table 1 has two selection modes: ``paper`` (heads and offsets chosen on the scored dev data
     itself) and ``held-out`` (chosen on ``train`` when given, else cross-fitted on the two halves
@@ -143,45 +147,48 @@ def _syntax(dev, train, options: "SyntaxOptions", ctx: Context) -> Section:
     heads_dev, heads_train = (DependencyHeads(collapse_subtypes=options.collapse_subtypes,
                                               ties=options.syntax_ties) for _ in range(2))
     notes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=ctx.out_dir) as tmp:
-        maps_root = ctx.save_maps if ctx.save_maps is not None else Path(tmp)
-        # dev maps: a store when they are read more than once (the probes, or kept maps)
-        dev_store = dev if _is_store(dev) else None
-        if dev_store is None and (train is not None or ctx.save_maps is not None):
-            dev_store = ctx.save_store(dev, maps_root / "dev", dtype="float32", step="extract dev",
-                                       word_level=True)
-        ctx.run_pass(dev if dev_store is None else dev_store, [heads_dev], step="score heads (dev)",
-                     word_level=True)
-        skipped = (len(dev.manifest.get("summary", {}).get("skipped", [])) if _is_store(dev)
-                   else len(dev) - heads_dev.examples)
-        notes += [line + " (raise max_seq_len to keep them)." for line in ctx.skipped(skipped, "dev sentences")]
-        rows3: list[dict] = []
-        probe_details: dict = {}
-        if train is not None:
-            train_store = train if _is_store(train) else ctx.save_store(
-                train, maps_root / "train", dtype="float16", step="extract train", word_level=True)
-            ctx.run_pass(train_store, [heads_train], step="score heads (train)")
-            rows3, probe_details = _probes(dev, train, dev_store, train_store, options, ctx, maps_root,
-                                           notes)
+    # the maps it extracts for itself outlive a kill: whole shards are not extracted again
+    keep = ctx.save_maps is None
+    maps_root = ctx.save_maps if not keep else ctx.scratch("maps") if train is not None else None
+    # dev maps: a store when they are read more than once (the probes, or kept maps)
+    dev_store = dev if _is_store(dev) else None
+    if dev_store is None and (train is not None or ctx.save_maps is not None):
+        dev_store = ctx.save_store(dev, maps_root / "dev", dtype="float32", step="extract dev",
+                                   word_level=True, resume=keep)
+    ctx.run_pass(dev if dev_store is None else dev_store, [heads_dev], step="score heads (dev)",
+                 word_level=True)
+    skipped = (len(dev.manifest.get("summary", {}).get("skipped", [])) if _is_store(dev)
+               else len(dev) - heads_dev.examples)
+    notes += [line + " (raise max_seq_len to keep them)." for line in ctx.skipped(skipped, "dev sentences")]
+    rows3: list[dict] = []
+    probe_details: dict = {}
+    if train is not None:
+        train_store = train if _is_store(train) else ctx.save_store(
+            train, maps_root / "train", dtype="float16", step="extract train", word_level=True,
+            resume=keep)
+        ctx.run_pass(train_store, [heads_train], step="score heads (train)")
+        rows3, probe_details = _probes(dev, train, dev_store, train_store, options, ctx, maps_root,
+                                       notes, resume=keep)
 
-        def maps_of(indices: list[int]) -> list:
-            if dev_store is not None:
-                return [dev_store.by_index(i) for i in indices]
-            return ctx.maps(dev, indices, word_level=True)
+    def maps_of(indices: list[int]) -> list:
+        if dev_store is not None:
+            return [dev_store.by_index(i) for i in indices]
+        return ctx.maps(dev, indices, word_level=True)
 
-        return write_syntax(ctx.out_dir, heads_dev, heads_train if train is not None else None,
-                            dev_examples=_store_examples(dev_store) if dev_store is not None
-                            else list(enumerate(dev)), maps_of=maps_of, rows3=rows3,
-                            probe_details=probe_details, notes=notes, min_count=options.min_count,
-                            collapse_subtypes=options.collapse_subtypes, n_boot=options.syntax_bootstrap,
-                            seed=ctx.seed, max_seq_len=ctx.max_seq_len, root=PROBE_ROOT,
-                            ties=options.syntax_ties)
+    return write_syntax(ctx.out_dir, heads_dev, heads_train if train is not None else None,
+                        dev_examples=_store_examples(dev_store) if dev_store is not None
+                        else list(enumerate(dev)), maps_of=maps_of, rows3=rows3,
+                        probe_details=probe_details, notes=notes, min_count=options.min_count,
+                        collapse_subtypes=options.collapse_subtypes, n_boot=options.syntax_bootstrap,
+                        seed=ctx.seed, max_seq_len=ctx.max_seq_len, root=PROBE_ROOT,
+                        ties=options.syntax_ties)
 
 
 def _probes(dev, train, dev_store, train_store, options: "SyntaxOptions", ctx: Context, maps_root: Path,
-            notes: list[str]) -> tuple[list[dict], dict]:
+            notes: list[str], *, resume: bool) -> tuple[list[dict], dict]:
     """Table 3: the probes on the dev and train maps, and the random-init baseline's maps
-    (extracted with a copy of the model whose weights are random but the embeddings)."""
+    (extracted with a copy of the model whose weights are random but the embeddings). Each
+    training run keeps its state after every epoch (:meth:`Context.state_file`)."""
     from attnscope.analyses.probes.training import TrainConfig
 
     config = TrainConfig(epochs=options.epochs, patience=options.patience, lr=options.lr,
@@ -191,13 +198,14 @@ def _probes(dev, train, dev_store, train_store, options: "SyntaxOptions", ctx: C
         rctx = dataclasses.replace(ctx, model=random_init_model(ctx.model, ctx.seed))
         rtrain, rdev = (rctx.save_store(split if not _is_store(split) else [ex for _, ex in _store_examples(split)],
                                         maps_root / f"{name}-random-init", dtype="float16",
-                                        step=f"extract {name} (random init)", word_level=True)
+                                        step=f"extract {name} (random init)", word_level=True,
+                                        resume=resume)
                         for name, split in (("train", train), ("dev", dev)))
     else:
         notes.append("random-init baseline skipped: it needs the model, and only stores were given")
     rows3, details = run_probes(train_store, dev_store, glove=options.glove, random_train=rtrain,
                                 random_dev=rdev, config=config, root=PROBE_ROOT, n_boot=options.syntax_bootstrap,
-                                progress=ctx.progress)
+                                progress=ctx.progress, state=ctx.state_file)
     return rows3, {**details, "config": config.as_dict(), "root": PROBE_ROOT}
 
 

@@ -9,10 +9,10 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from attnscope.errors import AttnscopeError
-from attnscope.store.checkpoints import STATE_DIR
+from attnscope.errors import AttnscopeError, Interrupted
+from attnscope.store.checkpoints import STATE_DIR, kept_units
 from attnscope.store.format import MANIFEST
-from attnscope.store.results import read_json
+from attnscope.store.results import read_json, write_json
 
 STATE_FILE = "state.json"  # in STATE_DIR (attnscope.store.checkpoints)
 
@@ -88,3 +88,21 @@ def replace_stores(folder: Path) -> None:
         raise AttnscopeError(f"{folder}: holds files that are not attnscope stores; refusing to "
                              "replace them (choose another save_maps)", params=("save_maps",))
     shutil.rmtree(folder)
+
+
+def interrupted(out_dir: Path, *, finished: list[str], current: str | None, then: str,
+                state: dict | None = None) -> Interrupted:
+    """The :class:`~attnscope.errors.Interrupted` of a job stopped by Ctrl-C or SIGTERM while
+    ``current`` (a family's key, or None) ran: one line naming the ``finished`` families, what
+    ``current`` kept of its work (finished units, epochs, whole shards), and ``then``, how to go
+    on. ``state`` (a run's): marked ``interrupted`` in its state file."""
+    kept = [f"{', '.join(finished)} (finished)"] if finished else []
+    units = kept_units(out_dir, current) if current else []
+    if units:
+        kept.append(f"{current}'s {', '.join(units)}")
+    if state is not None:
+        state.update(status="interrupted", interrupted=now(), finished=finished, running=current)
+        write_json(out_dir / STATE_DIR / STATE_FILE, state)
+    if not kept:
+        return Interrupted(f"interrupted: nothing finished was kept in {out_dir}; {then} to start again")
+    return Interrupted(f"interrupted: {out_dir} keeps {'; '.join(kept)}; {then} to go on from there")

@@ -28,6 +28,7 @@ from attnscope.pipeline.config import (
 from attnscope.pipeline.outdir import (
     STATE_FILE,
     check_out_dir,
+    interrupted,
     now,
     refused_writes,
     replace_stores,
@@ -140,68 +141,76 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
         times: dict[str, float] = {}
         counts: dict[str, int] = {}
         written: dict[str, dict] = {}  # what this job's families wrote, for those that use them
-        for fam in run_order(families):
-            counts.update(prepared[fam.key].counts)
-            ckpt_path = out_dir / STATE_DIR / f"{fam.key}.json"
-            family_fp = fingerprint(run_fp, fam.key, fam.fingerprint(cfg.options[fam.key]))
-            old = read_json(ckpt_path) if old_state is not None else None
-            router.start(fam.key)
-            if old is not None and old.get("fingerprint") == family_fp and old.get("status") == "done":
-                sections.append(section_from_json(old["section"], out_dir))
-                links[fam.key] = old.get("views", [])
-                times[fam.key] = old.get("elapsed_s", 0.0)
-                status[fam.key] = "resumed"
+        current: str | None = None
+        try:
+            for fam in run_order(families):
+                current = fam.key
+                counts.update(prepared[fam.key].counts)
+                ckpt_path = out_dir / STATE_DIR / f"{fam.key}.json"
+                family_fp = fingerprint(run_fp, fam.key, fam.fingerprint(cfg.options[fam.key]))
+                old = read_json(ckpt_path) if old_state is not None else None
+                router.start(fam.key)
+                if old is not None and old.get("fingerprint") == family_fp and old.get("status") == "done":
+                    sections.append(section_from_json(old["section"], out_dir))
+                    links[fam.key] = old.get("views", [])
+                    times[fam.key] = old.get("elapsed_s", 0.0)
+                    status[fam.key] = "resumed"
+                    router.finish(fam.key)
+                    written[fam.key] = ResultsFolder(out_dir).get(fam.key)
+                    continue
+                tf = time.perf_counter()
+                ctx = dataclasses.replace(base, progress=router.family_progress(fam.key), family=fam.key, job=family_fp,
+                                          save_maps=out_dir / "maps" / fam.key if cfg.save_maps else None,
+                                          results={k: written[k] for k in fam.uses if written.get(k) is not None})
+                section = fam.run(prepared[fam.key], cfg.options[fam.key], ctx)
+                views = write_head_views(section, out_dir)
+                times[fam.key] = time.perf_counter() - tf
+                write_json(ckpt_path, {"fingerprint": family_fp, "status": "done", "elapsed_s": times[fam.key],
+                                       "section": section_to_json(section, out_dir), "views": views})
+                drop_unit_logs(out_dir, fam.key)  # the checkpoint holds the family now
+                sections.append(section)
+                links[fam.key] = views
+                status[fam.key] = "done"
                 router.finish(fam.key)
                 written[fam.key] = ResultsFolder(out_dir).get(fam.key)
-                continue
-            tf = time.perf_counter()
-            ctx = dataclasses.replace(base, progress=router.family_progress(fam.key), family=fam.key, job=family_fp,
-                                      save_maps=out_dir / "maps" / fam.key if cfg.save_maps else None,
-                                      results={k: written[k] for k in fam.uses if written.get(k) is not None})
-            section = fam.run(prepared[fam.key], cfg.options[fam.key], ctx)
-            views = write_head_views(section, out_dir)
-            times[fam.key] = time.perf_counter() - tf
-            write_json(ckpt_path, {"fingerprint": family_fp, "status": "done", "elapsed_s": times[fam.key],
-                                   "section": section_to_json(section, out_dir), "views": views})
-            drop_unit_logs(out_dir, fam.key)  # the checkpoint holds the family now
-            sections.append(section)
-            links[fam.key] = views
-            status[fam.key] = "done"
-            router.finish(fam.key)
-            written[fam.key] = ResultsFolder(out_dir).get(fam.key)
 
-        say("report", 0, 1)
-        in_report = {f.key: i for i, f in enumerate(families)}
-        sections.sort(key=lambda s: in_report.get(s.key, len(in_report)))
-        elapsed = time.perf_counter() - t0
-        provenance = {
-            "model": model_info, "data": files, "counts": counts,
-            "seeds": {"run": cfg.seed, "model loading (torch)": cfg.seed, "sentence pairs (A/B split)": cfg.seed,
-                      "analyses (bootstrap, probes, MDS)": cfg.seed},
-            "arguments": arguments, "inputs": sorted(cfg.inputs), "versions": versions(),
-            "command": command,
-            "started": started, "elapsed_s": round(elapsed, 3),
-            "family_times_s": {k: round(v, 3) for k, v in times.items()},
-            # With --resume, elapsed_s is this invocation only; the families' own times come
-            # from their checkpoints, so their sum is the analysis time of the whole job.
-            "analysis_time_s": round(sum(times.values()), 3),
-            "status": status,
-        }
-        report = write_report(sections, out_dir, provenance=provenance, links=links, notes=notes)
-        results = {
-            "attnscope_results": 1,
-            "provenance": provenance,
-            "families": {s.key: {"status": status.get(s.key), "section": section_to_json(s, out_dir),
-                                 "views": links.get(s.key, [])} for s in sections},
-            "unavailable": notes,
-            "results": _collect_results(out_dir),
-        }
-        results_path = out_dir / "results.json"
-        write_json(results_path, results)
-        state["status"] = "complete"
-        state["finished"] = now()
-        write_json(out_dir / STATE_DIR / STATE_FILE, state)
-        say("report", 1, 1)
+            current = None
+            say("report", 0, 1)
+            in_report = {f.key: i for i, f in enumerate(families)}
+            sections.sort(key=lambda s: in_report.get(s.key, len(in_report)))
+            elapsed = time.perf_counter() - t0
+            provenance = {
+                "model": model_info, "data": files, "counts": counts,
+                "seeds": {"run": cfg.seed, "model loading (torch)": cfg.seed, "sentence pairs (A/B split)": cfg.seed,
+                          "analyses (bootstrap, probes, MDS)": cfg.seed},
+                "arguments": arguments, "inputs": sorted(cfg.inputs), "versions": versions(),
+                "command": command,
+                "started": started, "elapsed_s": round(elapsed, 3),
+                "family_times_s": {k: round(v, 3) for k, v in times.items()},
+                # With --resume, elapsed_s is this invocation only; the families' own times come
+                # from their checkpoints, so their sum is the analysis time of the whole job.
+                "analysis_time_s": round(sum(times.values()), 3),
+                "status": status,
+            }
+            report = write_report(sections, out_dir, provenance=provenance, links=links, notes=notes)
+            results = {
+                "attnscope_results": 1,
+                "provenance": provenance,
+                "families": {s.key: {"status": status.get(s.key), "section": section_to_json(s, out_dir),
+                                     "views": links.get(s.key, [])} for s in sections},
+                "unavailable": notes,
+                "results": _collect_results(out_dir),
+            }
+            results_path = out_dir / "results.json"
+            write_json(results_path, results)
+            state["status"] = "complete"
+            state["finished"] = now()
+            write_json(out_dir / STATE_DIR / STATE_FILE, state)
+            say("report", 1, 1)
+        except KeyboardInterrupt:
+            raise interrupted(out_dir, finished=[k for k, v in status.items() if v in ("done", "resumed")],
+                              current=current, then="run the same command with --resume",
+                              state=state) from None
     return RunOutcome(out_dir=out_dir, report=report, results=results_path, status=status, notes=notes,
                       elapsed_s=time.perf_counter() - t0, results_json=to_plain(results))
 
@@ -252,6 +261,10 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     opts = fam.Options(**options)
     check_options(opts)
     check_ray(ray, workers)
+    strange = sorted(set(inputs) - {inp.name for inp in fam.inputs})
+    if strange:
+        raise AttnscopeError(f"{key}: no input {', '.join(map(repr, strange))}; its inputs: "
+                             + ", ".join(inp.name for inp in fam.inputs), params=tuple(strange))
     inputs = {inp.name: inputs.get(inp.name) for inp in fam.inputs}
     given = []
     for inp in fam.inputs:
@@ -293,7 +306,10 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     # out of GPU memory: one line naming max_seq_len, before anything is written
     with refused_writes(Path(out_dir), resumable=False), gpu_memory_errors(max_seq_len, where), \
             executor(ray, workers) as ex:
-        section = fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
+        try:
+            section = fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
+        except KeyboardInterrupt:
+            raise interrupted(Path(out_dir), finished=[], current=key, then="run the same command again") from None
     drop_unit_logs(Path(out_dir), key)  # the results are written: nothing is left to resume
     return section
 

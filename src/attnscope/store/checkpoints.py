@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
+
+import numpy as np
 
 #: The folder (inside an output folder) that holds a run's state, each finished family's
 #: checkpoint (``<family>.json``) and the unit logs of the family in progress.
@@ -63,16 +66,97 @@ class UnitLog:
         return record
 
 
+class StateFile:
+    """The latest state of a step that runs in rounds (a training run, epoch by epoch): a JSON
+    record and named arrays in one safetensors file (no pickle), replaced atomically after each
+    round, under the job's ``fingerprint`` so that a killed run goes on from its last finished
+    round. ``path`` None: nothing is kept.
+
+    >>> import tempfile, pathlib, numpy as np
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "train.safetensors"
+    >>> StateFile(path, "job-1").save({"epoch": 2}, {"w": np.arange(3, dtype=np.float32)})
+    >>> record, arrays = StateFile(path, "job-1").load()
+    >>> record, arrays["w"].tolist(), StateFile(path, "job-2").load()   # another job reads nothing
+    ({'epoch': 2}, [0.0, 1.0, 2.0], None)
+    """
+
+    KEY = "attnscope_state"
+
+    def __init__(self, path: Path | None, fingerprint: str):
+        self.path, self.fingerprint = path, fingerprint
+
+    def load(self) -> tuple[dict, dict[str, np.ndarray]] | None:
+        """The record and arrays of the last round kept under this fingerprint, or None."""
+        from safetensors import SafetensorError, safe_open
+
+        if self.path is None or not self.path.is_file():
+            return None
+        try:
+            with safe_open(str(self.path), "np") as f:
+                head = json.loads((f.metadata() or {}).get(self.KEY, "null"))
+                if not isinstance(head, dict) or head.get("fingerprint") != self.fingerprint:
+                    return None
+                return head["record"], {k: f.get_tensor(k) for k in f.keys()}
+        except (SafetensorError, OSError, ValueError, KeyError):
+            return None  # torn or foreign: start the step again
+
+    def save(self, record: dict, arrays: dict[str, np.ndarray]) -> None:
+        """Keep ``record`` and ``arrays`` as the step's state (synced, then renamed over the old)."""
+        from safetensors.numpy import save_file
+
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        head = json.dumps({"fingerprint": self.fingerprint, "record": record})
+        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp), metadata={self.KEY: head})
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
 def unit_log_path(out_dir: Path, family: str, step: str) -> Path:
     """Where ``family``'s step ``step`` keeps its finished units in ``out_dir``."""
     return Path(out_dir) / STATE_DIR / f"{family}-{step}.jsonl"
 
 
-def drop_unit_logs(out_dir: Path, family: str) -> None:
-    """Remove ``family``'s unit logs (its results are written), and the state folder if that
-    leaves it empty."""
+def unit_path(out_dir: Path, family: str, name: str) -> Path:
+    """Where ``family`` keeps the work in progress called ``name`` (a state file, a store being
+    extracted) in ``out_dir``, until its results are written."""
+    return Path(out_dir) / STATE_DIR / f"{family}-{name}"
+
+
+def kept_units(out_dir: Path, family: str) -> list[str]:
+    """What ``family``'s unfinished work in ``out_dir`` holds, for the line an interrupted run
+    prints: finished units per log, rounds per state file, whole shards per store."""
+    out: list[str] = []
     folder = Path(out_dir) / STATE_DIR
-    for path in folder.glob(f"{family}-*.jsonl"):
+    for path in sorted(folder.glob(f"{family}-*")):
+        step = path.name[len(family) + 1:]
+        if path.suffix == ".jsonl":
+            n = max(len(path.read_text(encoding="utf-8").splitlines()) - 1, 0)
+            if n:
+                out.append(f"{n} finished {path.stem[len(family) + 1:]} unit{'s' if n != 1 else ''}")
+        elif path.suffix == ".safetensors" and not path.name.startswith("."):
+            out.append(f"the last finished round of {path.stem[len(family) + 1:]}")
+        elif path.is_dir():
+            shards = [p for p in path.rglob("*") if p.is_file() and p.parent.name == "shards"
+                      and not p.name.startswith(".")]
+            if shards:
+                out.append(f"{len(shards)} extracted shard{'s' if len(shards) != 1 else ''} of {step}")
+    return out
+
+
+def drop_unit_logs(out_dir: Path, family: str) -> None:
+    """Remove ``family``'s work in progress (unit logs, state files, stores being extracted; its
+    results are written), and the state folder if that leaves it empty."""
+    folder = Path(out_dir) / STATE_DIR
+    for path in folder.glob(f"{family}-*"):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    for path in folder.glob(f".{family}-*.tmp"):
         path.unlink(missing_ok=True)
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()

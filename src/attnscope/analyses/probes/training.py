@@ -21,6 +21,7 @@ same UAS within seed noise (``benchmarks/probes.py``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import numpy as np
 from attnscope.analyses.probes.features import SentenceSource, collate
 from attnscope.analyses.probes.models import right_branching
 from attnscope.progress import Step
+from attnscope.store.checkpoints import StateFile
 
 
 @dataclass
@@ -115,9 +117,15 @@ def _needs_attn(module) -> bool:
 
 
 def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, config: TrainConfig,
-                 progress: Callable[[str, int, int | None], None] | None = None) -> dict[str, ProbeRun]:
+                 progress: Callable[[str, int, int | None], None] | None = None,
+                 state: StateFile | None = None, label: str = "probes") -> dict[str, ProbeRun]:
     """Train every module in ``modules`` (name -> nn.Module) on ``train``; keep the state with
-    the best dev UAS; stop a module after ``patience`` epochs without improvement."""
+    the best dev UAS; stop a module after ``patience`` epochs without improvement.
+
+    ``state``: where the training keeps everything it needs after each finished epoch (the
+    probes' and optimisers' trained tensors, the best states, the shuffling generator, the
+    histories), and from which a killed run goes on at the next epoch with the same numbers.
+    ``label``: the progress steps' name ("<label> epoch <k>")."""
     import torch
 
     torch.manual_seed(config.seed)
@@ -132,7 +140,16 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
     active = set(modules)
     needs_attn = any(_needs_attn(m) for m in modules.values())
     seen_sents = seen_deps = 0  # running count of training sentences and dependents
-    for epoch in range(1, config.epochs + 1):
+    first = 1
+    kept = state.load() if state is not None else None
+    if kept is not None:
+        record, arrays = kept
+        _restore(record, arrays, modules, opts, best_state)
+        rng.bit_generator.state = record["rng"]
+        runs = {n: ProbeRun(**d) for n, d in record["runs"].items()}
+        best, waited, active = record["best"], record["waited"], set(record["active"])
+        seen_sents, seen_deps, first = record["seen_sents"], record["seen_deps"], record["epoch"] + 1
+    for epoch in range(first, config.epochs + 1):
         if not active:
             break
         own = {n: 0.0 for n in active}  # each probe's own training time (batches are shared)
@@ -141,7 +158,7 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
         for m in (modules[n] for n in active):
             m.train()
         # the epoch's sentences: known after the first pass, expected from the store before
-        name, total, done = Step(f"probes epoch {epoch}", "sentences"), train.size, 0
+        name, total, done = Step(f"{label} epoch {epoch}", "sentences"), train.size, 0
         for sents in train.shuffled_batches(config.batch_size, rng, config.buffer_chunks, config.by_length):
             b = collate(sents, with_attn=needs_attn)
             target = b.heads.clone()  # [B j]; ROOT and padding rows are ignored (-1)
@@ -189,11 +206,57 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
                 waited[n] += 1
                 if waited[n] >= config.patience:
                     active.discard(n)
+        if state is not None:
+            record = {"epoch": epoch, "rng": rng.bit_generator.state, "best": best, "waited": waited,
+                      "active": sorted(active), "seen_sents": seen_sents, "seen_deps": seen_deps,
+                      "runs": {n: dataclasses.asdict(r) for n, r in runs.items()}}
+            state.save(*_kept(record, modules, opts, best_state))
     for n, m in modules.items():
         m.load_state_dict(best_state[n])
         secs = [h["seconds"] for h in runs[n].history]
         runs[n].seconds_per_epoch = float(np.mean(secs)) if secs else float("nan")
     return runs
+
+
+def _trained(module) -> set[str]:
+    """The names in ``module.state_dict()`` that training changes (not frozen word vectors)."""
+    return {k for k, p in module.named_parameters() if p.requires_grad}
+
+
+def _kept(record: dict, modules: dict, opts: dict, best_state: dict) -> tuple[dict, dict]:
+    """``record`` and the arrays of an epoch's state: each probe's trained tensors now and at
+    its best epoch, and its optimiser's state (its ``param_groups`` go into the record)."""
+    arrays: dict = {}
+    record = {**record, "optimizers": {}}
+    for n, m in modules.items():
+        for k in _trained(m):
+            arrays[f"now/{n}/{k}"] = m.state_dict()[k].detach().numpy()
+            arrays[f"best/{n}/{k}"] = best_state[n][k].detach().numpy()
+        sd = opts[n].state_dict()
+        record["optimizers"][n] = {"param_groups": sd["param_groups"],
+                                   "state": {str(i): sorted(st) for i, st in sd["state"].items()}}
+        for i, st in sd["state"].items():
+            for k, v in st.items():
+                arrays[f"opt/{n}/{i}/{k}"] = v.detach().numpy()
+    return record, arrays
+
+
+def _restore(record: dict, arrays: dict, modules: dict, opts: dict, best_state: dict) -> None:
+    """Put the tensors of :func:`_kept` back into the probes, their best states and optimisers."""
+    import torch
+
+    def tensor(key: str):
+        return torch.from_numpy(np.array(arrays[key]))  # a writable copy
+
+    for n, m in modules.items():
+        trained = _trained(m)
+        m.load_state_dict({k: tensor(f"now/{n}/{k}") for k in trained}, strict=False)
+        best_state[n] = {**best_state[n], **{k: tensor(f"best/{n}/{k}") for k in trained}}
+        kept = record["optimizers"][n]
+        opts[n].load_state_dict({
+            "param_groups": kept["param_groups"],
+            "state": {int(i): {k: tensor(f"opt/{n}/{i}/{k}") for k in keys}
+                      for i, keys in kept["state"].items()}})
 
 
 def _lr(module, config: TrainConfig) -> float:
