@@ -70,7 +70,7 @@ def test_run_general_writes_everything(bert_run):
     assert set(res["analyses"]) == {"relative-position", "special-tokens", "entropy", "head-distances",
                                     "gradient-importance"}
     assert res["seed"] == 0 and res["clustering"]["params"]["mds"]["random_state"] == 0
-    assert steps[-1] == ("general: general", 3, 3)
+    assert steps[-1] == ("general: maps and statistics", 3, 3)
     assert sec.key == "general" and sec.methods and len(sec.paper) == 4
     assert sec.best_heads
     for _layer, _head, idx, label in sec.best_heads:

@@ -27,7 +27,7 @@ def test_general_on_wikitext(shared_data, default_model, tmp_path):
     rss = {}
 
     def progress(step, done, total):
-        if step == "general: general":
+        if step == "general: maps and statistics":
             rss[done] = _rss_mb()
 
     sec = run_family("general", {"text": examples}, tmp_path, model=default_model, progress=progress)

@@ -43,7 +43,8 @@ def figures(monkeypatch):
         found[str(stem).rsplit("/", 1)[-1]] = text_collisions(fig)
         return save(fig, stem, *a, **k)
 
-    for mod in ("attnscope.compare.report", "attnscope.report.figures"):
+    for mod in ("attnscope.compare.report", "attnscope.report.figures", "attnscope.report.attribution",
+                "attnscope.report.general"):
         monkeypatch.setattr(f"{mod}.save_figure", keep)
     return found
 
@@ -80,3 +81,48 @@ def test_compare_head_changes_has_no_colliding_text(tmp_path, debug_bert, figure
     compare(stores[0], stores[1], tmp_path / "out", n_boot=100)
     assert figures["compare_head_changes"] == []
     assert figures["compare_layers"] == [] and figures["compare_distances"] == []
+
+
+def test_the_attribution_example_has_axis_titles_token_labels_and_colour_bars(tmp_path, figures):
+    """It had none of them, and more than 48 tokens lost every label: 60 tokens, every other one
+    labelled, five panels, each with a colour bar, and no text colliding."""
+    import numpy as np
+
+    from attnscope.report.attribution import _example_figure
+    from attnscope.report.section import Section
+
+    n, L = 60, 2
+    rng = np.random.default_rng(0)
+    maps = rng.random((L, n, n))
+    maps /= maps.sum(-1, keepdims=True)
+    ex = {"index": 3, "tokens": ["[CLS]"] + [f"word{i}" for i in range(n - 2)] + ["[SEP]"],
+          "rollout": maps[0], "flow": maps[1], "weights": maps, "norms": maps, "value_zeroing": maps}
+    sec = Section(key="attribution", title="t")
+    _example_figure(sec, ex, tmp_path)
+    assert figures["attribution_example"] == []
+    import matplotlib.pyplot as plt
+
+    from attnscope.report import attribution
+
+    fig = plt.figure()
+    ax = fig.add_subplot()
+    attribution._heatmap(ax, maps[0], "t", ex["tokens"], ex["tokens"])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ex["tokens"][::2]  # 60 tokens: every other one
+    plt.close(fig)
+
+
+def test_figure_1_sets_five_heads_out_as_three_and_two(figures, tmp_path):
+    """Five heads wrapped the fifth alone onto a second row (about 300 px blank): rows as even as
+    they go, and no text colliding."""
+    import numpy as np
+    from conftest import make_map
+
+    from attnscope.report.general import plot_token_lines
+
+    n = 8
+    a = np.tile(np.eye(n)[None, None], (2, 6, 1, 1))
+    m = make_map(a, ["[CLS]"] + [f"w{i}" for i in range(n - 2)] + ["[SEP]"])
+    fig = plot_token_lines(m, [(0, h, f"label {h}") for h in range(5)])
+    shown = [ax for ax in fig.axes if ax.get_title()]
+    assert len(shown) == 5 and fig.axes[0].get_gridspec().get_geometry() == (2, 3)
+    assert text_collisions(fig) == []

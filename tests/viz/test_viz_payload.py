@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import one_line, says
+from conftest import make_map, one_line, says
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -193,3 +193,24 @@ def test_embedded_json_cannot_close_the_script():
     for bad in ("<", ">", "&", "\u2028"):
         assert bad not in text
     assert json.loads(text) == obj
+
+
+def test_a_page_first_shows_the_three_heads_that_point_at_words_most_sharply():
+    """Twelve heads drawn at once were a hairball (issue 49): a layer of more than four heads opens
+    with the three whose rows of words put the largest weight on one word, in head order; a
+    smaller layer opens whole; ``heads`` given are kept."""
+    from attnscope.viz.payload import pointing_heads
+
+    toks = ["[CLS]", "a", "b", "c", "[SEP]"]
+    a = np.full((1, 6, 5, 5), 0.2)
+    a[0, 0, :, 0] = 1.0  # head 1: every row on [CLS] (sharp, but not at a word)
+    a[0, 0, :, 1:] = 0.0
+    for h, weight in ((1, 0.9), (3, 0.6), (4, 0.8)):  # heads 2, 5, 4: word to next word, this sharply
+        a[0, h] = (1 - weight) / 4
+        for q in range(5):
+            a[0, h, q, (q % 3) + 1] = weight
+    m = make_map(a, toks)
+    assert pointing_heads(m, 0) == [1, 3, 4]
+    assert page_payload(m)["state"]["heads"] == [1, 3, 4]
+    assert page_payload(m, heads=[0, 5])["state"]["heads"] == [0, 5]
+    assert pointing_heads(make_map(a[:, :4], toks), 0) == [0, 1, 2, 3]

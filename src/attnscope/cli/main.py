@@ -16,6 +16,7 @@ import typer
 
 from attnscope.cli.options import polish_help
 from attnscope.errors import AttnscopeError, Interrupted
+from attnscope.models.threads import fair_share
 
 app = typer.Typer(help="attnscope: what does this transformer look at?", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -143,6 +144,8 @@ def sigterm_as_interrupt():
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app; user and usage errors print one line on stderr and exit 2."""
+    if "torch" not in sys.modules:  # a fair share of a shared machine, read when torch starts
+        fair_share()
     usage_errors, aborts = _click_error_types()
     command = build_command()
     try:

@@ -65,7 +65,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", "-o", help="HTML file to write."),
         layer: int = typer.Option(1, "--layer", min=1, help=f"Layer ({NUMBERING})."),
         heads: str = typer.Option(None, "--heads", help="Head view: heads, 1-indexed as the pages "
-                                                        "show them, e.g. 1,4 (default all)."),
+                                                        "show them, e.g. 1,4 (default: the three that point at words most "
+                                                        "sharply in that layer; the page's head boxes add others)."),
         head: int = typer.Option(None, "--head", min=1, help="Heatmap/neuron view: the head, 1-indexed "
                                                              "as the pages show it."),
         query: int = typer.Option(0, "--query", help="Neuron view: the query token position "

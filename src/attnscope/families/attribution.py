@@ -105,7 +105,7 @@ def hook_free(lm, methods: list[str]) -> tuple[list[str], str | None]:
         "attention maps)")
 
 
-def _objective(lm, options: AttributionOptions, encoded, seed: int, notes: list[str]):
+def _objective(lm, options: AttributionOptions, encoded, seed: int, notes: list[str], progress=None):
     if lm.family.causal or lm.has_mlm_head:
         return Objective(lm, seed=seed)
     if not options.attribution_fit_head:
@@ -113,7 +113,7 @@ def _objective(lm, options: AttributionOptions, encoded, seed: int, notes: list[
                      "were skipped (--attribution-fit-head trains an output layer on the frozen encoder)")
         return None
     fit_inputs = [(e.tokens, np.asarray(e.special), np.asarray(e.segment), e.index) for e in encoded]
-    head = fit_mlm_head(lm, fit_inputs, FitOptions(seed=seed))
+    head = fit_mlm_head(lm, fit_inputs, FitOptions(seed=seed), progress=progress)
     rep = head.report
     notes.append(f"{lm.name} has no masked-LM head: the loss is that of an output layer fitted on the "
                  f"frozen encoder ({rep['steps']} steps, seed {seed}, held-out masked-token accuracy "
@@ -134,6 +134,11 @@ def _announce(name: str, method: str, cost: tuple[float, int], tokens: int,
         print(f"attribution: {name} takes about {seconds:.0f} s ({passes:.0f} forward passes{loss} over "
               f"{tokens} tokens); --attribution-methods without {method} skips it", file=sys.stderr)
 
+
+#: What each result's pass is called in the progress display (a pass runs several).
+STEPS = {"head-importance": "importance", "ablation-zero": "zero ablation", "head-means": "head means",
+         "ablation-mean": "mean ablation", "pruning-curve": "pruning", "norm-shares": "norms",
+         "attribution-agreement": "agreement of the maps with gradients"}
 
 #: Analyses that say how long they will take before they start: result key -> (name, method).
 ANNOUNCED = {"ablation-zero": ("zero ablation", "ablation"), "ablation-mean": ("mean ablation", "ablation"),
@@ -185,7 +190,7 @@ def _run_passes(examples, agreement: list, methods: list[str], objective, option
     wanted = [w for m in methods for w in METHOD_ANALYSES[m] if m != "ablation" or w[0] in ablations]
     results: dict[str, Any] = {}
     tokens, per_token = sum(len(e) for e in encoded), None  # per_token: measured once, when needed
-    for p, source, step in ((0, examples, "attribution"), (1, examples, None), (2, agreement, "attribution: agreement")):
+    for p, source in ((0, examples), (1, examples), (2, agreement)):
         built = []
         for key, name, q in wanted:
             args = _arguments(key, ctx.model, objective, options, ctx, results) if q == p else None
@@ -197,7 +202,7 @@ def _run_passes(examples, agreement: list, methods: list[str], objective, option
                     per_token = ctx.call(seconds_per_token, encoded, ctx.batch_size, objective)
                 _announce(*ANNOUNCED[key], a.cost(), tokens, per_token)
         if built:
-            step = step or "attribution: " + " and ".join(ANNOUNCED[key][0] for key, _ in built)  # pass 1
+            step = " and ".join(STEPS[key] for key, _ in built)
             out = ctx.run_pass(source, [a for _, a in built], step=step)
             results.update({key: out.results[a.name] for key, a in built})
     return {k: r for k, r in results.items() if k not in INTERMEDIATE}
@@ -261,7 +266,7 @@ class Attribution(Family):
             raise AttnscopeError(f"attribution_example {options.attribution_example}: only {len(encoded)} "
                                  "examples were analysed", params=("attribution_example",))
         needs_loss = any(m in methods for m in LOSS_METHODS) or "rollout" in methods
-        objective = _objective(lm, options, encoded, ctx.seed, notes) if needs_loss else None
+        objective = _objective(lm, options, encoded, ctx.seed, notes, ctx.progress) if needs_loss else None
         if objective is not None:
             notes.append(f"loss: {objective.describe()['loss']}")
             if options.attribution_methods == ",".join(DEFAULT_METHODS) and not skipped:  # it could run

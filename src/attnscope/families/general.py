@@ -156,7 +156,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text: "UnlabeledSt
                          ctx.seed, notes, ctx.progress)
     keeper = Figure1Example()
     analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=ctx.seed) + [keeper]
-    out = ctx.run_pass(source, analyses, step="general", note=note)
+    out = ctx.run_pass(source, analyses, step="maps and statistics", note=note)
     notes += ctx.skipped(out.skipped)
     results = {a.name: out.results[a.name] for a in analyses if a is not keeper}
     return write_general(results, ctx.out_dir, model_desc=model_desc,
@@ -206,7 +206,7 @@ def _run_streaming(source: list, ctx: Context, options: "GeneralOptions", *, lin
     notes += [classes_note] if classes_note else []
     _scorer_for(model, gradients, lambda: [], seed, notes, ctx.progress)
     streamed = StreamedGeneral(model, classer, seed=seed, js_rows=STREAM_JS_ROWS)
-    out = ctx.run_pass(source, [streamed], step="general", note=note)
+    out = ctx.run_pass(source, [streamed], step="maps and statistics", note=note)
     skipped = list(NEEDS_MAPS) + [
         f"head distances over every row (here: {STREAM_JS_ROWS} seeded rows per example, scaled to "
         "the example's rows)"]

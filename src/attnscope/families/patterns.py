@@ -102,7 +102,7 @@ class PatternsFamily(Family):
                          "come from its attention maps)")
         else:
             analyses.append(KeyConcentration(lm=model, classer=classer))
-        out = ctx.run_pass(source.data, analyses, step="patterns", note=source.note)
+        out = ctx.run_pass(source.data, analyses, step="maps and patterns", note=source.note)
         notes += ctx.skipped(out.skipped)
         results = {a.name: out.results[a.name] for a in analyses[:4]}
         wanted = sorted({int(i) for k, arr in results["vig-patterns"].arrays.items()

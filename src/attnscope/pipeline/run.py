@@ -155,7 +155,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                     links[fam.key] = old.get("views", [])
                     times[fam.key] = old.get("elapsed_s", 0.0)
                     status[fam.key] = "resumed"
-                    router.finish(fam.key)
+                    router.finish(fam.key, resumed=True)
                     written[fam.key] = ResultsFolder(out_dir).get(fam.key)
                     continue
                 tf = time.perf_counter()

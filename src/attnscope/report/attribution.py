@@ -50,15 +50,30 @@ def behaviour_labels(general: dict | None) -> dict[tuple[int, int], str]:
     return out
 
 
+#: At most this many token labels on a heatmap's axis (every k-th beyond).
+MAX_TICKS = 40
+
+
+def _ticks(labels) -> tuple[list[int], list[str]]:
+    """Positions and texts of the token labels an axis shows: all of them up to
+    :data:`MAX_TICKS`, else every k-th so that at most that many are drawn."""
+    step = -(-len(labels) // MAX_TICKS)
+    at = list(range(0, len(labels), step))
+    return at, [labels[i] for i in at]
+
+
 def _heatmap(ax, m, title, xlabels=None, ylabels=None, cmap="viridis"):
     im = ax.imshow(m, cmap=cmap, aspect="auto")
     ax.set_title(title, fontsize=9)
-    if xlabels is not None and len(xlabels) <= 48:
-        ax.set_xticks(range(len(xlabels)))
-        ax.set_xticklabels(xlabels, rotation=90, fontsize=8)
-    if ylabels is not None and len(ylabels) <= 48:
-        ax.set_yticks(range(len(ylabels)))
-        ax.set_yticklabels(ylabels, fontsize=8)
+    fontsize = 8 if max(len(xlabels or ()), len(ylabels or ())) <= 24 else 6
+    if xlabels is not None:
+        at, text = _ticks(xlabels)
+        ax.set_xticks(at)
+        ax.set_xticklabels(text, rotation=90, fontsize=fontsize)
+    if ylabels is not None:
+        at, text = _ticks(ylabels)
+        ax.set_yticks(at)
+        ax.set_yticklabels(text, fontsize=fontsize)
     return im
 
 
@@ -223,9 +238,13 @@ def _example_figure(sec, ex, figures_dir):
               ("last layer: value zeroing", ex["value_zeroing"][-1] if ex.get("value_zeroing") is not None
                else None)]
     panels = [(t, m) for t, m in panels if m is not None]
-    fig, axes = new_figure(1, len(panels), figsize=(3.2 * len(panels), 3.4), squeeze=False)
+    fig, axes = new_figure(1, len(panels), figsize=(3.6 * len(panels), 4.2), squeeze=False,
+                           layout="constrained")
     for ax, (title, m) in zip(axes[0], panels):
-        _heatmap(ax, np.asarray(m), title, toks, toks, cmap="Blues")
+        im = _heatmap(ax, np.asarray(m), title, toks, toks, cmap="Blues")
+        ax.set_xlabel("to (key token)", fontsize=8)
+        fig.colorbar(im, ax=ax, shrink=0.8).ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("from (query token)", fontsize=8)
     paths = save_figure(fig, figures_dir / "attribution_example")
     sec.figures.append(FigureArtifact("attribution_example", f"Attribution maps of example "
                                       f"{ex.get('index', 0)} (rows: from, columns: to).", paths))

@@ -76,8 +76,8 @@ def plot_token_lines(m: AttentionMap, heads: list[tuple[int, int, str]]):
     n = m.num_units
     # at most PER_ROW heads side by side, so the figure keeps the report's width and its
     # token labels stay readable there (figures.REPORT_WIDTH_IN)
-    cols = min(k, PER_ROW)
-    rows = -(-k // cols)
+    rows = -(-k // PER_ROW)
+    cols = -(-k // rows)  # rows as even as they go: 5 heads are 3 + 2, not 4 + 1
     fig, axes = new_figure(rows, cols, figsize=(2.5 * cols, rows * max(3.0, 0.24 * n + 1.2)),
                            squeeze=False)
     for ax in axes.ravel()[k:]:

@@ -47,6 +47,10 @@ def _where(amap: AttentionMap) -> str:
     return f"example {amap.index}"
 
 
+#: How many heads a page's head view shows first (:func:`pointing_heads`).
+SHOWN_HEADS = 3
+
+
 def check_layer_heads(amap: AttentionMap, layer: int, heads) -> list[int]:
     """Validate ``layer`` and ``heads`` against the map; returns the head list (all by default)."""
     num_layers, num_heads = amap.attn.shape[:2]
@@ -61,6 +65,24 @@ def check_layer_heads(amap: AttentionMap, layer: int, heads) -> list[int]:
     if bad:
         raise IndexRangeError(_where(amap), "head", bad[0], num_heads)
     return heads
+
+
+def pointing_heads(amap: AttentionMap, layer: int, k: int = SHOWN_HEADS) -> list[int]:
+    """The heads a page shows first: all of a layer of at most ``k + 1`` heads, else the ``k``
+    that point at words most sharply on this example (the largest mean, over the rows of
+    words, of the row's largest weight on a word), in head order. Twelve heads drawn at once
+    are a hairball; the page's head boxes add the others.
+
+    """
+    num_heads = amap.attn.shape[1]
+    if num_heads <= k + 1:
+        return list(range(num_heads))
+    words = ~np.asarray(amap.special, dtype=bool)
+    a = np.asarray(amap.attn[layer], dtype=np.float64)  # [H q k]
+    if amap.key_tokens is not None or not words.any():
+        return list(range(k))
+    sharp = a[:, words][:, :, words].max(axis=-1).mean(axis=-1)  # [H]
+    return sorted(np.argsort(-sharp, kind="stable")[:k].tolist())
 
 
 def is_pair(amap: AttentionMap) -> bool:
@@ -364,7 +386,7 @@ def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, head
     if view == "profile" and amap.key_tokens is not None:
         raise AttnscopeError("view profile: a cross-attention map has no distance profile (its rows "
                              "and columns are two sequences)", params=("view",))
-    heads = check_layer_heads(amap, layer, heads)
+    heads = check_layer_heads(amap, layer, heads if heads is not None else pointing_heads(amap, layer))
     head = heads[0] if head is None else check_layer_heads(amap, layer, [head])[0]
     visible_units(amap, pair_filter, hide_special)  # validates the filter early
     num_layers, num_heads = amap.attn.shape[:2]
