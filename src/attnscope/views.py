@@ -208,16 +208,24 @@ def results_payload(folder: str | Path) -> dict:
     :class:`~attnscope.store.results.ResultsFolder`) fills the panels its family's
     :meth:`~attnscope.families.base.Family.view` declares."""
     folder = Path(folder)
-    out: dict = {"folder": folder.name, "profiles": [], "sinks": [], "attribution": None,
-                 "problems": []}
+    out: dict = {"folder": folder.name, "title": f"Results in {folder.name}", "profiles": [], "sinks": [],
+                 "attribution": None, "problems": []}
+    model = None
     if not folder.is_dir():
         out["problems"].append(f"{folder.name}: no such results folder")
         return out
     found = ResultsFolder(folder)
-    for _, _, _, panels in family_views(found):
+    shown = []
+    for key, _, results, panels in family_views(found):
+        if any(panels.get(k) for k in ("profiles", "sinks", "attribution")):
+            shown.append(FAMILIES[key].title)
+            model = model or (results.get("meta") or {}).get("model") or results.get("model")
         out["profiles"] += panels.get("profiles", [])
         out["sinks"] += panels.get("sinks", [])
         if out["attribution"] is None:
             out["attribution"] = panels.get("attribution")
     out["problems"] = found.problems  # a file that cannot be read, or a malformed part, is named
+    if shown:  # what the page is: the families, the model, the folder
+        name = f" of {display_name(model)}" if isinstance(model, dict) else ""
+        out["title"] = f"{' and '.join(shown)}{name} ({folder.name})"
     return out

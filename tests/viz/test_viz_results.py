@@ -313,3 +313,28 @@ def test_view_cli_window_options_on_a_long_store(longctx, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     says(err, "--offset 449", "512", "64", "0 .. 448")
     assert len(err.splitlines()) == 1 and not (tmp_path / "bad.html").exists()
+
+
+@pytest.mark.browser
+def test_the_results_page_says_what_it_is_and_fills_1280_px_without_colliding_labels(browser, longctx):
+    """The long-context page had no title, a chart across 40% of a 1280 px page, and its axis title
+    over its slanted bucket labels: it is titled with the family and the model, the chart spans
+    most of the page, and no text box of the chart overlaps another."""
+    from attnscope.views import results_view_html
+
+    _, out = longctx
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        page.set_content(results_view_html(out))
+        page.wait_for_selector("#attnscope-root[data-ready=true]")
+        title = page.text_content("h2.rs-title")
+        assert title.startswith("Long-context") and "debug:llama" in title and out.name in title, title
+        chart = page.locator("svg.rs-profile-chart").bounding_box()
+        assert chart["width"] >= 0.8 * 1280 - 64, chart
+        boxes = page.eval_on_selector_all("svg.rs-profile-chart text", """ts => ts.map(t => {
+            const b = t.getBoundingClientRect(); return [t.textContent, b.left, b.top, b.right, b.bottom]; })""")
+        hits = [(a[0], b[0]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+                if min(a[3], b[3]) - max(a[1], b[1]) > 1 and min(a[4], b[4]) - max(a[2], b[2]) > 1]
+        assert len(boxes) > 10 and hits == []
+    finally:
+        page.close()

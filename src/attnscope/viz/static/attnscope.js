@@ -481,9 +481,15 @@
   };
 
   // a line chart of series[k][b] over bucket labels; draws into an empty <svg> and sizes it
-  function drawProfile(root, buckets, series, title, name, axis) {
-    var B = buckets.length, left = 48, top = 40, pw = Math.max(240, 36 * B), ph = 200;
-    var width = Math.max(left + pw + 110, Math.ceil(textWidth(title)) + 12), height = top + ph + 44;
+  // a profile chart: one line per head over the buckets; `avail` (px): the width to fill
+  // (the plot grows to it, beside the legend), else about 36 px a bucket
+  function drawProfile(root, buckets, series, title, name, axis, avail) {
+    var B = buckets.length, left = 48, top = 40, ph = 200;
+    var legend = 40 + Math.ceil(Math.max.apply(null, series.map(function (r, k) { return textWidth(name(k)); }).concat([30])));
+    var pw = Math.max(240, avail ? avail - left - legend - 8 : 36 * B);
+    // the slanted bucket labels reach down by their width times sin(35 degrees); the axis title goes below them
+    var drop = 14 + Math.ceil(Math.max.apply(null, buckets.map(function (b) { return textWidth(String(b)); }).concat([0])) * 0.574);
+    var width = Math.max(left + pw + legend, Math.ceil(textWidth(title)) + 12), height = top + ph + drop + 20;
     root.setAttribute("width", width); root.setAttribute("height", height);
     root.setAttribute("viewBox", "0 0 " + width + " " + height);
     svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
@@ -501,7 +507,7 @@
       var x = X(b), y = top + ph + 14;
       svg("text", { x: x, y: y, "text-anchor": "end", transform: "rotate(-35 " + x + " " + y + ")", "class": "as-axis" }, root, lab);
     });
-    svg("text", { x: left + pw / 2, y: height - 2, "text-anchor": "middle", "class": "as-axis as-x-axis" }, root,
+    svg("text", { x: left + pw / 2, y: height - 4, "text-anchor": "middle", "class": "as-axis as-x-axis" }, root,
         axis || "distance bucket (log-spaced)");
     series.forEach(function (r, k) {
       var pts = [];
@@ -809,6 +815,6 @@
   }
 
   global.AttnScope = { mount: mount, mountKinds: mountKinds, decodeBlob: decodeBlob, headColour: headColour, el: el, svg: svg,
-                       drawProfile: drawProfile, gridImage: gridImage, blues: blues, pixelImage: pixelImage,
+                       drawProfile: drawProfile, stageWidth: stageWidth, gridImage: gridImage, blues: blues, pixelImage: pixelImage,
                        shorten: shorten, textWidth: textWidth, SVGNS: SVGNS };
 })(window);

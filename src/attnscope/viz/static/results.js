@@ -114,7 +114,7 @@
     this.stage.textContent = "";
     var root = svg("svg", { xmlns: SVGNS, width: 10, height: 10, "class": "as-svg rs-profile-chart" }, this.stage);
     A.drawProfile(root, p.buckets, p.values[layer], "Layer " + (layer + 1) + ": " + p.title + " (" + p.source + ")",
-                  function (h) { return (layer + 1) + "-" + (h + 1); }, p.axis);
+                  function (h) { return (layer + 1) + "-" + (h + 1); }, p.axis, A.stageWidth(this.stage));
     this.box.setAttribute("data-profile", p.name);
   };
 
@@ -144,6 +144,7 @@
     root.setAttribute("data-ready", "false");
     root.textContent = "";
     root.classList.add("attnscope");
+    el("h2", { "class": "rs-title" }, root, payload.title || ("Results in " + payload.folder));
     var jobs = [];
     if (payload.attribution) {
       var ab = el("section", { "class": "rs-attribution" }, root);
