@@ -64,6 +64,14 @@ def test_search_and_open_an_example(page):
 
 def test_stat_grid_and_scatter_open_heads(page):
     assert "entropy" in page.text_content("#vw-stat-select")
+    # where a user looks first: above the list of examples, with a colour scale from the grid's
+    # lowest value to its highest
+    assert page.evaluate("""() => !!(document.querySelector('#vw-results').compareDocumentPosition(
+        document.querySelector('#vw-list')) & Node.DOCUMENT_POSITION_FOLLOWING)""")
+    values = [float(t.rsplit(": ", 1)[1]) for t in page.eval_on_selector_all(
+        "#vw-stats .vw-grid rect title", "ts => ts.map(t => t.textContent)") if not t.endswith("n/a")]
+    lo, hi = (float(page.text_content(f"#vw-stats .vw-scale-{end}")) for end in ("lo", "hi"))
+    assert lo == pytest.approx(min(values), rel=2e-3) and hi == pytest.approx(max(values), rel=2e-3)
     page.click('.vw-grid rect[data-layer="1"][data-head="0"]')
     page.wait_for_function("() => window.attnscope.state.layer === 1")
     st = page.evaluate("() => window.attnscope.state")

@@ -121,6 +121,14 @@
       }
     }
     for (h = 0; h < H; h++) svgNode("text", { x: 24 + h * c + c / 2, y: 12, "text-anchor": "middle", "font-size": 10 }, s, String(h + 1));
+    // the colour scale: ten steps from the lowest value to the highest, with both ends written
+    var k = 10, w = Math.max(12, Math.floor((H * c) / k));
+    var scale = svgNode("svg", { width: 24 + k * w + 50, height: 30, "class": "vw-scale" }, box);
+    for (var i = 0; i < k; i++)
+      svgNode("rect", { x: 24 + i * w, y: 2, width: w, height: 10, fill: colour(lo + (hi - lo) * (i + 0.5) / k, lo, hi) }, scale);
+    var fmt = function (v) { return isFinite(v) ? (+v.toPrecision(3)).toString() : "n/a"; };
+    svgNode("text", { x: 24, y: 26, "font-size": 10, "class": "vw-scale-lo" }, scale, fmt(lo));
+    svgNode("text", { x: 24 + k * w, y: 26, "font-size": 10, "text-anchor": "end", "class": "vw-scale-hi" }, scale, fmt(hi));
   }
 
   function renderScatter(sc, box) {
