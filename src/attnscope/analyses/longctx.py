@@ -82,6 +82,21 @@ SINK_METRICS = ("pooled", "gu2024")
 HEAD_SUMS = ("sink", "special", "punct", "previous", "current", "entropy", "norm_entropy", "max")
 
 
+def _to_host(parts: dict[str, Any]) -> dict[str, np.ndarray]:
+    """``parts`` (name -> float64 tensor ``[H ...]``, one device) on the host as numpy arrays,
+    in one copy: a GPU's queue is waited for once, not once per part."""
+    import torch
+
+    names = list(parts)
+    flat = torch.cat([parts[k].reshape(-1) for k in names]).cpu().numpy()
+    out, at = {}, 0
+    for k in names:
+        size = parts[k].numel()
+        out[k] = flat[at:at + size].reshape(tuple(parts[k].shape))
+        at += size
+    return out
+
+
 @register
 class LongContextStats(MapsAnalysis):
     """Per-head sink, previous/current, entropy, distance and position statistics (see module)."""
@@ -217,7 +232,8 @@ class LongContextStats(MapsAnalysis):
             self._fold_layer(seq)
 
     def _fold_layer(self, seq: Sequence) -> None:
-        """Reduce the buffered rows ``1 .. n-1`` of ``seq``'s current layer to the per-head sums."""
+        """Reduce the buffered rows ``1 .. n-1`` of ``seq``'s current layer to the per-head sums:
+        every reduction on the rows' device, then one copy to the host (a GPU waits once a layer)."""
         import torch
 
         layer, n, s = seq.layer, seq.n, self.sums
@@ -227,7 +243,28 @@ class LongContextStats(MapsAnalysis):
         seen = (pos + 1) if self.causal else torch.full_like(pos, n)  # keys a row sees
         ent, top = values[0], values[1]
         norm = ent / torch.log(seen.to(ent.dtype))[None, :]
-        totals = values.double().sum(-1).cpu().numpy()  # [F H]
+        per_d, nb = seq.dist_sums, seq.dist_buckets  # per_d: index e holds distance n - e
+        table = seq.buckets(dev)
+        dmass = nb[:, :NUM_BUCKETS].clone()
+        dmass.index_add_(1, table[(n - torch.arange(2 * n + 1, device=dev)).abs()], per_d)
+        pb = table[pos]
+        parts: dict[str, Any] = {  # name -> [H ...] float64 on the device
+            "totals": values.double().sum(-1).transpose(0, 1),  # [H F]
+            "norm_entropy": norm.double().sum(-1),
+            "current": (per_d[:, n] + nb[:, 0]).double(),
+            "previous": (per_d[:, n - 1] + nb[:, NUM_BUCKETS]).double(),
+            "dist_mass": dmass.double(),
+        }
+        for name, value in (("pos_sink", values[2]), ("pos_entropy", ent), ("pos_norm_entropy", norm)):
+            acc = torch.zeros(value.shape[0], NUM_BUCKETS, dtype=torch.float64, device=dev)
+            parts[name] = acc.index_add_(1, pb, value.double())
+        for row_name, mask in seq.from_masks.items():
+            parts[f"from {row_name}"] = (values[5:].double() * mask[1:n].to(device=dev, dtype=torch.float64)
+                                         ).sum(-1).transpose(0, 1)  # [H C]
+        if seq.max_below is not None:
+            parts["rows_max_below"] = (top <= seq.max_below).sum(-1).double()
+        host = _to_host(parts)
+        totals = host.pop("totals").T  # [F H]
 
         def add(name, value):  # value [H] -> float64 sums
             if name not in s:  # an optional sum (extra classes): created on first use
@@ -240,27 +277,17 @@ class LongContextStats(MapsAnalysis):
         seq.sink_sum[layer] += totals[2]
         add("special", totals[3])
         add("punct", totals[4])
-        add("norm_entropy", norm.double().sum(-1).cpu().numpy())
-        per_d, nb = seq.dist_sums, seq.dist_buckets  # per_d: index e holds distance n - e
-        add("current", (per_d[:, n] + nb[:, 0]).cpu().numpy())
-        add("previous", (per_d[:, n - 1] + nb[:, NUM_BUCKETS]).cpu().numpy())
-        table = seq.buckets(dev)
-        dmass = nb[:, :NUM_BUCKETS].clone()
-        dmass.index_add_(1, table[(n - torch.arange(2 * n + 1, device=dev)).abs()], per_d)
-        s["dist_mass"][layer] += dmass.cpu().numpy()
-        pb = table[pos]
-        for name, value in (("pos_sink", values[2]), ("pos_entropy", ent), ("pos_norm_entropy", norm)):
-            acc = torch.zeros(value.shape[0], NUM_BUCKETS, dtype=torch.float64, device=dev)
-            acc.index_add_(1, pb, value.double())
-            s[name][layer] += acc.cpu().numpy()
         for ci, name in enumerate(seq.class_names):
             add(f"to_{name}", totals[5 + ci])
-        for row_name, mask in seq.from_masks.items():
-            part = (values[5:].double() * mask[1:n].to(device=dev, dtype=torch.float64)).sum(-1).cpu().numpy()
+        for name in ("norm_entropy", "current", "previous", "rows_max_below"):
+            if name in host:
+                add(name, host[name])
+        for name in ("dist_mass", "pos_sink", "pos_entropy", "pos_norm_entropy"):
+            s[name][layer] += host[name]
+        for row_name in seq.from_masks:
+            part = host[f"from {row_name}"].T  # [C H]
             for ci, name in enumerate(seq.class_names):
                 add(f"from_{row_name}_to_{name}", part[ci])
-        if seq.max_below is not None:
-            add("rows_max_below", (top <= seq.max_below).sum(-1).double().cpu().numpy())
         seq.layer = -1
 
     def _fold_targets(self, layer: int, seq: Sequence, q0: int, p, heads: slice = slice(None)) -> None:
