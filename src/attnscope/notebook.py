@@ -55,7 +55,8 @@ class View:
     @property
     def caption(self) -> str:
         """One line: the view, its layer and heads, its length (e.g. ``attnscope head view ·
-        layer 3 · 12 heads · 24 tokens``); layers and heads 1-indexed, as the page shows them."""
+        layer 3 · heads 3-2, 3-5, 3-9 of 12 · 24 tokens``); layers and heads 1-indexed, as the page
+        shows them."""
         if self._caption is None:
             self._caption = self._describe(self.kind, self._payload(self.html))
         return self._caption
@@ -87,7 +88,11 @@ class View:
         layer, heads, head = state.get("layer"), state.get("heads"), state.get("head")
         if kind == "head" and isinstance(layer, int):
             parts.append(f"layer {layer + 1}")
-            if isinstance(heads, list):
+            total = p.get("num_heads")
+            if isinstance(heads, list) and isinstance(total, int) and 0 < len(heads) < total:
+                shown = ", ".join(f"{layer + 1}-{h + 1}" for h in heads)  # which, when not all
+                parts.append(f"head{'s' * (len(heads) != 1)} {shown} of {total}")
+            elif isinstance(heads, list):
                 parts.append(f"{len(heads)} head{'s' * (len(heads) != 1)}")
         elif kind in ("heatmap", "neuron") and isinstance(layer, int) and isinstance(head, int):
             parts.append(f"head {layer + 1}-{head + 1}")

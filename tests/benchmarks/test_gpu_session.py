@@ -30,7 +30,8 @@ def session_env(out: Path, gpu: Path, **extra) -> dict:
 def gpu_dir(request) -> Path:
     if not (HARNESS / "make_weights.py").is_file() or not (ROOT.parent / "shared" / "data" / "wikitext-2").is_dir():
         pytest.skip("../shared/gpu or ../shared/data/wikitext-2 is absent")
-    gpu = Path(request.config.cache.mkdir("gpu-session"))
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    gpu = Path(cache.mkdir("gpu-session") if cache is not None else request.getfixturevalue("tmp_path"))
     if not (gpu / "llama1b" / "config.json").is_file():
         shutil.copytree(HARNESS / "llama1b", gpu / "llama1b", dirs_exist_ok=True)
         shutil.copy(HARNESS / "make_weights.py", gpu)

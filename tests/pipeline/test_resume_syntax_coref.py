@@ -73,7 +73,7 @@ STOPS = {
     "inside syntax extraction": (signal.SIGINT, lambda out: any((out / "run" / "syntax-maps" / "dev" / "shards").glob("*")),
                                  "extracted shard"),
     "inside probe training": (signal.SIGTERM, lambda out: (out / "run" / "syntax-probes.safetensors").is_file(),
-                              "probes state"),
+                              "the last finished round of probes"),
 }
 
 

@@ -238,7 +238,7 @@ def test_tour_in_jupyterlab_then_untrusted(lab, browser, tmp_path):
     assert views.count() == VIEWS
     assert page.locator(".jp-OutputArea-output iframe").count() == 0  # no broken frame left
     captions = [views.nth(i).inner_text().strip() for i in range(VIEWS)]
-    assert captions[0] == "attnscope head view · layer 3 · 12 heads · 14 tokens — run the cell to interact"
+    assert captions[0] == "attnscope head view · layer 3 · heads 3-2, 3-9, 3-12 of 12 · 14 tokens — run the cell to interact"
     assert all(c.startswith("attnscope ") and c.endswith("— run the cell to interact") for c in captions)
     assert lp.left == [], f"requests left 127.0.0.1: {lp.left}"
     lp.close()

@@ -177,12 +177,12 @@ def test_tour_runs_top_to_bottom_in_a_kernel(tmp_path, monkeypatch, smollm2_file
         assert f"getElementById('{frame.group(1)}')" in html  # the height listener finds it
         captions.append(re.search(r'<p class="attnscope-caption"[^>]*>(.*?)<span', html).group(1))
     assert captions == [
-        "attnscope head view · layer 3 · 12 heads · 14 tokens",
+        "attnscope head view · layer 3 · heads 3-2, 3-9, 3-12 of 12 · 14 tokens",  # the 3 pointing at words
         "attnscope model view · 6 layers x 12 heads · 14 tokens",
-        "attnscope head view · layer 2 · 3 heads · 13 words",
+        "attnscope head view · layer 2 · heads 2-1, 2-6, 2-11 of 12 · 13 words",
         "attnscope heatmap · head 1-4 · 13 words",
         "attnscope results view · long-context profiles · sink mass",
-        "attnscope head view · layer 30 · 9 heads · 13 tokens · 8 generated",
+        "attnscope head view · layer 30 · heads 30-6, 30-7, 30-8 of 9 · 13 tokens · 8 generated",
     ]
 
     # progress bars are notebook widgets; the general figures and the exported PNG are inline
