@@ -61,7 +61,7 @@ def test_notebook_view_object(tmp_path, debug_bert):
     srcdoc = re.search(r'<iframe id="(attnscope-[0-9a-f]+)" srcdoc="([^"]*)"', frame)
     assert srcdoc and "<" not in srcdoc.group(2)  # the page's scripts are all escaped
     assert frame.count("<script") == 1 and f"getElementById('{srcdoc.group(1)}')" in frame
-    assert v.caption == "attnscope head view · layer 2 · 1 head · 3 tokens" and v.caption in frame
+    assert v.caption == "attnscope head view · layer 2 · head 2-2 of 2 · 3 tokens" and v.caption in frame
     p = payload_of(v.html)
     assert p["state"]["layer"] == 1 and p["state"]["heads"] == [1] and p["special"] == [True, False, True]
     np.testing.assert_allclose(decode(p["attn"])[1, 1], att[1][0, 1].numpy(), atol=0.5 / 255 + 1e-6)
