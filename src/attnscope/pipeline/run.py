@@ -155,6 +155,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                     links[fam.key] = old.get("views", [])
                     times[fam.key] = old.get("elapsed_s", 0.0)
                     status[fam.key] = "resumed"
+                    drop_unit_logs(out_dir, fam.key)  # a kill just after its checkpoint left them
                     router.finish(fam.key, resumed=True)
                     written[fam.key] = ResultsFolder(out_dir).get(fam.key)
                     continue
