@@ -117,7 +117,7 @@ class StateFile:
 
 def unit_log_path(out_dir: Path, family: str, step: str) -> Path:
     """Where ``family``'s step ``step`` keeps its finished units in ``out_dir``."""
-    return Path(out_dir) / STATE_DIR / f"{family}-{step}.jsonl"
+    return unit_path(out_dir, family, f"{step}.jsonl")
 
 
 def unit_path(out_dir: Path, family: str, name: str) -> Path:
@@ -136,9 +136,9 @@ def kept_units(out_dir: Path, family: str) -> list[str]:
         if path.suffix == ".jsonl":
             n = max(len(path.read_text(encoding="utf-8").splitlines()) - 1, 0)
             if n:
-                out.append(f"{n} finished {path.stem[len(family) + 1:]} unit{'s' if n != 1 else ''}")
+                out.append(f"{n} finished {Path(step).stem} unit{'s' if n != 1 else ''}")
         elif path.suffix == ".safetensors" and not path.name.startswith("."):
-            out.append(f"the last finished round of {path.stem[len(family) + 1:]}")
+            out.append(f"the last finished round of {Path(step).stem}")
         elif path.is_dir():
             shards = [p for p in path.rglob("*") if p.is_file() and p.parent.name == "shards"
                       and not p.name.startswith(".")]
