@@ -70,7 +70,10 @@ def test_a_run_killed_in_or_after_a_family_resumes_to_the_same_results(tmp_path,
 #: Ctrl-C (SIGINT) or SIGTERM at a moment of the syntax family -> the family's work that must
 #: be kept when it lands there
 STOPS = {
-    "inside syntax extraction": (signal.SIGINT, lambda out: any((out / "run" / "syntax-maps" / "dev" / "shards").glob("*")),
+    # a whole shard: the atomic write's temporary file (``.NAME.XXXX.tmp``) is not one yet
+    "inside syntax extraction": (signal.SIGINT,
+                                 lambda out: any(not p.name.startswith(".") for p in
+                                                 (out / "run" / "syntax-maps" / "dev" / "shards").glob("*")),
                                  "extracted shard"),
     "inside probe training": (signal.SIGTERM, lambda out: (out / "run" / "syntax-probes.safetensors").is_file(),
                               "the last finished round of probes"),
