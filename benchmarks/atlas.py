@@ -48,7 +48,7 @@ def main() -> None:
     from attnscope.engines import press as P
     from attnscope.extract.tasks import encode_task
     from attnscope.models import load_model
-    from attnscope.models.gguf import causal_lm_for
+    from attnscope.models.generation import causal_lm_for
 
     torch.set_num_threads(args.threads)
     lm = load_model("smollm2")

@@ -54,7 +54,7 @@ def main() -> None:
     from attnscope.extract.tasks import encode_task
     from attnscope.models import load_model
     from attnscope.models.forward import ATTN_IMPLEMENTATION
-    from attnscope.models.gguf import causal_lm_for
+    from attnscope.models.generation import causal_lm_for
 
     torch.set_num_threads(args.threads)
     emit = RowFile(args.jsonl) if args.jsonl else (lambda row: None)

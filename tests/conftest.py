@@ -153,7 +153,7 @@ def debug_llama():
 @pytest.fixture(scope="module")
 def causal_llama(debug_llama):
     """debug:llama with its language-model head (seeded): ``(lm, model)`` to generate with."""
-    from attnscope.models.gguf import causal_lm_for
+    from attnscope.models.generation import causal_lm_for
 
     return debug_llama, causal_lm_for(debug_llama, seed=0)
 
@@ -164,7 +164,7 @@ def causal_decoder(request):
     (Llama, Qwen2), Gemma's scaling and soft-capping, GPT-2's absolute positions and fused
     projections."""
     from attnscope.models import load_model
-    from attnscope.models.gguf import causal_lm_for
+    from attnscope.models.generation import causal_lm_for
 
     lm = load_model(f"debug:{request.param}")
     return lm, causal_lm_for(lm, seed=0)

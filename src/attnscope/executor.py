@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnscope.analyses.base import Analysis, Result
+from attnscope.analyses.base import Analysis, Result, check_requirements
 from attnscope.engines.streaming import maps_update, stream_stats
 from attnscope.errors import AttnscopeError
 from attnscope.extract.encode import Encoder
@@ -212,17 +212,44 @@ class PassOutcome:
         return len(self.stats.skipped) if self.stats is not None else 0
 
 
+def available(source, model=None, options=None) -> set[str]:
+    """What a pass over ``source`` with ``model`` has, in the words an analysis ``requires``
+    (:data:`~attnscope.analyses.base.REQUIREMENTS`): the model and whether it is causal, word-level
+    maps (the options, or the store's level), and the annotations some example carries (a store's
+    examples are read from its shard headers, not its maps)."""
+    out = set()
+    if model is not None:
+        out |= {"model"} | ({"causal"} if model.family.causal else set())
+    if isinstance(source, Store):
+        word_level = source.level == "word"
+        annotations = ((r["example"].get("heads"), r["example"].get("relns"), r["example"].get("coref"))
+                       for shard in source.shards() for r in source.shard_records(shard.name))
+    else:
+        word_level = bool(options is not None and options.word_level)
+        annotations = ((e.heads, e.relns, e.fields.get("coref")) for e in source)
+    out |= {"word_level"} if word_level else set()
+    for heads, relns, coref in annotations:
+        out |= {"dependencies"} if heads is not None and relns is not None else set()
+        out |= {"coreference"} if coref is not None else set()
+        if {"dependencies", "coreference"} <= out:
+            break
+    return out
+
+
 def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
              executor: LocalExecutor | None = None, step: str = "analyse",
-             progress: Progress | None = None, note: str | None = None) -> PassOutcome:
+             progress: Progress | None = None, note: str | None = None, family: str = "") -> PassOutcome:
     """Feed every analysis once from ``source`` and finalize them.
 
     ``source``: examples (a list of :class:`~attnscope.data.records.Example`; ``model`` runs
     them with ``options``, an :class:`~attnscope.extract.runner.ExtractOptions`) or an opened
     store (its maps are read back; encoded analyses then need ``model``). ``progress(step,
     done, total)`` is called after every batch. Refuses a pass that analysed nothing (with
-    ``note``, one line on why that may be, e.g. examples packed for another tokenizer).
+    ``note``, one line on why that may be, e.g. examples packed for another tokenizer), and,
+    before any forward pass, an analysis whose ``requires`` the pass lacks (naming ``family``).
     """
+    if any(a.requires for a in analyses):
+        check_requirements(analyses, available(source, model, options), family)
     executor = executor or LocalExecutor()
     maps_side = [a for a in analyses if a.consumes == "maps"]
     encoded_side = [a for a in analyses if a.consumes == "encoded"]

@@ -58,7 +58,7 @@ def test_recorded_scores_equal_the_eager_maps(causal_decoder, fused):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["torch", "fused"])
 def test_f1_equals_the_full_cache_token_for_token(causal_decoder, fused):
-    from attnscope.models.gguf import greedy_continue
+    from attnscope.models.generation import greedy_continue
 
     lm, model = causal_decoder
     for words in (20, 50):

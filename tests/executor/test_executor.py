@@ -70,3 +70,40 @@ def test_the_ray_executor_streams_a_named_backend_or_attention_dtype_here():
         stream_stats(lm, ids, want, **asked)
         for k, v in want.means().items():
             np.testing.assert_array_equal(got.means()[k], v, err_msg=f"{asked} {k}")
+
+
+def test_a_pass_refuses_an_analysis_whose_requires_it_lacks_before_any_forward(debug_bert, debug_gpt2,
+                                                                                tmp_path):
+    """``requires`` is checked against what the source and model give (:func:`available`), in one
+    line naming the family, before the model runs once; a store gives its level and its examples'
+    annotations from the shard headers."""
+    from attnscope.analyses.syntax import DependencyHeads
+    from attnscope.executor import available
+    from attnscope.jobs import extract_to_store
+    from attnscope.store import open_store
+
+    plain = [Example(text=t) for t in TEXTS]
+    parsed = [Example(words=["the", "cat", "sat"], heads=[2, 3, 0], relns=["det", "nsubj", "root"])]
+    word = ExtractOptions(word_level=True)
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(debug_bert.model, "forward", lambda *a, **k: calls.append(1))
+        with pytest.raises(AttnscopeError) as e:
+            run_pass(plain, [RelativePosition(), DependencyHeads()], model=debug_bert, family="syntax")
+    says(one_line(e.value), "syntax: analysis 'dependency-heads' needs",
+         "examples with heads and relns", "word-level maps")
+    assert calls == []  # refused before the first forward
+    assert available(plain, debug_bert) == {"model"}
+    assert available(plain, debug_gpt2, word) == {"model", "causal", "word_level"}
+    assert available(plain + parsed, None, word) == {"word_level", "dependencies"}
+    coref = [Example(words=["it"], fields={"coref": {"clusters": []}})]
+    assert available(coref + parsed, debug_bert) == {"model", "dependencies", "coreference"}
+
+    got = run_pass(parsed, [DependencyHeads()], model=debug_bert, options=word, family="syntax")
+    assert got.analysed == 1
+    extract_to_store(parsed + plain, tmp_path / "words", debug_bert, options=word)
+    extract_to_store(plain, tmp_path / "tokens", debug_bert)
+    assert available(open_store(tmp_path / "words")) == {"word_level", "dependencies"}
+    assert available(open_store(tmp_path / "tokens"), debug_bert) == {"model"}
+    with pytest.raises(AttnscopeError, match="needs examples with heads and relns .*; word-level maps"):
+        run_pass(open_store(tmp_path / "tokens"), [DependencyHeads()])

@@ -62,7 +62,7 @@ def _valid(env: Path) -> bool:
 def kvpress_python() -> Path:
     """The python of kvpress's environment, built on first use (about 15 s with a warm pip
     cache) under a lock, so that two sessions never build it at once."""
-    from attnscope.models.gguf import cache_root
+    from attnscope.models.cache import cache_root
 
     digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
     root = cache_root()

@@ -139,7 +139,7 @@ def test_encoder_section_works(tmp_path):
 
 def test_greedy_continuation_equals_generate(llama):
     torch = pytest.importorskip("torch")
-    from attnscope.models.gguf import causal_lm_for, greedy_continue
+    from attnscope.models.generation import causal_lm_for, greedy_continue
 
     model = causal_lm_for(llama, seed=5)
     assert model.model is llama.model  # the loaded decoder's own weights, not a copy

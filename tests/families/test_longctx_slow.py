@@ -16,15 +16,10 @@ def test_smollm2_table_entry(smollm2):
 
 
 def test_smollm2_greedy_paris(smollm2):
-    import torch
+    from attnscope.models.generation import causal_lm_for, greedy_continue
 
-    from attnscope.models.gguf import load_causal_lm
-
-    model, tok = load_causal_lm("smollm2")
-    ids = tok("The capital of France is", return_tensors="pt")
-    with torch.inference_mode():
-        out = model.generate(**ids, max_new_tokens=4, do_sample=False)
-    assert "Paris" in tok.decode(out[0, ids["input_ids"].shape[1]:])
+    ids = smollm2.tokenizer("The capital of France is")["input_ids"]
+    assert "Paris" in smollm2.tokenizer.decode(greedy_continue(causal_lm_for(smollm2), ids, 4))
 
 
 @pytest.mark.parametrize("n", [512, 2048])

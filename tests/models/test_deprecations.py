@@ -51,7 +51,7 @@ def test_a_deprecated_output_attribute_in_attnscopes_call_fails():
 def test_greedy_continuation_uses_the_current_cache_api(debug_llama):
     import torch
 
-    from attnscope.models.gguf import causal_lm_for, greedy_continue
+    from attnscope.models.generation import causal_lm_for, greedy_continue
 
     logging.Logger.warning_once.cache_clear()
     model = causal_lm_for(debug_llama, seed=0)

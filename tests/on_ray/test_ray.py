@@ -22,10 +22,10 @@ from conftest import one_line, says
 
 from attnscope.analyses.base import ANALYSES
 from attnscope.analyses.entropy import Entropy
-from attnscope.analyses.runner import run_analyses
 from attnscope.data.io import example_from_dict
 from attnscope.errors import AttnscopeError
-from attnscope.extract import ExtractOptions, ExtractStats, extract
+from attnscope.executor import run_pass
+from attnscope.extract import ExtractOptions, extract
 from attnscope.jobs import extract_to_store
 from attnscope.store import open_store
 
@@ -169,7 +169,7 @@ def test_store_and_analyses_equal_the_single_process_run(cluster, debug_bert, tm
     exs = corpus(70)
     opts = ExtractOptions(batch_size=4)
     extract_to_store(exs, tmp_path / "local", debug_bert, options=opts, shard_size=16)
-    expected = run_analyses(map_analyses(debug_bert, False), open_store(tmp_path / "local").batches())
+    expected = run_pass(open_store(tmp_path / "local"), map_analyses(debug_bert, False)).results
     seen = []
     out = extract_on_ray(exs, tmp_path / "ray", debug_bert, options=opts, shard_size=16, workers=2,
                          analyses=map_analyses(debug_bert, False), progress=lambda d, t: seen.append((d, t)))
@@ -182,16 +182,15 @@ def test_store_and_analyses_equal_the_single_process_run(cluster, debug_bert, tm
 
 @pytest.mark.slow
 def test_word_level_decoder_with_dependencies_without_a_store(cluster, debug_gpt2):
-    """No store: analyses see float32 maps, as ``run_analyses(extract(...))`` does."""
+    """No store: analyses see float32 maps, as a pass in this process does."""
     from attnscope.data.depparse import iter_depparse
     from attnscope.on_ray.cluster import extract_on_ray
     from attnscope.pipeline import demo_inputs
 
     exs = list(iter_depparse(demo_inputs()["deps"]))
     opts = ExtractOptions(batch_size=3, word_level=True)
-    stats = ExtractStats()
-    expected = run_analyses(map_analyses(debug_gpt2, True), extract(exs, debug_gpt2, options=opts,
-                                                                    stats=stats))
+    here = run_pass(exs, map_analyses(debug_gpt2, True), model=debug_gpt2, options=opts)
+    expected, stats = here.results, here.stats
     assert "dependency-heads" in expected
     out = extract_on_ray(exs, None, debug_gpt2, options=opts, workers=2, unit_examples=4,
                          analyses=map_analyses(debug_gpt2, True))
@@ -437,7 +436,7 @@ def test_a_killed_worker_still_ends_in_the_same_store_and_results(cluster, debug
     exs = corpus(60, seed=5)
     opts = ExtractOptions(batch_size=4)
     extract_to_store(exs, tmp_path / "local", debug_bert, options=opts, shard_size=8)
-    expected = run_analyses(map_analyses(debug_bert, False), open_store(tmp_path / "local").batches())
+    expected = run_pass(open_store(tmp_path / "local"), map_analyses(debug_bert, False)).results
     killer = KillOnce(31, str(tmp_path / "killed"))
     out = extract_on_ray(exs, tmp_path / "ray", debug_bert, options=opts, shard_size=8, workers=2,
                          analyses=[*map_analyses(debug_bert, False), killer])

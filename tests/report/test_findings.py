@@ -59,15 +59,17 @@ def _maps(rng, n_examples=6, L=2, H=3):
 
 def test_general_findings_name_exactly_the_heads_of_their_rows(tmp_path):
     from attnscope.analyses.clustering import general_clusters
-    from attnscope.analyses.runner import run_analyses
     from attnscope.analyses.token_classes import TokenClasser
     from attnscope.families.general import general_analyses
     from attnscope.maps import AttentionBatch
     from attnscope.report.general import write_general
 
     maps = _maps(np.random.default_rng(0))
-    results = run_analyses(general_analyses(classer=TokenClasser.positional(), causal=False),
-                           [AttentionBatch(maps[:3]), AttentionBatch(maps[3:])])
+    analyses = general_analyses(classer=TokenClasser.positional(), causal=False)
+    for batch in (AttentionBatch(maps[:3]), AttentionBatch(maps[3:])):  # hand-made maps: no model's pass
+        for a in analyses:
+            a.update(batch)
+    results = {a.name: a.finalize() for a in analyses}
     sec = write_general(results, tmp_path, model_desc={"name": "hand-made"}, example_map=None, notes=[],
                         seed=0, run={"examples": len(maps)}, clusters=general_clusters(results))
     rows = table(sec, "general_heads")

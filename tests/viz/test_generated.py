@@ -10,7 +10,7 @@ from conftest import one_line, says
 
 from attnscope.cli.main import main
 from attnscope.models import load_model
-from attnscope.models.gguf import causal_lm_for
+from attnscope.models.generation import causal_lm_for
 from attnscope.notebook import head_view
 from attnscope.viz.generate import continuation_map
 from attnscope.viz.payload import page_payload
@@ -157,7 +157,7 @@ def test_generated_tokens_are_drawn_marked(browser, tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_continues_a_prompt(smollm2):
-    from attnscope.models.gguf import greedy_continue
+    from attnscope.models.generation import greedy_continue
 
     lm = smollm2
     prompt = "The capital of France is"

@@ -15,13 +15,13 @@ from attnscope.analyses.base import (
     EncodedAnalysis,
     MapsAnalysis,
     Result,
+    check_requirements,
     get_analysis,
     register,
 )
-from attnscope.analyses.runner import check_requirements, run_analyses
 
 __all__ = ["ANALYSES", "Analysis", "EncodedAnalysis", "MapsAnalysis", "Result", "check_requirements",
-           "get_analysis", "load_analyses", "register", "run_analyses"]
+           "get_analysis", "load_analyses", "register"]
 
 
 def load_analyses() -> dict[str, type[Analysis]]:

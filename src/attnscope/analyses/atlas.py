@@ -40,9 +40,9 @@ from attnscope.analyses.importance import gate_gradients, normalise_per_layer
 from attnscope.analyses.lm_objective import LossInput, Objective
 from attnscope.analyses.stats import bootstrap_ci
 from attnscope.data.records import HeadId
-from attnscope.engines.press import PREFILLS, Recorder, answer, prefill, score
+from attnscope.engines.press import Prefills, Recorder, answer, prefill, score
 from attnscope.extract.tasks import Encoded
-from attnscope.models.gguf import DecoderStep
+from attnscope.models.generation import DecoderStep
 
 #: The scores a ranking can follow; each is a "need" (higher: keep the head's whole cache).
 SCORES = ("retrieval", "streaming", "snapkv", "echo", "induction", "importance")
@@ -282,7 +282,7 @@ def combined_rankings(scores: dict[str, np.ndarray], labels_: np.ndarray, kv_hea
 @dataclass
 class GreedyStep(DecoderStep):
     """One calibration task of one greedy iteration: the task's prefill (kept in this process
-    for the next iterations, :data:`attnscope.engines.press.PREFILLS`), then, teacher-forced on
+    for the next iterations, :meth:`attnscope.engines.press.Prefills.of`), then, teacher-forced on
     its gold answer (:func:`attnscope.engines.press.score`), the KV heads ``base`` keeping their
     whole cache (row 0) and ``base`` plus each of ``candidates`` (rows 1..C)."""
 
@@ -297,7 +297,7 @@ class GreedyStep(DecoderStep):
         model = self.decoder(lm)
         L, K = lm.num_layers, lm.num_kv_heads
         gold = lm.tokenizer(" " + ", ".join(enc.task.answer), add_special_tokens=False)["input_ids"]
-        ctx = PREFILLS.get(lm, model, enc, sink=self.sink, window=self.window)
+        ctx = Prefills.of(lm).get(lm, model, enc, sink=self.sink, window=self.window)
         masks = np.zeros((1 + len(self.candidates), L * K), dtype=bool)
         masks[:, self.base] = True
         masks[np.arange(1, len(masks)), self.candidates] = True

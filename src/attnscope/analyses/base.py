@@ -11,12 +11,14 @@ It never modifies the batch it is given.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from attnscope.errors import AttnscopeError
 from attnscope.maps import AttentionBatch
 from attnscope.store.results import write_json
 
@@ -28,6 +30,16 @@ REQUIREMENTS = {
     "model": "the model itself (gradients), not only stored maps",
     "causal": "a causal (decoder) model",
 }
+
+
+def check_requirements(analyses: Iterable["Analysis"], available: set[str], who: str = "") -> None:
+    """Refuse, in one line naming ``who`` (a family) and the analysis, when an analysis
+    ``requires`` what the pass does not have (``available``, in the words of :data:`REQUIREMENTS`)."""
+    for a in analyses:
+        missing = set(a.requires) - available
+        if missing:
+            need = "; ".join(REQUIREMENTS[m] for m in sorted(missing))
+            raise AttnscopeError(f"{who + ': ' if who else ''}analysis '{a.name}' needs {need}")
 
 
 @dataclass

@@ -49,7 +49,7 @@ head's own per-example row average is highest (lowest example index on ties).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -308,10 +308,6 @@ def pattern_labels(stats: dict[str, np.ndarray], chance: dict[str, float | None]
         labels[hit & ~done] = label
         done |= hit
     return labels
-
-
-def thresholds_dict(t: PatternThresholds) -> dict[str, float]:
-    return asdict(t)
 
 
 @register

@@ -93,12 +93,6 @@ class Document:
             out.setdefault(m.cluster, []).append(i)
         return out
 
-    def sentence_of(self, word: int) -> int:
-        """Index of the sentence holding ``word``."""
-        import bisect
-
-        return bisect.bisect_right(self.sentence_starts, word) - 1
-
     def mention_text(self, m: Mention) -> str:
         return " ".join(self.words[m.start:m.end])
 

@@ -256,19 +256,23 @@ def fingerprint(*parts: Any) -> str:
     >>> fingerprint({"b": 1, "a": "é"}) == fingerprint({"a": "é", "b": 1}) != fingerprint({"a": 1})
     True
     """
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(json.dumps(part, sort_keys=True, ensure_ascii=False, default=str).encode())
-        h.update(b"\n")
-    return h.hexdigest()
+    return text_fingerprint("".join(json.dumps(part, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+                                    for part in parts))
 
 
-def file_fingerprint(path: str | Path) -> str:
-    """sha256 of a file's bytes (for provenance records)."""
+def text_fingerprint(text: str) -> str:
+    """sha256 of ``text`` in UTF-8 (hex)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def file_fingerprint(*paths: str | Path) -> str:
+    """sha256 of the bytes of ``paths`` one after another, in sorted order (a model's weight
+    files; one file: that file's sha256), for provenance records."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    for path in sorted(Path(p) for p in paths):
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
     return h.hexdigest()
 
 

@@ -38,14 +38,13 @@ attnscope before it recorded one) are read as they are.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnscope.data.io import iter_examples, read_text
+from attnscope.data.io import iter_examples, read_text, text_fingerprint
 from attnscope.data.records import Example
 from attnscope.errors import InputError
 
@@ -127,7 +126,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
     two tokenizers that cut text differently almost always differ here (a tokenizer has no file
     of its own to hash when it was built in memory, as the debug models' are)."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+    return text_fingerprint(json.dumps(vocab, ensure_ascii=False))
 
 
 def packing_mismatch(examples: list[Example], model, path: str | Path) -> str | None:

@@ -20,7 +20,7 @@ passes over the whole tile.
 The kernels are plain C with no Python or torch headers. The first use compiles them with the
 system's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) for this CPU (``-march=native``,
 with OpenMP where the compiler has it) into ``<cache>/native/`` (the cache folder of
-:func:`attnscope.models.gguf.cache_root`), under a name made from the source, the compiler, its
+:func:`attnscope.models.cache.cache_root`), under a name made from the source, the compiler, its
 flags and the CPU, written under a temporary name and renamed into place; later runs load that
 file (one that does not load is built again). Where no compiler works, or with
 ``ATTNSCOPE_NATIVE=0``, the engine uses the torch path (with ``ATTNSCOPE_NATIVE=tiles``, the tiles
@@ -41,7 +41,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from attnscope.models.gguf import cache_root
+from attnscope.models.cache import cache_root
 
 PTR, INT = ctypes.c_void_p, ctypes.c_int64  # the C arguments' types
 

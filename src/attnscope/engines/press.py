@@ -356,7 +356,13 @@ def score(lm, model, context: list, enc: Encoded, full: np.ndarray, gold: Sequen
 
 class Prefills:
     """Prefilled contexts kept in this process (a greedy search answers the same tasks again
-    and again), the oldest dropped beyond ``budget`` bytes."""
+    and again), the oldest dropped beyond ``budget`` bytes; one per loaded model
+    (:meth:`of`)."""
+
+    @classmethod
+    def of(cls, lm) -> "Prefills":
+        """The prefills this process keeps for the loaded model ``lm`` (in ``lm.kept``)."""
+        return lm.kept.setdefault("prefills", cls())
 
     def __init__(self, budget: int = 4 << 30):
         self.budget, self.kept = budget, OrderedDict()
@@ -371,7 +377,3 @@ class Prefills:
         while len(self.kept) > 1 and sum(size(c) for c in self.kept.values()) > self.budget:
             self.kept.popitem(last=False)
         return ctx
-
-
-#: This process's kept prefills (each Ray worker has its own).
-PREFILLS = Prefills()

@@ -159,8 +159,12 @@ class Sequence:
 
 def sample_rows(ids: list[int] | np.ndarray, count: int, seed: int) -> list[int]:
     """``count`` distinct rows from ``1 .. n-1``, drawn from ``seed`` and the sequence itself."""
-    digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).digest()
-    return sample_by_digest(len(ids), digest, count, seed)
+    return sample_by_digest(len(ids), sequence_digest(ids), count, seed)
+
+
+def sequence_digest(ids: list[int] | np.ndarray) -> bytes:
+    """sha256 of a sequence of token ids (as int64): what seeds its sampled rows."""
+    return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).digest()
 
 
 def sample_by_digest(n: int, digest: bytes, count: int, seed: int) -> list[int]:

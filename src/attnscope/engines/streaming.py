@@ -48,7 +48,6 @@ sized for the device); at the smallest automatic CPU tile, 16 rows of one key he
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -60,7 +59,7 @@ import numpy as np
 
 from attnscope.engines import backends, flex, native, onepass
 from attnscope.engines.backends import LayerInput
-from attnscope.engines.rows import Sequence, is_punct, sample_by_digest, sample_rows
+from attnscope.engines.rows import Sequence, is_punct, sample_by_digest, sample_rows, sequence_digest
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.models.families import module_at
 from attnscope.models.forward import forward, model_device, pad_batch
@@ -148,9 +147,8 @@ def unit_sequence(lm, ids: Seq[int], units, stats: LongContextStats, device, cac
         special[t] = max(special[t], float(int(i) in specials))
     punct = np.array([float(not special[j] and is_punct(texts[j])) for j in range(U)], dtype=np.float32)
     starts = np.searchsorted(u, np.arange(U)).tolist()
-    digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).digest()
     return Sequence(U, torch.as_tensor(special, device=device), torch.as_tensor(punct, device=device),
-                    js_rows=sample_by_digest(U, digest, stats.js_rows, stats.seed),
+                    js_rows=sample_by_digest(U, sequence_digest(ids), stats.js_rows, stats.seed),
                     units=torch.as_tensor(u, device=device), token_n=len(ids), unit_start=starts,
                     unit_counts=torch.as_tensor(np.bincount(u, minlength=U).astype(np.float32), device=device))
 

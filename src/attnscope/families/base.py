@@ -183,7 +183,8 @@ class Context:
         :class:`~attnscope.executor.PassOutcome` (:func:`attnscope.executor.run_pass`; ``note``
         goes into its error when no example fits)."""
         return run_pass(source, analyses, model=self.model, options=self.extract_options(**overrides),
-                        executor=self.executor, step=step, progress=self.progress, note=note)
+                        executor=self.executor, step=step, progress=self.progress, note=note,
+                        family=self.family)
 
     def maps(self, examples: Sequence, indices: Sequence[int], **overrides: Any) -> list:
         """The maps of the few ``examples[i]`` for ``i`` in ``indices`` that a figure draws, made

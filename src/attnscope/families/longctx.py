@@ -30,7 +30,7 @@ from attnscope.families.base import (
     option,
     register_family,
 )
-from attnscope.models.gguf import ContinueStep
+from attnscope.models.generation import ContinueStep
 from attnscope.report.longctx import run_findings, write_section
 from attnscope.store.results import write_results
 from attnscope.viz.results_views import head_scatter, profiles_from_result, sink_heatmap

