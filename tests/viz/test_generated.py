@@ -75,11 +75,11 @@ def test_a_long_continuation_is_windowed_layer_by_layer_as_the_whole_map_would_b
         got = page_payload(win, long_input=10, window=8)
         assert got == want
     # no forward pass of the windowed path asked for all layers' maps
-    import attnscope.viz.generate as gen
+    import attnscope.models.capture as capture
 
     seen = []
-    real = gen.forward
-    monkeypatch.setattr(gen, "forward", lambda *a, **k: seen.append(k.get("attentions", False)) or real(*a, **k))
+    real = capture.forward
+    monkeypatch.setattr(capture, "forward", lambda *a, **k: seen.append(k.get("attentions", False)) or real(*a, **k))
     continuation_map(lm, PROMPT, 5, long_input=10, window=8)
     assert seen == [False]
 

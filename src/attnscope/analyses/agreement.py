@@ -35,21 +35,18 @@ def saliency_and_attention(objective: Objective, x: LossInput, rows: np.ndarray)
 
     lm = objective.lm
     captured = {}
-    handle = lm.model.get_input_embeddings().register_forward_hook(
-        lambda m, a, out: captured.__setitem__("e", out))
-    try:
-        with torch.enable_grad():
-            res = forward(lm, pad_batch(lm, [x.input_ids], [x.token_type_ids]), attentions=True, grad=True)
-            logits = objective.logits(res.output)[0]  # [n V]
-            logp = torch.log_softmax(logits.float() if logits.dtype != torch.float64 else logits, -1)
-            where = {int(p): k for k, p in enumerate(x.positions)}
-            sal = []
-            for i in rows:
-                loss = -logp[int(i), int(x.targets[where[int(i)]])]
-                (g,) = torch.autograd.grad(loss, captured["e"], retain_graph=True)
-                sal.append(g[0].norm(dim=-1).double().cpu().numpy())
-    finally:
-        handle.remove()
+    with torch.enable_grad():
+        res = forward(lm, pad_batch(lm, [x.input_ids], [x.token_type_ids]), attentions=True, grad=True,
+                      module_hooks=[(lm.model.get_input_embeddings(),
+                                     lambda m, a, out: captured.__setitem__("e", out))])
+        logits = objective.logits(res.output)[0]  # [n V]
+        logp = torch.log_softmax(logits.float() if logits.dtype != torch.float64 else logits, -1)
+        where = {int(p): k for k, p in enumerate(x.positions)}
+        sal = []
+        for i in rows:
+            loss = -logp[int(i), int(x.targets[where[int(i)]])]
+            (g,) = torch.autograd.grad(loss, captured["e"], retain_graph=True)
+            sal.append(g[0].norm(dim=-1).double().cpu().numpy())
     attn = np.stack([a[0].detach().double().cpu().numpy() for a in res.attentions])
     return attn, np.stack(sal) if sal else np.zeros((0, len(x.input_ids)))
 

@@ -42,7 +42,7 @@ from attnscope.analyses.stats import bootstrap_ci
 from attnscope.data.records import HeadId
 from attnscope.engines.press import Prefills, Recorder, answer, prefill, score
 from attnscope.extract.tasks import Encoded
-from attnscope.models.generation import DecoderStep
+from attnscope.models.generation import DecoderStep, eos_ids
 
 #: The scores a ranking can follow; each is a "need" (higher: keep the head's whole cache).
 SCORES = ("retrieval", "streaming", "snapkv", "echo", "induction", "importance")
@@ -162,11 +162,6 @@ def bootstrap_areas(correct: dict[str, np.ndarray], fractions: Sequence[float], 
 
 
 # -- calibration and the sweep ------------------------------------------------------------------
-def eos_ids(model) -> frozenset[int]:
-    eos = model.generation_config.eos_token_id
-    return frozenset() if eos is None else frozenset(eos if isinstance(eos, list) else [eos])
-
-
 @dataclass
 class Calibration:
     """The scores ``[L Hq]`` from calibration tasks, and how many tasks each rests on."""

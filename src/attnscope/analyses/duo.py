@@ -30,7 +30,7 @@ from attnscope.data.io import read_text
 from attnscope.data.tasks import TrainingSample
 from attnscope.engines.duo import GateMix
 from attnscope.errors import InputError
-from attnscope.models.forward import hooked
+from attnscope.models.forward import hidden_states
 
 
 def learning_rate(step: int, steps: int, lr: float) -> float:
@@ -79,12 +79,11 @@ class GateTraining:
             ids = torch.tensor([sample.ids], device=device)
             with torch.no_grad():
                 gates.clamp_(0.0, 1.0)
-                with hooked(lm):
-                    target = lm.model(input_ids=ids).last_hidden_state[0, sample.labels_from:].float()
+                target = hidden_states(lm, ids)[0, sample.labels_from:].float()
             for group in opt.param_groups:
                 group["lr"] = learning_rate(step, self.steps, self.lr)
-            with torch.enable_grad(), hooked(lm, {"attend": mix}):
-                hidden = lm.model(input_ids=ids).last_hidden_state[0, sample.labels_from:].float()
+            with torch.enable_grad():
+                hidden = hidden_states(lm, ids, {"attend": mix})[0, sample.labels_from:].float()
                 distill = (target - hidden).pow(2).mean(-1).sum() / len(target)
                 reg = gates.abs().sum()
                 loss = distill + self.reg * reg

@@ -43,17 +43,11 @@ def output_projections(lm) -> list:
     batch = pad_batch(lm, [ids])
     head_outs: list = []
     calls: list = []
-    handles = []
-    for module in lm.model.modules():
-        w = getattr(module, "weight", None)
-        if isinstance(w, torch.Tensor) and w.dim() == 2 and not isinstance(module, torch.nn.Embedding):
-            handles.append(module.register_forward_pre_hook(
-                lambda m, args: calls.append((len(head_outs), m, args[0] if args else None))))
-    try:
-        forward(lm, batch, hooks={"head_out": lambda site, out: head_outs.append(out.detach().clone())})
-    finally:
-        for h in handles:
-            h.remove()
+    linear = [m for m in lm.model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)
+              and m.weight.dim() == 2 and not isinstance(m, torch.nn.Embedding)]
+    forward(lm, batch, hooks={"head_out": lambda site, out: head_outs.append(out.detach().clone())},
+            module_hooks=[(m, lambda m, args, _out: calls.append((len(head_outs), m, args[0] if args else None)))
+                          for m in linear])
     found: list = [None] * len(head_outs)
     for after, module, x in calls:
         layer = after - 1
@@ -129,16 +123,9 @@ class NormDecomposer:
             layers.append(LayerNorms(attn=probs[site.layer], fnorm=f.norm(dim=-1),
                                      f=f if keep_vectors else None, bias=b))
 
-        handles = []
-        if keep_outputs:
-            for i, module in enumerate(self.projections):
-                handles.append(module.register_forward_hook(
-                    lambda m, a, o, i=i: proj_out.__setitem__(i, o.detach())))
-        try:
-            forward(self.lm, batch, hooks={"attn": grab_attn, "head_out": grab_values})
-        finally:
-            for h in handles:
-                h.remove()
+        keep = [(module, lambda m, a, o, i=i: proj_out.__setitem__(i, o.detach()))
+                for i, module in enumerate(self.projections)] if keep_outputs else []
+        forward(self.lm, batch, hooks={"attn": grab_attn, "head_out": grab_values}, module_hooks=keep)
         for i, ln in enumerate(layers):
             ln.proj_out = proj_out.get(i)
         return layers

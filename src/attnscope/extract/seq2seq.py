@@ -31,6 +31,8 @@ from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError
 from attnscope.extract.encode import Encoder
 from attnscope.maps import AttentionMap, token_word_ids
+from attnscope.models.capture import seq2seq_attention
+from attnscope.models.generation import seq2seq_greedy
 from attnscope.models.pieces import piece_texts
 
 KINDS = ("encoder", "decoder", "cross")
@@ -84,7 +86,6 @@ def extract_seq2seq(lm, source: str, target: str | None = None, *, generate: int
                     index: int = 0, max_seq_len: int | None = None) -> Seq2SeqMaps:
     """The encoder, decoder and cross-attention maps of ``source`` with ``target`` (teacher
     forcing) or with the model's greedy continuation of up to ``generate`` tokens."""
-    import torch
 
     check_seq2seq(lm, "extract_seq2seq")
     if (target is None) == (generate is None):
@@ -100,11 +101,7 @@ def extract_seq2seq(lm, source: str, target: str | None = None, *, generate: int
     if target is not None:
         return seq2seq_maps(lm, enc, decoder_input(lm, target), fields={"target": target},
                             max_seq_len=limit)
-    src = torch.tensor([enc.input_ids], device=lm.device)
-    with torch.inference_mode():
-        out = lm.model.generate(input_ids=src, attention_mask=torch.ones_like(src),
-                                max_new_tokens=generate, min_new_tokens=0, do_sample=False, num_beams=1)
-    dec = [int(i) for i in out[0]]
+    dec = seq2seq_greedy(lm, enc.input_ids, generate)
     fields = {"continuation": lm.tokenizer.decode(dec[1:], skip_special_tokens=True),
               "generated_ids": dec[1:]}
     return seq2seq_maps(lm, enc, dec, fields=fields, generated=1, max_seq_len=limit)
@@ -114,21 +111,13 @@ def seq2seq_maps(lm, enc, dec: list[int], *, fields: dict | None = None, generat
                  max_seq_len: int | None = None) -> Seq2SeqMaps:
     """The three maps of one encoded source (:class:`~attnscope.extract.encode.Encoded`) with the
     decoder reading ``dec`` (ids, its start token first): one forward pass, eager attention."""
-    import torch
 
     limit = max_seq_len or lm.max_positions
     if len(dec) > limit:
         raise AttnscopeError(f"example {enc.index}: the decoder reads {len(dec)} tokens, more than "
                              f"{limit}", params=("max_seq_len",))
     tok = lm.tokenizer
-    src = torch.tensor([enc.input_ids], device=lm.device)
-    with torch.inference_mode():
-        res = lm.model(input_ids=src, attention_mask=torch.ones_like(src),
-                       decoder_input_ids=torch.tensor([dec], device=lm.device),
-                       output_attentions=True, use_cache=False)
-
-    def stack(layers):
-        return np.stack([a[0].float().cpu().numpy() for a in layers])  # [L H q k]
+    enc_attn, dec_attn, cross_attn = seq2seq_attention(lm, enc.input_ids, dec)
 
     specials = set(tok.all_special_ids)
     dec_tokens = tok.convert_ids_to_tokens(dec)
@@ -140,13 +129,13 @@ def seq2seq_maps(lm, enc, dec: list[int], *, fields: dict | None = None, generat
         example = Example.from_dict({**example.to_dict(), **fields})
     enc_special = np.asarray(enc.special, bool)
     dec_text = piece_texts(tok, dec_tokens, dec_special)
-    encoder = AttentionMap(enc.index, stack(res.encoder_attentions), list(enc.tokens), enc_special,
+    encoder = AttentionMap(enc.index, enc_attn, list(enc.tokens), enc_special,
                            np.asarray(enc.segment, np.int64), np.asarray(enc.word_ids, np.int64),
                            "token", example, kind="encoder", token_text=enc.texts)
-    decoder = AttentionMap(enc.index, stack(res.decoder_attentions), dec_tokens, dec_special, zeros,
+    decoder = AttentionMap(enc.index, dec_attn, dec_tokens, dec_special, zeros,
                            dec_words, "token", example, kind="decoder", generated=generated,
                            token_text=dec_text)
-    cross = AttentionMap(enc.index, stack(res.cross_attentions), dec_tokens, dec_special, zeros,
+    cross = AttentionMap(enc.index, cross_attn, dec_tokens, dec_special, zeros,
                          dec_words, "token", example, kind="cross", key_tokens=list(enc.tokens),
                          key_special=enc_special, generated=generated, token_text=dec_text,
                          key_token_text=enc.texts)

@@ -297,7 +297,7 @@ class Atlas(Family):
                               greedy=greedy, timing=timing)
         sec = write_atlas(ctx.out_dir, summary, model_name=lm.display_name, cal=cal, sweep=sw, options=options,
                           notes=notes, source=prepared.data["source"], tasks=encs, title=self.title, key=self.key,
-                          eos=A.eos_ids(step.decoder(lm)))
+                          eos=ctx.call(step.eos))
         res = summary.result
         write_results(ctx.out_dir, self.key, res)
         return sec

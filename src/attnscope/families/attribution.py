@@ -105,7 +105,8 @@ def hook_free(lm, methods: list[str]) -> tuple[list[str], str | None]:
         "attention maps)")
 
 
-def _objective(lm, options: AttributionOptions, encoded, seed: int, notes: list[str], progress=None):
+def _objective(ctx: Context, options: AttributionOptions, encoded, notes: list[str]):
+    lm, seed = ctx.model, ctx.seed
     if lm.family.causal or lm.has_mlm_head:
         return Objective(lm, seed=seed)
     if not options.attribution_fit_head:
@@ -113,7 +114,7 @@ def _objective(lm, options: AttributionOptions, encoded, seed: int, notes: list[
                      "were skipped (--attribution-fit-head trains an output layer on the frozen encoder)")
         return None
     fit_inputs = [(e.tokens, np.asarray(e.special), np.asarray(e.segment), e.index) for e in encoded]
-    head = fit_mlm_head(lm, fit_inputs, FitOptions(seed=seed), progress=progress)
+    head = ctx.call(fit_mlm_head, fit_inputs, FitOptions(seed=seed), progress=ctx.progress)
     rep = head.report
     notes.append(f"{lm.name} has no masked-LM head: the loss is that of an output layer fitted on the "
                  f"frozen encoder ({rep['steps']} steps, seed {seed}, held-out masked-token accuracy "
@@ -266,7 +267,7 @@ class Attribution(Family):
             raise AttnscopeError(f"attribution_example {options.attribution_example}: only {len(encoded)} "
                                  "examples were analysed", params=("attribution_example",))
         needs_loss = any(m in methods for m in LOSS_METHODS) or "rollout" in methods
-        objective = _objective(lm, options, encoded, ctx.seed, notes, ctx.progress) if needs_loss else None
+        objective = _objective(ctx, options, encoded, notes) if needs_loss else None
         if objective is not None:
             notes.append(f"loss: {objective.describe()['loss']}")
             if options.attribution_methods == ",".join(DEFAULT_METHODS) and not skipped:  # it could run

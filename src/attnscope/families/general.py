@@ -42,7 +42,6 @@ from attnscope.families.base import (
 )
 from attnscope.models.loading import seed_everything
 from attnscope.report.general import (
-    Progress,
     write_general,
 )
 from attnscope.report.section import Section
@@ -62,14 +61,14 @@ def general_analyses(*, classer: TokenClasser, causal: bool, scorer: MlmScorer |
     return out
 
 
-def _scorer_for(model, gradients: str, classer_examples, seed: int, notes: list[str],
-                progress: Progress) -> MlmScorer | None:
+def _scorer_for(ctx: Context, gradients: str, classer_examples, notes: list[str]) -> MlmScorer | None:
     if gradients not in GRADIENT_MODES:
         raise AttnscopeError(f"gradients must be one of {', '.join(GRADIENT_MODES)}, not {gradients!r}",
                              params=("gradients",))
     if gradients == "off":
         notes.append("gradient importance (Figure 3) was turned off")
         return None
+    model, seed = ctx.model, ctx.seed
     if model is None:
         notes.append("gradient importance (Figure 3) needs the model; a store alone has only the maps")
         if gradients == "on":
@@ -93,7 +92,7 @@ def _scorer_for(model, gradients: str, classer_examples, seed: int, notes: list[
     if gradients == "on":
         raise AttnscopeError(f"{model.name}: the model has no masked-LM head; gradients fit-head "
                              "trains one on the frozen encoder", params=("gradients",))
-    head = fit_mlm_head(model, classer_examples(), FitOptions(seed=seed), progress=progress)
+    head = ctx.call(fit_mlm_head, classer_examples(), FitOptions(seed=seed), progress=ctx.progress)
     rep = head.report
     notes.append(f"{model.name} has no masked-LM head: an output layer was trained on the frozen "
                  f"encoder ({rep['steps']} steps, {rep['masked_tokens']} masked tokens from "
@@ -152,8 +151,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text: "UnlabeledSt
     model_desc, causal = ctx.made_by(source)
     classer, classes_note = TokenClasser.for_model(model)
     notes += [classes_note] if classes_note else []
-    scorer = _scorer_for(model, options.gradient_mode, fit_inputs(source, model, ctx.max_seq_len, 512),
-                         ctx.seed, notes, ctx.progress)
+    scorer = _scorer_for(ctx, options.gradient_mode, fit_inputs(source, model, ctx.max_seq_len, 512), notes)
     keeper = Figure1Example()
     analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=ctx.seed) + [keeper]
     out = ctx.run_pass(source, analyses, step="maps and statistics", note=note)
@@ -204,7 +202,7 @@ def _run_streaming(source: list, ctx: Context, options: "GeneralOptions", *, lin
     notes = ([note] if note else []) + [line]
     classer, classes_note = TokenClasser.for_model(model)
     notes += [classes_note] if classes_note else []
-    _scorer_for(model, gradients, lambda: [], seed, notes, ctx.progress)
+    _scorer_for(ctx, gradients, lambda: [], notes)
     streamed = StreamedGeneral(model, classer, seed=seed, js_rows=STREAM_JS_ROWS)
     out = ctx.run_pass(source, [streamed], step="maps and statistics", note=note)
     skipped = list(NEEDS_MAPS) + [

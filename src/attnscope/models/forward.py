@@ -208,7 +208,8 @@ def install(model) -> bool:
 def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
             hooks: dict[str, Hook | Sequence[Hook]] | None = None, gates: Any = None,
             grad: bool = False, lean_mask: bool = False, layers: tuple[int, int] | None = None,
-            hidden: Any = None, **model_kwargs) -> ForwardOutput:
+            hidden: Any = None, module_hooks: Sequence[tuple[Any, Callable]] = (),
+            **model_kwargs) -> ForwardOutput:
     """Run ``lm`` on a padded batch; see the module docstring for hooks and gates.
 
     ``attentions``: also return each layer's ``[B H T T]`` probabilities (with autograd when
@@ -218,7 +219,9 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
     needed, build transformers' sdpa mask (None for plain causal input without padding) instead
     of a float ``[B 1 T T]`` one, which at 16k tokens alone takes 1 GB; hooks then read the
     mask with :meth:`Site.allowed`. ``layers``, ``hidden``: run only some layers (module
-    docstring).
+    docstring). ``module_hooks``: ``(module, fn)`` pairs, ``fn(module, inputs, output)`` called
+    after each call of ``module`` of the model during this pass only (a projection's output, the
+    input embeddings for saliency): the one place attnscope hooks a model's modules.
     """
     import torch
 
@@ -238,6 +241,17 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
     if unknown:
         raise ValueError(f"unknown hook points {sorted(unknown)}; known: {', '.join(HOOK_POINTS)}")
     context = torch.enable_grad() if grad else torch.inference_mode()
+    handles = [module.register_forward_hook(fn) for module, fn in module_hooks]
+    try:
+        return _forward(lm, kwargs, context, hooks=hooks, gates=gates, attentions=attentions,
+                        lean_mask=lean_mask, layers=layers, hidden=hidden)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _forward(lm, kwargs: dict, context, *, hooks, gates, attentions: bool, lean_mask: bool, layers,
+             hidden) -> ForwardOutput:
     if not supports_hooks(lm):
         if hooks or gates is not None:
             raise AttnscopeError(f"{lm.name}: its transformers code does not route attention through "
@@ -282,6 +296,14 @@ def hooked(lm, hooks: dict[str, Hook | Sequence[Hook]] | None = None, *, lean_ma
         yield
     finally:
         _ACTIVE.reset(token)
+
+
+def hidden_states(lm, ids: Any, hooks: dict[str, Hook | Sequence[Hook]] | None = None) -> Any:
+    """The last layer's hidden states ``[B T D]`` of ``lm`` reading token ids ``ids`` (a ``[B T]``
+    tensor) with ``hooks`` at the hook points (:func:`hooked`; without hooks attention is torch's
+    fused kernel). The caller chooses autograd (DuoAttention's gate training)."""
+    with hooked(lm, hooks):
+        return lm.model(input_ids=ids).last_hidden_state
 
 
 def layer_modules(lm) -> list:

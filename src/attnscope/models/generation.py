@@ -64,6 +64,10 @@ class DecoderStep:
             cached = self.__dict__["_decoder"] = (lm.model, causal_lm_for(lm, seed=self.seed))
         return cached[1]
 
+    def eos(self, lm) -> frozenset[int]:
+        """The end-of-sequence ids of the decoder this step runs (what stops a greedy answer)."""
+        return eos_ids(self.decoder(lm))
+
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k != "_decoder"}
 
@@ -89,6 +93,19 @@ def _tensor_from_folder(folder: Path, key: str):
     return None
 
 
+def continuation(lm, ids: list[int], new_tokens: int, *, seed: int = 0) -> list[int]:
+    """The ids that greedy decoding appends to ``ids`` (:func:`greedy_continue`) with ``lm``'s
+    decoder and its language-model head (:func:`causal_lm_for`, a ``debug:`` model's head drawn
+    from ``seed``): what a view of a model's own continuation asks for."""
+    return greedy_continue(causal_lm_for(lm, seed=seed), ids, new_tokens)
+
+
+def eos_ids(model) -> frozenset[int]:
+    """The ids that end a decoder's text (its generation config's ``eos_token_id``)."""
+    eos = model.generation_config.eos_token_id
+    return frozenset() if eos is None else frozenset(eos if isinstance(eos, list) else [eos])
+
+
 def greedy_continue(model, ids: list[int], new_tokens: int) -> list[int]:
     """The ``new_tokens`` ids that greedy decoding appends to ``ids`` (fewer when the model
     emits one of its end-of-sequence ids, which is kept, as ``generate`` does).
@@ -100,8 +117,7 @@ def greedy_continue(model, ids: list[int], new_tokens: int) -> list[int]:
     """
     import torch
 
-    eos = model.generation_config.eos_token_id
-    eos = set() if eos is None else set(eos if isinstance(eos, list) else [eos])
+    eos = eos_ids(model)
     out: list[int] = []
     if new_tokens <= 0:
         return out
@@ -116,3 +132,15 @@ def greedy_continue(model, ids: list[int], new_tokens: int) -> list[int]:
             step = model(input_ids=torch.tensor([[nxt]], device=device), cache=step.cache,
                          use_cache=True)
     return out
+
+
+def seq2seq_greedy(lm, source_ids: list[int], new_tokens: int) -> list[int]:
+    """What an encoder-decoder model's decoder reads when it continues ``source_ids`` greedily:
+    its start token and up to ``new_tokens`` tokens (``generate(do_sample=False, num_beams=1)``)."""
+    import torch
+
+    src = torch.tensor([list(source_ids)], device=lm.device)
+    with torch.inference_mode():
+        out = lm.model.generate(input_ids=src, attention_mask=torch.ones_like(src),
+                                max_new_tokens=new_tokens, min_new_tokens=0, do_sample=False, num_beams=1)
+    return [int(i) for i in out[0]]

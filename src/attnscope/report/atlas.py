@@ -236,7 +236,7 @@ def write_atlas(out_dir: Path, summary: A.Summary, *, model_name: str, cal: A.Ca
                 eos: frozenset[int] = frozenset()) -> Section:
     """Tables, figures, the kvpress export and the Section of the atlas's ``summary``
     (:func:`attnscope.analyses.atlas.summarise`); its result's ``summary`` gets the findings.
-    ``eos``: the sweep's end-of-sequence ids (:func:`attnscope.analyses.atlas.eos_ids`), for the
+    ``eos``: the sweep's end-of-sequence ids (:func:`attnscope.models.generation.eos_ids`), for the
     export."""
     out_dir = Path(out_dir)
     tables_dir, fig_dir = out_dir / "tables", out_dir / "figures"

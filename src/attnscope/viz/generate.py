@@ -1,9 +1,10 @@
 """Attention over a model's own continuation: a decoder LLM continues a prompt greedily, and
 the map spans prompt and continuation.
 
-The continuation comes from :func:`attnscope.models.generation.greedy_continue` (one pass over the
+The continuation comes from :func:`attnscope.models.generation.continuation` (one pass over the
 prompt, then one token at a time with the key/value cache: what ``generate(do_sample=False)``
-does); the map is then one forward pass over prompt + continuation. Row ``i`` of that pass is
+does); the map is then one forward pass over prompt + continuation
+(:func:`attnscope.models.capture.attention`). Row ``i`` of that pass is
 the attention the model paid when it read token ``i`` during generation (the same keys, the same
 causal mask), so the generated rows are the generation's own attention; the last row is the
 attention of the step that would come next.
@@ -24,8 +25,8 @@ from attnscope.extract.encode import Encoder
 from attnscope.extract.runner import extract
 from attnscope.extract.seq2seq import extract_seq2seq
 from attnscope.maps import AttentionMap
-from attnscope.models.forward import forward, pad_batch
-from attnscope.models.generation import causal_lm_for, greedy_continue
+from attnscope.models.capture import attention
+from attnscope.models.generation import continuation
 from attnscope.models.pieces import piece_texts
 from attnscope.viz.payload import window_reducer, window_units
 
@@ -54,7 +55,7 @@ def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: 
     if len(enc) + new_tokens > limit:
         raise AttnscopeError(f"generate {new_tokens}: the prompt has {len(enc)} tokens, so prompt and "
                              f"continuation would pass the limit of {limit}", params=("generate",))
-    new = greedy_continue(causal_lm_for(lm, seed=seed), enc.input_ids, new_tokens)
+    new = continuation(lm, enc.input_ids, new_tokens, seed=seed)
     ids = list(enc.input_ids) + new
     tok = lm.tokenizer
     specials = set(tok.all_special_ids)
@@ -70,14 +71,12 @@ def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: 
                             np.array(list(enc.word_ids) + [-1] * len(new), dtype=np.int64),
                             "token", example, generated=len(enc), token_text=texts)
 
-    inputs = pad_batch(lm, [ids])
     if long_input is None or len(ids) <= long_input:
-        out = forward(lm, inputs, attentions=True)
-        return as_map(np.stack([a[0].float().cpu().numpy() for a in out.attentions]))  # [L H n n]
+        return as_map(attention(lm, ids))  # [L H n n]
 
     units = window_units(len(ids), window, offset)
     add, finish = window_reducer(units, min(window, len(ids)), thumb_size)
-    forward(lm, inputs, hooks={"attn": lambda site, probs: add(probs[0].float().cpu().numpy())})
+    attention(lm, ids, each_layer=add)
     return finish(as_map(np.empty((0, 0, 0, 0), np.float32)))
 
 

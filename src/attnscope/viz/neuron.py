@@ -1,13 +1,9 @@
-"""Query and key vectors of one layer, captured with forward hooks, for the neuron view.
+"""Query and key vectors of one layer, for the neuron view.
 
 The neuron view shows, for one head and one query token, the query vector ``q``, every key
 vector ``k_j``, their element-wise product ``q * k_j``, the scaled dot products
-``q . k_j / sqrt(d)`` and their softmax. attnscope gets ``q`` and ``k`` by hooking the
-projections named in the family table (:mod:`attnscope.models.families`: ``ModelFamily.query`` and
-``ModelFamily.key``), so any family in that table works with the model's own code; nothing is
-vendored. A fused projection (GPT-2's ``c_attn``, output ``[q | k | v]``) is split. A path
-without ``{layer}`` (ALBERT shares one layer's modules) is hooked once and its ``layer``-th
-call is taken.
+``q . k_j / sqrt(d)`` and their softmax. The vectors come from one forward pass through
+:func:`attnscope.models.capture.query_key` (the model's own code; nothing is vendored).
 
 Whether softmax(q . k / sqrt(d)) is the model's attention is *measured*, not assumed: some
 families add terms before the softmax (MPNet adds a relative-position bias), and the payload
@@ -24,8 +20,7 @@ from attnscope.data.io import example_from_dict
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, IndexRangeError
 from attnscope.extract.encode import Encoder
-from attnscope.models.families import module_at
-from attnscope.models.forward import forward, pad_batch, supports_hooks
+from attnscope.models.capture import query_key
 from attnscope.models.loading import LoadedModel
 from attnscope.models.pieces import readable, visible
 from attnscope.viz.encoding import encode_f32
@@ -70,21 +65,6 @@ class QueryKey:
         return e / e.sum(-1, keepdims=True)
 
 
-def _module(model, path: str):
-    found = module_at(model, path)
-    if found is not None:
-        return found
-    raise AttnscopeError(f"neuron view: the model has no module {path!r} (family table entry "
-                         "in attnscope.models.families does not match this model)")
-
-
-def _hooked_output(store: list):
-    def hook(_module, _inputs, output):
-        out = output[0] if isinstance(output, tuple) else output
-        store.append(out.detach().float().cpu().numpy()[0])  # [n out]
-    return hook
-
-
 def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *,
                index: int = 0, casing: str | None = None) -> QueryKey:
     """Run ``lm`` on one example and capture layer ``layer``'s query and key vectors.
@@ -103,66 +83,11 @@ def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *
     elif isinstance(example, dict):
         example = example_from_dict(example, index)
     enc = Encoder(lm, casing).encode(example, index)
-    if supports_hooks(lm):
-        query, key, attn, scaling = _capture_with_hooks(lm, enc, layer)
-    else:
-        query, key, attn = _capture_with_module_hooks(lm, enc, layer)
-        scaling = None
+    query, key, attn, scaling = query_key(lm, enc.input_ids, enc.token_type_ids, layer)
     return QueryKey(layer=layer, tokens=list(enc.tokens), special=[bool(s) for s in enc.special],
                     segment=[int(s) for s in enc.segment], query=np.ascontiguousarray(query),
                     key=np.ascontiguousarray(key), attn=attn, causal=fam.causal, family=fam.name,
                     scaling=scaling, texts=enc.texts)
-
-
-def _capture_with_hooks(lm: LoadedModel, enc, layer: int):
-    """q and k after position encoding, from the forward helper's hook points."""
-    got: dict = {}
-
-    def keep(site, _tensor):
-        if site.layer == layer:
-            got["q"], got["k"], got["scaling"] = site.query, site.key, site.scaling
-
-    run = forward(lm, pad_batch(lm, [enc.input_ids], [enc.token_type_ids]), attentions=True,
-                  hooks={"q": keep})
-    q = got["q"][0].float().cpu().numpy()  # [Hq n d]
-    k = np.repeat(got["k"][0].float().cpu().numpy(), q.shape[0] // got["k"].shape[1], axis=0)  # GQA -> [Hq n d]
-    return q, k, run.attentions[layer][0].float().cpu().numpy(), got["scaling"]
-
-
-def _capture_with_module_hooks(lm: LoadedModel, enc, layer: int):
-    """For families outside transformers' AttentionInterface (MPNet): hook the projections
-    named in the family table."""
-    fam = lm.family
-    if fam.query is None or fam.key is None:
-        raise AttnscopeError(f"neuron view: model family {fam.name!r} has no query/key module "
-                             "paths in attnscope.models.families")
-    paths = {"query": fam.query, "key": fam.key}
-    captured: dict[str, list] = {}
-    handles = []
-    for role, path in paths.items():
-        if role == "key" and fam.key == fam.query:
-            continue
-        captured[role] = []
-        handles.append(_module(lm.model, path.format(layer=layer)).register_forward_hook(
-            _hooked_output(captured[role])))
-    try:
-        out = forward(lm, pad_batch(lm, [enc.input_ids], [enc.token_type_ids]), attentions=True)
-    finally:
-        for h in handles:
-            h.remove()
-    call = 0 if "{layer}" in fam.query else layer  # shared modules: one call per layer
-    q_out = captured["query"][call]  # [n out]
-    num_heads = lm.num_heads
-    if fam.fused_qkv:
-        hidden = q_out.shape[-1] // 3
-        q_out, k_out = q_out[:, :hidden], q_out[:, hidden:2 * hidden]
-    else:
-        k_out = captured["key"][call]
-    n = q_out.shape[0]
-    d = q_out.shape[-1] // num_heads
-    query = q_out.reshape(n, num_heads, d).transpose(1, 0, 2)  # [H n d]
-    key = k_out.reshape(n, num_heads, d).transpose(1, 0, 2)  # [H n d]
-    return query, key, out.attentions[layer][0].float().cpu().numpy()
 
 
 def neuron_payload(qk: QueryKey, *, head: int = 0, query: int = 0) -> dict:

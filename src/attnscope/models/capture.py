@@ -1,0 +1,117 @@
+"""What a view reads from one forward pass: the attention of one token sequence, whole or layer
+by layer (:mod:`attnscope.viz.generate`), and one layer's query and key vectors (the neuron
+view, :mod:`attnscope.viz.neuron`).
+
+``q`` and ``k`` come from the forward helper's ``"q"`` hook point (after position encoding,
+with the layer's score scale) where the family routes attention through transformers'
+AttentionInterface, else from the projections named in the family table
+(:mod:`attnscope.models.families`: ``ModelFamily.query`` and ``ModelFamily.key``), hooked for
+the pass. A fused projection (GPT-2's ``c_attn``, output ``[q | k | v]``) is split. A path
+without ``{layer}`` (ALBERT shares one layer's modules) is hooked once and its ``layer``-th
+call is taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from attnscope.errors import AttnscopeError
+from attnscope.models.families import module_at
+from attnscope.models.forward import forward, pad_batch, supports_hooks
+
+
+def attention(lm, ids: Sequence[int], *, each_layer: Callable[[np.ndarray], None] | None = None):
+    """The ``[L H n n]`` float32 attention of one pass over token ``ids``, or, with
+    ``each_layer``, None after handing it each layer's ``[H n n]`` as the pass makes it (never
+    the whole map)."""
+    inputs = pad_batch(lm, [list(ids)])
+    if each_layer is not None:
+        forward(lm, inputs, hooks={"attn": lambda site, probs: each_layer(probs[0].float().cpu().numpy())})
+        return None
+    out = forward(lm, inputs, attentions=True)
+    return np.stack([a[0].float().cpu().numpy() for a in out.attentions])
+
+
+def query_key(lm, input_ids: Sequence[int], token_type_ids: Sequence[int] | None,
+              layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None]:
+    """One example's layer ``layer``: query and key vectors ``[H n d]`` (grouped key/value heads
+    repeated for their query heads), the model's own attention ``[H n n]`` and the layer's score
+    scale (None: ``1/sqrt(d)``), from one forward pass."""
+    batch = pad_batch(lm, [input_ids], [token_type_ids])
+    if supports_hooks(lm):
+        return _from_hook_points(lm, batch, layer)
+    return (*_from_projections(lm, batch, layer), None)
+
+
+def _from_hook_points(lm, batch, layer: int):
+    got: dict = {}
+
+    def keep(site, _tensor):
+        if site.layer == layer:
+            got["q"], got["k"], got["scaling"] = site.query, site.key, site.scaling
+
+    run = forward(lm, batch, attentions=True, hooks={"q": keep})
+    q = got["q"][0].float().cpu().numpy()  # [Hq n d]
+    k = np.repeat(got["k"][0].float().cpu().numpy(), q.shape[0] // got["k"].shape[1], axis=0)  # GQA -> [Hq n d]
+    return q, k, run.attentions[layer][0].float().cpu().numpy(), got["scaling"]
+
+
+def _from_projections(lm, batch, layer: int):
+    """For families outside transformers' AttentionInterface (MPNet)."""
+    fam = lm.family
+    if fam.query is None or fam.key is None:
+        raise AttnscopeError(f"neuron view: model family {fam.name!r} has no query/key module "
+                             "paths in attnscope.models.families")
+    captured: dict[str, list] = {"query": [], "key": []}
+    hooks = [(_module(lm.model, fam.query.format(layer=layer)), _keep_output(captured["query"]))]
+    if fam.key != fam.query:
+        hooks.append((_module(lm.model, fam.key.format(layer=layer)), _keep_output(captured["key"])))
+    out = forward(lm, batch, attentions=True, module_hooks=hooks)
+    call = 0 if "{layer}" in fam.query else layer  # shared modules: one call per layer
+    q_out = captured["query"][call]  # [n out]
+    num_heads = lm.num_heads
+    if fam.fused_qkv:
+        hidden = q_out.shape[-1] // 3
+        q_out, k_out = q_out[:, :hidden], q_out[:, hidden:2 * hidden]
+    else:
+        k_out = captured["key"][call]
+    n = q_out.shape[0]
+    d = q_out.shape[-1] // num_heads
+    query = q_out.reshape(n, num_heads, d).transpose(1, 0, 2)  # [H n d]
+    key = k_out.reshape(n, num_heads, d).transpose(1, 0, 2)  # [H n d]
+    return query, key, out.attentions[layer][0].float().cpu().numpy()
+
+
+def _module(model, path: str):
+    found = module_at(model, path)
+    if found is not None:
+        return found
+    raise AttnscopeError(f"neuron view: the model has no module {path!r} (family table entry "
+                         "in attnscope.models.families does not match this model)")
+
+
+def _keep_output(store: list):
+    def hook(_module, _inputs, output):
+        out = output[0] if isinstance(output, tuple) else output
+        store.append(out.detach().float().cpu().numpy()[0])  # [n out]
+    return hook
+
+
+def seq2seq_attention(lm, source_ids: Sequence[int], decoder_ids: Sequence[int]):
+    """An encoder-decoder model's encoder, decoder and cross attention ``[L H q k]`` (float32)
+    of one pass over ``source_ids`` with the decoder reading ``decoder_ids`` (its start token
+    first): the model's own ``output_attentions``, eager attention."""
+    import torch
+
+    src = torch.tensor([list(source_ids)], device=lm.device)
+    with torch.inference_mode():
+        res = lm.model(input_ids=src, attention_mask=torch.ones_like(src),
+                       decoder_input_ids=torch.tensor([list(decoder_ids)], device=lm.device),
+                       output_attentions=True, use_cache=False)
+
+    def stack(layers):
+        return np.stack([a[0].float().cpu().numpy() for a in layers])
+
+    return stack(res.encoder_attentions), stack(res.decoder_attentions), stack(res.cross_attentions)
