@@ -662,3 +662,28 @@ def test_out_of_memory_in_the_library_names_the_parameter():
     with pytest.raises(ValueError):  # anything else passes through
         with gpu_memory_errors(8192, "cpu"):
             raise ValueError("not memory")
+
+
+def test_the_statistics_the_engines_fold_into_are_a_protocol_of_the_engines():
+    """The seam is defined in ``engines/`` (no import of the layer above, not even for a type)
+    and the long-context accumulator implements every method and attribute of it."""
+    import ast
+    import inspect
+
+    import attnscope.engines as engines_pkg
+    from attnscope.analyses.longctx import LongContextStats
+    from attnscope.engines.rows import RowStats
+
+    assert isinstance(LongContextStats(), RowStats)
+    members = {n for n, v in vars(RowStats).items() if callable(v) and not n.startswith("_")}
+    assert members == {"begin", "tile", "sampled_row", "target_weights", "row_buffers", "layer_probs",
+                       "layer_end", "end"}
+    for name in members:  # the same parameters, in the same order
+        want = list(inspect.signature(getattr(RowStats, name)).parameters)
+        assert list(inspect.signature(getattr(LongContextStats, name)).parameters) == want, name
+    from pathlib import Path
+
+    for path in Path(engines_pkg.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").startswith("attnscope.analyses"), path.name

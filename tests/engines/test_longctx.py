@@ -149,7 +149,7 @@ def test_uniform_attention_by_hand():
     st = LongContextStats(js_rows=0)
     seq = Sequence(3, torch.tensor([1.0, 0, 0]), torch.tensor([0.0, 0, 1]))
     st.begin(1, 1, seq)
-    st._layer_from_probs(0, seq, p)
+    st.layer_probs(0, seq, p)
     m = st.means()
     assert st.rows == 2
     assert m["sink"][0, 0] == pytest.approx((0.5 + 1 / 3) / 2)
@@ -348,7 +348,7 @@ def test_gu2024_sink_metric_by_hand():
         st = LongContextStats(js_rows=0, sink_metric=metric)
         for seq, p in (doc(4, [[0.1] * 3, [0.0] * 3]), doc(2, [[0.2], [0.9]])):
             st.begin(1, 2, seq)
-            st._layer_from_probs(0, seq, p)
+            st.layer_probs(0, seq, p)
             st.end(seq)
         return st
 

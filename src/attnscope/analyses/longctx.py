@@ -349,10 +349,10 @@ class LongContextStats(MapsAnalysis):
             self.begin(L, H, seq)
             attn = torch.as_tensor(np.asarray(m.attn, dtype=np.float32))
             for layer in range(L):
-                self._layer_from_probs(layer, seq, attn[layer])
+                self.layer_probs(layer, seq, attn[layer])
             self.end(seq)
 
-    def _layer_from_probs(self, layer: int, seq: Sequence, probs, chunk: int = 512) -> None:
+    def layer_probs(self, layer: int, seq: Sequence, probs, chunk: int = 512) -> None:
         """One layer's ``[H n n]`` probabilities (rows 1 .. n-1 are folded)."""
         import torch
 

@@ -2,7 +2,7 @@
 hold an ``[n n]`` map.
 
 - :mod:`~attnscope.engines.streaming`: the streaming engine, the long-context statistics folded
-  into :class:`~attnscope.analyses.longctx.LongContextStats`;
+  into a :class:`~attnscope.engines.rows.RowStats` (:class:`~attnscope.analyses.longctx.LongContextStats`);
 - :mod:`~attnscope.engines.backends`: its seam (which backend runs a layer of a sequence, chosen
   by device and input), with the backends :mod:`~attnscope.engines.flex` (FlexAttention: the
   statistics from log-sum-exps), :mod:`~attnscope.engines.native` (the compiled CPU kernel) and

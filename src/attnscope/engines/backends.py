@@ -2,7 +2,7 @@
 
 A backend computes one layer of one sequence: the layer's output rows (``P V``, which go back to
 the model in place of its own attention) and every per-row statistic, folded into the
-:class:`~attnscope.analyses.longctx.LongContextStats` it is given. As with torch's
+:class:`~attnscope.engines.rows.RowStats` it is given. As with torch's
 ``scaled_dot_product_attention`` (one function; flash, memory-efficient and math kernels chosen
 by device and input, the math one the reference), a caller never asks which one ran:
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -227,3 +227,38 @@ def _band_sums(p):
     else:
         buf[:, :K] = p[:, 0]
     return buf.view(H, c, W).sum(1)
+
+
+@runtime_checkable
+class RowStats(Protocol):
+    """What the streaming engine and its backends fold into, per sequence and layer: the seam
+    between the engines and the accumulator a layer above them
+    (:class:`attnscope.analyses.longctx.LongContextStats` implements it). Defined here, with the
+    :class:`Sequence` it is fed, so the engines name no module above them.
+
+    Per sequence: :meth:`begin`, then for each layer either tiles of whole rows (:meth:`tile`,
+    the sampled rows inside them), a producer's own per-row buffers (:meth:`row_buffers`, then
+    :meth:`sampled_row` and :meth:`target_weights`), or a layer's whole probabilities
+    (:meth:`layer_probs`: the eager maps, the reference), each layer closed by :meth:`layer_end`;
+    then :meth:`end`."""
+
+    causal: bool  # keys after a row are masked (a decoder)
+    js_rows: int  # rows sampled per sequence for the head distances
+    seed: int  # ... drawn from this seed and the sequence itself
+
+    def begin(self, L: int, H: int, seq: Sequence) -> None: ...
+
+    def tile(self, layer: int, seq: Sequence, q0: int, p, ent, top=None, masses=None,
+             heads: slice = slice(None), per_d=None) -> None: ...
+
+    def sampled_row(self, layer: int, seq: Sequence, r: int, p, heads: slice = slice(None)) -> None: ...
+
+    def target_weights(self, layer: int, seq: Sequence, weights: dict[str, Any]) -> None: ...
+
+    def row_buffers(self, layer: int, seq: Sequence, device) -> tuple[Any, Any]: ...
+
+    def layer_probs(self, layer: int, seq: Sequence, probs, chunk: int = 512) -> None: ...
+
+    def layer_end(self, seq: Sequence) -> None: ...
+
+    def end(self, seq: Sequence) -> None: ...

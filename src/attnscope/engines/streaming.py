@@ -53,20 +53,18 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager, nullcontext
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from attnscope.engines import backends, flex, native, onepass
 from attnscope.engines.backends import LayerInput
-from attnscope.engines.rows import Sequence, is_punct, sample_by_digest, sample_rows, sequence_digest
+from attnscope.engines.rows import RowStats, Sequence, is_punct, sample_by_digest, sample_rows, sequence_digest
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.models.families import module_at
 from attnscope.models.forward import forward, model_device, pad_batch
 
 ENGINES = ("auto", "streaming", "maps")
-if TYPE_CHECKING:  # the accumulator the engine folds into (analyses, a layer above): a type only
-    from attnscope.analyses.longctx import LongContextStats
 
 TILE_BYTES = backends.CPU_TILE_BYTES  # a CPU tile's float32 scores at most (automatic tiles)
 LOW = -3.4028234663852886e38  # float32's most negative finite value: "masked"
@@ -128,7 +126,7 @@ def _key_masks(lm, ids: Seq[int], device, cache: dict[int, bool]) -> tuple[Any, 
     return special, punct
 
 
-def unit_sequence(lm, ids: Seq[int], units, stats: LongContextStats, device, cache: dict[int, bool]) -> Sequence:
+def unit_sequence(lm, ids: Seq[int], units, stats: RowStats, device, cache: dict[int, bool]) -> Sequence:
     """A word-level :class:`Sequence`: ``units[t]`` is the unit (word; a special token is a unit of
     its own) of token ``t``, non-decreasing from 0. Its ``n`` counts units; a unit is special when
     its token is, punctuation when the text of its pieces is; rows sampled from the units."""
@@ -167,21 +165,21 @@ def _unit_tile(p, seq: Sequence, t0: int, u0: int, u1: int, ku: int):
     return pw, -torch.special.xlogy(pw, pw).sum(-1)
 
 
-def _fold_maps(stats: LongContextStats, layer: int, seq: Sequence, probs) -> None:
+def _fold_maps(stats: RowStats, layer: int, seq: Sequence, probs) -> None:
     """One layer's token-level probabilities ``[H n n]`` of one sequence (word level: converted
     with :func:`attnscope.extract.wordlevel.to_word_level` first)."""
     import torch
 
     if seq.units is None:
-        stats._layer_from_probs(layer, seq, probs)
+        stats.layer_probs(layer, seq, probs)
         return
 
     a = probs[None].float().cpu().numpy()  # [1 H n n]
     w = to_word_level(a, seq.units.cpu().numpy())[0]
-    stats._layer_from_probs(layer, seq, torch.as_tensor(w, device=probs.device))
+    stats.layer_probs(layer, seq, torch.as_tensor(w, device=probs.device))
 
 
-def make_sequences(lm, sequences: Seq[Seq[int]], stats: LongContextStats,
+def make_sequences(lm, sequences: Seq[Seq[int]], stats: RowStats,
                    targets: Seq[dict[str, Seq[int]] | None] | None = None, device=None,
                    extras: Seq[dict[str, Any] | None] | None = None,
                    units: Seq[Any] | None = None) -> list[Sequence]:
@@ -236,7 +234,7 @@ def auto_tile(kv_groups: int, kv_heads: int, n: int, rows: int = 0,
     return rows, int(min(kv_heads, max(1, tile_bytes // (row_bytes * rows))))
 
 
-def one_pass(stats: LongContextStats, seqs: list[Sequence], chunk: int = 0,
+def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
              backend: str = "auto", attention_dtype: str = "float32") -> Callable:
     """The forward helper's ``"attend"`` hook of the streaming engine: for each layer, fold the
     statistics of every sequence of the batch (begun in ``stats``) and return the heads' outputs
@@ -460,10 +458,10 @@ def forward_dtype(lm) -> str:
     return "bfloat16" if next(lm.model.parameters()).dtype == torch.bfloat16 else "float32"
 
 
-def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk: int = 0,
+def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 0,
                  batch_size: int = 1, targets: Seq[dict[str, Seq[int]] | None] | None = None,
                  progress: Callable[[int], None] | None = None,
-                 reference: LongContextStats | None = None,
+                 reference: RowStats | None = None,
                  extras: Seq[dict[str, Any] | None] | None = None,
                  units: Seq[Any] | None = None, backend: str = "auto",
                  attention_dtype: str = "auto") -> None:
@@ -539,7 +537,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, chunk
             progress(len(batch))
 
 
-def maps_update(lm, sequences: Seq[Seq[int]], stats: LongContextStats, *, batch_size: int = 1,
+def maps_update(lm, sequences: Seq[Seq[int]], stats: RowStats, *, batch_size: int = 1,
                 targets: Seq[dict[str, Seq[int]] | None] | None = None, keep_all: bool = True,
                 extras: Seq[dict[str, Any] | None] | None = None, units: Seq[Any] | None = None) -> None:
     """The same statistics from eager attention maps; the reference the streaming engine is
