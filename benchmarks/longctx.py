@@ -324,7 +324,7 @@ def main() -> None:
                          "float32 attention modules under --dtype bfloat16, or q, k, v rounded to "
                          "bfloat16 as the bare sdpa forward multiplies them")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--chunk", type=int, default=0, help="rows per tile; 0: automatic (streaming.auto_tile)")
+    ap.add_argument("--chunk", type=int, default=0, help="rows per tile; 0: automatic (tiled.auto_tile)")
     ap.add_argument("--js-rows", type=int, default=8)
     ap.add_argument("--timeout", type=int, default=480)
     ap.add_argument("--mem-cap-gb", type=float, default=12.0)

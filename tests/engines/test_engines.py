@@ -9,10 +9,10 @@ computed independently from the eager maps (``test_longctx.reference``).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
+import dataclasses
 import importlib.util
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +29,10 @@ from attnscope.analyses.longctx import (
     sample_rows,
 )
 from attnscope.engines import backends, flex
-from attnscope.engines.backends import LayerInput, choose
-from attnscope.engines.streaming import auto_tile, maps_update, stream_stats
+from attnscope.engines.backends import choose
+from attnscope.engines.seam import LayerInput
+from attnscope.engines.streaming import maps_update, stream_stats
+from attnscope.engines.tiled import auto_tile
 from attnscope.errors import AttnscopeError
 from attnscope.models import load_model
 from attnscope.models.forward import Site
@@ -454,14 +456,15 @@ def test_on_cuda_auto_runs_the_one_pass_kernel_on_the_forwards_bfloat16(monkeypa
     assert choose("auto", torch.device("cuda"), token_level=False, probe=False) == "tiles"  # word level
     lm = load_model("debug:llama")
     ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS[:2]]
-    real_choose, real_run, seen = backends.choose, onepass.run_layer, []
+    real_choose, real_run, seen = backends.choose, onepass.BACKEND.run, []
     monkeypatch.setattr(backends, "choose", lambda b, device, **kw: real_choose(b, torch.device("cuda"), **kw))
 
     def run(layer, b, seq):
         seen.append({x.dtype for x in (layer.site.query, layer.site.key, layer.site.value, layer.key, layer.value)})
         real_run(layer, b, seq)
 
-    monkeypatch.setattr(onepass, "run_layer", run)
+    monkeypatch.setattr(backends, "BACKENDS", tuple(dataclasses.replace(b, run=run) if b.name == "onepass" else b
+                                                    for b in backends.BACKENDS))
     got, want = LongContextStats(js_rows=2), LongContextStats(js_rows=2)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with host_waits() as waits:
@@ -687,3 +690,37 @@ def test_the_statistics_the_engines_fold_into_are_a_protocol_of_the_engines():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom):
                 assert not (node.module or "").startswith("attnscope.analyses"), path.name
+
+
+def test_a_new_backend_is_one_object_and_one_registry_line_and_a_pass_runs_through_it(monkeypatch):
+    """A backend of its own (here: the reference's tiles, counting its calls, for the CPU only),
+    added to the registry: named, it runs every layer of every sequence, once per pass it was
+    chosen for; under ``auto`` on the CPU it is chosen ahead of the compiled kernel (it comes
+    first); the statistics equal the reference's; where it cannot run, ``check`` says why in one
+    line. Nothing else of the engine changes."""
+    from attnscope.engines.seam import Backend
+    from attnscope.engines.tiled import TILES
+
+    calls = []
+
+    def run(layer, b, seq):
+        calls.append((layer.site.layer, b))
+        TILES.run(layer, b, seq)
+
+    fake = Backend("counting", devices=("cpu",), token_level=False, probes=True, run=run,
+                   usable=lambda kind: kind == "cpu", why="it counts on the CPU only")
+    monkeypatch.setattr(backends, "BACKENDS", (fake, *backends.BACKENDS))
+    lm = load_model("debug:llama")
+    ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS[:2]]
+    got, want = LongContextStats(js_rows=2), LongContextStats(js_rows=2)
+    stream_stats(lm, ids, got, backend="counting", batch_size=2)  # one pass, both sequences
+    assert sorted(calls) == sorted((layer, b) for layer in range(lm.num_layers) for b in range(len(ids)))
+    stream_stats(lm, ids, want, backend="tiles", batch_size=2)
+    assert_close(got.means(), want.means(), tol=0)
+    calls.clear()
+    stream_stats(lm, ids, LongContextStats(js_rows=2))  # auto: the first backend made for the CPU
+    assert len(calls) == lm.num_layers * len(ids)
+    assert choose("auto", "cuda", token_level=True, probe=False, usable=lambda n, d: n == "tiles") == "tiles"
+    with pytest.raises(AttnscopeError) as e:
+        backends.check("counting", "cuda")
+    says(one_line(e.value), "backend counting", "cannot run on cuda", "it counts on the CPU only")

@@ -19,7 +19,7 @@ from attnscope.analyses.longctx import (
     pairs_per_bucket,
     sample_rows,
 )
-from attnscope.engines import native, streaming
+from attnscope.engines import native, tiled
 from attnscope.engines.streaming import (
     choose_engine,
     induction_sequences,
@@ -264,7 +264,7 @@ def test_lean_mask_same_output_and_same_allowed_keys(decoder):
 def test_streaming_equals_reference_from_eager_maps(decoder, one_key_head, kernel, monkeypatch):
     lm = decoder
     if one_key_head:  # a tile of one key head's query heads, the key heads one after another
-        monkeypatch.setattr(streaming, "TILE_BYTES", 1)
+        monkeypatch.setattr(tiled, "TILE_BYTES", 1)
     if kernel != "flash":  # tiles of whole rows (word level, probes, no sgemm_ in torch)
         monkeypatch.setattr(native, "flash_kernel", lambda: None)
     if kernel == "torch":  # the torch path (GPUs, no C compiler), where the compiled kernel is built
@@ -457,7 +457,7 @@ def test_diagonal_sums_match_brute_force(c, K, q0):
 
 
 def test_auto_tile():
-    from attnscope.engines.streaming import TILE_BYTES, auto_tile
+    from attnscope.engines.tiled import TILE_BYTES, auto_tile
 
     # SmolLM2: 3 query heads on each of 3 key heads; a key head's rows take 4 * 3 * n bytes
     assert TILE_BYTES == 7 << 20
@@ -521,7 +521,7 @@ def test_word_level_streaming_equals_word_level_maps(name, monkeypatch):
     maps_update(lm, ids, ref, units=units, batch_size=2)
     for chunk, bs, tile_bytes in ((1, 1, None), (3, 2, 1), (1000, 3, None)):
         if tile_bytes:  # one key head per tile, and the torch path where the kernel is built
-            monkeypatch.setattr(streaming, "TILE_BYTES", tile_bytes)
+            monkeypatch.setattr(tiled, "TILE_BYTES", tile_bytes)
             monkeypatch.setattr(native, "kernel", lambda: None)
         got = LongContextStats(js_rows=3, causal=causal)
         stream_stats(lm, ids, got, chunk=chunk, batch_size=bs, units=units)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from attnscope.analyses.longctx import diagonal_sums
 from attnscope.engines import native
-from attnscope.engines.streaming import LOW, _softmax_entropy
+from attnscope.engines.tiled import LOW
+from attnscope.engines.tiled import softmax_entropy as _softmax_entropy
 
 needs_kernel = pytest.mark.skipif(native.kernel() is None, reason="no C compiler here")
 

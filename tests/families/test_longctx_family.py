@@ -350,11 +350,15 @@ def test_bfloat16_attention_reaches_the_engine_from_the_command_line(tmp_path, l
 
 def test_a_backend_named_on_the_command_line_runs_and_gives_the_same_statistics(tmp_path, monkeypatch, llama):
     from attnscope.data.unlabeled import prepare_documents
-    from attnscope.engines import onepass
+    import dataclasses
+
+    from attnscope.engines import backends
 
     calls = []
-    run_layer = onepass.run_layer
-    monkeypatch.setattr(onepass, "run_layer", lambda *a: calls.append(a[1]) or run_layer(*a))
+    run_layer = backends.get("onepass").run
+    monkeypatch.setattr(backends, "BACKENDS", tuple(
+        dataclasses.replace(b, run=lambda *a: calls.append(a[1]) or run_layer(*a)) if b.name == "onepass" else b
+        for b in backends.BACKENDS))
     got = _cli(tmp_path, "onepass", "--longctx-backend", "onepass")
     want = _cli(tmp_path, "auto")
     assert got["meta"]["backend"] == "onepass" and want["meta"]["backend"] == "auto"

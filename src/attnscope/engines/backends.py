@@ -1,4 +1,4 @@
-"""The streaming engine's backends: one interface, several implementations, chosen by device and input.
+"""The streaming engine's backends: one registry (:data:`BACKENDS`), one choice, several implementations.
 
 A backend computes one layer of one sequence: the layer's output rows (``P V``, which go back to
 the model in place of its own attention) and every per-row statistic, folded into the
@@ -16,9 +16,10 @@ flex       fused attention (``torch.nn.attention.flex_attention``):  CUDA withou
            never a row of scores; statistics from log-sum-exps       reference on a GPU)
            (:mod:`attnscope.engines.flex`)
 compiled   the compiled one-call CPU kernel                          the CPU, where it built
-           (:func:`attnscope.engines.native.flash`)
+           (:mod:`attnscope.engines.tiled`, ``COMPILED``)
 tiles      tiles of whole rows in torch (the compiled row kernel     anything else; every input
            where it built): the reference, any device, any input     the others do not take
+           (:mod:`attnscope.engines.tiled`, ``TILES``)
 =========  ========================================================  ==========================
 
 Every backend's statistics equal those of the eager maps of the same pass (``tests/engines/test_engines.py``
@@ -27,6 +28,11 @@ runs each backend this machine has). ``flex`` and ``compiled`` take token-level 
 one token either. Those go to ``tiles``. Outside CUDA, ``flex`` runs only when asked for: eager FlexAttention (off CUDA it is
 not compiled) is torch's reference implementation, which holds a layer's ``[H n n]`` scores: it
 proves the backend's mathematics on the CPU, it is not a fast path there.
+
+A backend is a :class:`~attnscope.engines.seam.Backend` (its name, devices, what it takes,
+whether it can run here and why not, and ``run``) defined in a module of its own; adding one is
+that module and one line in :data:`BACKENDS`. The engine chooses each sequence's backend once per
+pass (:func:`choose`) and calls its ``run`` for every layer.
 
 >>> [b.name for b in BACKENDS]
 ['onepass', 'flex', 'compiled', 'tiles']
@@ -41,94 +47,52 @@ proves the backend's mathematics on the CPU, it is not a fast path there.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from attnscope.engines import flex, native, onepass
+from attnscope.engines import flex, onepass, tiled
+from attnscope.engines.seam import Backend, LayerInput, Run  # noqa: F401 (the seam's names)
 from attnscope.engines.tiles import CPU_TILE_BYTES, CPU_TILE_ROWS, GPU_TILE_SHARE, tile_budget  # noqa: F401
 from attnscope.errors import AttnscopeError
 
-
-@dataclass(frozen=True)
-class Backend:
-    """What the seam knows of a backend: its ``name``, the device types on which ``choose``
-    picks it by itself, and which inputs it takes (``token_level``: no word-level sequences;
-    ``probes``: sequences with targets, e.g. the induction probes)."""
-
-    name: str
-    devices: tuple[str, ...]  # () = every device
-    token_level: bool
-    probes: bool
-    min_tokens: int = 1
-    reference: bool = False
-
-    def takes(self, token_level: bool, probe: bool, tokens: int) -> bool:
-        return ((token_level or not self.token_level) and (self.probes or not probe)
-                and tokens >= self.min_tokens)
-
-
-BACKENDS = (
-    Backend("onepass", devices=("cuda",), token_level=True, probes=True),
-    Backend("flex", devices=("cuda",), token_level=True, probes=True),
-    Backend("compiled", devices=("cpu",), token_level=True, probes=False, min_tokens=2),
-    Backend("tiles", devices=(), token_level=False, probes=True, reference=True),  # last: takes the rest
+#: every backend, in the order ``choose`` tries them; the reference (it takes every input) last
+BACKENDS: tuple[Backend, ...] = (
+    onepass.BACKEND,
+    flex.BACKEND,
+    tiled.COMPILED,
+    tiled.TILES,
 )
+
+
+#: what ``--longctx-backend`` takes
 NAMES = ("auto", *(b.name for b in BACKENDS))
 
 
-@dataclass
-class LayerInput:
-    """One layer of a streaming pass, as every backend sees it.
-
-    ``site``: the forward helper's :class:`~attnscope.models.forward.Site` (queries ``[B Hq T d]``
-    as the model made them, the mask, the scaling, the module); ``key`` / ``value``: its keys and
-    values ``[B Hkv T d]`` in float32 (the model's own where every sequence of the batch goes to the
-    one-pass kernel, which reads them as they are); ``out``: the heads' outputs ``[B T Hq d]``
-    (float32; there, the forward's dtype), which a backend fills for rows ``0 .. n-1`` of the sequences it runs; ``cap``: the logit soft-capping
-    (``cap tanh(s / cap)``; None: none); ``lengths``: each sequence's tokens in the batch."""
-
-    site: Any
-    stats: Any
-    key: Any
-    value: Any
-    out: Any
-    cap: float | None
-    lengths: list[int]
-
-    @property
-    def causal(self) -> bool:
-        return self.stats.causal
+def get(name: str) -> Backend:
+    """The backend called ``name``."""
+    for b in BACKENDS:
+        if b.name == name:
+            return b
+    raise AttnscopeError(f"backend {name!r}: not one of auto, {', '.join(b.name for b in BACKENDS)}",
+                         params=("backend",))
 
 
-#: ``run(layer, b, seq)``: sequence ``b`` of the batch through one backend
-Run = Callable[[LayerInput, int, Any], None]
+def _kind(device) -> str:
+    return getattr(device, "type", str(device).split(":")[0])
 
 
 def usable(name: str, device) -> bool:
     """Whether backend ``name`` can run on ``device`` on this machine at all."""
-    kind = getattr(device, "type", str(device).split(":")[0])
-    if name == "flex":
-        return flex.available()
-    if name == "compiled":
-        return native.available(kind) and native.flash_kernel() is not None
-    if name == "onepass":
-        return onepass.available(kind)
-    return name == "tiles"
+    return get(name).usable(_kind(device))
 
 
 def check(backend: str, device) -> None:
     """Refuse, in one line naming ``backend``, a name that is not a backend or one that cannot run
     on ``device`` here (before a pass begins)."""
-    if backend not in NAMES:
-        raise AttnscopeError(f"backend {backend!r}: not one of {', '.join(NAMES)}", params=("backend",))
-    if backend != "auto" and not usable(backend, device):
-        why = {"flex": "this torch has no torch.nn.attention.flex_attention",
-               "compiled": "the compiled kernel runs on the CPU only, and only where a C compiler "
-                           "built it and torch's library exports sgemm_",
-               "onepass": "it needs Triton (pip install triton) and a CUDA device, or TRITON_INTERPRET=1 "
-                          "to run Triton's interpreter on the CPU"}[backend]
-        raise AttnscopeError(f"backend {backend}: cannot run on {device} here ({why})",
-                             params=("backend",))
+    if backend == "auto":
+        return
+    b = get(backend)
+    if not b.usable(_kind(device)):
+        raise AttnscopeError(f"backend {backend}: cannot run on {device} here ({b.why})", params=("backend",))
 
 
 def choose(backend: str, device, *, token_level: bool, probe: bool, tokens: int = 2,
@@ -137,7 +101,7 @@ def choose(backend: str, device, *, token_level: bool, probe: bool, tokens: int 
     input (``token_level``: not word level; ``probe``: a sequence with targets; ``tokens``:
     its length), else (``"auto"``) the first of :data:`BACKENDS` made for ``device``'s type that can run
     there and takes it; what none of them takes goes to the reference, ``tiles``."""
-    kind = getattr(device, "type", str(device).split(":")[0])
+    kind = _kind(device)
     for b in BACKENDS:
         if not b.takes(token_level, probe, tokens):
             continue

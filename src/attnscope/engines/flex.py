@@ -47,6 +47,7 @@ import warnings
 from functools import cache
 
 from attnscope.engines.rows import NUM_BUCKETS
+from attnscope.engines.seam import Backend
 from attnscope.engines.tiles import tile_budget
 
 BLOCK = 128  # FlexAttention's block of query rows and of keys
@@ -357,3 +358,7 @@ def run_layer(layer, b: int, seq) -> None:
     rowv[2:] = masses.permute(2, 0, 1)
     sampled_rows(layer, seq, q, k, mask)
     stats.layer_end(seq)
+
+
+BACKEND = Backend("flex", devices=("cuda",), token_level=True, probes=True, run=run_layer,
+                  usable=lambda kind: available(), why="this torch has no torch.nn.attention.flex_attention")

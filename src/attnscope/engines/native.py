@@ -13,7 +13,7 @@ whole rows took 5.8-6.1 s.
 :func:`softmax_stats` does the row work of one such tile (word-level sequences and probes, which
 need each row's weights, and the layers where :func:`flash` is not available): a tile's row
 softmax, entropies, largest weights, mass per distance and mass on each key class, in three passes
-over each row while the row is in the cache. The torch path (``streaming._softmax_entropy``,
+over each row while the row is in the cache. The torch path (``tiled.softmax_entropy``,
 ``longctx.diagonal_sums``, and the classes as extra value columns of ``P V``) makes about eight
 passes over the whole tile.
 

@@ -52,6 +52,7 @@ from functools import cache
 
 from attnscope.engines import flex
 from attnscope.engines.rows import NUM_BUCKETS
+from attnscope.engines.seam import Backend
 
 
 #: launch sizes on CUDA: (half-precision inputs, the model's mask, head size > 64) -> query rows and
@@ -188,3 +189,9 @@ def run_layer(layer, b: int, seq) -> None:
     sums += dist
     flex.sampled_rows(layer, seq, q[None], kf, mask)
     stats.layer_end(seq)
+
+
+BACKEND = Backend("onepass", devices=("cuda",), token_level=True, probes=True, run=run_layer,
+                  usable=available,
+                  why="it needs Triton (pip install triton) and a CUDA device, or TRITON_INTERPRET=1 to run "
+                      "Triton's interpreter on the CPU")

@@ -21,7 +21,7 @@ the cache, with an online softmax across the key blocks, and sums each row's mas
 bucket rather than per distance. On CUDA each layer of a token-level sequence is fused
 attention instead (:func:`attnscope.engines.flex.run_layer`: the statistics from log-sum-exps,
 no row of scores held). Which of them runs is the seam's choice, by device and input
-(:mod:`attnscope.engines.backends`); the tiles below remain for word-level sequences and probes
+(:mod:`attnscope.engines.backends`); the tiles (:mod:`attnscope.engines.tiled`) remain for word-level sequences and probes
 (which need each row's weights) and wherever neither is available. There the row work (``P``,
 the entropy and largest weight, each row's mass on the keys' classes -- first token, special,
 punctuation, the general family's classes -- and the tile's mass per distance) is one call of a
@@ -31,7 +31,7 @@ columns (``[O | M] = P [V | classes]``) and one more pass for the distances. No 
 requested and the forward pass builds no ``[T T]`` mask, so the largest extra memory is one tile,
 at most ``Hq * c * n`` floats (two on the torch path), instead of the ``L * Hq * n * n`` of
 ``output_attentions``. Each tile holds whole rows, which the statistics need (so no online
-softmax over key blocks), of one block of key heads and their query heads (:func:`auto_tile`,
+softmax over key blocks), of one block of key heads and their query heads (:func:`~attnscope.engines.tiled.auto_tile`,
 sized for the device); at the smallest automatic CPU tile, 16 rows of one key head's 3 query heads, a 128k-token tile is
 25 MB. Under bfloat16 autocast the attention modules run in float32
 (:func:`float32_attention`), so the scores are not made of bfloat16-rounded queries and keys.
@@ -48,54 +48,21 @@ sized for the device); at the smallest automatic CPU tile, 16 rows of one key he
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager, nullcontext
-from functools import partial
 from typing import Any
 
 import numpy as np
 
-from attnscope.engines import backends, flex, native, onepass
-from attnscope.engines.backends import LayerInput
+from attnscope.engines import backends
+from attnscope.engines.seam import LayerInput
 from attnscope.engines.rows import RowStats, Sequence, is_punct, sample_by_digest, sample_rows, sequence_digest
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.models.families import module_at
 from attnscope.models.forward import forward, model_device, pad_batch
 
 ENGINES = ("auto", "streaming", "maps")
-
-TILE_BYTES = backends.CPU_TILE_BYTES  # a CPU tile's float32 scores at most (automatic tiles)
-LOW = -3.4028234663852886e38  # float32's most negative finite value: "masked"
-
-
-def _upper(c: int, device):
-    """``[c c]`` bool, True above the diagonal (a query must not see later keys)."""
-    import torch
-
-    return torch.ones(c, c, dtype=torch.bool, device=device).triu(1)
-
-
-def _softmax_entropy(s, e):
-    """Row softmax of the scores ``s`` ``[H c K]``, each row's entropy and its largest weight.
-
-    ``s`` is used up (shifted in place so that each row's maximum is 0, then overwritten); ``e``
-    (same shape) receives the weights ``p = exp(s) / z``, ``z = sum exp(s)``. The largest weight
-    is ``exp(0) / z = 1 / z``, so ``H = -sum p ln p = ln z - sum p s = -ln max p - sum p s``.
-    Masked scores give ``p = 0`` exactly. torch's softmax writes ``p`` in one pass over memory
-    (it works a row at a time, within the cache), where ``exp``, a sum and a scaling written out
-    took three (on a ``[9 17 16384]`` tile: 1.5 ms against 2.6 ms); ``e`` is a buffer the
-    caller keeps, not a fresh allocation.
-    """
-    import torch
-
-    s.sub_(s.amax(-1, keepdim=True))
-    p = torch.softmax(s, -1, out=e)
-    top = p.amax(-1)
-    ent = s.mul_(p).sum(-1).neg_().sub_(torch.log(top))  # (s is spent: p s in its place)
-    return p, ent, top
-
 
 def maps_bytes(lm, n: int, batch_size: int = 1, bytes_per_value: int = 4) -> int:
     """Memory the ``[L H n n]`` maps of ``batch_size`` sequences of ``n`` tokens would take."""
@@ -151,20 +118,6 @@ def unit_sequence(lm, ids: Seq[int], units, stats: RowStats, device, cache: dict
                     unit_counts=torch.as_tensor(np.bincount(u, minlength=U).astype(np.float32), device=device))
 
 
-def _unit_tile(p, seq: Sequence, t0: int, u0: int, u1: int, ku: int):
-    """Token rows ``t0 ..`` of ``p`` ``[H c K]`` as unit rows ``u0 .. u1-1`` over keys ``0 .. ku-1``:
-    the mass TO a unit is the sum over its pieces, the row FROM a unit the mean of its pieces'
-    rows (paper section 4.1, as :func:`attnscope.extract.wordlevel.to_word_level`); and each
-    unit row's entropy. Every piece of units ``u0 .. u1-1`` is in the tile."""
-    import torch
-
-    H, c, K = p.shape
-    cols = p.new_zeros(H, c, ku).index_add_(2, seq.units[:K], p)  # [H c ku]
-    pw = p.new_zeros(H, u1 - u0, ku).index_add_(1, seq.units[t0:t0 + c] - u0, cols)
-    pw.div_(seq.unit_counts[u0:u1].to(p.dtype)[None, :, None])
-    return pw, -torch.special.xlogy(pw, pw).sum(-1)
-
-
 def _fold_maps(stats: RowStats, layer: int, seq: Sequence, probs) -> None:
     """One layer's token-level probabilities ``[H n n]`` of one sequence (word level: converted
     with :func:`attnscope.extract.wordlevel.to_word_level` first)."""
@@ -217,38 +170,18 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: RowStats,
     return out
 
 
-def auto_tile(kv_groups: int, kv_heads: int, n: int, rows: int = 0,
-              tile_bytes: int = TILE_BYTES, max_rows: int = backends.CPU_TILE_ROWS) -> tuple[int, int]:
-    """``(query rows, key heads)`` per tile. Rows (unless given): ``max_rows``, fewer where the
-    float32 ``[G rows n]`` scores of one key head's ``G = kv_groups`` query heads would take more
-    than ``tile_bytes``, and at least 16 (at most ``n``); then as many key heads as fit in
-    ``tile_bytes`` (at least one). The budget is the device's
-    (:func:`attnscope.engines.backends.tile_budget`): on a CPU 7 MB and 64 rows, measured here;
-    on a GPU a share of its free memory, with no cap on the rows. Measured on CPU with SmolLM2
-    (one thread, 9 query heads on 3 key heads, one layer's tiles against sdpa's 1.0 s at 8k and 3.85 s at 16k): at 8k, 64 rows of one key head 1.42 s,
-    35 rows of all three 1.60 s; at 16k, 32 rows of one key head 5.83 s, 64 rows 6.21 s, 17 rows
-    of all three 7.14 s. A tile, its weights and its key head's keys and values should stay
-    within the 32 MB cache, and the products want as many rows as that allows."""
-    row_bytes = 4 * kv_groups * max(1, n)
-    rows = rows or int(min(max_rows, max(16, tile_bytes // row_bytes), max(1, n)))
-    return rows, int(min(kv_heads, max(1, tile_bytes // (row_bytes * rows))))
-
-
 def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
              backend: str = "auto", attention_dtype: str = "float32") -> Callable:
     """The forward helper's ``"attend"`` hook of the streaming engine: for each layer, fold the
     statistics of every sequence of the batch (begun in ``stats``) and return the heads' outputs
     ``P V`` computed with them, so the layer's own attention does not run.
 
-    Each sequence goes through one backend (:func:`attnscope.engines.backends.choose`:
-    ``backend``, or by device and input): on CUDA the fused one
-    (:func:`attnscope.engines.flex.run_layer`); on the CPU, a sequence of token rows that is not
-    a probe is one call of the compiled kernel (:func:`~attnscope.engines.native.flash`).
-    Otherwise (the tiles) rows are tiled as the statistics need them (``chunk`` query rows, 0:
-    :func:`auto_tile`); each tile holds whole rows (every key a row sees), so no online softmax
-    is needed. A tile holds a block of key heads and
-    their query heads; the blocks go one after the other, each through all its rows, so one
-    block's keys and values stay in the cache.
+    Each sequence goes through one backend (:mod:`attnscope.engines.backends`), chosen once for
+    the pass (:func:`~attnscope.engines.backends.choose`: ``backend``, or by device and input):
+    on CUDA the one-pass kernel (:mod:`~attnscope.engines.onepass`), else FlexAttention
+    (:mod:`~attnscope.engines.flex`); on the CPU a sequence of token rows that is not a probe is
+    one call of the compiled kernel; the rest goes to the reference, tiles of whole rows
+    (``chunk`` query rows, 0: by the device; :mod:`~attnscope.engines.tiled`).
 
     ``attention_dtype="bfloat16"``: the queries, keys and values are rounded to bfloat16 first,
     as ``scaled_dot_product_attention`` rounds them under bfloat16 autocast (see
@@ -256,7 +189,8 @@ def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
     """
     import torch
 
-    tiles = [None, None, None]  # a tile's scores, weights and mass per distance: kept across the layers
+    scratch = [None, None, None]  # a tile's scores, weights and mass per distance: kept across the layers
+    chosen: list = []  # each sequence's backend, chosen on the first layer's device
 
     def hook(site, query):
         if attention_dtype == "bfloat16":
@@ -264,147 +198,29 @@ def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
                                                 for k in ("query", "key", "value")})
         # float32 sums whatever the forward pass runs in (autocast would turn matmul to bfloat16)
         with torch.autocast(device_type=query.device.type, enabled=False):
-            return _tiles(site, query.dtype).to(query.dtype)
+            return _layer(site, query.dtype).to(query.dtype)
 
-    def _tiles(site, dtype):
-        """The statistics of every tile and, from the same tiles, the heads' outputs
-        ``[B T Hq d]`` (``P V``, float32; rows past a sequence's end are 0)."""
-        q = site.query  # scaled a tile at a time: a scaled copy of all of it took 38 MB at 16k
+    def _layer(site, dtype):
+        """The statistics and, from the same computation, the heads' outputs ``[B T Hq d]``
+        (``P V``, float32; rows past a sequence's end are 0) of every sequence."""
+        q = site.query
         seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
-        chosen = [backends.choose(backend, q.device, token_level=seq.units is None, probe=bool(seq.targets),
-                                  tokens=seq_len[b]) for b, seq in enumerate(seqs)]
+        if not chosen:
+            chosen.extend(backends.get(backends.choose(backend, q.device, token_level=seq.units is None,
+                                                       probe=bool(seq.targets), tokens=seq_len[b]))
+                          for b, seq in enumerate(seqs))
         # the keys and values in float32, and the output, for the backends that take them so (the
         # one-pass kernel reads the model's own and writes the output in the query's dtype)
-        own = all(c == "onepass" for c in chosen)
+        own = all(c.name == "onepass" for c in chosen)
         v = site.value if own else site.value.float()
         k = site.key if own else site.key.float()  # [B Hkv T d], read transposed by Q K^T
         cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
-        plain = site.mask is None and stats.causal  # no padding: the causal triangle only
-        d = v.shape[-1]
         B, H, T = q.shape[:3]
-        G = site.kv_groups
-        Hkv = H // G
-        out = v.new_zeros(B, T, H, d, dtype=dtype if own else torch.float32)  # [B T Hq d]
-        fast = native.available(v.device)
-
-        def buffer(i, shape):  # sized at once for rows as wide as the longest sequence
-            size = math.prod(shape)
-            if tiles[i] is None or tiles[i].numel() < size or tiles[i].device != v.device:
-                tiles[i] = v.new_empty(max(size, size // shape[-1] * T))
-            return tiles[i][:size].view(shape)
-
-        def scores(b, block, r0, r1, k1, out=None):
-            """The scaled, capped and masked scores of rows r0 .. r1-1 of sequence b over keys
-            0 .. k1-1, for a block of key heads and their query heads (two slices): [h c k1].
-
-            Grouped-query attention without copies of the keys: the G query heads that share a
-            key head (query head h reads key head h // G) are one matrix of G c rows, so each
-            product reads a key block once for all of them."""
-            c = r1 - r0
-            kv, hq = block
-            nk = kv.stop - kv.start
-            qr = (q[b, hq, r0:r1].float() * site.scaling).reshape(nk, G * c, -1)
-            s = torch.matmul(qr, k[b, kv, :k1].transpose(-1, -2), out=out).view(nk * G, c, k1)
-            if cap:
-                s.div_(cap).tanh_().mul_(cap)
-            if plain:  # keys < r0 are all visible; mask the upper triangle of the last block
-                s[:, :, r0:r1].masked_fill_(_upper(c, s.device), LOW)
-            else:
-                s.masked_fill_(~site.allowed(r0, r1, k1)[b], LOW)
-            return s
-
-        def probs(b, block, r0, r1, vb, cls=None, dist=False):
-            """Rows r0 .. r1-1 of sequence b (:func:`scores`): P [h c k1], entropies and largest
-            weights [h c], the rows' mass on each key class [h c F], and, with dist, their mass
-            per distance (:func:`~attnscope.engines.rows.diagonal_sums`; None where the
-            torch path leaves it to the statistics). The compiled kernel (:mod:`.native`) takes
-            the key classes as ``cls`` [F n]; the torch path has them as the columns of the
-            values vb [Hkv n d+C] past the first d."""
-            k1 = r1 if stats.causal else seq_len[b]
-            c = r1 - r0
-            kv, hq = block
-            nk = kv.stop - kv.start
-            shape = (nk, G * c, k1)
-            s = scores(b, block, r0, r1, k1, out=buffer(0, shape))
-            per_d = None
-            if fast:  # one pass over each row: p in place of s, the classes' mass, the distances
-                if dist:
-                    per_d = buffer(2, (nk * G, k1 + c - 1))
-                ent, top, masses = native.softmax_stats(s, per_d, cls)
-                p = s
-            else:
-                p, ent, top = _softmax_entropy(s, buffer(1, s.shape))
-            pv = torch.matmul(p.view(shape), vb[kv, :k1]).view(nk * G, c, -1)
-            out[b, r0:r1, hq] = pv[..., :d].transpose(0, 1)
-            return p, ent, top, (masses if fast else pv[..., d:]), per_d
-
-        def whole_layer(layer, b, seq):
-            """Every row of sequence b in one call of the compiled one-pass kernel
-            (:func:`~attnscope.engines.native.flash`), then its sampled rows' weights."""
-            n = seq.n
-            nkeys = n if stats.causal else seq_len[b]
-            mask = None
-            if site.mask is not None:  # (a mask broadcast over the rows keeps its row stride 0)
-                mask = site.allowed(0, n, nkeys)[b, 0].expand(n, nkeys)
-                mask = mask if mask.stride(-1) == 1 else mask.contiguous()
-            rowv, dist = stats.row_buffers(site.layer, seq, v.device)
-            native.flash(q[b].float(), k[b], v[b], out[b], n, nkeys, site.scaling, cap, stats.causal, mask,
-                         seq.key_classes(v.device).t().contiguous(), rowv, dist)
-            every = (slice(0, Hkv), slice(0, H))
-            for r in seq.js_rows:
-                width = r + 1 if stats.causal else nkeys
-                stats.sampled_row(site.layer, seq, r, torch.softmax(scores(b, every, r, r + 1, width), -1)[:, 0])
-            stats.layer_end(seq)
-
-        def tile_layer(layer, b, seq):
-            """Sequence b in tiles of whole rows (word level: of whole words)."""
-            rows, nk = auto_tile(G, Hkv, seq_len[b], chunk, *backends.tile_budget(v.device, TILE_BYTES))
-            blocks = [(slice(k, min(Hkv, k + nk)), slice(k * G, min(Hkv, k + nk) * G))  # key heads, query heads
-                      for k in range(0, Hkv, nk)]
-            if seq.units is not None:
-                for block in blocks:
-                    _unit_tiles(site.layer, partial(probs, b, block, vb=v[b]), seq, rows, block[1])
-                stats.layer_end(seq)
-                return
-            kc = seq.key_classes(v.device)  # [n F]
-            if fast:  # the classes go to the kernel, and P V has the values' d columns only
-                vb, cls = v[b, :, :seq.n].contiguous(), kc.t().contiguous()
-            else:  # the classes as extra value columns (padded to a multiple of 4, which the
-                # matrix product runs faster on): one product gives each row's output and its
-                # mass on every class
-                cls = None
-                vb = v.new_zeros(Hkv, seq.n, d + kc.shape[1] + (-(d + kc.shape[1])) % 4)
-                vb[:, :, :d] = v[b, :, :seq.n]
-                vb[:, :, d:d + kc.shape[1]] = kc
-            for block in blocks:
-                probs(b, block, 0, 1, vb)  # row 0: its output only (a statistics row has other keys to see)
-                for q0 in range(1, seq.n, rows):
-                    q1 = min(seq.n, q0 + rows)
-                    p, ent, top, masses, per_d = probs(b, block, q0, q1, vb, cls, dist=not seq.targets)
-                    stats.tile(site.layer, seq, q0, p, ent, top, masses, heads=block[1], per_d=per_d)
-            stats.layer_end(seq)
-
-        layer = LayerInput(site, stats, k, v, out, cap, seq_len)
-        runs = {"flex": flex.run_layer, "compiled": whole_layer, "tiles": tile_layer, "onepass": onepass.run_layer}
+        out = v.new_zeros(B, T, H, v.shape[-1], dtype=dtype if own else torch.float32)  # [B T Hq d]
+        layer = LayerInput(site, stats, k, v, out, cap, seq_len, chunk, scratch)
         for b, seq in enumerate(seqs):
-            runs[chosen[b]](layer, b, seq)
+            chosen[b].run(layer, b, seq)
         return out
-
-    def _unit_tiles(layer, probs, seq, rows, heads):
-        # word level: tiles of whole units, about `rows` tokens each, from unit 1 on
-        n, U, starts = seq.token_n, seq.n, seq.unit_start
-        probs(0, starts[1] if U > 1 else n)  # unit 0's rows: their output only
-        u0 = 1
-        while u0 < U:
-            t0 = starts[u0]
-            u1 = u0 + 1
-            while u1 < U and starts[u1] - t0 < rows:
-                u1 += 1
-            t1 = starts[u1] if u1 < U else n
-            p = probs(t0, t1)[0]
-            pw, ent = _unit_tile(p, seq, t0, u0, u1, u1 if stats.causal else U)
-            stats.tile(layer, seq, u0, pw, ent, heads=heads)
-            u0 = u1
 
     return hook
 
@@ -467,7 +283,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 
                  attention_dtype: str = "auto") -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
-    ``chunk``: query rows per tile (0: :func:`auto_tile` per sequence; the one-call CPU kernel
+    ``chunk``: query rows per tile (0: :func:`~attnscope.engines.tiled.auto_tile` per sequence; the one-call CPU kernel
     picks its own blocks). ``targets``: per sequence, name -> key index per row (-1:
     none), e.g. from :func:`induction_sequences`. The statistics do not depend on ``chunk`` or
     ``batch_size`` (up to float32 rounding).

@@ -4,9 +4,9 @@ the backends and the engine read it, so it sits below both."""
 from __future__ import annotations
 
 #: the float32 scores of one tile at most, for the automatic tiles on a CPU (its cache; see
-#: ``streaming.auto_tile``, where it was measured)
+#: ``tiled.auto_tile``, where it was measured)
 CPU_TILE_BYTES = 7 << 20
-#: rows of a CPU tile at most (measured with ``CPU_TILE_BYTES``; see ``streaming.auto_tile``)
+#: rows of a CPU tile at most (measured with ``CPU_TILE_BYTES``; see ``tiled.auto_tile``)
 CPU_TILE_ROWS = 64
 #: the share of a GPU's free memory that one tile's scores may take: the tile's weights and its
 #: ``P V`` come on top of it, and the model's own activations must still fit

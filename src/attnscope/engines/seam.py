@@ -1,0 +1,70 @@
+"""What a backend of the streaming engine is (:class:`Backend`) and what it is handed for one layer
+(:class:`LayerInput`): the seam between the engine (:mod:`attnscope.engines.streaming`), the
+registry that chooses a backend (:mod:`attnscope.engines.backends`) and the backends themselves
+(each a module of its own that defines one :class:`Backend`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnscope.engines.rows import RowStats
+
+
+@dataclass
+class LayerInput:
+    """One layer of a streaming pass, as every backend sees it.
+
+    ``site``: the forward helper's :class:`~attnscope.models.forward.Site` (queries ``[B Hq T d]``
+    as the model made them, the mask, the scaling, the module); ``stats``: what the statistics
+    are folded into; ``key`` / ``value``: its keys and values ``[B Hkv T d]`` in float32 (the
+    model's own where every sequence of the batch goes to the one-pass kernel, which reads them as
+    they are); ``out``: the heads' outputs ``[B T Hq d]`` (float32; there, the forward's dtype),
+    which a backend fills for rows ``0 .. n-1`` of the sequences it runs; ``cap``: the logit
+    soft-capping (``cap tanh(s / cap)``; None: none); ``lengths``: each sequence's tokens in the
+    batch; ``chunk``: query rows per tile asked for (0: by the device); ``scratch``: buffers a
+    backend may keep from one layer to the next (the tiles' scores and weights)."""
+
+    site: Any
+    stats: RowStats
+    key: Any
+    value: Any
+    out: Any
+    cap: float | None
+    lengths: list[int]
+    chunk: int = 0
+    scratch: list = field(default_factory=lambda: [None, None, None])
+
+    @property
+    def causal(self) -> bool:
+        return self.stats.causal
+
+
+#: ``run(layer, b, seq)``: sequence ``b`` of the batch through one backend: its output rows into
+#: ``layer.out``, its statistics into ``layer.stats`` (through ``layer_end``)
+Run = Callable[[LayerInput, int, Any], None]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend: its ``name``, the device types on which ``choose`` picks it by itself
+    (``()``: every device), which inputs it takes (``token_level``: no word-level sequences;
+    ``probes``: sequences with targets, e.g. the induction probes; at least ``min_tokens``
+    tokens), whether it is the reference (it takes every input: the last resort), whether it can
+    run on a device type here (``usable``) and why not (``why``, one line for the error), and
+    ``run``, which computes one layer of one sequence."""
+
+    name: str
+    devices: tuple[str, ...]
+    token_level: bool
+    probes: bool
+    run: Run
+    usable: Callable[[str], bool]
+    why: str = ""
+    min_tokens: int = 1
+    reference: bool = False
+
+    def takes(self, token_level: bool, probe: bool, tokens: int) -> bool:
+        return ((token_level or not self.token_level) and (self.probes or not probe)
+                and tokens >= self.min_tokens)
