@@ -214,7 +214,8 @@ def test_findings_agree_with_the_rows_of_a_real_run(tmp_path):
 def test_a_tie_with_the_offset_is_not_a_head_above_it():
     """The demo's 'amod': head 100.0% vs offset 100.0% is a tie: neither counted nor listed as a
     relation where the head is above the offset, nor drawn as one in Figure 5."""
-    from attnscope.report.syntax import _findings, _pick_examples
+    from attnscope.analyses.syntax import figure5_picks
+    from attnscope.report.syntax import _findings
 
     rows = [_row("amod", 100.0, 100.0), _row("det", 94.1, 70.6), _row("case", 60.0, 71.4),
             _row("all", 67.0, 41.5, count=94)]
@@ -226,8 +227,8 @@ def test_a_tie_with_the_offset_is_not_a_head_above_it():
     ex = Example(words=["the", "big", "cat", "saw", "a", "dog"], heads=[3, 3, 4, 0, 6, 4],
                  relns=["det", "amod", "nsubj", "root", "det", "obj"])
     asked = []  # Figure 5 looks for a sentence for 'det' only (its maps: none here)
-    figs, best, maps = _pick_examples(rows, [(0, ex)], lambda idx: asked.append(idx) or [], None, False)
-    assert asked == [[0]] and (figs, best, maps) == ([], [], {})
+    picks = figure5_picks(rows, [(0, ex)], lambda idx: asked.append(idx) or [], collapse_subtypes=False)
+    assert asked == [[0]] and picks == []
 
 
 def test_a_stopped_run_keeps_whole_shards_and_finished_epochs_and_goes_on_from_there(tmp_path, debug_bert,

@@ -588,3 +588,37 @@ def head_choices(amap: AttentionMap, info: dict, layer: int, head: int,
                     "correct": pred in gold, "type": col["type"][i],
                     "weights": weights.astype(np.float64)})
     return out
+
+
+def best_head_examples(result: Result, examples: Sequence[Example], maps_of, n: int = 3,
+                       ) -> list[tuple[int, Any, dict]]:
+    """The best head's examples for the figure: a few windows of distinct documents (their
+    word-level maps from ``maps_of(indices)``) and, in each, the head's choice to show (a correct
+    one at some distance, as the paper's figure): at most ``n`` of ``(window index, map,
+    choice)`` (:func:`head_choices`)."""
+    rows = result.tables["table2"]
+    if len(rows) <= len(BASELINES):
+        return []
+    best = rows[len(BASELINES)]
+    layer, head = best["layer"], best["head"]
+    candidates, ties = result.params["candidates"], result.params["ties"]
+    chosen, seen_docs = [], set()
+    for i, ex in enumerate(examples):
+        info = ex.fields["coref"]
+        if info["doc_index"] in seen_docs or not any(info["mentions"]["score"]):
+            continue
+        chosen.append(i)
+        seen_docs.add(info["doc_index"])
+        if len(chosen) >= 4 * n:
+            break
+    picks = []
+    for amap in maps_of(chosen):
+        if len(picks) >= n:
+            break
+        i = amap.index
+        choices = head_choices(amap, examples[i].fields["coref"], layer, head, candidates, ties)
+        # prefer a correct choice at some distance, as the paper's figure shows
+        good = [c for c in choices if c["correct"] and 0 <= c["pred"] and c["query"] - c["pred"] <= 50]
+        if good:
+            picks.append((i, amap, max(good, key=lambda c: (c["query"] - c["pred"], -c["query"]))))
+    return picks

@@ -392,3 +392,97 @@ def table1_rows(score: HeadCounts, select: HeadCounts | list[tuple[HeadCounts, H
     all_rows = [x for x in rows if x["relation"] == ALL]
     other = sorted((x for x in rows if x["relation"] != ALL), key=lambda x: (-x["count"], x["relation"]))
     return other + all_rows
+
+
+# -- what the family hands its report ------------------------------------------------------------
+def table1_min_count(min_count: int | None, dependents: int) -> tuple[int, str]:
+    """The smallest relation Table 1 shows, and how it was chosen. None adapts to the data: 1%
+    of the scored dependents, at least 5 and at most 100 (the paper's cut-off), so a small
+    sample still shows its frequent relations and a corpus gets the paper's table.
+
+    >>> table1_min_count(None, 23146), table1_min_count(None, 180)[0], table1_min_count(20, 180)
+    ((100, "the paper's cut-off"), 5, (20, 'as asked'))
+    """
+    if min_count is not None:
+        return int(min_count), "as asked"
+    m = min(100, max(5, dependents // 100))
+    return m, "the paper's cut-off" if m == 100 else f"1% of the {dependents} scored dependents, at least 5"
+
+
+@dataclass
+class SyntaxTables:
+    """Table 1 in both selection modes, from the heads scored on dev (and train): ``counts``, the
+    dev counts (the heatmaps); ``paper`` / ``heldout``, the rows (heads chosen on the scored data
+    itself, as the paper, or held out: ``heldout_how``); ``min_count`` and ``min_how``, the
+    smallest relation shown and why; ``result``, the finalized dev heads; ``empty_words``, dev
+    words that became zero tokens."""
+
+    counts: HeadCounts
+    paper: list[dict]
+    heldout: list[dict]
+    heldout_how: str
+    min_count: int
+    min_how: str
+    result: Result
+    empty_words: int
+
+
+def syntax_tables(heads_dev: DependencyHeads, heads_train: DependencyHeads | None, *,
+                  min_count: int | None, n_boot: int, seed: int) -> SyntaxTables:
+    """Table 1 of the heads scored on dev: chosen on dev itself, and held out (chosen on
+    ``heads_train`` when given, else cross-fitted on the two halves of dev by example index
+    parity, pooled), each with seeded bootstrap intervals."""
+    score = heads_dev.counts()
+    min_count, min_how = table1_min_count(min_count, int(score.total[-1]))
+    paper = table1_rows(score, None, min_count=min_count, n_boot=n_boot, seed=seed)
+    if heads_train is not None:
+        held = table1_rows(score, heads_train.counts(), min_count=min_count, n_boot=n_boot, seed=seed)
+        how = "heads and offsets chosen on the train split, scored on dev"
+    else:
+        folds = [(heads_dev.counts((1,)), heads_dev.counts((0,))),
+                 (heads_dev.counts((0,)), heads_dev.counts((1,)))]
+        held = table1_rows(score, folds, min_count=min_count, n_boot=n_boot, seed=seed)
+        how = ("cross-fitted on dev: chosen on the odd-indexed examples and scored on the "
+               "even ones, and vice versa, pooled")
+    for r in paper:
+        r["selection"] = "paper"
+    for r in held:
+        r["selection"] = "held-out"
+    return SyntaxTables(score, paper, held, how, min_count, min_how, heads_dev.finalize(),
+                        heads_dev.empty_words)
+
+
+def table3_row(name: str, run, n_boot: int, seed: int) -> dict:
+    """Table 3's row of one probe run: UAS (%) with its seeded bootstrap interval over dependents."""
+    lo, hi = binary_bootstrap_ci(run.correct, run.total, n_boot=n_boot, seed=seed)
+    return {"model": name, "uas": 100.0 * run.uas, "ci_low": 100.0 * lo, "ci_high": 100.0 * hi,
+            "dependents": run.total, "best_epoch": run.best_epoch, "epochs": run.epochs_run,
+            "seconds_per_epoch": run.seconds_per_epoch if run.epochs_run else None,
+            "parameters": run.parameters}
+
+
+def figure5_picks(rows: list[dict], dev_examples: list, maps_of, *, collapse_subtypes: bool,
+                  ties: str = "none", most: int = 4) -> list[tuple[dict, int, AttentionMap]]:
+    """Figure 5's examples: for the (at most ``most``) relations whose best head beats its offset
+    baseline most, the first dev sentence of 6-25 words (of its first 20 with the relation) where
+    that head gets every such arc right: ``(row, direction, map)``. ``dev_examples``:
+    ``(index, example)``; ``maps_of(indices)``: their word-level maps."""
+    picks = []
+    chosen = sorted((r for r in rows if r["relation"] != ALL and "/" not in r["head"]
+                     and r["accuracy"] > r["offset_accuracy"]),
+                    key=lambda r: -(r["accuracy"] - r["offset_accuracy"]))[:most]
+    for row in chosen:
+        rel = row["relation"]
+        d = DIRECTIONS.index(row["direction"])
+        layer, head = row["layer"], row["head_index"]
+        cands = [(i, ex) for i, ex in dev_examples
+                 if 6 <= len(ex.words) <= 25 and rel in [relation_label(x, collapse_subtypes) for x in ex.relns]][:20]
+        for m in maps_of([i for i, _ in cands]):
+            s = score_map(m, collapse_subtypes=collapse_subtypes, ties=ties)
+            if s is None:
+                continue
+            mask = np.array([r == rel for r in s.relations])
+            if mask.any() and s.correct[layer, head, d][mask].all():
+                picks.append((row, d, m))
+                break
+    return picks

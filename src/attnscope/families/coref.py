@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnscope.analyses.coref import CANDIDATE_SETS, CorefAntecedents, coref_windows
+from attnscope.analyses.coref import CANDIDATE_SETS, CorefAntecedents, best_head_examples, coref_windows
 from attnscope.analyses.units import TIE_RULES
 from attnscope.data.coref import Document, read_coref
 from attnscope.errors import AttnscopeError, InputError
@@ -47,8 +47,8 @@ def _coref(paths: list[Path], docs: list[Document], options: "CorefOptions", ctx
                         "extract": {"examples_out": out.stats.examples_out, "skipped": out.stats.skipped}})
     result.params.update({"window": options.window, "max_seq_len": ctx.max_seq_len,
                           "batch_size": ctx.batch_size})
-    return write_coref(result, ctx.out_dir, wstats=wstats, examples=examples, n_examples=3,
-                       maps_of=lambda indices: ctx.maps(examples, indices, word_level=True))
+    picks = best_head_examples(result, examples, lambda indices: ctx.maps(examples, indices, word_level=True), n=3)
+    return write_coref(result, ctx.out_dir, wstats=wstats, examples=examples, picks=picks)
 
 
 # -- the family ------------------------------------------------------------------------------

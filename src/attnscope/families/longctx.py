@@ -209,6 +209,7 @@ class LongContext(Family):
         extra = notes + run_findings(res, options, engine=engine, ray_workers=on_workers, model=lm,
                                      documents=len(docs), doc_longest=plans[0][0], probes=probes,
                                      batch=(batch_size, longest, groups[widest][2]),
+                                     maps_gb=maps_bytes(lm, longest, batch_size) / 2 ** 30,
                                      max_seq_len=ctx.max_seq_len, generated=generated,
                                      attention_dtype=attention_dtype(options))
         clusters = head_clusters(res)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from attnscope.analyses.probes.features import SentenceSource
 from attnscope.analyses.probes.random_init import random_init_model
-from attnscope.analyses.syntax import ALL, DependencyHeads
+from attnscope.analyses.syntax import ALL, DependencyHeads, figure5_picks, syntax_tables, table3_row
 from attnscope.analyses.units import TIE_RULES
 from attnscope.data.glove import load_glove
 from attnscope.data.records import Example
@@ -30,7 +30,7 @@ from attnscope.families.base import (
     register_family,
 )
 from attnscope.report.section import Section
-from attnscope.report.syntax import Progress, _table3_row, write_syntax
+from attnscope.report.syntax import Progress, write_syntax
 from attnscope.sources import read_source
 from attnscope.store import Store
 from attnscope.viz.results_views import relation_grids
@@ -105,7 +105,7 @@ def run_probes(train_store, dev_store, *, glove=None, random_train=None, random_
         runs.update(train_probes(rmod, rtrain, rdev, config, progress,
                                  state=state and state("probes-random-init"), label="random-init probes"))
     order = ["right-branching", "distance+glove", "random-init attn+glove", "attn", "attn+glove"]
-    rows = [_table3_row(n, runs[n], n_boot, config.seed + i) for i, n in enumerate(order) if n in runs]
+    rows = [table3_row(n, runs[n], n_boot, config.seed + i) for i, n in enumerate(order) if n in runs]
     details["history"] = {n: r.history for n, r in runs.items()}
     return rows, details
 
@@ -127,7 +127,8 @@ def _checked_split(split, name: str):
 
 def _syntax(dev, train, options: "SyntaxOptions", ctx: Context) -> Section:
     """The syntax family's job: score the heads on ``dev`` (and ``train``), train the probes when
-    there is a train split, then :func:`~attnscope.report.syntax.write_syntax`.
+    there is a train split, compute Table 1 (:func:`~attnscope.analyses.syntax.syntax_tables`) and
+    pick Figure 5's examples, then lay them out (:func:`~attnscope.report.syntax.write_syntax`).
 
     ``dev`` / ``train``: lists of :class:`Example` with trees, or word-level stores. The model is
     needed to extract lists and for the random-init baseline; with stores alone the baseline is
@@ -175,13 +176,13 @@ def _syntax(dev, train, options: "SyntaxOptions", ctx: Context) -> Section:
             return [dev_store.by_index(i) for i in indices]
         return ctx.maps(dev, indices, word_level=True)
 
-    return write_syntax(ctx.out_dir, heads_dev, heads_train if train is not None else None,
-                        dev_examples=_store_examples(dev_store) if dev_store is not None
-                        else list(enumerate(dev)), maps_of=maps_of, rows3=rows3,
-                        probe_details=probe_details, notes=notes, min_count=options.min_count,
+    tables = syntax_tables(heads_dev, heads_train if train is not None else None, min_count=options.min_count,
+                           n_boot=options.syntax_bootstrap, seed=ctx.seed)
+    picks = figure5_picks(tables.paper, _store_examples(dev_store) if dev_store is not None else list(enumerate(dev)),
+                          maps_of, collapse_subtypes=options.collapse_subtypes, ties=options.syntax_ties)
+    return write_syntax(ctx.out_dir, tables, picks=picks, rows3=rows3, probe_details=probe_details, notes=notes,
                         collapse_subtypes=options.collapse_subtypes, n_boot=options.syntax_bootstrap,
-                        seed=ctx.seed, max_seq_len=ctx.max_seq_len, root=PROBE_ROOT,
-                        ties=options.syntax_ties)
+                        seed=ctx.seed, max_seq_len=ctx.max_seq_len, root=PROBE_ROOT, ties=options.syntax_ties)
 
 
 def _probes(dev, train, dev_store, train_store, options: "SyntaxOptions", ctx: Context, maps_root: Path,

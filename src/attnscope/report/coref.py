@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.analyses.base import Result
-from attnscope.analyses.coref import BASELINES, PAPER_DEFINITION, WindowStats, head_choices
+from attnscope.analyses.coref import BASELINES, PAPER_DEFINITION, WindowStats
 from attnscope.data.coref import MENTION_TYPES
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import Example, HeadId
-from attnscope.maps import AttentionMap
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import (
     MIN_ITEMS,
@@ -188,12 +187,13 @@ def _methods(candidates: str, ties: str = "none") -> list[str]:
 
 
 def write_coref(result: Result, out_dir: Path, *, wstats: WindowStats, examples: Sequence[Example],
-                maps_of: Callable[[list[int]], list[AttentionMap]], n_examples: int = 3) -> Section:
+                picks: list) -> Section:
     """Table 2 (with the paper's candidates and held out), the per-head table, the heatmap,
     the examples figure, ``results/coref.json`` and the Section, from the finalized ``result``
     of :class:`~attnscope.analyses.coref.CorefAntecedents` (its params also carry ``window``
     and ``max_seq_len``, its meta the extraction's ``skipped`` windows). ``examples``: the
-    windows that were scored, and ``maps_of(indices)`` their word-level maps, for the figure."""
+    windows that were scored, and ``picks`` the best head's examples to draw
+    (:func:`~attnscope.analyses.coref.best_head_examples`)."""
     params = result.params
     candidates, window, max_seq_len = params["candidates"], params["window"], params["max_seq_len"]
     note = _window_note(wstats, candidates)
@@ -242,7 +242,7 @@ def write_coref(result: Result, out_dir: Path, *, wstats: WindowStats, examples:
         section.figures.append(FigureArtifact("coref_heatmap", hm_caption, heatmap_figure(
             acc, figures_dir / "coref_heatmap", title="coreference: antecedent accuracy per head")))
     if rows:
-        _best_head_examples(section, result, examples, maps_of, n_examples, figures_dir, note)
+        _best_head_examples(section, result, examples, picks, figures_dir, note)
     best_row = rows[len(BASELINES)] if len(rows) > len(BASELINES) else None
     caution = best_row and small_sample_caution(
         "Table 2", best_row.get("all_n") or 0, *(None if best_row.get(k) is None else 100 * best_row[k]
@@ -267,14 +267,13 @@ def write_coref(result: Result, out_dir: Path, *, wstats: WindowStats, examples:
     return section
 
 
-def _best_head_examples(section: Section, result: Result, examples: Sequence[Example], maps_of,
-                        n_examples: int, figures_dir: Path, note: str) -> None:
+def _best_head_examples(section: Section, result: Result, examples: Sequence[Example], picks: list,
+                        figures_dir: Path, note: str) -> None:
     """The best head's examples figure, its maps and the paper's Table 2 beside ours, in ``section``."""
     rows = result.tables["table2"]
     best = rows[len(BASELINES)]
     head = HeadId(best["layer"], best["head"])
-    panels, maps = _example_panels(examples, maps_of, head, result.params["candidates"], n_examples,
-                                   result.params["ties"])
+    panels, maps = _example_panels(examples, picks)
     if panels:
         ex_caption = (f"Head {head} on real text: shading is its attention from the head word of a "
                       f"mention (black box); green underlines are gold antecedent head words; the "
@@ -299,31 +298,12 @@ def _best_head_examples(section: Section, result: Result, examples: Sequence[Exa
     ]
 
 
-def _example_panels(examples: Sequence[Example], maps_of, head: HeadId, candidates: str, n: int,
-                    ties: str = "none") -> tuple[list[dict], dict]:
-    """A few windows (distinct documents, their maps from ``maps_of``) and the best head's
-    choices in them: at most ``n`` panels, and their maps by window index."""
-    chosen, seen_docs = [], set()
-    for i, ex in enumerate(examples):
-        info = ex.fields["coref"]
-        if info["doc_index"] in seen_docs or not any(info["mentions"]["score"]):
-            continue
-        chosen.append(i)
-        seen_docs.add(info["doc_index"])
-        if len(chosen) >= 4 * n:
-            break
+def _example_panels(examples: Sequence[Example], picks: list) -> tuple[list[dict], dict]:
+    """The figure's panels (a snippet of each picked window around the head's choice) and their
+    maps by window index, from :func:`~attnscope.analyses.coref.best_head_examples`."""
     panels, maps = [], {}
-    for amap in maps_of(chosen):
-        if len(panels) >= n:
-            break
-        i = amap.index
+    for i, amap, pick in picks:
         info = examples[i].fields["coref"]
-        choices = head_choices(amap, info, head.layer, head.head, candidates, ties)
-        # prefer a correct choice at some distance, as the paper's figure shows
-        good = [c for c in choices if c["correct"] and 0 <= c["pred"] and c["query"] - c["pred"] <= 50]
-        if not good:
-            continue
-        pick = max(good, key=lambda c: (c["query"] - c["pred"], -c["query"]))
         snip = _snippet(examples[i].words, pick)
         snip.update({"doc": info["doc"], "example_index": i, "window": info["window"]})
         panels.append(snip)

@@ -16,7 +16,6 @@ import numpy as np
 
 from attnscope.analyses.base import Result
 from attnscope.data.records import HeadId
-from attnscope.engines.streaming import maps_bytes
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
@@ -197,10 +196,10 @@ def _cluster_figure(clusters: dict, stem: Path, tables_dir: Path, sec: Section) 
 
 def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, model: Any,
                  documents: int, doc_longest: int, probes: list, batch: tuple[int, int, str],
-                 max_seq_len: int, generated: list[dict], attention_dtype: str) -> list[str]:
+                 maps_gb: float, max_seq_len: int, generated: list[dict], attention_dtype: str) -> list[str]:
     """Record how the long-context statistics were computed in ``res.meta`` and say it in
     findings: the engine (chosen or forced, and why: the maps of ``batch`` = ``(size, longest,
-    kind)`` in GB), the forward precision, the documents and induction sequences, and whether
+    kind)`` would take ``maps_gb`` GB), the forward precision, the documents and induction sequences, and whether
     documents ran past the positions ``model`` was configured for."""
     size, longest, kind = batch
     res.meta.update({"engine": engine, "ray_workers": ray_workers,
@@ -212,7 +211,6 @@ def run_findings(res: Result, options: Any, *, engine: str, ray_workers: int, mo
                      # per document: its tokens from generated_from on are the model's own
                      # greedy continuation (statistics cover prompt + continuation)
                      "generated": generated})
-    maps_gb = maps_bytes(model, longest, size) / 2 ** 30
     why = (f"the maps of a batch of {counted(size, kind)} of up to {longest} tokens would take "
            f"{maps_gb:.1f} GB"
            + (" (more than --longctx-maps-budget-gb)" if options.engine == "auto" and engine == "streaming" else ""))

@@ -16,18 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.analyses.base import Result
-from attnscope.analyses.syntax import (
-    ALL,
-    DIRECTIONS,
-    DependencyHeads,
-    HeadCounts,
-    binary_bootstrap_ci,
-    relation_label,
-    score_map,
-    table1_rows,
-)
+from attnscope.analyses.syntax import ALL, DIRECTIONS, HeadCounts, SyntaxTables, relation_label
 from attnscope.analyses.units import word_units
-from attnscope.data.records import Example
 from attnscope.maps import AttentionMap
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact, small_sample_caution
@@ -117,45 +107,23 @@ def example_figure(m: AttentionMap, layer: int, head: int, direction: int, relat
     return save_figure(fig, stem)
 
 
-def _pick_examples(rows: list[dict], dev_examples: list[tuple[int, Example]], get_maps,
-                   fig_dir: Path, collapse_subtypes: bool, max_figures: int = 4, ties: str = "none"):
-    """Figure 5 examples: for the relations whose best head beats its offset baseline most,
-    the first dev sentence of 6-25 words where that head gets every such arc right."""
+def _example_figures(picks: list, fig_dir: Path, collapse_subtypes: bool):
+    """Figure 5: each picked ``(row, direction, map)`` (:func:`~attnscope.analyses.syntax.figure5_picks`)
+    drawn, with the best heads and the maps for the report's views."""
     figs, best, maps = [], [], {}
-    chosen = sorted((r for r in rows if r["relation"] != ALL and "/" not in r["head"]
-                     and r["accuracy"] > r["offset_accuracy"]),
-                    key=lambda r: -(r["accuracy"] - r["offset_accuracy"]))[:max_figures]
-    for row in chosen:
-        rel = row["relation"]
-        d = DIRECTIONS.index(row["direction"])
-        layer, head = row["layer"], row["head_index"]
-        cands = [(i, ex) for i, ex in dev_examples
-                 if 6 <= len(ex.words) <= 25 and rel in [relation_label(x, collapse_subtypes) for x in ex.relns]][:20]
-        for m in get_maps([i for i, _ in cands]):
-            s = score_map(m, collapse_subtypes=collapse_subtypes, ties=ties)
-            if s is None:
-                continue
-            mask = np.array([r == rel for r in s.relations])
-            if mask.any() and s.correct[layer, head, d][mask].all():
-                stem = f"figure5_syntax_{_slug(rel)}"
-                paths = example_figure(m, layer, head, d, rel, fig_dir / stem, collapse_subtypes)
-                figs.append(FigureArtifact(stem, f"Head {row['head']} on a dev sentence: attention "
-                                                 f"lines (blue) and the gold '{rel}' arcs (red, "
-                                                 f"{row['direction']}).", paths))
-                best.append((layer, head, m.index, f"{rel}: {row['head']} {row['direction']}"))
-                maps[m.index] = m
-                break
+    for row, d, m in picks:
+        rel, layer, head = row["relation"], row["layer"], row["head_index"]
+        stem = f"figure5_syntax_{_slug(rel)}"
+        paths = example_figure(m, layer, head, d, rel, fig_dir / stem, collapse_subtypes)
+        figs.append(FigureArtifact(stem, f"Head {row['head']} on a dev sentence: attention "
+                                         f"lines (blue) and the gold '{rel}' arcs (red, "
+                                         f"{row['direction']}).", paths))
+        best.append((layer, head, m.index, f"{rel}: {row['head']} {row['direction']}"))
+        maps[m.index] = m
     return figs, best, maps
 
 
 # -- Table 3 --------------------------------------------------------------------------------
-def _table3_row(name: str, run, n_boot: int, seed: int) -> dict:
-    lo, hi = binary_bootstrap_ci(run.correct, run.total, n_boot=n_boot, seed=seed)
-    return {"model": name, "uas": 100.0 * run.uas, "ci_low": 100.0 * lo, "ci_high": 100.0 * hi,
-            "dependents": run.total, "best_epoch": run.best_epoch, "epochs": run.epochs_run,
-            "seconds_per_epoch": run.seconds_per_epoch if run.epochs_run else None,
-            "parameters": run.parameters, "paper_bert_base": PAPER_TABLE3.get(name)}
-
 def _write(rows, stem: Path, caption: str, digits: int = 1) -> list[Path]:
     cols = TABLE3_COLUMNS + ["paper_bert_base"] if "uas" in (rows[0] if rows else {}) else TABLE1_COLUMNS
     return write_table(rows, stem, columns=cols, caption=caption, digits=digits)
@@ -244,66 +212,34 @@ METHODS = [
 ]
 
 
-def table1_min_count(min_count: int | None, dependents: int) -> tuple[int, str]:
-    """The smallest relation Table 1 shows, and how it was chosen. None adapts to the data: 1%
-    of the scored dependents, at least 5 and at most 100 (the paper's cut-off), so a small
-    sample still shows its frequent relations and a corpus gets the paper's table.
-
-    >>> table1_min_count(None, 23146), table1_min_count(None, 180)[0], table1_min_count(20, 180)
-    ((100, "the paper's cut-off"), 5, (20, 'as asked'))
-    """
-    if min_count is not None:
-        return int(min_count), "as asked"
-    m = min(100, max(5, dependents // 100))
-    return m, "the paper's cut-off" if m == 100 else f"1% of the {dependents} scored dependents, at least 5"
-
-
-def write_syntax(out_dir: Path, heads_dev: DependencyHeads, heads_train: DependencyHeads | None, *,
-                 dev_examples: list[tuple[int, Example]], maps_of: Callable[[list[int]], list[AttentionMap]],
-                 rows3: list[dict], probe_details: dict, notes: list[str], min_count: int | None,
-                 collapse_subtypes: bool, n_boot: int, seed: int, max_seq_len: int, root: str,
-                 ties: str) -> Section:
-    """Tables 1 and 3, the heatmaps, Figure 5's examples, ``results/syntax.json`` and the Section.
-
-    ``heads_dev``: the heads scored on dev; ``heads_train``: scored on train (Table 1's
-    held-out selection chooses there; None: cross-fitted on the two halves of dev).
-    ``dev_examples``: ``(index, example)`` of dev, and ``maps_of(indices)`` their word-level
-    maps, for Figure 5. ``rows3`` / ``probe_details``: Table 3 (empty without probes).
-    ``notes`` go among the findings and into the results.
+def write_syntax(out_dir: Path, tables: SyntaxTables, *, picks: list, rows3: list[dict], probe_details: dict,
+                 notes: list[str], collapse_subtypes: bool, n_boot: int, seed: int, max_seq_len: int,
+                 root: str, ties: str) -> Section:
+    """Tables 1 and 3, the heatmaps, Figure 5's examples, ``results/syntax.json`` and the Section,
+    laid out from what the family computed: ``tables`` (Table 1 in both selection modes,
+    :func:`~attnscope.analyses.syntax.syntax_tables`), ``picks`` (Figure 5's examples,
+    :func:`~attnscope.analyses.syntax.figure5_picks`), ``rows3`` / ``probe_details`` (Table 3,
+    :func:`~attnscope.analyses.syntax.table3_row`; empty without probes). ``notes`` go among the
+    findings and into the results.
     """
     tables_dir, fig_dir, res_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
     for d in (tables_dir, fig_dir, res_dir):
         d.mkdir(parents=True, exist_ok=True)
     notes = list(notes)
-    score = heads_dev.counts()
-    min_count, min_how = table1_min_count(min_count, int(score.total[-1]))
-    rows_paper = table1_rows(score, None, min_count=min_count, n_boot=n_boot, seed=seed)
-    if heads_train is not None:
-        rows_held = table1_rows(score, heads_train.counts(), min_count=min_count, n_boot=n_boot, seed=seed)
-        held_how = "heads and offsets chosen on the train split, scored on dev"
-    else:
-        folds = [(heads_dev.counts((1,)), heads_dev.counts((0,))),
-                 (heads_dev.counts((0,)), heads_dev.counts((1,)))]
-        rows_held = table1_rows(score, folds, min_count=min_count, n_boot=n_boot, seed=seed)
-        held_how = ("cross-fitted on dev: chosen on the odd-indexed examples and scored on the "
-                    "even ones, and vice versa, pooled")
-    for r in rows_paper:
-        r["selection"] = "paper"
-    for r in rows_held:
-        r["selection"] = "held-out"
+    rows_paper, rows_held, min_count = tables.paper, tables.heldout, tables.min_count
+    rows3 = [{**r, "paper_bert_base": PAPER_TABLE3.get(r["model"])} for r in rows3]
     cap1 = ("Table 1: best attention head per dependency relation (1-indexed layer-head) and "
             "the best fixed-offset baseline, accuracy % with 95% bootstrap intervals; relations "
-            f"with at least {min_count} scored dependents ({min_how}); ")
+            f"with at least {min_count} scored dependents ({tables.min_how}); ")
     t1 = TableArtifact("table1_syntax", cap1 + "heads chosen on the scored data (as the paper).",
                        rows_paper, TABLE1_COLUMNS)
     t1.paths = _write(rows_paper, tables_dir / t1.name, t1.caption)
-    t1h = TableArtifact("table1_syntax_heldout", cap1 + held_how + ".", rows_held, TABLE1_COLUMNS)
+    t1h = TableArtifact("table1_syntax_heldout", cap1 + tables.heldout_how + ".", rows_held, TABLE1_COLUMNS)
     t1h.paths = _write(rows_held, tables_dir / t1h.name, t1h.caption)
     section = Section(key="syntax", title="Syntax: heads and dependency relations")
     section.tables = [t1, t1h]
-    figures = heatmap_figures(score, [r["relation"] for r in rows_paper], fig_dir)
-    ex_figs, section.best_heads, section.maps = _pick_examples(rows_paper, dev_examples, maps_of, fig_dir,
-                                                               collapse_subtypes, ties=ties)
+    figures = heatmap_figures(tables.counts, [r["relation"] for r in rows_paper], fig_dir)
+    ex_figs, section.best_heads, section.maps = _example_figures(picks, fig_dir, collapse_subtypes)
     section.figures = ex_figs + figures
     if rows3:
         cap3 = ("Table 3: UAS (%, punctuation excluded) of probing classifiers on the dev split "
@@ -313,9 +249,9 @@ def write_syntax(out_dir: Path, heads_dev: DependencyHeads, heads_train: Depende
         t3 = TableArtifact("table3_probes", cap3, rows3, TABLE3_COLUMNS + ["paper_bert_base"])
         t3.paths = _write(rows3, tables_dir / t3.name, t3.caption, digits=1)
         section.tables.append(t3)
-    res = heads_dev.finalize()
-    if heads_dev.empty_words:
-        notes.append(f"{heads_dev.empty_words} dev words became zero tokens (e.g. a zero-width space): "
+    res = tables.result
+    if tables.empty_words:
+        notes.append(f"{tables.empty_words} dev words became zero tokens (e.g. a zero-width space): "
                      "they have no unit, are never a prediction, and neither they nor the "
                      "dependents whose head they are were scored.")
     section.findings = _findings(rows_paper, rows_held, rows3) + notes
@@ -331,7 +267,7 @@ def write_syntax(out_dir: Path, heads_dev: DependencyHeads, heads_train: Depende
         tables={"table1": rows_paper, "table1_heldout": rows_held, "table3": rows3},
         arrays={k: res.arrays[k] for k in ("accuracy", "offset_accuracy", "total")},
         summary=list(section.findings),
-        meta={**res.meta, "probes": probe_details, "notes": notes, "heldout_selection": held_how,
+        meta={**res.meta, "probes": probe_details, "notes": notes, "heldout_selection": tables.heldout_how,
               "heads": "layer-head names are 1-indexed; layer/head_index columns 0-indexed"}))
     section.methods = list(METHODS)
     if ties != "none":
