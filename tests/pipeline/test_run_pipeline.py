@@ -347,6 +347,10 @@ def test_run_family_takes_what_python_has_read_and_refuses_the_rest(tmp_path, de
     with pytest.raises(AttnscopeError) as refused:  # a family with a reader of its own takes files
         pipeline.run_family("longctx", {"documents": examples}, tmp_path / "x", model=debug_bert)
     assert refused.value.params == ("documents",) and "list" in str(refused.value)
+    with pytest.raises(AttnscopeError) as refused:  # an input the family does not have, not dropped
+        pipeline.run_family("syntax", {"deps": examples, "train": examples}, tmp_path / "x", model=debug_bert)
+    says(one_line(refused.value), "syntax: no input 'train'", "its inputs: ")
+    assert refused.value.params == ("train",)
     assert not (tmp_path / "x").exists()
 
 
