@@ -37,7 +37,7 @@ from attnscope.extract.encode import Encoder
 from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
 from attnscope.maps import AttentionBatch
 from attnscope.on_ray.cluster import RayBatchRunner, ray_session
-from attnscope.progress import Progress, with_unit
+from attnscope.progress import Progress, check_stop, with_unit
 from attnscope.store import Store
 from attnscope.store.checkpoints import UnitLog
 
@@ -104,6 +104,7 @@ class LocalExecutor:
         for i, item in enumerate(items):
             record = log.done.get(i)
             if record is None:
+                check_stop()
                 record = log.add(i, step(lm, item))
             out.append(record)
             if progress is not None:
@@ -121,6 +122,7 @@ class LocalExecutor:
         for i, item in enumerate(items):
             record = log.done.get(i)
             if record is None:
+                check_stop()
                 record = log.add(i, step(lm, item, out[-1] if out else None))
             out.append(record)
             if progress is not None:
@@ -265,6 +267,7 @@ def run_pass(source, analyses: Sequence[Analysis], *, model=None, options=None,
 
     def advance(k: int) -> None:
         nonlocal done
+        check_stop()
         done += k
         if progress is not None:
             progress(with_unit(step, "examples"), done, total)

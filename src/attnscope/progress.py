@@ -14,6 +14,7 @@ True
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 #: ``progress(step, done, total)``: ``total`` None when it is not known.
@@ -44,3 +45,25 @@ def unit_of(step: str) -> str | None:
 def with_unit(name: str, unit: str | None) -> Step:
     """``name`` as a :class:`Step` counting ``unit``, keeping the unit ``name`` already has."""
     return Step(name, unit_of(name) or unit)
+
+
+#: a stop asked for by a signal (process-wide, as signals are): :func:`request_stop`, :func:`check_stop`
+_STOP = threading.Event()
+
+
+def request_stop(asked: bool = True) -> None:
+    """Note that a stop was asked for (the command line's SIGINT and SIGTERM handler, beside the
+    KeyboardInterrupt it raises), or forget it (``asked=False``: a new command begins)."""
+    if asked:
+        _STOP.set()
+    else:
+        _STOP.clear()
+
+
+def check_stop() -> None:
+    """Raise KeyboardInterrupt again if a stop was asked for: called at every unit a pass
+    finishes, so that a stop a library swallowed (CPython drops an exception raised inside a
+    finalizer, which is where a signal can land) still stops the job at its next unit."""
+    if _STOP.is_set():
+        raise KeyboardInterrupt
+

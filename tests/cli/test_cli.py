@@ -138,3 +138,33 @@ def test_info_checks_shard_sizes_always_and_checksums_with_verify(tmp_path, caps
     shards[2].unlink()
     code, out, err = run(capsys, "info", tmp_path / "s")
     assert code == 2 and out == "" and err == f"error: {shards[2]}: shard missing\n"
+
+
+def test_a_stop_is_raised_at_once_and_again_at_the_next_unit_if_a_library_swallowed_it(debug_bert):
+    """Inside a command, SIGINT and SIGTERM raise KeyboardInterrupt and note the stop; a pass
+    that goes on (the first interrupt lost in a library) stops at its next finished batch, before
+    analysing more; the note and the handlers end with the command."""
+    import os
+    import signal
+
+    from attnscope.analyses.relative_position import RelativePosition
+    from attnscope.cli.main import signals_stop
+    from attnscope.data.records import Example
+    from attnscope.executor import run_pass
+    from attnscope.progress import check_stop
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    for how in (signal.SIGINT, signal.SIGTERM):
+        with signals_stop():
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), how)
+                for _ in range(10 ** 6):  # the handler runs between two bytecodes
+                    pass
+            # the interrupt was caught here, as a swallowing library would: the pass stops anyway
+            seen = []
+            with pytest.raises(KeyboardInterrupt):
+                run_pass([Example(text="the cat sat.")] * 4, [RelativePosition()], model=debug_bert,
+                         progress=lambda *a: seen.append(a))
+            assert seen == []  # stopped at the first finished batch, before reporting it
+        check_stop()  # the command is over: nothing is asked any more
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

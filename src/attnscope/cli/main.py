@@ -17,6 +17,7 @@ import typer
 from attnscope.cli.options import polish_help
 from attnscope.errors import AttnscopeError, Interrupted
 from attnscope.models.threads import fair_share
+from attnscope.progress import request_stop
 
 app = typer.Typer(help="attnscope: what does this transformer look at?", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -125,21 +126,27 @@ def command_flags(command, argv: list[str]) -> dict[str, str]:
 
 
 @contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM (a scheduler's stop, ``kill``) stops a command as Ctrl-C does: the job says what
-    it kept and exits 130. Only the main thread can set a signal handler; elsewhere nothing changes."""
+def signals_stop():
+    """Ctrl-C (SIGINT) and SIGTERM (a scheduler's stop, ``kill``) stop a command: KeyboardInterrupt
+    at once, and again at the job's next finished unit should a library swallow the first
+    (:func:`attnscope.progress.check_stop`); the job says what it kept and exits 130. Only the main
+    thread can set a signal handler; elsewhere nothing changes."""
     def stop(signum, frame):
+        request_stop()
         raise KeyboardInterrupt
 
+    request_stop(False)
     try:
-        previous = signal.signal(signal.SIGTERM, stop)
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        request_stop(False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     usage_errors, aborts = _click_error_types()
     command = build_command()
     try:
-        with sigterm_as_interrupt():
+        with signals_stop():
             result = command.main(args=argv, prog_name="attnscope", standalone_mode=False)
     except AttnscopeError as exc:
         # parameters as this command's flags; one line, even if a message quotes a line break

@@ -40,7 +40,7 @@ from attnscope.executor import LocalExecutor, run_pass
 from attnscope.extract.runner import ExtractOptions, Extractor, small_matrix_threads
 from attnscope.jobs import extract_to_store
 from attnscope.models.forward import supports_hooks
-from attnscope.progress import Progress, with_unit
+from attnscope.progress import Progress, check_stop, with_unit
 from attnscope.store import Store, open_store
 from attnscope.store.checkpoints import StateFile, UnitLog, unit_log_path, unit_path
 
@@ -153,7 +153,9 @@ class Context:
     job: str = ""
 
     def step(self, name: str, done: int, total: int | None, unit: str | None = None) -> None:
-        """Report ``done`` of ``total`` ``unit`` ("examples", "documents") of step ``name``."""
+        """Report ``done`` of ``total`` ``unit`` ("examples", "documents") of step ``name`` (and
+        stop there if a stop was asked for and a library swallowed it: :func:`check_stop`)."""
+        check_stop()
         if self.progress is not None:
             self.progress(with_unit(name, unit), done, total)
 
