@@ -50,7 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attnscope.engines import flex, onepass, tiled
-from attnscope.engines.seam import Backend, LayerInput, Run  # noqa: F401 (the seam's names)
+from attnscope.engines.seam import Backend
 from attnscope.engines.tiles import CPU_TILE_BYTES, CPU_TILE_ROWS, GPU_TILE_SHARE, tile_budget  # noqa: F401
 from attnscope.errors import AttnscopeError
 

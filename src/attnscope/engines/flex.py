@@ -48,10 +48,10 @@ from functools import cache
 
 from attnscope.engines.rows import NUM_BUCKETS
 from attnscope.engines.seam import Backend
+from attnscope.engines.tiled import LOW
 from attnscope.engines.tiles import tile_budget
 
 BLOCK = 128  # FlexAttention's block of query rows and of keys
-LOW = -3.4028234663852886e38  # float32's most negative finite value: "masked" (as in streaming)
 
 
 def available() -> bool:
@@ -303,7 +303,7 @@ def sampled_rows(layer, seq, q, k, mask: Mask) -> None:
 
 
 def run_layer(layer, b: int, seq) -> None:
-    """Sequence ``b`` of ``layer`` (:class:`~attnscope.engines.backends.LayerInput`): its output
+    """Sequence ``b`` of ``layer`` (:class:`~attnscope.engines.seam.LayerInput`): its output
     rows into ``layer.out`` and its statistics into ``layer.stats`` (a probe: the weights on its
     targets only)."""
     import torch

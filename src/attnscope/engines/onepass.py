@@ -159,7 +159,7 @@ def arguments(q, k, v, classes, *, scale: float, cap: float | None, causal: bool
 
 
 def run_layer(layer, b: int, seq) -> None:
-    """Sequence ``b`` of ``layer`` (:class:`~attnscope.engines.backends.LayerInput`) through the
+    """Sequence ``b`` of ``layer`` (:class:`~attnscope.engines.seam.LayerInput`) through the
     kernel: its output rows into ``layer.out`` and its statistics into ``layer.stats``."""
     import torch
 

@@ -106,16 +106,18 @@ def scores(layer: LayerInput, b: int, block, r0: int, r1: int, k1: int, out=None
     return s
 
 
-def probs(layer: LayerInput, b: int, block, r0: int, r1: int, vb, cls=None, dist: bool = False):
+def probs(layer: LayerInput, b: int, block, r0: int, r1: int, vb, cls=None, dist: bool = False,
+          fast: bool = False):
     """Rows r0 .. r1-1 of sequence b (:func:`scores`): P [h c k1], entropies and largest
     weights [h c], the rows' mass on each key class [h c F], and, with dist, their mass
     per distance (:func:`~attnscope.engines.rows.diagonal_sums`; None where the
     torch path leaves it to the statistics). The compiled kernel (:mod:`.native`) takes
     the key classes as ``cls`` [F n]; the torch path has them as the columns of the
-    values vb [Hkv n d+C] past the first d."""
+    values vb [Hkv n d+C] past the first d. ``fast``: the compiled row kernel runs here
+    (:func:`attnscope.engines.native.available`, asked once per layer)."""
     import torch
 
-    v, G, d = layer.value, layer.site.kv_groups, layer.value.shape[-1]
+    G, d = layer.site.kv_groups, layer.value.shape[-1]
     k1 = r1 if layer.causal else layer.lengths[b]
     c = r1 - r0
     kv, hq = block
@@ -123,7 +125,6 @@ def probs(layer: LayerInput, b: int, block, r0: int, r1: int, vb, cls=None, dist
     shape = (nk, G * c, k1)
     s = scores(layer, b, block, r0, r1, k1, out=_buffer(layer, 0, shape))
     per_d = None
-    fast = native.available(v.device)
     if fast:  # one pass over each row: p in place of s, the classes' mass, the distances
         if dist:
             per_d = _buffer(layer, 2, (nk * G, k1 + c - 1))
@@ -167,16 +168,18 @@ def tile_layer(layer: LayerInput, b: int, seq: Sequence) -> None:
     G = site.kv_groups
     Hkv = site.query.shape[1] // G
     d = v.shape[-1]
+    fast = native.available(v.device)
     rows, nk = auto_tile(G, Hkv, layer.lengths[b], layer.chunk, *tile_budget(v.device, TILE_BYTES))
     blocks = [(slice(k, min(Hkv, k + nk)), slice(k * G, min(Hkv, k + nk) * G))  # key heads, query heads
               for k in range(0, Hkv, nk)]
     if seq.units is not None:
         for block in blocks:
-            _unit_tiles(layer, site.layer, partial(probs, layer, b, block, vb=v[b]), seq, rows, block[1])
+            _unit_tiles(layer, site.layer, partial(probs, layer, b, block, vb=v[b], fast=fast), seq, rows,
+                        block[1])
         stats.layer_end(seq)
         return
     kc = seq.key_classes(v.device)  # [n F]
-    if native.available(v.device):  # the classes go to the kernel, and P V has the values' d columns only
+    if fast:  # the classes go to the kernel, and P V has the values' d columns only
         vb, cls = v[b, :, :seq.n].contiguous(), kc.t().contiguous()
     else:  # the classes as extra value columns (padded to a multiple of 4, which the
         # matrix product runs faster on): one product gives each row's output and its
@@ -186,10 +189,10 @@ def tile_layer(layer: LayerInput, b: int, seq: Sequence) -> None:
         vb[:, :, :d] = v[b, :, :seq.n]
         vb[:, :, d:d + kc.shape[1]] = kc
     for block in blocks:
-        probs(layer, b, block, 0, 1, vb)  # row 0: its output only (a statistics row has other keys to see)
+        probs(layer, b, block, 0, 1, vb, fast=fast)  # row 0: its output only (a statistics row has other keys to see)
         for q0 in range(1, seq.n, rows):
             q1 = min(seq.n, q0 + rows)
-            p, ent, top, masses, per_d = probs(layer, b, block, q0, q1, vb, cls, dist=not seq.targets)
+            p, ent, top, masses, per_d = probs(layer, b, block, q0, q1, vb, cls, dist=not seq.targets, fast=fast)
             stats.tile(site.layer, seq, q0, p, ent, top, masses, heads=block[1], per_d=per_d)
     stats.layer_end(seq)
 
