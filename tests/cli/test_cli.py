@@ -164,7 +164,7 @@ def test_a_stop_is_raised_at_once_and_again_at_the_next_unit_if_a_library_swallo
             seen = []
             with pytest.raises(KeyboardInterrupt):
                 run_pass([Example(text="the cat sat.")] * 4, [RelativePosition()], model=debug_bert,
-                         progress=lambda *a: seen.append(a))
+                         progress=lambda *a, seen=seen: seen.append(a))
             assert seen == []  # stopped at the first finished batch, before reporting it
         check_stop()  # the command is over: nothing is asked any more
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

@@ -169,7 +169,7 @@ def test_a_store_compared_with_itself_says_identical(tmp_path, debug_bert, capsy
     assert "identical within float rounding" in err and "changed most" not in err, err
     res = json.loads((out / "results" / "compare.json").read_text())
     assert res["identical"] is True and res["level"] == "word"
-    assert not any(res["arrays"]["diff"][s][l][h] for s in range(10) for l in range(2) for h in range(2))
+    assert not any(res["arrays"]["diff"][s][layer][h] for s in range(10) for layer in range(2) for h in range(2))
     assert len(res["findings"]) == 2  # what was compared, and that nothing changed
     html = (out / "report.html").read_text()
     assert "identical within float rounding" in html and "changed most" not in html

@@ -349,9 +349,9 @@ def test_bfloat16_attention_reaches_the_engine_from_the_command_line(tmp_path, l
 
 
 def test_a_backend_named_on_the_command_line_runs_and_gives_the_same_statistics(tmp_path, monkeypatch, llama):
-    from attnscope.data.unlabeled import prepare_documents
     import dataclasses
 
+    from attnscope.data.unlabeled import prepare_documents
     from attnscope.engines import backends
 
     calls = []

@@ -51,7 +51,12 @@ from typing import Any
 
 from attnscope.engines import flex, onepass, tiled
 from attnscope.engines.seam import Backend
-from attnscope.engines.tiles import CPU_TILE_BYTES, CPU_TILE_ROWS, GPU_TILE_SHARE, tile_budget  # noqa: F401
+from attnscope.engines.tiles import (  # noqa: F401
+    CPU_TILE_BYTES,
+    CPU_TILE_ROWS,
+    GPU_TILE_SHARE,
+    tile_budget,
+)
 from attnscope.errors import AttnscopeError
 
 #: every backend, in the order ``choose`` tries them; the reference (it takes every input) last

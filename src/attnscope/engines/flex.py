@@ -57,7 +57,11 @@ BLOCK = 128  # FlexAttention's block of query rows and of keys
 def available() -> bool:
     """Whether this torch has FlexAttention with auxiliary outputs (torch >= 2.9)."""
     try:
-        from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention  # noqa: F401
+        from torch.nn.attention.flex_attention import (  # noqa: F401
+            AuxRequest,
+            BlockMask,
+            flex_attention,
+        )
     except ImportError:
         return False
     return True

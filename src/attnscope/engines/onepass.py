@@ -54,7 +54,6 @@ from attnscope.engines import flex
 from attnscope.engines.rows import NUM_BUCKETS
 from attnscope.engines.seam import Backend
 
-
 #: launch sizes on CUDA: (half-precision inputs, the model's mask, head size > 64) -> query rows and
 #: keys per block, warps, pipeline stages; each compiles for an H100 without spilling a register
 #: (``benchmarks/kernel_budget.py --all``, held there by ``tests/engines/test_onepass_cuda.py``)

@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 
 
-
 @triton.jit
 def _bucket(d):
     """The distance bucket of a scalar ``d >= 0``: 0, 1, 2, then ``bit_length(d - 1) + 1``

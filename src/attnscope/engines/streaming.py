@@ -56,8 +56,15 @@ from typing import Any
 import numpy as np
 
 from attnscope.engines import backends
+from attnscope.engines.rows import (
+    RowStats,
+    Sequence,
+    is_punct,
+    sample_by_digest,
+    sample_rows,
+    sequence_digest,
+)
 from attnscope.engines.seam import LayerInput
-from attnscope.engines.rows import RowStats, Sequence, is_punct, sample_by_digest, sample_rows, sequence_digest
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.models.families import module_at
 from attnscope.models.forward import forward, model_device, pad_batch

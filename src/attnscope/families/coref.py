@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnscope.analyses.coref import CANDIDATE_SETS, CorefAntecedents, best_head_examples, coref_windows
+from attnscope.analyses.coref import (
+    CANDIDATE_SETS,
+    CorefAntecedents,
+    best_head_examples,
+    coref_windows,
+)
 from attnscope.analyses.units import TIE_RULES
 from attnscope.data.coref import Document, read_coref
 from attnscope.errors import AttnscopeError, InputError
