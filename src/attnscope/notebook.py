@@ -29,7 +29,7 @@ from attnscope.errors import NoAttentionError
 from attnscope.extract.runner import extract
 from attnscope.maps import AttentionMap, token_word_ids
 from attnscope.models.loading import LoadedModel, as_loaded, borrowed
-from attnscope.views import results_view_html
+from attnscope.views import head_page_html, results_view_html
 from attnscope.viz.export import export_html
 from attnscope.viz.generate import model_maps
 from attnscope.viz.pages import maps_html, neuron_view_html
@@ -75,7 +75,7 @@ class View:
     def _describe(kind: str, p: dict) -> str:
         """The caption of a ``kind`` view from its page payload ``p`` (what it lacks is left out)."""
         names = {"head": "head view", "model": "model view", "heatmap": "heatmap",
-                 "neuron": "neuron view", "results": "results view"}
+                 "neuron": "neuron view", "results": "results view", "head page": "head page"}
         kinds = p.get("kinds") if isinstance(p.get("kinds"), dict) else None
         if kinds and p.get("kind") in kinds and isinstance(kinds[p["kind"]], dict):
             # an encoder-decoder page: the kind it opens on, then that kind's own caption
@@ -98,6 +98,10 @@ class View:
             parts.append(f"head {layer + 1}-{head + 1}")
         elif kind == "model" and isinstance(p.get("num_layers"), int) and isinstance(p.get("num_heads"), int):
             parts.append(f"{p['num_layers']} layers x {p['num_heads']} heads")
+        elif kind == "head page" and isinstance(p.get("head"), str):
+            parts.append(f"head {p['head']}")
+            stats = p.get("examples") if isinstance(p.get("examples"), dict) else {}
+            parts.append(f"top examples for {len(stats)} statistics" if stats else "no top examples")
         elif kind == "results":
             has = [what for key, what in (("attribution", "attribution maps"),
                                           ("profiles", "long-context profiles"),
@@ -291,6 +295,15 @@ def model_view(attention=None, tokens=None, *, title: str | None = None, offset:
     input, the head view shows a window: see :func:`head_view`, which takes the same inputs)."""
     return _view(_maps(attention, tokens, window=window, offset=offset, **inputs), "model", kind,
                  title=title, offset=offset, window=window)
+
+
+def head_page(folder, head: str) -> View:
+    """The page of one head of an output folder (``attnscope run`` / ``analyze general``), named
+    as the pages name heads (``"5-3"``: layer 5, head 3, from 1): its statistics with intervals
+    and ranks, its labels with their evidence, and the examples where it scores highest. A
+    strip opens the whole example here; ``head_view(store[i], layer=, heads=[...])`` draws its
+    full head view, and ``attnscope view OUT --head-page 5-3`` writes one per example."""
+    return View(head_page_html(folder, head), "head page")
 
 
 def results_view(folder, *, title: str | None = None) -> View:

@@ -4,6 +4,7 @@ that ``from attnscope import show; show.head_view(...)`` goes on working."""
 from attnscope.notebook import (
     View,
     as_map,
+    head_page,
     head_view,
     heatmap,
     model_view,
@@ -11,4 +12,4 @@ from attnscope.notebook import (
     results_view,
 )
 
-__all__ = ["View", "as_map", "head_view", "heatmap", "model_view", "neuron_view", "results_view"]
+__all__ = ["View", "as_map", "head_page", "head_view", "heatmap", "model_view", "neuron_view", "results_view"]

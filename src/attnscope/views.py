@@ -12,19 +12,24 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from attnscope.data.io import atomic_write_bytes, atomic_write_text
+from attnscope.data.records import Example, HeadId
 from attnscope.errors import AttnscopeError
 from attnscope.families import FAMILIES, load_families
-from attnscope.models import load_model
+from attnscope.maps import AttentionMap, token_word_ids
+from attnscope.models import capture, load_model
 from attnscope.models.loaded import display_name
 from attnscope.store import open_store
 from attnscope.store.format import MANIFEST
-from attnscope.store.results import RESULTS_DIR, ResultsFolder
+from attnscope.store.results import HEADS_DIR, RESULTS_DIR, ResultsFolder, read_json
 from attnscope.viz.export import export_html
 from attnscope.viz.generate import model_maps
+from attnscope.viz.head_page import head_page_payload
 from attnscope.viz.neuron import capture_qk, neuron_payload
-from attnscope.viz.pages import maps_html
-from attnscope.viz.render import render_results_page
+from attnscope.viz.pages import head_view_html, maps_html
+from attnscope.viz.render import render_head_page, render_results_page
 
 
 def load_example(store, example: int):
@@ -229,3 +234,100 @@ def results_payload(folder: str | Path) -> dict:
         name = f" of {display_name(model)}" if isinstance(model, dict) else ""
         out["title"] = f"{' and '.join(shown)}{name} ({folder.name})"
     return out
+
+
+# -- head pages ---------------------------------------------------------------------------------
+#: Most full head views a head page links (each is a page of its own, a few hundred kB).
+MAX_EXAMPLE_PAGES = 40
+
+
+def head_page(folder: str | Path, name: str, *, model: str | None = None, example_pages: bool = True):
+    """``(payload, pages)``: what the page of head ``name`` (``"5-3"``, 1-indexed) shows from the
+    output folder ``folder`` (:func:`attnscope.viz.head_page.head_page_payload`), and, when
+    ``example_pages`` and the model that made the results (or ``model``) loads, the full head
+    view of every example the page names, ``{index: html}``. The views are drawn from one
+    forward pass over the example's own tokens, the pass the run made."""
+    folder = Path(folder)
+    found = ResultsFolder(folder)
+    results = {key: d for key, _, d in found.items()}
+    general = results.get("general")
+    if general is None:
+        raise AttnscopeError(f"{folder}: no results/general.json; a head page shows what the general "
+                             "family measured (attnscope run or attnscope analyze general)")
+    rows = general.get("tables", {}).get("general_heads") or []
+    L, H = 1 + max((r["layer"] for r in rows), default=-1), 1 + max((r["head"] for r in rows), default=-1)
+    try:
+        hid = HeadId.parse(name)
+    except ValueError:
+        raise AttnscopeError(f"head_page {name!r}: name a head as the pages do, layer-head from 1 "
+                             "(e.g. 5-3)", params=("head_page",)) from None
+    if not (0 <= hid.layer < L and 0 <= hid.head < H):
+        raise AttnscopeError(f"head_page {name}: {folder.name}'s model has {L} layers of {H} heads "
+                             f"(1-1 to {L}-{H})", params=("head_page",))
+    examples = read_json(folder / HEADS_DIR / "general.json")
+    notes = []
+    if examples is None:
+        notes.append("No top examples: the general family kept none (the streaming engine "
+                     "computes no maps to draw them from) or this folder predates them.")
+    payload = head_page_payload(results, examples, name, folder=folder.name, notes=notes)
+    pages: dict[int, str] = {}
+    if examples and example_pages:
+        pages = _example_views(examples, payload, hid, model, notes)
+    return payload, pages
+
+
+def _example_views(examples: dict, payload: dict, hid: HeadId, model: str | None,
+                   notes: list[str]) -> dict[int, str]:
+    wanted = sorted({int(i) for i in payload["units"]})
+    info = examples.get("model") or {}
+    name = model or info.get("name")
+    try:
+        lm = load_model(name)
+    except AttnscopeError as exc:
+        notes.append(f"The strips do not open full head views: the model {name} did not load ({exc}).")
+        return {}
+    if info.get("weights_sha256") not in (None, "unknown", lm.weights_hash):
+        notes.append(f"The full head views come from {name}, whose weights differ from the run's.")
+    if len(wanted) > MAX_EXAMPLE_PAGES:
+        notes.append(f"Full head views for the first {MAX_EXAMPLE_PAGES} of the {len(wanted)} "
+                     "examples named (by input position).")
+    pages = {}
+    for index in wanted[:MAX_EXAMPLE_PAGES]:
+        units = examples["examples"][str(index)]
+        special = np.asarray(units["special"], bool)
+        ids = lm.tokenizer.convert_tokens_to_ids(units["tokens"])
+        attn = capture.attention(lm, ids, token_type_ids=units["segment"])
+        amap = AttentionMap(index=index, attn=attn, tokens=list(units["tokens"]), special=special,
+                            segment=np.asarray(units["segment"]), word_ids=token_word_ids(special),
+                            level=units.get("level", "token"), example=Example(tokens=list(units["tokens"])),
+                            token_text=units.get("text"))
+        pages[index] = head_view_html(amap, layer=hid.layer, heads=[hid.head],
+                                      title=f"Head {hid}, example {index}", model=display_name(info) if info else None)
+    return pages
+
+
+def head_page_html(folder: str | Path, name: str, *, pages: dict[int, str] | None = None, **kwargs) -> str:
+    """The page of head ``name`` alone (no full head views; see :func:`write_head_page`)."""
+    payload, _ = head_page(folder, name, example_pages=False, **kwargs)
+    payload["pages"] = {str(k): v for k, v in (pages or {}).items()}
+    return render_head_page(payload)
+
+
+def write_head_page(folder: str | Path, name: str, out: str | Path, *, model: str | None = None) -> dict:
+    """Write the page of head ``name`` to ``out`` and, beside it in ``<out stem>_examples/``,
+    the full head view of each example it names (clicking a strip opens it). Returns what it
+    wrote: ``{"html", "bytes", "examples", "notes"}``."""
+    out = Path(out)
+    payload, pages = head_page(folder, name, model=model)
+    side = out.parent / f"{out.stem}_examples"
+    links = {}
+    for index, html in pages.items():
+        path = side / f"example-{index}.html"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, html)
+        links[str(index)] = f"{side.name}/{path.name}"
+    payload["pages"] = links
+    html = render_head_page(payload)
+    atomic_write_text(out, html)
+    return {"html": str(out), "bytes": len(html.encode("utf-8")), "examples": len(links),
+            "notes": payload["notes"]}

@@ -79,6 +79,16 @@ def test_stat_grid_and_scatter_open_heads(page):
     page.click('.vw-scatter circle[data-layer="0"][data-head="1"]')
     page.wait_for_function("() => window.attnscope.state.layer === 0")
     assert page.evaluate("() => window.attnscope.state.heads") == [1]
+    # the head's own page, one click away: its statistics and top examples over the store
+    link = page.locator("#vw-head-link")
+    assert link.is_visible() and link.get_attribute("href") == "/head/1-2"
+    with page.context.expect_page() as opened:
+        link.click()
+    head = opened.value
+    head.wait_for_selector('#attnscope-root[data-ready="true"]')
+    assert "Head 1-2" in head.text_content("h2")
+    assert head.locator(".hp-top .hp-strip").count() == len(TEXTS)  # five examples: all in the top 5
+    head.close()
 
 
 def test_neuron_tab_loads_from_the_server(page):

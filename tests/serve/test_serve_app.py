@@ -154,6 +154,21 @@ def readme_syntax(root):
 
 
 @pytest.mark.heavy
+def test_head_page_route(client, general_out):
+    """``/head/L-H``: the page of one head from the results folder; a head the model lacks, or
+    a name that is not one, is a one-line error."""
+    page = client.get("/head/2-1")
+    assert page.status_code == 200 and page.mimetype == "text/html"
+    html = page.get_data(as_text=True)
+    data = json.loads(html.split('type="application/json">', 1)[1].split("</script>", 1)[0])
+    kept = json.loads((general_out / "heads" / "general.json").read_text())
+    assert data["head"] == "2-1" and data["examples"]["previous"] == kept["heads"]["previous"][1][0]
+    assert client.get("/api/info").get_json()["head_pages"] is True
+    for bad in ("9-1", "x"):
+        r = client.get(f"/head/{bad}")
+        assert r.status_code == 400 and "head" in r.get_json()["error"]
+
+
 def test_syntax_results_show_per_relation_head_grids(tmp_path):
     """``attnscope serve tour/maps --results tour/syntax`` (README): the syntax results have
     per-relation tables, not one row per head; the viewer shows the heads' accuracy per

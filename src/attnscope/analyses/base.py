@@ -50,6 +50,7 @@ class Result:
     ``head`` (0-indexed) and ``name`` (the paper's 1-indexed ``"8-10"``).
     ``arrays``: name -> numpy array, e.g. a ``[L H]`` statistic.
     ``summary``: findings in plain words. ``params``: the analysis's parameters and seeds.
+    ``examples``: the top and typical examples of each head (analyses that keep them).
     """
 
     analysis: str
@@ -58,6 +59,10 @@ class Result:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     summary: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Where each head does its thing (:meth:`TopExamples.to_json
+    #: <attnscope.analyses.top_examples.TopExamples.to_json>` per statistic), with ``examples``
+    #: (the units of the examples named); written beside the results, not inside them.
+    examples: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {

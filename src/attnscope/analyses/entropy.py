@@ -20,7 +20,8 @@ import numpy as np
 
 from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.analyses.relative_position import PerExampleMeans, per_head_rows
-from attnscope.maps import AttentionBatch
+from attnscope.analyses.top_examples import TopExamples, units_of
+from attnscope.maps import AttentionBatch, AttentionMap
 
 STATS = ("entropy", "entropy_first", "max_weight", "rows_max_below", "uniform")
 
@@ -42,25 +43,27 @@ class Entropy(MapsAnalysis):
     """Per head: mean row entropy, entropy from the first unit, and maximum weight per row."""
 
     name = "entropy"
-    summed = ("acc", "examples", "units")
+    summed = ("acc", "examples", "units", "top")
     requires = frozenset()
 
     @classmethod
     def for_model(cls, model, *, seed: int = 0) -> "Entropy":
         return cls(causal=bool(model is not None and model.family.causal))
 
-    def __init__(self, causal: bool = False, max_weight_threshold: float = 0.1):
+    def __init__(self, causal: bool = False, max_weight_threshold: float = 0.1, seed: int = 0):
         self.causal = bool(causal)
         self.max_weight_threshold = float(max_weight_threshold)
         self.acc = PerExampleMeans(STATS)
         self.examples = 0
         self.units = 0
+        self.top = TopExamples(("entropy", "max_weight"), seed=seed)  # broadest and sharpest
 
     def params(self) -> dict[str, Any]:
         return {"causal": self.causal, "max_weight_threshold": self.max_weight_threshold,
                 "average": "mean over examples of per-example means", "unit": "nats"}
 
-    def _add(self, attn: np.ndarray) -> None:
+    def _add(self, attn: np.ndarray, m: "AttentionMap | None" = None) -> None:
+        """One example's ``attn`` ``[L H n n]`` (and its map ``m``, whose top rows are kept)."""
         n = attn.shape[-1]
         ent = row_entropy(attn)  # [L H q]
         mx = attn.max(-1)  # [L H q]
@@ -71,6 +74,9 @@ class Entropy(MapsAnalysis):
             np.full(attn.shape[:2], np.log(keys).mean()),
         ])  # [S L H]
         self.add_means(values, n)
+        if m is not None:
+            self.top.offer(m.index, units_of(m), values[[0, 2]], np.ones(2, bool),
+                           np.stack([ent, mx]), attn)
 
     def add_means(self, values: np.ndarray, units: int) -> None:
         """One example's per-head means ``[5 L H]`` (:data:`STATS` order) over its ``units``
@@ -83,7 +89,7 @@ class Entropy(MapsAnalysis):
     def update(self, batch: AttentionBatch) -> None:
         for m in batch:
             if m.num_units:
-                self._add(m.attn)
+                self._add(m.attn, m)
 
     def finalize(self) -> Result:
         means = self.acc.means()
@@ -97,6 +103,8 @@ class Entropy(MapsAnalysis):
         arrays = {k: v.copy() for k, v in means.items() if k != "uniform"}
         res.arrays = arrays
         res.tables["entropy"] = per_head_rows(arrays)
+        res.meta["standard_error"] = self.acc.standard_errors()
+        res.examples = self.top.to_json(arrays)
         last = arrays["entropy_first"][-1]
         res.summary.append(f"the last layer's attention from the first token has a mean entropy of "
                            f"{last.mean():.2f} nats (uniform attention: {uniform:.2f})")

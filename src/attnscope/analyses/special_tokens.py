@@ -23,7 +23,8 @@ import numpy as np
 from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.analyses.relative_position import DENOMINATORS, PerExampleMeans, per_head_rows
 from attnscope.analyses.token_classes import TokenClasser, UnitClasses
-from attnscope.maps import AttentionBatch
+from attnscope.analyses.top_examples import TopExamples, units_of
+from attnscope.maps import AttentionBatch, AttentionMap
 
 TO_CLASSES = ("first", "separator", "period", "comma", "punct")
 STATS = TO_CLASSES + ("sep_to_sep", "other_to_sep")
@@ -34,14 +35,14 @@ class SpecialTokens(MapsAnalysis):
     """Per head: mean attention to each token class, and separator-to-separator attention."""
 
     name = "special-tokens"
-    summed = ("acc", "examples", "class_counts")
+    summed = ("acc", "examples", "class_counts", "top")
     requires = frozenset()
 
     @classmethod
     def for_model(cls, model, *, seed: int = 0) -> "SpecialTokens":
         return cls(TokenClasser.from_tokenizer(model.tokenizer) if model is not None else None)
 
-    def __init__(self, classer: TokenClasser | None = None, denominator: str = "valid"):
+    def __init__(self, classer: TokenClasser | None = None, denominator: str = "valid", seed: int = 0):
         if denominator not in DENOMINATORS:
             raise ValueError(f"denominator must be one of {DENOMINATORS}, not {denominator!r}")
         self.classer = classer or TokenClasser.positional()
@@ -49,12 +50,16 @@ class SpecialTokens(MapsAnalysis):
         self.acc = PerExampleMeans(STATS)
         self.examples = 0
         self.class_counts = {k: 0 for k in ("first", "separator", "period", "comma", "units")}
+        self.top = TopExamples(TO_CLASSES, seed=seed)  # where each head looks at a class most
 
     def params(self) -> dict[str, Any]:
         return {"denominator": self.denominator, "token_classes": self.classer.params(),
                 "average": "mean over examples of per-example means"}
 
-    def _add(self, attn: np.ndarray, tokens: list[str], special: np.ndarray) -> None:
+    def _add(self, attn: np.ndarray, tokens: list[str], special: np.ndarray,
+             m: "AttentionMap | None" = None) -> None:
+        """One example's ``attn`` ``[L H n n]`` over ``tokens`` (and its map ``m``, whose top
+        rows are kept)."""
         n = len(tokens)
         k = self.classer.classify(tokens, special)
         cols = np.stack([k.first, k.separator, k.period, k.comma, k.punct]).astype(attn.dtype)  # [5 n]
@@ -72,6 +77,8 @@ class SpecialTokens(MapsAnalysis):
         values[6] = to_sep[:, :, ~sep].sum(-1) / max(d_os, 1)
         defined = np.array([True] * 5 + [n_sep > 0, n_sep > 0 and n - n_sep > 0])
         self.add_means(values, defined, k)
+        if m is not None:
+            self.top.offer(m.index, units_of(m), values[:5], defined[:5], to_class, attn)
 
     def add_means(self, values: np.ndarray, defined: np.ndarray, classes: UnitClasses) -> None:
         """One example's per-head means ``[7 L H]`` (:data:`STATS` order), which of them it
@@ -85,7 +92,7 @@ class SpecialTokens(MapsAnalysis):
 
     def update(self, batch: AttentionBatch) -> None:
         for m in batch:
-            self._add(m.attn, m.tokens, m.special)
+            self._add(m.attn, m.tokens, m.special, m)
 
     def finalize(self) -> Result:
         means = self.acc.means()
@@ -97,6 +104,8 @@ class SpecialTokens(MapsAnalysis):
             return res
         res.arrays = {k: v.copy() for k, v in means.items()}
         res.tables["special_tokens"] = per_head_rows(means)
+        res.meta["standard_error"] = self.acc.standard_errors()
+        res.examples = self.top.to_json(means)
         if self.class_counts["separator"] == 0:
             res.summary.append("no separator tokens in the data (e.g. a GPT-2 style model adds none)")
             return res

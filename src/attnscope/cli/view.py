@@ -10,7 +10,7 @@ import typer
 from attnscope.cli.common import check_writable, console
 from attnscope.cli.output import results
 from attnscope.errors import AttnscopeError, IndexRangeError
-from attnscope.views import write_view
+from attnscope.views import write_head_page, write_view
 
 
 class ViewKind(str, Enum):
@@ -94,11 +94,25 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                                           "continuation, the generated tokens marked."),
         prompt: str = typer.Option(None, "--prompt", help="With --generate: the text the model "
                                                           "continues (default: the stored example's)."),
+        head_page: str = typer.Option(None, "--head-page", help="With an output folder (attnscope run "
+                                      "/ analyze general): the page of one head, named as the pages "
+                                      "name heads (layer-head from 1, e.g. 5-3): its statistics, "
+                                      "labels and top examples; each example's full head view is "
+                                      "written beside it in OUT_examples/."),
     ) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
         for path, option in ((out, "--out"), (png, "--png"), (svg, "--svg")):
             if path is not None:
                 check_writable(path, folder=False, option=option)
+        if head_page is not None:
+            if store is None:
+                raise AttnscopeError("--head-page needs the output folder of a run as STORE")
+            res = write_head_page(store, head_page, out, model=model)
+            for note in res["notes"]:
+                console.print(note)
+            results.print(f"{res['html']}: head {head_page}, {res['bytes']:,} bytes, "
+                          f"{res['examples']} example head views")
+            return
         try:  # the library counts layers and heads from 0, the flags from 1
             res = write_view(store, example, view.value, out, layer=layer - 1, heads=_parse_heads(heads),
                              head=None if head is None else head - 1, query=query,

@@ -55,7 +55,8 @@ GRADIENT_MODES = ("auto", "off", "on", "fit-head")
 def general_analyses(*, classer: TokenClasser, causal: bool, scorer: MlmScorer | None = None,
                      seed: int = 0, grad_batch_size: int = 8) -> list:
     """The analyses of one general pass, with their parameters."""
-    out = [RelativePosition(), SpecialTokens(classer), Entropy(causal=causal), HeadDistances()]
+    out = [RelativePosition(seed=seed), SpecialTokens(classer, seed=seed), Entropy(causal=causal, seed=seed),
+           HeadDistances()]
     if scorer is not None:
         out.append(GradientImportance(scorer, seed=seed, classer=classer, batch_size=grad_batch_size))
     return out

@@ -22,11 +22,12 @@ from attnscope.models.families import module_at
 from attnscope.models.forward import forward, pad_batch, supports_hooks
 
 
-def attention(lm, ids: Sequence[int], *, each_layer: Callable[[np.ndarray], None] | None = None):
-    """The ``[L H n n]`` float32 attention of one pass over token ``ids``, or, with
-    ``each_layer``, None after handing it each layer's ``[H n n]`` as the pass makes it (never
-    the whole map)."""
-    inputs = pad_batch(lm, [list(ids)])
+def attention(lm, ids: Sequence[int], *, each_layer: Callable[[np.ndarray], None] | None = None,
+              token_type_ids: Sequence[int] | None = None):
+    """The ``[L H n n]`` float32 attention of one pass over token ``ids`` (with their segment
+    ids, for a sentence pair), or, with ``each_layer``, None after handing it each layer's
+    ``[H n n]`` as the pass makes it (never the whole map)."""
+    inputs = pad_batch(lm, [list(ids)], [token_type_ids])
     if each_layer is not None:
         forward(lm, inputs, hooks={"attn": lambda site, probs: each_layer(probs[0].float().cpu().numpy())})
         return None

@@ -26,7 +26,7 @@ from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.html import model_display_name
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
-from attnscope.store.results import family_results, write_results
+from attnscope.store.results import HEADS_DIR, family_results, write_json, write_results
 
 LABEL_COLOURS = {"[SEP]": "#d62728", "[CLS]": "#9467bd", "punctuation": "#8c564b",
                  "previous": "#1f77b4", "next": "#17becf", "broad": "#2ca02c", "other": "#7f7f7f"}
@@ -392,4 +392,23 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
                              clustering={"params": clusters["params"], "rows": clusters["rows"]},
                              analyses={k: r.to_json() for k, r in results.items()})
     write_results(out_dir, "general", payload)
+    write_head_examples(out_dir / HEADS_DIR, results, model=model_desc)
     return sec
+
+
+def write_head_examples(heads_dir: Path, results: dict, *, model: dict) -> None:
+    """``heads/general.json``: the top and typical examples every head's statistics kept
+    (:class:`~attnscope.analyses.top_examples.TopExamples`; the maps engine only), for the head
+    pages. Nothing is written when no analysis kept any (the streaming engine)."""
+    kept = [(name, r.examples) for name, r in results.items() if r.examples]
+    path = heads_dir / "general.json"
+    if not kept:
+        path.unlink(missing_ok=True)
+        return
+    heads_dir.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"attnscope_head_examples": 1, "family": "general", "model": model,
+                      "params": kept[0][1]["params"],
+                      "analysis": {stat: name for name, ex in kept for stat in ex["heads"]},
+                      "heads": {stat: v for _, ex in kept for stat, v in ex["heads"].items()},
+                      "examples": dict(sorted({k: v for _, ex in kept for k, v in ex["examples"].items()}.items(),
+                                              key=lambda kv: int(kv[0])))}, compact=True)

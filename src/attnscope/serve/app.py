@@ -40,7 +40,8 @@ from attnscope.errors import AttnscopeError, StoreError
 from attnscope.serve.catalog import Catalog
 from attnscope.serve.head_stats import load_results, results_shape
 from attnscope.store import open_store
-from attnscope.views import model_for_store, results_payload
+from attnscope.store.results import RESULTS_DIR
+from attnscope.views import head_page_html, model_for_store, results_payload
 from attnscope.viz.neuron import capture_qk, neuron_payload
 from attnscope.viz.payload import LONG_INPUT, WINDOW, page_payload
 from attnscope.viz.render import embed_json, static_text
@@ -210,12 +211,15 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
         store, _ = live()
         return jsonify({**_info(store), "has_results": bool(found["stats"] or found["scatter"])})
 
+    head_pages = results is not None and (Path(results) / RESULTS_DIR / "general.json").is_file()
+
     def _info(store) -> dict:
         if store is None:
             L, H = current["shape"]
-            return {"store": Path(results).name, "examples": 0,
+            return {"store": Path(results).name, "examples": 0, "head_pages": head_pages,
                     "summary": {"model": None, "layers": L, "heads": H, "level": "-", "status": None}}
-        return {"store": store.path.name, "summary": _summary(store), "examples": len(store)}
+        return {"store": store.path.name, "summary": _summary(store), "examples": len(store),
+                "head_pages": head_pages}
 
     @app.get("/api/examples")
     def examples():
@@ -255,6 +259,16 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
         if state["lm_warnings"]:
             payload["note"] = "; ".join(filter(None, [payload["note"], *state["lm_warnings"]]))
         return Response(embed_json(payload), mimetype="application/json")
+
+    @app.get("/head/<name>")
+    def head_page(name: str):
+        """The page of head ``name`` (``5-3``) from the results folder; the grids and the
+        scatter link to it."""
+        if results is None:
+            raise AttnscopeError("head pages need a results folder (attnscope serve --results DIR)")
+        if not re.fullmatch(r"\d{1,4}-\d{1,4}", name):
+            raise AttnscopeError(f"head {name!r}: name a head as layer-head from 1 (e.g. 5-3)")
+        return Response(head_page_html(results, name), mimetype="text/html")
 
     @app.get("/api/results")
     def results_api():

@@ -22,14 +22,15 @@ from typing import Any
 from attnscope.data.io import atomic_write_text, to_plain
 
 
-def dumps(obj: Any) -> str:
-    """``obj`` as strict JSON text (NaN and infinities as null)."""
-    return json.dumps(to_plain(obj), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+def dumps(obj: Any, compact: bool = False) -> str:
+    """``obj`` as strict JSON text (NaN and infinities as null); ``compact``: on one line."""
+    layout = {"separators": (",", ":")} if compact else {"indent": 1}
+    return json.dumps(to_plain(obj), ensure_ascii=False, allow_nan=False, **layout) + "\n"
 
 
-def write_json(path: str | Path, obj: Any) -> None:
-    """Write ``obj`` as strict JSON, atomically."""
-    atomic_write_text(Path(path), dumps(obj))
+def write_json(path: str | Path, obj: Any, compact: bool = False) -> None:
+    """Write ``obj`` as strict JSON, atomically (``compact``: on one line, for large files)."""
+    atomic_write_text(Path(path), dumps(obj, compact))
 
 
 def read_json(path: str | Path) -> dict | None:
@@ -59,6 +60,8 @@ SCHEMA_VERSION = 1
 SCHEMA_KEY = "attnscope_result"
 #: The folder (inside an output folder) that holds the families' results files.
 RESULTS_DIR = "results"
+#: Where a family keeps the top examples of every head (``heads/<family>.json``), for the head pages.
+HEADS_DIR = "heads"
 
 
 def results_path(out_dir: str | Path, key: str) -> Path:

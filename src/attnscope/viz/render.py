@@ -54,11 +54,22 @@ def render_page(payload: dict, title: str | None = None) -> str:
 def render_results_page(payload: dict, title: str | None = None) -> str:
     """A complete HTML page of the results views (a :func:`attnscope.views.results_payload`):
     attribution maps, per-head profiles, sink mass. Same rules as :func:`render_page`."""
+    return _render(payload, title or f"attnscope: {payload.get('folder', 'results')}",
+                   "results.js", "mountResults")
+
+
+def render_head_page(payload: dict, title: str | None = None) -> str:
+    """A complete HTML page of one head (a :func:`attnscope.viz.head_page.head_page_payload`).
+    Same rules as :func:`render_page`."""
+    return _render(payload, title or payload["title"], "headpage.js", "mountHeadPage")
+
+
+def _render(payload: dict, title: str, script: str, mount: str) -> str:
     from markupsafe import Markup
 
     css = static_text("attnscope.css")
-    js = static_text("attnscope.js") + static_text("results.js")
+    js = static_text("attnscope.js") + static_text(script)
     return _env().get_template("page.html.j2").render(
-        title=title or f"attnscope: {payload.get('folder', 'results')}", version=__version__,
+        title=title, version=__version__,
         css=Markup(css.replace("</", "<\\/")), js=Markup(js.replace("</", "<\\/")),
-        payload_json=Markup(embed_json(payload)), mount="mountResults")
+        payload_json=Markup(embed_json(payload)), mount=mount)

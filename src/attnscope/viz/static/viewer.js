@@ -91,6 +91,12 @@
 
   function openHead(layer, head) {
     var st = { view: "head", layer: layer, heads: [head], head: head };
+    var link = $("vw-head-link"), name = (layer + 1) + "-" + (head + 1);
+    if (info.head_pages) {  // the head's own page: its statistics, labels and top examples
+      link.href = "/head/" + name;
+      link.textContent = "Open head " + name + "'s page (its top examples over the corpus)";
+      link.hidden = false;
+    }
     if (current.viewer) return current.viewer.setState(st);
     return openExample(0, st);
   }

@@ -1,0 +1,228 @@
+"""A head's page: what one head does across the corpus, from an output folder's results.
+
+:func:`head_page_payload` turns the results files a run wrote (plain dicts) into what the page
+draws: the head's statistics with their 95% intervals and rank among all heads, the labels the
+families gave it with the evidence for each, and, per statistic, the examples where the head
+scores highest and a few typical ones (``results/head_examples.json``, kept during the
+general family's one pass: :class:`~attnscope.analyses.top_examples.TopExamples`), each with
+the query unit and its strongest keys. :mod:`attnscope.views` reads the folder and runs the
+model for the full head views the strips open; this module only lays out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from attnscope.data.records import HeadId
+from attnscope.models.loaded import display_name
+from attnscope.models.pieces import readable, visible
+
+PAYLOAD_VERSION = 1
+
+#: The general statistics a page shows, in order, with what each value is (per example: the
+#: mean over its query rows; the page's number: the mean over examples).
+STATS = {
+    "previous": ("attention to the previous token", "relative-position"),
+    "current": ("attention to the token itself", "relative-position"),
+    "next": ("attention to the next token", "relative-position"),
+    "first": ("attention to the first special token ([CLS], <s>)", "special-tokens"),
+    "separator": ("attention to separators ([SEP], </s>)", "special-tokens"),
+    "period": ("attention to periods", "special-tokens"),
+    "comma": ("attention to commas", "special-tokens"),
+    "punct": ("attention to periods or commas", "special-tokens"),
+    "sep_to_sep": ("separators' attention to separators", "special-tokens"),
+    "other_to_sep": ("other tokens' attention to separators", "special-tokens"),
+    "entropy": ("row entropy (nats; higher is broader)", "entropy"),
+    "entropy_first": ("entropy of the first token's row (nats)", "entropy"),
+    "max_weight": ("largest weight of a row", "entropy"),
+    "rows_max_below": ("share of rows with no weight above 0.1", "entropy"),
+}
+Z95 = 1.959963984540054
+
+
+def rank_of(values: np.ndarray, layer: int, head: int) -> int | None:
+    """1 + how many heads have a strictly higher value (NaN heads are not ranked).
+
+    >>> rank_of(np.array([[0.1, 0.5], [0.5, 0.2]]), 1, 0)
+    1
+    >>> rank_of(np.array([[0.1, 0.5], [0.5, 0.2]]), 0, 0)
+    4
+    """
+    v = values[layer, head]
+    if not np.isfinite(v):
+        return None
+    return int(np.sum(values[np.isfinite(values)] > v)) + 1
+
+
+def _grid(rows: list[dict], key: str, L: int, H: int) -> np.ndarray:
+    out = np.full((L, H), np.nan)
+    for r in rows:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[r["layer"], r["head"]] = float(v)
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1f}%"
+
+
+def general_stats(general: dict, layer: int, head: int) -> list[dict]:
+    """The head's general statistics: value, 95% interval (mean +- 1.96 standard errors of the
+    per-example values, cut at 0 below: no statistic here is negative), rank among the heads
+    and how many examples."""
+    rows = general["tables"]["general_heads"]
+    L, H = 1 + max(r["layer"] for r in rows), 1 + max(r["head"] for r in rows)
+    analyses = general.get("analyses", {})
+    out = []
+    for key, (what, analysis) in STATS.items():
+        grid = _grid(rows, key, L, H)
+        v = grid[layer, head]
+        if not np.isfinite(v):
+            continue
+        part = analyses.get(analysis, {})
+        se = ((part.get("meta") or {}).get("standard_error") or {}).get(key)
+        se = se[layer][head] if se else None
+        out.append({"key": key, "what": what, "value": float(v),
+                    "low": None if se is None else float(max(v - Z95 * se, 0.0)),  # none is negative
+                    "high": None if se is None else float(v + Z95 * se),
+                    "rank": rank_of(grid, layer, head), "of": int(np.isfinite(grid).sum()),
+                    "examples": (part.get("meta") or {}).get("examples")})
+    return out
+
+
+def general_labels(general: dict, name: str, stats: list[dict]) -> list[dict]:
+    """Figure 6's behaviour label of the head, with the statistic behind it."""
+    row = next((r for r in general["tables"]["general_heads"] if r["name"] == name), None)
+    if row is None or not row.get("behaviour"):
+        return []
+    by = {s["key"]: s for s in stats}
+    basis = {"previous": "previous", "next": "next", "[CLS]": "first", "[SEP]": "separator",
+             "punctuation": "punct", "broad": "entropy"}.get(row["behaviour"])
+    evidence = "no statistic above the clustering's thresholds"
+    if basis in by:
+        s = by[basis]
+        ci = "" if s["low"] is None else f" [{s['low']:.3f}, {s['high']:.3f}]"
+        evidence = f"{s['what']}: {s['value']:.3f}{ci}, rank {s['rank']} of {s['of']} heads"
+    return [{"family": "general", "label": f"behaviour: {row['behaviour']}", "evidence": evidence}]
+
+
+def syntax_evidence(syntax: dict, layer: int, head: int, name: str, top: int = 5) -> tuple[list, list]:
+    """``(labels, rows)``: the relations this head is Table 1's best head for (accuracy, 95%
+    interval, best offset), and its ``top`` relations by accuracy with their rank among heads."""
+    labels = []
+    for r in syntax.get("tables", {}).get("table1", []):
+        if r.get("head") == name:
+            labels.append({"family": "syntax", "label": f"tracks {r['relation']} {r['direction']}",
+                           "evidence": f"{_pct(r['accuracy'])} [{r['ci_low']:.1f}, {r['ci_high']:.1f}] "
+                                       f"of {r['count']}; best offset {r['offset']}: "
+                                       f"{_pct(r['offset_accuracy'])}"})
+    arr = syntax.get("arrays", {}).get("accuracy")
+    meta = syntax.get("meta", {})
+    rows = []
+    if arr is not None and meta.get("relations"):
+        acc = np.asarray(arr["data"], dtype=float).reshape(arr["shape"])  # [R L H 2]
+        total = np.asarray(syntax["arrays"]["total"]["data"]) if "total" in syntax["arrays"] else None
+        for r, rel in enumerate(meta["relations"]):
+            for d, direction in enumerate(meta["directions"]):
+                v = acc[r, layer, head, d]
+                if np.isfinite(v):
+                    rows.append({"what": f"{rel} {direction}", "value": 100 * float(v),
+                                 "rank": rank_of(acc[r, :, :, d], layer, head),
+                                 "of": int(np.isfinite(acc[r, :, :, d]).sum()),
+                                 "count": None if total is None else int(total[r])})
+        rows.sort(key=lambda x: (-x["value"], x["what"]))
+        rows = rows[:top]
+    return labels, rows
+
+
+def coref_evidence(coref: dict, name: str) -> tuple[list, list]:
+    """``(labels, rows)``: the head's antecedent accuracy by mention type with its rank among
+    heads, and a label when it is Table 2's best head (with its interval)."""
+    heads = coref.get("tables", {}).get("heads", [])
+    rows = []
+    for key in ("all", "pronoun", "proper", "nominal"):
+        vals = np.array([r[key] if isinstance(r.get(key), (int, float)) else np.nan for r in heads], float)
+        mine = next((i for i, r in enumerate(heads) if r["name"] == name), None)
+        if mine is None or not np.isfinite(vals[mine]):
+            continue
+        rows.append({"what": f"antecedent accuracy, {key} mentions", "value": 100 * float(vals[mine]),
+                     "rank": int(np.sum(vals[np.isfinite(vals)] > vals[mine])) + 1,
+                     "of": int(np.isfinite(vals).sum()), "count": None})
+    labels = []
+    for r in coref.get("tables", {}).get("table2", []):
+        if r.get("kind") != "baseline" and r.get("name") == name and r.get("all") is not None:
+            lo, hi = r.get("all_lo"), r.get("all_hi")
+            ci = "" if lo is None else f" [{100 * lo:.1f}, {100 * hi:.1f}]"
+            labels.append({"family": "coref", "label": "coreference head (Table 2)",
+                           "evidence": f"{100 * r['all']:.1f}%{ci} of {r.get('all_n')} mentions"})
+    return labels, rows
+
+
+def atlas_labels(atlas: dict, name: str) -> list[dict]:
+    """The atlas's label of this query head and its scores (``tables.atlas_heads``)."""
+    row = next((r for r in atlas.get("tables", {}).get("atlas_heads", []) if r.get("name") == name), None)
+    if row is None or not row.get("label"):
+        return []
+    scores = ", ".join(f"{k} {v:.3g}" for k, v in row.items()
+                       if isinstance(v, float) and math.isfinite(v) and k not in ("layer", "head"))
+    return [{"family": "atlas", "label": f"atlas: {row['label']}", "evidence": scores}]
+
+
+def unit_labels(units: dict) -> list[str]:
+    """What the page writes for each unit of an example (:func:`~attnscope.analyses.top_examples.units_of`):
+    the tokenizer's text with whitespace made visible, as every view shows tokens."""
+    level = units.get("level", "token")
+    return [visible(t) for t in readable(units["tokens"], units["special"], units.get("text"), level)]
+
+
+def head_page_payload(results: dict[str, dict], head_examples: dict | None, name: str, *,
+                      folder: str = "", pages: dict[int, str] | None = None,
+                      notes: list[str] | None = None) -> dict:
+    """Everything the page of head ``name`` (``"5-3"``, 1-indexed as the pages show heads)
+    draws, from ``results`` (family key -> that family's results file) and ``head_examples``
+    (``results/head_examples.json``, or None). ``pages``: example index -> the file of its full
+    head view (relative to the page), where one was written."""
+    hid = HeadId.parse(name)
+    layer, head = hid.layer, hid.head
+    general = results.get("general")
+    stats = general_stats(general, layer, head) if general else []
+    labels, evidence = (general_labels(general, name, stats) if general else []), []
+    if "syntax" in results:
+        lab, rows = syntax_evidence(results["syntax"], layer, head, name)
+        labels += lab
+        if rows:
+            evidence.append({"family": "syntax", "title": "Dependency relations (accuracy, %)", "rows": rows})
+    if "coref" in results:
+        lab, rows = coref_evidence(results["coref"], name)
+        labels += lab
+        if rows:
+            evidence.append({"family": "coref", "title": "Coreference (accuracy, %)", "rows": rows})
+    if "atlas" in results:
+        labels += atlas_labels(results["atlas"], name)
+    model = (general or {}).get("model") or {}
+    model_name = display_name(model) if model else None
+    examples, units = {}, {}
+    if head_examples:
+        for stat in STATS:
+            got = head_examples["heads"].get(stat)
+            if got is None:
+                continue
+            cell = got[layer][head]
+            examples[stat] = cell
+            for e in cell["top"] + cell["typical"]:
+                key = str(e["example"])
+                if key not in units:
+                    u = head_examples["examples"][key]
+                    units[key] = {"labels": unit_labels(u), "raw": list(u["tokens"])}
+    return {
+        "version": PAYLOAD_VERSION,
+        "title": f"Head {name}" + (f" of {model_name}" if model_name else "") + (f" ({folder})" if folder else ""),
+        "head": name, "layer": layer, "index": head, "model": model_name,
+        "stats": stats, "labels": labels, "evidence": evidence,
+        "examples": examples, "units": units, "params": (head_examples or {}).get("params"),
+        "pages": {str(k): v for k, v in (pages or {}).items()},
+        "notes": list(notes or []),
+    }
