@@ -48,7 +48,7 @@ class Entropy(MapsAnalysis):
 
     @classmethod
     def for_model(cls, model, *, seed: int = 0) -> "Entropy":
-        return cls(causal=bool(model is not None and model.family.causal))
+        return cls(causal=bool(model is not None and model.family.causal), seed=seed)
 
     def __init__(self, causal: bool = False, max_weight_threshold: float = 0.1, seed: int = 0):
         self.causal = bool(causal)
@@ -60,7 +60,7 @@ class Entropy(MapsAnalysis):
 
     def params(self) -> dict[str, Any]:
         return {"causal": self.causal, "max_weight_threshold": self.max_weight_threshold,
-                "average": "mean over examples of per-example means", "unit": "nats"}
+                "average": "mean over examples of per-example means", "unit": "nats", "seed": self.top.seed}
 
     def _add(self, attn: np.ndarray, m: "AttentionMap | None" = None) -> None:
         """One example's ``attn`` ``[L H n n]`` (and its map ``m``, whose top rows are kept)."""

@@ -124,7 +124,8 @@ class RelativePosition(MapsAnalysis):
         self.top = TopExamples(STATS, seed=seed)
 
     def params(self) -> dict[str, Any]:
-        return {"denominator": self.denominator, "average": "mean over examples of per-example means"}
+        return {"denominator": self.denominator, "average": "mean over examples of per-example means",
+                "seed": self.top.seed}
 
     def _add(self, attn: np.ndarray, n: int, m: "AttentionMap | None" = None) -> None:
         """One example's ``attn`` ``[L H n n]`` (and its map ``m``, whose top rows are kept)."""

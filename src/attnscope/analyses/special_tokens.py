@@ -40,7 +40,7 @@ class SpecialTokens(MapsAnalysis):
 
     @classmethod
     def for_model(cls, model, *, seed: int = 0) -> "SpecialTokens":
-        return cls(TokenClasser.from_tokenizer(model.tokenizer) if model is not None else None)
+        return cls(TokenClasser.from_tokenizer(model.tokenizer) if model is not None else None, seed=seed)
 
     def __init__(self, classer: TokenClasser | None = None, denominator: str = "valid", seed: int = 0):
         if denominator not in DENOMINATORS:
@@ -54,7 +54,7 @@ class SpecialTokens(MapsAnalysis):
 
     def params(self) -> dict[str, Any]:
         return {"denominator": self.denominator, "token_classes": self.classer.params(),
-                "average": "mean over examples of per-example means"}
+                "average": "mean over examples of per-example means", "seed": self.top.seed}
 
     def _add(self, attn: np.ndarray, tokens: list[str], special: np.ndarray,
              m: "AttentionMap | None" = None) -> None:
