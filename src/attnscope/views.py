@@ -16,20 +16,24 @@ import numpy as np
 
 from attnscope.data.io import atomic_write_bytes, atomic_write_text
 from attnscope.data.records import Example, HeadId
+from attnscope.data.unlabeled import prepare_documents
+from attnscope.engines.document import DocumentRows, row_summary
 from attnscope.errors import AttnscopeError
 from attnscope.families import FAMILIES, load_families
 from attnscope.maps import AttentionMap, token_word_ids
 from attnscope.models import capture, load_model
 from attnscope.models.loaded import display_name
+from attnscope.models.pieces import piece_texts, readable, visible
 from attnscope.store import open_store
 from attnscope.store.format import MANIFEST
 from attnscope.store.results import HEADS_DIR, RESULTS_DIR, ResultsFolder, read_json
 from attnscope.viz.export import export_html
 from attnscope.viz.generate import model_maps
 from attnscope.viz.head_page import head_page_payload
+from attnscope.viz.long_page import long_page_payload
 from attnscope.viz.neuron import capture_qk, neuron_payload
 from attnscope.viz.pages import head_view_html, maps_html
-from attnscope.viz.render import render_head_page, render_results_page
+from attnscope.viz.render import render_head_page, render_long_page, render_results_page
 
 
 def load_example(store, example: int):
@@ -331,3 +335,76 @@ def write_head_page(folder: str | Path, name: str, out: str | Path, *, model: st
     atomic_write_text(out, html)
     return {"html": str(out), "bytes": len(html.encode("utf-8")), "examples": len(links),
             "notes": payload["notes"]}
+
+
+# -- long documents -----------------------------------------------------------------------------
+def long_document(lm, ids: list[int], *, layer: int, head: int, queries: list[int],
+                  source: str = "", doc: DocumentRows | None = None) -> tuple[dict, DocumentRows]:
+    """``(payload, doc)``: the page of head ``(layer, head)`` (0-indexed) over the document
+    ``ids`` (:func:`attnscope.viz.long_page.long_page_payload`), with the rows of ``queries``;
+    ``doc`` the kept queries and keys (read here unless given), for more rows on demand."""
+    import time
+
+    seconds = {}
+    if doc is None:
+        start = time.perf_counter()
+        doc = DocumentRows.read(lm, ids)
+        seconds["forward"] = time.perf_counter() - start
+    L, H = doc.shape
+    if not (0 <= layer < L and 0 <= head < H):
+        raise AttnscopeError(f"head {layer + 1}-{head + 1}: {lm.display_name} has {L} layers of {H} heads "
+                             f"(1-1 to {L}-{H})", params=("layer", "head"))
+    rows = [row_summary(doc.row(layer, head, q), q) for q in queries]
+    start = time.perf_counter()
+    profiles = doc.profiles(layer, head)
+    seconds["profiles"] = time.perf_counter() - start
+    tokens = lm.tokenizer.convert_ids_to_tokens(list(ids))
+    special = [t in set(lm.tokenizer.all_special_tokens) for t in tokens]
+    texts = piece_texts(lm.tokenizer, tokens, special)
+    labels = [visible(t) for t in readable(tokens, special, texts, "token")]
+    payload = long_page_payload(labels=labels, raw=list(tokens), layer=layer, head=head, rows=rows,
+                                profiles=profiles, model=lm.display_name, source=source,
+                                num_layers=L, num_heads=H, seconds=seconds)
+    return payload, doc
+
+
+class LongDocumentView:
+    """A long document read once (the first of ``path``, up to ``max_seq_len`` tokens;
+    consecutive documents joined until then, as ``analyze longctx --join``): the page of head
+    ``(layer, head)`` (0-indexed) with the rows of ``queries`` (default: the last token), and
+    any other row on demand (:meth:`row`, what the viewer answers a click with)."""
+
+    def __init__(self, path: str | Path, *, model: str, layer: int, head: int,
+                 queries: list[int] | None = None, max_seq_len: int = 16384):
+        self.lm = load_model(model)
+        document = prepare_documents(path, self.lm.tokenizer, max_seq_len=max_seq_len, join=True,
+                                     num_docs=1)[0]
+        n = len(document.ids)
+        queries = [n - 1] if not queries else list(queries)
+        bad = [q for q in queries if not 0 <= q < n]
+        if bad:
+            raise AttnscopeError(f"queries {', '.join(map(str, bad))}: the document has {n} tokens "
+                                 f"(0 to {n - 1})", params=("queries",))
+        self.payload, self.doc = long_document(self.lm, document.ids, layer=layer, head=head,
+                                               queries=queries, source=document.source)
+
+    def html(self, served: bool = False) -> str:
+        """The page; ``served``: by the viewer, which computes the row of any token clicked."""
+        payload = {**self.payload, "api": "/api/long/row"} if served else self.payload
+        return render_long_page(payload, served=served)
+
+    def row(self, layer: int, head: int, query: int) -> dict:
+        """The :func:`~attnscope.engines.document.row_summary` of one head's row at ``query``."""
+        return row_summary(self.doc.row(layer, head, query), query)
+
+
+def write_long_page(path: str | Path, out: str | Path, *, model: str, layer: int, head: int,
+                    queries: list[int] | None, max_seq_len: int) -> dict:
+    """Write the :class:`LongDocumentView` page of ``path`` to ``out``. Returns ``{"html",
+    "bytes", "tokens", "seconds"}``."""
+    view = LongDocumentView(path, model=model, layer=layer, head=head, queries=queries,
+                            max_seq_len=max_seq_len)
+    html = view.html()
+    atomic_write_text(Path(out), html)
+    return {"html": str(out), "bytes": len(html.encode("utf-8")), "tokens": view.doc.n,
+            "seconds": view.payload["seconds"]}

@@ -79,30 +79,42 @@ class TopExamples:
         S, L, H = values.shape
         val = np.where(np.asarray(defined, bool)[:, None, None], values, EMPTY)
         val = np.where(np.isnan(val), EMPTY, val)
-        query = np.asarray(rows).argmax(-1)  # [S L H]: the first of equal rows
-        row = attn[np.arange(L)[None, :, None], np.arange(H)[None, None, :], query]  # [S L H n]
-        order = np.argsort(-row, axis=-1, kind="stable")[..., :self.keys]  # [S L H K]
+        if self.top is None:
+            self.top = self._empty((S, L, H))
+        worst, last = self.top["value"][..., -1], self.top["index"][..., -1]
+        enters = (val > worst) | ((val == worst) & (val > EMPTY) & (index < last))  # [S L H]
+        pri = priority(index, self.seed)
+        drawn = self.sample > 0 and (self.drawn is None or len(self.drawn["index"]) < self.sample
+                                     or (pri, index) < max(zip(self.drawn["priority"], self.drawn["index"])))
+        if not (enters.any() or drawn):
+            return  # the common case once the heaps are full: nothing to draw, nothing kept
+        where = np.ones_like(enters) if drawn else enters
+        s, lay, hd = np.nonzero(where)
+        query = np.full((S, L, H), -1)
+        query[s, lay, hd] = np.asarray(rows)[s, lay, hd].argmax(-1)  # the first of equal rows
+        row = attn[lay, hd, query[s, lay, hd]]  # [m n]: only the heads that keep this example
+        order = np.argsort(-row, axis=-1, kind="stable")[:, :self.keys]
         weight = np.take_along_axis(row, order, -1).astype(np.float64)
         if order.shape[-1] < self.keys:  # an example shorter than ``keys`` units
             pad = self.keys - order.shape[-1]
-            order = np.pad(order, [(0, 0)] * 3 + [(0, pad)], constant_values=-1)
-            weight = np.pad(weight, [(0, 0)] * 3 + [(0, pad)], constant_values=np.nan)
+            order = np.pad(order, [(0, 0), (0, pad)], constant_values=-1)
+            weight = np.pad(weight, [(0, 0), (0, pad)], constant_values=np.nan)
+        key = np.full((S, L, H, self.keys), -1)
+        wts = np.full((S, L, H, self.keys), np.nan)
+        key[s, lay, hd], wts[s, lay, hd] = order, weight
         entry = {"value": val, "index": np.full((S, L, H), index, np.int64), "query": query,
-                 "key": order, "weight": weight}
-        if self.top is None:
-            self.top = self._empty((S, L, H))
-        self.top = self._best(self.top, {n: a[:, :, :, None] for n, a in entry.items()})
-        kept = bool((self.top["index"] == index).any())
-        if self.sample:
-            pri = priority(index, self.seed)
+                 "key": key, "weight": wts}
+        if enters.any():
+            mine = {n: a[:, :, :, None] for n, a in entry.items()}
+            mine["value"] = np.where(enters, val, EMPTY)[..., None]  # only where it may enter
+            self.top = self._best(self.top, mine)
+        if drawn:
             mine = {"priority": np.array([pri]), "index": np.array([index], np.int64),
                     **{n: a[None] for n, a in entry.items() if n != "index"}}
             self.drawn = mine if self.drawn is None else self._sampled(self.drawn, mine)
-            kept = kept or bool((self.drawn["index"] == index).any())
-        if kept:
-            self.tokens[int(index)] = units
-            if len(self.tokens) > 2 * (self.k * S * L * H + self.sample):
-                self._forget()
+        self.tokens[int(index)] = units
+        if len(self.tokens) > 2 * (self.k * S * L * H + self.sample):
+            self._forget()
 
     def merge(self, other: "TopExamples") -> None:
         """Fold ``other`` (same statistics and sizes, disjoint examples) into this one."""
@@ -148,7 +160,7 @@ class TopExamples:
         """Drop the tokens of examples neither set holds any more."""
         held = set()
         if self.top is not None:
-            held |= set(np.unique(self.top["index"]).tolist())
+            held |= set(np.unique(self.top["index"][self.top["value"] > EMPTY]).tolist())
         if self.drawn is not None:
             held |= set(self.drawn["index"].tolist())
         self.tokens = {i: t for i, t in self.tokens.items() if i in held}

@@ -16,6 +16,7 @@ from attnscope.cli.common import console
 from attnscope.cli.output import results as out
 from attnscope.errors import AttnscopeError
 from attnscope.serve.app import create_app, is_loopback, make_server
+from attnscope.views import LongDocumentView
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
@@ -32,18 +33,38 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         token: str = typer.Option(None, "--token",
                                   help="Access token to require (default: a new random one when "
                                        "--host is not a loopback address, none on loopback)."),
-        model: str = typer.Option(None, "--model", "-m", help="Model for the neuron view (default: the store's)."),
+        model: str = typer.Option(None, "--model", "-m", help="Model for the neuron view (default: the "
+                                  "store's); with --long, the model to run."),
+        long: Path = typer.Option(None, "--long", help="A long document (as attnscope view --long): "
+                                  "its page for one head (--layer, --head), where a click on any "
+                                  "token computes that head's whole row at it (no n x n map)."),
+        layer: int = typer.Option(1, "--layer", min=1, help="With --long: the layer, from 1."),
+        head: int = typer.Option(1, "--head", min=1, help="With --long: the head, from 1."),
+        queries: str = typer.Option(None, "--queries", help="With --long: rows computed before the "
+                                    "page opens, e.g. 100,2000 (default: the last token)."),
+        max_seq_len: int = typer.Option(16384, "--max-seq-len", min=2,
+                                        help="With --long: the document's length in tokens, at most."),
     ) -> None:
         """Browse a store: examples with search, every view, per-head statistics."""
         import socket
 
-        if store is None and results is None:
-            raise AttnscopeError("give a store folder, --results DIR, or both")
+        if store is None and results is None and long is None:
+            raise AttnscopeError("give a store folder, --results DIR, or both (or --long DOC)")
+        document = None
+        if long is not None:
+            if model is None:
+                raise AttnscopeError("--long needs --model, the model to run over the document")
+            try:
+                picks = [int(q) for q in queries.split(",")] if queries else None
+            except ValueError:
+                raise AttnscopeError(f"--queries {queries!r}: token positions separated by commas") from None
+            document = LongDocumentView(long, model=model, layer=layer - 1, head=head - 1,
+                                        queries=picks, max_seq_len=max_seq_len)
         if token is not None and len(token) < 16:
             raise AttnscopeError("--token: use at least 16 characters")
         if token is None and not is_loopback(host):
             token = secrets.token_urlsafe(32)
-        app_ = create_app(store, results, model=model, token=token)
+        app_ = create_app(store, results, model=model, token=token, document=document)
         try:
             server = make_server(app_, host, port)
         except OSError as exc:
@@ -53,7 +74,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         shown = [host]
         if host in ("0.0.0.0", "::", ""):
             shown = [socket.gethostname(), "127.0.0.1"]
-        console.print(f"attnscope viewer for {store if store is not None else results} (Ctrl+C to stop); open:")
+        what = store if store is not None else results if results is not None else long
+        console.print(f"attnscope viewer for {what} (Ctrl+C to stop); open:")
         for h in shown:
             h = f"[{h}]" if ":" in h else h
             out.print(f"    http://{h}:{port}/{query}", highlight=False)

@@ -10,7 +10,7 @@ import typer
 from attnscope.cli.common import check_writable, console
 from attnscope.cli.output import results
 from attnscope.errors import AttnscopeError, IndexRangeError
-from attnscope.views import write_head_page, write_view
+from attnscope.views import write_head_page, write_long_page, write_view
 
 
 class ViewKind(str, Enum):
@@ -99,11 +99,33 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                                       "name heads (layer-head from 1, e.g. 5-3): its statistics, "
                                       "labels and top examples; each example's full head view is "
                                       "written beside it in OUT_examples/."),
+        long: Path = typer.Option(None, "--long", help="A long document (text, blank lines between "
+                                  "documents, joined up to --max-seq-len tokens; or JSON Lines with "
+                                  "'text'): one head (--layer, --head) over it, with its whole row at "
+                                  "each of --queries, run with --model; no n x n map is made."),
+        queries: str = typer.Option(None, "--queries", help="With --long: token positions (from 0) "
+                                    "whose rows the page carries, e.g. 100,2000 (default: the last)."),
+        max_seq_len: int = typer.Option(16384, "--max-seq-len", min=2, help="With --long: the "
+                                        "document's length in tokens, at most."),
     ) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
         for path, option in ((out, "--out"), (png, "--png"), (svg, "--svg")):
             if path is not None:
                 check_writable(path, folder=False, option=option)
+        if long is not None:
+            if model is None or head is None:
+                raise AttnscopeError("--long needs --model (a decoder or encoder to run) and --head "
+                                     "(with --layer), 1-indexed as the pages show heads")
+            try:
+                picks = [int(q) for q in queries.split(",")] if queries else None
+            except ValueError:
+                raise AttnscopeError(f"--queries {queries!r}: token positions separated by commas, "
+                                     "e.g. 100,2000") from None
+            res = write_long_page(long, out, model=model, layer=layer - 1, head=head - 1,
+                                  queries=picks, max_seq_len=max_seq_len)
+            results.print(f"{res['html']}: head {layer}-{head} over {res['tokens']:,} tokens, "
+                          f"{res['bytes']:,} bytes (forward pass {res['seconds']['forward']:.1f} s)")
+            return
         if head_page is not None:
             if store is None:
                 raise AttnscopeError("--head-page needs the output folder of a run as STORE")

@@ -31,6 +31,7 @@ import numpy as np
 from attnscope.errors import AttnscopeError
 from attnscope.models.forward import forward, pad_batch
 
+
 def distance_buckets(n: int) -> list[tuple[int, int]]:
     """The distance buckets of a row's mass, ``[(lo, hi), ...]`` inclusive: 0, 1, 2-3, 4-7, ...
     (powers of two) up to ``n - 1``.
@@ -82,21 +83,57 @@ class DocumentRows:
     def row(self, layer: int, head: int, query: int) -> np.ndarray:
         """Head ``head`` of ``layer``: the attention of token ``query`` over the document's keys,
         ``[n]`` float32 (0 after ``query`` in a decoder)."""
+        if not 0 <= query < self.n:
+            raise AttnscopeError(f"query {query}: the document has {self.n} tokens (0 to {self.n - 1})",
+                                 params=("query",))
+        return self.rows(layer, head, query, query + 1)[0]
+
+    def rows(self, layer: int, head: int, q0: int, q1: int) -> np.ndarray:
+        """The rows of queries ``q0 .. q1-1`` of one head, ``[q1-q0 n]`` float32 (one block of
+        scores: keep ``q1 - q0`` small at long ``n``)."""
         import torch
 
         L, H = self.shape
         if not (0 <= layer < L and 0 <= head < H):
             raise AttnscopeError(f"head {layer + 1}-{head + 1}: the model has {L} layers of {H} heads",
                                  params=("head",))
-        if not 0 <= query < self.n:
-            raise AttnscopeError(f"query {query}: the document has {self.n} tokens (0 to {self.n - 1})",
-                                 params=("query",))
         groups = H // self.k[layer].shape[0]
-        k1 = query + 1 if self.causal else self.n
-        scores = (self.k[layer][head // groups, :k1] @ self.q[layer][head, query]) * self.scaling[layer]
-        out = np.zeros(self.n, dtype=np.float32)
-        out[:k1] = torch.softmax(scores, dim=-1).numpy()
+        k1 = q1 if self.causal else self.n
+        scores = (self.q[layer][head, q0:q1] @ self.k[layer][head // groups, :k1].T) * self.scaling[layer]
+        if self.causal:
+            scores.masked_fill_(torch.arange(k1)[None, :] > torch.arange(q0, q1)[:, None], float("-inf"))
+        out = np.zeros((q1 - q0, self.n), dtype=np.float32)
+        out[:, :k1] = torch.softmax(scores, dim=-1).numpy()
         return out
+
+    def profiles(self, layer: int, head: int, chunk: int = 512) -> dict[str, np.ndarray]:
+        """The head's value at every row ``[n]``: its mass on the first token (``sink``), its
+        entropy (nats), largest weight and mean distance ``sum_j P_ij |i - j|`` to what it attends
+        to, ``chunk`` rows at a time (one ``[chunk n]`` block of scores at most)."""
+        import torch
+
+        n, (L, H) = self.n, self.shape
+        if not (0 <= layer < L and 0 <= head < H):
+            raise AttnscopeError(f"head {layer + 1}-{head + 1}: the model has {L} layers of {H} heads",
+                                 params=("head",))
+        Q, K = self.q[layer][head], self.k[layer][head // (H // self.k[layer].shape[0])]
+        pos = torch.arange(n)
+        out = {k: torch.zeros(n, dtype=torch.float64) for k in ("sink", "entropy", "max_weight", "distance")}
+        for q0 in range(0, n, chunk):
+            q1 = min(n, q0 + chunk)
+            k1 = q1 if self.causal else n
+            scores = (Q[q0:q1] @ K[:k1].T) * self.scaling[layer]  # [c k1]
+            if self.causal:
+                scores.masked_fill_(pos[None, :k1] > pos[q0:q1, None], float("-inf"))
+            p = torch.softmax(scores, dim=-1)
+            out["sink"][q0:q1] = p[:, 0]
+            out["entropy"][q0:q1] = torch.special.entr(p).sum(-1)
+            out["max_weight"][q0:q1] = p.amax(-1)
+            if self.causal:  # every key at or before the row: |i - j| = i - j
+                out["distance"][q0:q1] = pos[q0:q1].double() - (p @ pos[:k1].float()).double()
+            else:
+                out["distance"][q0:q1] = (p * (pos[q0:q1, None] - pos[None, :k1]).abs().float()).sum(-1)
+        return {k: v.numpy() for k, v in out.items()}
 
 
 def row_summary(row: np.ndarray, query: int, *, top: int = 20, bins: int = 1024) -> dict:

@@ -84,9 +84,10 @@ def is_loopback(host: str) -> bool:
 
 def create_app(store_path: str | Path | None, results: str | Path | None = None, *,
                model: str | None = None, token: str | None = None, long_input: int | None = None,
-               window: int | None = None):
+               window: int | None = None, document=None):
     """The viewer app for ``store_path``; ``results`` is an analysis output folder (either may
-    be None, not both).
+    be None, not both, unless ``document`` is given: a :class:`~attnscope.views.LongDocumentView`,
+    whose page is then the viewer's, and whose rows it computes for any token clicked).
 
     ``long_input`` / ``window``: examples longer than ``long_input`` units are sent as a window
     of ``window`` query rows (defaults :data:`~attnscope.viz.payload.LONG_INPUT`,
@@ -98,10 +99,11 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
     from werkzeug.exceptions import HTTPException
 
     if store_path is None:
-        if results is None:
+        if results is None and document is None:
             raise AttnscopeError("the viewer needs a store, a results folder (--results), or both")
         store = None
-        current = {"store": None, "catalog": None, "shape": results_shape(results)}
+        current = {"store": None, "catalog": None,
+                   "shape": results_shape(results) if results is not None else document.doc.shape}
         found = load_results(results, *current["shape"])
     else:
         current = {"store": open_store(store_path)}
@@ -198,6 +200,8 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
         from markupsafe import Markup
 
         store, _ = live()
+        if document is not None and store is None and results is None:
+            return Response(document.html(served=True), mimetype="text/html")
         info = _info(store)
         return render_template(
             "viewer.html.j2", title=f"attnscope: {info['store']}",
@@ -216,7 +220,8 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
     def _info(store) -> dict:
         if store is None:
             L, H = current["shape"]
-            return {"store": Path(results).name, "examples": 0, "head_pages": head_pages,
+            return {"store": Path(results).name if results is not None else "long document",
+                    "examples": 0, "head_pages": head_pages,
                     "summary": {"model": None, "layers": L, "heads": H, "level": "-", "status": None}}
         return {"store": store.path.name, "summary": _summary(store), "examples": len(store),
                 "head_pages": head_pages}
@@ -259,6 +264,15 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
         if state["lm_warnings"]:
             payload["note"] = "; ".join(filter(None, [payload["note"], *state["lm_warnings"]]))
         return Response(embed_json(payload), mimetype="application/json")
+
+    @app.get("/api/long/row")
+    def long_row():
+        """One head's whole row at a token of the long document, computed now (O(n))."""
+        if document is None:
+            raise AttnscopeError("no long document (attnscope serve --long DOC --model M)")
+        with lock:
+            row = document.row(_int_arg("layer", 0), _int_arg("head", 0), _int_arg("query", 0))
+        return Response(embed_json(row), mimetype="application/json")
 
     @app.get("/head/<name>")
     def head_page(name: str):

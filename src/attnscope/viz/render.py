@@ -46,7 +46,7 @@ def render_page(payload: dict, title: str | None = None) -> str:
     css = static_text("attnscope.css")
     js = static_text("attnscope.js")
     return _env().get_template("page.html.j2").render(
-        title=title or payload.get("title") or "attnscope", version=__version__,
+        title=title or payload.get("title") or "attnscope", version=__version__, connect=Markup("'none'"),
         css=Markup(css.replace("</", "<\\/")), js=Markup(js.replace("</", "<\\/")),
         payload_json=Markup(embed_json(payload)), mount="mountKinds" if "kinds" in payload else "mount")
 
@@ -64,12 +64,20 @@ def render_head_page(payload: dict, title: str | None = None) -> str:
     return _render(payload, title or payload["title"], "headpage.js", "mountHeadPage")
 
 
-def _render(payload: dict, title: str, script: str, mount: str) -> str:
+def render_long_page(payload: dict, *, served: bool = False) -> str:
+    """A complete HTML page of one head over a long document (a
+    :func:`attnscope.viz.long_page.long_page_payload`). Same rules as :func:`render_page`, except
+    that a page the viewer serves (``served``) may ask its own server for rows."""
+    return _render(payload, payload["title"], "longpage.js", "mountLongPage",
+                   connect="'self'" if served else "'none'")
+
+
+def _render(payload: dict, title: str, script: str, mount: str, connect: str = "'none'") -> str:
     from markupsafe import Markup
 
     css = static_text("attnscope.css")
     js = static_text("attnscope.js") + static_text(script)
     return _env().get_template("page.html.j2").render(
-        title=title, version=__version__,
+        title=title, version=__version__, connect=Markup(connect),
         css=Markup(css.replace("</", "<\\/")), js=Markup(js.replace("</", "<\\/")),
         payload_json=Markup(embed_json(payload)), mount=mount)

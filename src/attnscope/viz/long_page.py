@@ -1,0 +1,49 @@
+"""A long document, one head: its profiles along the document and its whole row at chosen
+queries, without ``[n n]`` maps (what :mod:`attnscope.views` computes with
+:class:`~attnscope.engines.document.DocumentRows`; this module only lays out).
+
+The page carries the document's tokens once, the head's per-row profiles pooled into at most
+:data:`BINS` stretches, and per query the :func:`~attnscope.engines.document.row_summary` of its
+row (its strongest keys, its mass per distance bucket and over the same stretches). Nothing
+grows with ``n`` but the tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Stretches of the document the profiles and each row's strip are pooled into.
+BINS = 1024
+PAYLOAD_VERSION = 1
+
+
+def pooled(values: np.ndarray, bins: int = BINS) -> tuple[list[float], list[int]]:
+    """``values`` ``[n]`` as the mean over each of ``min(bins, n)`` equal stretches, and the
+    stretches' edges.
+
+    >>> pooled(np.array([1.0, 3.0, 5.0, 7.0]), 2)
+    ([2.0, 6.0], [0, 2, 4])
+    """
+    n = len(values)
+    edges = np.linspace(0, n, min(bins, n) + 1).astype(int)
+    sums = np.add.reduceat(np.asarray(values, np.float64), edges[:-1])
+    return [float(f"{x:.6g}") for x in sums / np.diff(edges)], edges.tolist()
+
+
+def long_page_payload(*, labels: list[str], raw: list[str], layer: int, head: int,
+                      rows: list[dict], profiles: dict[str, np.ndarray], model: str | None,
+                      source: str, num_layers: int, num_heads: int, seconds: dict) -> dict:
+    """Everything the page draws: ``labels`` (each token as text), ``raw`` (its piece),
+    ``rows`` (one :func:`~attnscope.engines.document.row_summary` per query), ``profiles``
+    (name -> ``[n]`` per-row value of the head, pooled here)."""
+    pooled_profiles, edges = {}, None
+    for name, values in profiles.items():
+        pooled_profiles[name], edges = pooled(values)
+    return {
+        "version": PAYLOAD_VERSION,
+        "title": f"Head {layer + 1}-{head + 1} over {len(labels):,} tokens" + (f" of {model}" if model else ""),
+        "model": model, "source": source, "n": len(labels), "layer": layer, "head": head,
+        "num_layers": num_layers, "num_heads": num_heads,
+        "labels": labels, "raw": raw, "rows": rows,
+        "profiles": pooled_profiles, "profile_edges": edges, "seconds": seconds,
+    }

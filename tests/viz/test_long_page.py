@@ -1,0 +1,122 @@
+"""Long-document pages: one head over a document, its profiles along it and its whole row at any
+query, without n x n maps; checked against the eager maps of the same document, in the CLI, and in
+a real browser (the static page, and the viewer that computes a clicked token's row)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from attnscope.cli.main import main
+from attnscope.models import capture
+from attnscope.views import LongDocumentView
+
+SENTENCE = "the cat sat on the mat, and then it slept while the dog ran to the big house."
+
+
+@pytest.fixture(scope="module")
+def doc_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("long") / "doc.txt"
+    path.write_text("\n\n".join(" ".join([SENTENCE] * 8) for _ in range(6)) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def view(doc_file):
+    return LongDocumentView(doc_file, model="debug:llama", layer=1, head=2, queries=[5, 300, 599],
+                            max_seq_len=600)
+
+
+def _payload(html: str) -> dict:
+    return json.loads(re.search(r'id="attnscope-data" type="application/json">(.*?)</script>', html, re.S).group(1))
+
+
+def test_rows_and_profiles_equal_the_eager_maps(view):
+    lm, ids = view.lm, view.doc.ids
+    layers = {}
+    seen = iter(range(lm.num_layers))
+    capture.attention(lm, ids, each_layer=lambda probs: layers.__setitem__(next(seen), probs))
+    a = layers[1][2].astype(np.float64)  # [n n] of head 2-3
+    n = len(ids)
+    p = view.payload
+    assert p["n"] == n == 600 and (p["layer"], p["head"]) == (1, 2)
+    for r in p["rows"]:
+        row = a[r["query"]]
+        assert r["max_weight"] == pytest.approx(row.max(), abs=1e-6)
+        assert r["sink"] == pytest.approx(row[0], abs=1e-6)
+        assert [w for _, w in r["top"][:5]] == pytest.approx(np.sort(row)[::-1][:5], abs=1e-6)
+        dist = np.abs(np.arange(n) - r["query"])
+        for b in r["buckets"]:
+            assert b["mass"] == pytest.approx(row[(dist >= b["lo"]) & (dist <= b["hi"])].sum(), abs=1e-5)
+    # the profiles: each row's value from the eager map, then the mean over each stretch
+    ent = np.array([-(x[x > 0] * np.log(x[x > 0])).sum() for x in a])
+    dist_mean = (a * np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])).sum(-1)
+    edges = p["profile_edges"]
+    assert edges[0] == 0 and edges[-1] == n
+    for name, per_row in (("entropy", ent), ("sink", a[:, 0]), ("max_weight", a.max(-1)), ("distance", dist_mean)):
+        want = [per_row[lo:hi].mean() for lo, hi in zip(edges[:-1], edges[1:])]
+        assert p["profiles"][name] == pytest.approx(want, rel=1e-4, abs=1e-5), name
+    # any other row, on demand
+    extra = view.row(0, 1, 123)
+    assert extra["max_weight"] == pytest.approx(float(layers[0][1][123].max()), abs=1e-6)
+
+
+def test_cli_writes_the_page_and_refuses_a_query_past_the_end(doc_file, tmp_path, capsys):
+    out = tmp_path / "long.html"
+    assert main(["view", "--long", str(doc_file), "--model", "debug:llama", "--layer", "2", "--head", "3",
+                 "--queries", "10,20", "--max-seq-len", "300", "--out", str(out)]) == 0
+    p = _payload(out.read_text())
+    assert [r["query"] for r in p["rows"]] == [10, 20] and p["n"] == 300
+    assert main(["view", "--long", str(doc_file), "--model", "debug:llama", "--head", "1",
+                 "--queries", "300", "--max-seq-len", "300", "--out", str(tmp_path / "x.html")]) == 2
+    err = capsys.readouterr().err
+    assert "queries 300" in err and "300 tokens" in err and not (tmp_path / "x.html").exists()
+
+
+@pytest.mark.slow
+def test_a_32k_page_of_one_head_and_five_queries_is_under_5_mb(tmp_path):
+    path = tmp_path / "doc.txt"
+    path.write_text(" ".join([SENTENCE] * 2200) + "\n")
+    v = LongDocumentView(path, model="debug:llama", layer=1, head=0, queries=[0, 100, 8000, 20000, 32767],
+                         max_seq_len=32768)
+    html = v.html()
+    assert v.doc.n == 32768
+    assert len(html.encode("utf-8")) < 5 * 2 ** 20
+    p = _payload(html)
+    assert len(p["profile_edges"]) == 1025 and all(len(r["strip"]) == 1024 for r in p["rows"])
+
+
+@pytest.mark.browser
+def test_the_page_and_the_viewer_in_a_browser(browser, view, tmp_path):
+    from attnscope.serve.app import create_app
+    from tests.serve.test_browser_serve import start
+
+    page_file = tmp_path / "long.html"
+    page_file.write_text(view.html())
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = ctx.new_page()
+    errors = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(page_file.as_uri())
+    pg.wait_for_selector('#attnscope-root[data-ready="true"]')
+    assert pg.get_attribute("#attnscope-root", "data-query") == "5"
+    pg.select_option("select.lp-pick", "300")
+    assert pg.get_attribute("#attnscope-root", "data-query") == "300"
+    assert pg.locator(".lp-top li").count() == 10
+    assert pg.evaluate("document.documentElement.scrollWidth") <= 1280
+    # served: a click on any token asks the viewer for that head's row
+    server, url = start(create_app(None, None, document=view))
+    try:
+        pg.goto(url)
+        pg.wait_for_selector('#attnscope-root[data-ready="true"]')
+        pg.click('.lp-doc .lp-tok[data-pos="2"]')
+        pg.wait_for_function("() => document.getElementById('attnscope-root').getAttribute('data-query') === '2'")
+        assert "row of token 2 in" in pg.text_content(".lp-status")
+        assert pg.locator("select.lp-pick option").count() == 4
+    finally:
+        server.shutdown()
+    assert errors == []
+    ctx.close()
