@@ -34,12 +34,13 @@ from attnscope.analyses.base import Analysis, Result, check_requirements
 from attnscope.engines.streaming import maps_update, stream_stats
 from attnscope.errors import AttnscopeError
 from attnscope.extract.encode import Encoder
-from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats
+from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats, small_matrix_threads
 from attnscope.maps import AttentionBatch
 from attnscope.on_ray.cluster import RayBatchRunner, ray_session
 from attnscope.progress import Progress, check_stop, with_unit
 from attnscope.store import Store
 from attnscope.store.checkpoints import UnitLog
+from attnscope.store.writer import ShardWriter
 
 
 class LocalExecutor:
@@ -53,6 +54,36 @@ class LocalExecutor:
         """``(planned batch, its maps)`` for each planned batch of encoded examples, in order."""
         for p in planned:
             yield p, extractor.run_batch(p)
+
+    def write_store(self, job, progress: Callable[[int, int], None] | None = None) -> None:
+        """Write the shards of ``job`` (a store opened by
+        :func:`~attnscope.store.writer.open_store_job`) that are not on disk yet, from its plan;
+        ``progress(examples_done, tokens_done)`` after each batch. :func:`attnscope.jobs.extract_to_store`
+        is the job around it (it opens the store and writes its index and manifest last)."""
+        extractor, stats = job.extractor, job.stats
+        writer = ShardWriter(job.root, job.shard_size, job.dtype, job.done)
+        positions: dict[int, list[int]] = {}  # id of a planned batch -> its plan positions
+
+        def todo():
+            pos = 0
+            for planned in extractor.plan(job.examples):
+                where = list(range(pos, pos + len(planned)))
+                pos += len(planned)
+                if all(writer.shard_of(p) in writer.done for p in where):
+                    extractor.count(planned)
+                    if progress is not None:
+                        progress(stats.examples_out, stats.tokens)
+                    continue
+                positions[id(planned)] = where
+                yield planned
+
+        with small_matrix_threads():
+            for planned, batch in self.run_batches(extractor, todo()):
+                for p, item in zip(positions.pop(id(planned)), batch.items):
+                    writer.add(p, item)
+                if progress is not None:
+                    progress(stats.examples_out, stats.tokens)
+        writer.finish()
 
     def batches(self, extractor, examples: Iterable) -> Iterator[tuple[list, AttentionBatch]]:
         """``(planned batch of encoded examples, its maps)`` in plan order."""
@@ -167,6 +198,13 @@ class RayExecutor(LocalExecutor):
         if progress is not None:
             progress(len(sequences))
         return self.workers
+
+    def write_store(self, job, progress: Callable[[int, int], None] | None = None) -> None:
+        """The workers run ``job``'s plan and write its shards themselves (the maps never come
+        back here): :meth:`~attnscope.on_ray.cluster.RayBatchRunner.write_store`."""
+        self.runner.write_store(job.extractor, job.examples, root=job.root, shard_size=job.shard_size,
+                                dtype=job.dtype, done=job.done, progress=progress,
+                                unit_examples=job.shard_size)
 
     def tasks(self, lm, step, items: Sequence, *, log: UnitLog,
               progress: Callable[[int], None] | None = None) -> list[dict]:

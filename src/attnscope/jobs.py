@@ -12,9 +12,9 @@ from pathlib import Path
 
 from attnscope.data.records import Example
 from attnscope.executor import LocalExecutor
-from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats, small_matrix_threads
+from attnscope.extract.runner import ExtractOptions, ExtractStats
 from attnscope.models.loading import LoadedModel
-from attnscope.store.writer import ShardWriter, open_store_job
+from attnscope.store.writer import open_store_job
 
 
 def extract_to_store(examples: Iterable[Example], out: str | Path, model: LoadedModel | str = "default",
@@ -23,46 +23,20 @@ def extract_to_store(examples: Iterable[Example], out: str | Path, model: Loaded
                      source: dict | None = None, command: str | None = None,
                      progress: Callable[[int, int], None] | None = None,
                      executor=None) -> ExtractStats:
-    """Extract ``examples`` into the store folder ``out`` and return what happened.
+    """Extract ``examples`` into the store folder ``out`` and return what happened: the one
+    store-writing job, wherever its forward passes run.
 
-    ``progress(examples_done, tokens_done)`` is called after each batch. A store that exists
-    is refused unless ``resume`` (same inputs and options: continue) or ``overwrite``.
-    ``executor``: where the forward passes run (:mod:`attnscope.executor`; default here).
+    ``progress(examples_done, tokens_done)`` is called after each batch (each unit of batches
+    on Ray). A store that exists is refused unless ``resume`` (same inputs and options:
+    continue) or ``overwrite``. ``executor``: where the forward passes run and the shards are
+    written (:mod:`attnscope.executor`: this process by default; the Ray executor's workers
+    write their shards themselves).
     """
     job = open_store_job(examples, out, model, options=options, dtype=dtype, shard_size=shard_size,
                          resume=resume, overwrite=overwrite, source=source, command=command)
     start = time.perf_counter()
-    writer = ShardWriter(job.root, shard_size, dtype, job.done)
     with job.cleanup_on_error():
-        with small_matrix_threads():
-            _run_plan(job.extractor, job.examples, writer, job.stats, progress, executor)
-    writer.finish()
+        (executor or LocalExecutor()).write_store(job, progress)
     job.finish()
     job.stats.elapsed_s = time.perf_counter() - start  # type: ignore[attr-defined]
     return job.stats
-
-
-def _run_plan(extractor: Extractor, examples: list[Example], writer: ShardWriter, stats: ExtractStats,
-              progress: Callable[[int, int], None] | None, executor=None) -> None:
-    """Run every planned batch whose shard is not on disk yet on ``executor``; hand the maps to
-    the writer."""
-    positions: dict[int, list[int]] = {}  # id of a planned batch -> its plan positions
-
-    def todo():
-        pos = 0
-        for planned in extractor.plan(examples):
-            where = list(range(pos, pos + len(planned)))
-            pos += len(planned)
-            if all(writer.shard_of(p) in writer.done for p in where):
-                extractor.count(planned)
-                if progress is not None:
-                    progress(stats.examples_out, stats.tokens)
-                continue
-            positions[id(planned)] = where
-            yield planned
-
-    for planned, batch in (executor or LocalExecutor()).run_batches(extractor, todo()):
-        for p, item in zip(positions.pop(id(planned)), batch.items):
-            writer.add(p, item)
-        if progress is not None:
-            progress(stats.examples_out, stats.tokens)

@@ -21,6 +21,7 @@ from attnscope.cli.options import (
 from attnscope.cli.output import results
 from attnscope.data.io import file_fingerprint
 from attnscope.errors import InputError, Interrupted, StoreError
+from attnscope.executor import executor
 from attnscope.extract.runner import ExtractOptions
 from attnscope.jobs import extract_to_store
 from attnscope.models import load_model
@@ -79,18 +80,11 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         source = {"path": str(input), "file_sha256": file_fingerprint(input)}
         try:
             lm = load_model("debug" if debug else model, seed=seed, device=device)
-            with progress_bar("extract", len(examples), quiet) as advance:
-                if ray:
-                    from attnscope.on_ray.cluster import extract_on_ray
-
-                    stats = extract_on_ray(examples, out, lm, options=options, dtype=dtype.value,
-                                           shard_size=shard_size, resume=resume, overwrite=overwrite,
-                                           source=source, command=command_line(), progress=advance,
-                                           workers=workers).stats
-                else:
-                    stats = extract_to_store(examples, out, lm, options=options, dtype=dtype.value,
-                                             shard_size=shard_size, resume=resume, overwrite=overwrite,
-                                             source=source, command=command_line(), progress=advance)
+            with progress_bar("extract", len(examples), quiet) as advance, executor(ray, workers) as ex:
+                stats = extract_to_store(examples, out, lm, options=options, dtype=dtype.value,
+                                         shard_size=shard_size, resume=resume, overwrite=overwrite,
+                                         source=source, command=command_line(), progress=advance,
+                                         executor=ex)
         except InputError as exc:
             if exc.where is None:
                 raise InputError(input, str(exc)) from None

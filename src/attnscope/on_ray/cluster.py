@@ -373,13 +373,14 @@ def extract_on_ray(examples: Iterable, out: str | Path | None = None, model: Any
                    overwrite: bool = False, source: dict | None = None, command: str | None = None,
                    progress: Callable[[int, int], None] | None = None,
                    unit_examples: int | None = None) -> RayOutcome:
-    """Run the model over ``examples`` on ``workers`` Ray actors.
+    """Run the model over ``examples`` on ``workers`` Ray actors in a session of its own.
 
-    ``out``: a store folder to write (same content as :func:`attnscope.jobs.extract_to_store`;
-    ``resume``/``overwrite`` as there), or None. ``analyses``: fresh analysis objects (maps
-    analyses, e.g. ``[RelativePosition(), Entropy()]``); every unit folds into copies of them and
-    they are merged back into these objects, in unit order. With a store, the analyses see the
-    maps as the store holds them (``dtype``), as a run over the written store would.
+    ``out``: a store folder to write (the same as :func:`attnscope.jobs.extract_to_store` with
+    the Ray executor, which runs :meth:`RayBatchRunner.write_store` too; ``resume``/``overwrite``
+    as there), or None. ``analyses``: fresh analysis objects (maps analyses, e.g.
+    ``[RelativePosition(), Entropy()]``); every unit folds into copies of them and they are
+    merged back into these objects, in unit order. With a store, the analyses see the maps as
+    the store holds them (``dtype``), as a run over the written store would.
     ``progress(examples_done, tokens_done)`` after each unit.
 
     >>> from attnscope.analyses.entropy import Entropy
@@ -391,60 +392,29 @@ def extract_on_ray(examples: Iterable, out: str | Path | None = None, model: Any
     check_workers(workers)
     options = options or ExtractOptions()
     analyses = list(analyses or [])
-    for a in analyses:
-        if getattr(a, "consumes", "maps") != "maps":
-            raise AttnscopeError(f"analysis '{a.name}' runs the model itself; it cannot be "
-                                 "distributed over maps")
     t0 = time.perf_counter()
     job: StoreJob | None = None
     if out is not None:
         job = open_store_job(examples, out, model, options=options, dtype=dtype, shard_size=shard_size,
                              resume=resume, overwrite=overwrite, source=source, command=command)
-        extractor, stats, examples, done = job.extractor, job.stats, job.examples, set(job.done)
+        extractor, examples = job.extractor, job.examples
+        where = {"root": job.root, "shard_size": shard_size, "dtype": dtype, "done": job.done}
     else:
-        lm = as_loaded(model, seed=options.seed)
-        stats = ExtractStats()
-        extractor, examples, done = Extractor(lm, options, stats), list(examples), set()
-    size = shard_size if job is not None else 1
+        extractor = Extractor(as_loaded(model, seed=options.seed), options, ExtractStats())
+        examples, where = list(examples), {}
     with job.cleanup_on_error() if job is not None else _nothing():
-        units = plan_units(extractor, examples, size, unit_examples or (shard_size if job else UNIT_EXAMPLES))
-        todo = [u for u in units if not (job is not None and u.shards(size) <= done and not analyses)]
-        stats.examples_out = sum(u.examples for u in units)
-        stats.tokens = sum(u.tokens for u in units)
-        run_ids = {u.uid for u in todo}
-        ex_done = sum(u.examples for u in units if u.uid not in run_ids)
-        tok_done = sum(u.tokens for u in units if u.uid not in run_ids)
-        if progress is not None:
-            progress(ex_done, tok_done)
-        worker = {"model": ModelParcel.pack(extractor.lm), "options": options.as_dict(), "mode": "extract",
-                  "root": str(job.root) if job else None, "shard_size": shard_size, "dtype": dtype,
-                  "done": sorted(done), "analyses": analyses}
-        partials: dict[int, list] = {}
         t1 = time.perf_counter()
         with ray_session(workers) as ray:
             connect_s = time.perf_counter() - t1
-            by_id = {u.uid: u for u in todo}
-            try:
-                for uid, result in map_units(ray, todo, [u.uid for u in todo], worker, workers):
-                    partials[uid] = result["analyses"]
-                    ex_done += by_id[uid].examples
-                    tok_done += by_id[uid].tokens
-                    if progress is not None:
-                        progress(ex_done, tok_done)
-            except AttnscopeError:
-                raise
-            except Exception as exc:  # a Ray failure (worker lost for good, cluster gone)
-                raise _ray_failure(exc, str(out) if out is not None else "extraction",
-                                   store=out is not None) from None
-    for uid in sorted(partials):  # unit order: the result does not depend on who ran what
-        for a, p in zip(analyses, partials[uid]):
-            a.merge(p)
+            units, run = RayBatchRunner(ray, workers).write_store(
+                extractor, examples, **where, progress=progress, analyses=analyses,
+                unit_examples=unit_examples or (shard_size if job is not None else UNIT_EXAMPLES))
     if job is not None:
         job.finish()
     elapsed = time.perf_counter() - t0
-    stats.elapsed_s = elapsed  # type: ignore[attr-defined]
-    return RayOutcome(stats=stats, analyses=analyses, workers=workers, units=len(units),
-                      units_run=len(todo), elapsed_s=elapsed, connect_s=connect_s)
+    extractor.stats.elapsed_s = elapsed  # type: ignore[attr-defined]
+    return RayOutcome(stats=extractor.stats, analyses=analyses, workers=workers, units=units,
+                      units_run=run, elapsed_s=elapsed, connect_s=connect_s)
 
 
 @contextmanager
@@ -528,6 +498,51 @@ class RayBatchRunner:
             raise
         except Exception as exc:
             raise _ray_failure(exc, "analysis") from None
+
+    def write_store(self, extractor, examples: list, *, root: Path | None = None, shard_size: int = 1,
+                    dtype: str = "float16", done: Iterable[int] = (),
+                    progress: Callable[[int, int], None] | None = None, analyses: Sequence = (),
+                    unit_examples: int | None = None) -> tuple[int, int]:
+        """Run ``extractor``'s plan of ``examples`` on the workers, which write the shards of the
+        store folder ``root`` (opened by :func:`~attnscope.store.writer.open_store_job`; those
+        in ``done`` are on disk already; None: no store) themselves, and fold the maps, as the
+        store holds them, into copies of ``analyses``, merged back here in unit order. Returns
+        ``(units, units run)``; ``progress(examples_done, tokens_done)`` after each unit."""
+        for a in analyses:
+            if getattr(a, "consumes", "maps") != "maps":
+                raise AttnscopeError(f"analysis '{a.name}' runs the model itself; it cannot be "
+                                     "distributed over maps")
+        size, stats, done = shard_size, extractor.stats, set(done)
+        units = plan_units(extractor, examples, size, unit_examples or size)
+        todo = [u for u in units if not (root is not None and u.shards(size) <= done and not analyses)]
+        stats.examples_out = sum(u.examples for u in units)
+        stats.tokens = sum(u.tokens for u in units)
+        run_ids = {u.uid for u in todo}
+        ex_done = sum(u.examples for u in units if u.uid not in run_ids)
+        tok_done = sum(u.tokens for u in units if u.uid not in run_ids)
+        if progress is not None:
+            progress(ex_done, tok_done)
+        worker = {"model": ModelParcel.pack(extractor.lm), "options": extractor.options.as_dict(),
+                  "mode": "extract", "root": str(root) if root is not None else None,
+                  "shard_size": size, "dtype": dtype, "done": sorted(done), "analyses": list(analyses)}
+        partials: dict[int, list] = {}
+        by_id = {u.uid: u for u in todo}
+        try:
+            for uid, result in map_units(self.ray, todo, [u.uid for u in todo], worker, self.workers):
+                partials[uid] = result["analyses"]
+                ex_done += by_id[uid].examples
+                tok_done += by_id[uid].tokens
+                if progress is not None:
+                    progress(ex_done, tok_done)
+        except AttnscopeError:
+            raise
+        except Exception as exc:  # a Ray failure (worker lost for good, cluster gone)
+            raise _ray_failure(exc, str(root) if root is not None else "extraction",
+                               store=root is not None) from None
+        for uid in sorted(partials):  # unit order: the result does not depend on who ran what
+            for a, p in zip(analyses, partials[uid]):
+                a.merge(p)
+        return len(units), len(todo)
 
     def fold(self, extractor, examples: Iterable, analyses: list, *,
              on_unit: Callable[[list[list]], None] | None = None,
