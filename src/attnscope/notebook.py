@@ -29,7 +29,7 @@ from attnscope.errors import NoAttentionError
 from attnscope.extract.runner import extract
 from attnscope.maps import AttentionMap, token_word_ids
 from attnscope.models.loading import LoadedModel, as_loaded, borrowed
-from attnscope.views import head_page_html, results_view_html
+from attnscope.views import LongDocumentView, head_page_html, results_view_html
 from attnscope.viz.export import export_html
 from attnscope.viz.generate import model_maps
 from attnscope.viz.pages import maps_html, neuron_view_html
@@ -75,7 +75,8 @@ class View:
     def _describe(kind: str, p: dict) -> str:
         """The caption of a ``kind`` view from its page payload ``p`` (what it lacks is left out)."""
         names = {"head": "head view", "model": "model view", "heatmap": "heatmap",
-                 "neuron": "neuron view", "results": "results view", "head page": "head page"}
+                 "neuron": "neuron view", "results": "results view", "head page": "head page",
+                 "long document": "long document"}
         kinds = p.get("kinds") if isinstance(p.get("kinds"), dict) else None
         if kinds and p.get("kind") in kinds and isinstance(kinds[p["kind"]], dict):
             # an encoder-decoder page: the kind it opens on, then that kind's own caption
@@ -102,6 +103,12 @@ class View:
             parts.append(f"head {p['head']}")
             stats = p.get("examples") if isinstance(p.get("examples"), dict) else {}
             parts.append(f"top examples for {len(stats)} statistics" if stats else "no top examples")
+        elif kind == "long document" and isinstance(p.get("layer"), int) and isinstance(p.get("head"), int):
+            parts.append(f"head {p['layer'] + 1}-{p['head'] + 1}")
+            if isinstance(p.get("n"), int):
+                parts.append(f"{p['n']:,} tokens")
+            if isinstance(p.get("rows"), list):
+                parts.append(f"{len(p['rows'])} row{'s' * (len(p['rows']) != 1)}")
         elif kind == "results":
             has = [what for key, what in (("attribution", "attribution maps"),
                                           ("profiles", "long-context profiles"),
@@ -304,6 +311,20 @@ def head_page(folder, head: str) -> View:
     strip opens the whole example here; ``head_view(store[i], layer=, heads=[...])`` draws its
     full head view, and ``attnscope view OUT --head-page 5-3`` writes one per example."""
     return View(head_page_html(folder, head), "head page")
+
+
+def long_document(path, *, model: str, layer: int, head: int, queries=None,
+                  max_seq_len: int = 16384) -> View:
+    """One head (``layer``, ``head``: 0-indexed) over the long document ``path`` (as
+    ``attnscope view --long``): its profiles along the document and its whole row at each of
+    ``queries`` (token positions; default the last), from one forward pass of ``model``, without
+    ``n x n`` maps. ``View.document`` keeps the pass's queries and keys:
+    ``view.document.row(layer, head, query)`` gives any other row (``O(n)``)."""
+    doc = LongDocumentView(path, model=model, layer=layer, head=head, queries=queries,
+                           max_seq_len=max_seq_len)
+    view = View(doc.html(), "long document")
+    view.document = doc
+    return view
 
 
 def results_view(folder, *, title: str | None = None) -> View:

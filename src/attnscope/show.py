@@ -7,9 +7,10 @@ from attnscope.notebook import (
     head_page,
     head_view,
     heatmap,
+    long_document,
     model_view,
     neuron_view,
     results_view,
 )
 
-__all__ = ["View", "as_map", "head_page", "head_view", "heatmap", "model_view", "neuron_view", "results_view"]
+__all__ = ["View", "as_map", "head_page", "head_view", "heatmap", "long_document", "model_view", "neuron_view", "results_view"]

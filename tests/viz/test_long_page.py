@@ -76,6 +76,16 @@ def test_cli_writes_the_page_and_refuses_a_query_past_the_end(doc_file, tmp_path
     assert "queries 300" in err and "300 tokens" in err and not (tmp_path / "x.html").exists()
 
 
+def test_the_notebook_shows_the_page_and_keeps_the_document(doc_file):
+    from attnscope import notebook
+
+    v = notebook.long_document(doc_file, model="debug:llama", layer=1, head=2, queries=[5, 7], max_seq_len=100)
+    assert v.caption == "attnscope long document \u00b7 head 2-3 \u00b7 100 tokens \u00b7 2 rows"
+    row = v.document.row(1, 2, 50)  # any other row, from the kept queries and keys
+    assert row["query"] == 50 and sum(b["mass"] for b in row["buckets"]) == pytest.approx(1.0, abs=1e-5)
+    assert _payload(v.html)["rows"][1]["query"] == 7
+
+
 @pytest.mark.slow
 def test_a_32k_page_of_one_head_and_five_queries_is_under_5_mb(tmp_path):
     path = tmp_path / "doc.txt"

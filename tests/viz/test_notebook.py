@@ -181,6 +181,7 @@ def test_tour_runs_top_to_bottom_in_a_kernel(tmp_path, monkeypatch, smollm2_file
         "attnscope model view · 6 layers x 12 heads · 14 tokens",
         "attnscope head view · layer 2 · heads 2-1, 2-6, 2-11 of 12 · 13 words",
         "attnscope heatmap · head 1-4 · 13 words",
+        "attnscope head page · head 1-3 · top examples for 10 statistics",
         "attnscope results view · long-context profiles · sink mass",
         "attnscope head view · layer 30 · heads 30-6, 30-7, 30-8 of 9 · 13 tokens · 8 generated",
     ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import typer
 
+from attnscope.errors import AttnscopeError
 from attnscope.pipeline import MIN_MAX_SEQ_LEN
 
 #: Help for options that several commands declare, keyed by their long flag. Used by the
@@ -140,3 +141,26 @@ def polish_help(command) -> None:
         command.get_help_option = get_help_option
     for sub in getattr(command, "commands", {}).values():
         polish_help(sub)
+
+
+LONG_HELP = ("A long document (text, blank lines between documents, joined up to --max-seq-len "
+             "tokens; or JSON Lines with 'text'): one head (--layer, --head) over it, with its whole "
+             "row at each of --queries, run with --model; no n x n map is made.")
+QUERIES_HELP = ("With --long: token positions (from 0) whose rows the page carries, e.g. 100,2000 "
+                "(default: the last).")
+LONG_MAX_SEQ_LEN_HELP = "With --long: the document's length in tokens, at most."
+
+
+def parse_queries(text: str | None) -> list[int] | None:
+    """``--queries 100,2000`` as token positions (None: not given)."""
+    if not text:
+        return None
+    try:
+        return [int(q) for q in text.split(",")]
+    except ValueError:
+        raise AttnscopeError(f"--queries {text!r}: token positions separated by commas, "
+                             "e.g. 100,2000") from None
+
+NUMBERING = "1-indexed, as the pages show it: --layer 8 --head 10 is head 8-10"
+LAYER_HELP = f"Layer ({NUMBERING})."
+HEAD_HELP = "Heatmap/neuron view and --long: the head, 1-indexed as the pages show it."

@@ -13,6 +13,15 @@ from pathlib import Path
 import typer
 
 from attnscope.cli.common import console
+from attnscope.cli.options import (
+    HEAD_HELP,
+    LAYER_HELP,
+    LONG_HELP,
+    LONG_MAX_SEQ_LEN_HELP,
+    QUERIES_HELP,
+    max_seq_len_option,
+    parse_queries,
+)
 from attnscope.cli.output import results as out
 from attnscope.errors import AttnscopeError
 from attnscope.serve.app import create_app, is_loopback, make_server
@@ -35,15 +44,11 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                                        "--host is not a loopback address, none on loopback)."),
         model: str = typer.Option(None, "--model", "-m", help="Model for the neuron view (default: the "
                                   "store's); with --long, the model to run."),
-        long: Path = typer.Option(None, "--long", help="A long document (as attnscope view --long): "
-                                  "its page for one head (--layer, --head), where a click on any "
-                                  "token computes that head's whole row at it (no n x n map)."),
-        layer: int = typer.Option(1, "--layer", min=1, help="With --long: the layer, from 1."),
-        head: int = typer.Option(1, "--head", min=1, help="With --long: the head, from 1."),
-        queries: str = typer.Option(None, "--queries", help="With --long: rows computed before the "
-                                    "page opens, e.g. 100,2000 (default: the last token)."),
-        max_seq_len: int = typer.Option(16384, "--max-seq-len", min=2,
-                                        help="With --long: the document's length in tokens, at most."),
+        long: Path = typer.Option(None, "--long", help=LONG_HELP),
+        layer: int = typer.Option(1, "--layer", min=1, help=LAYER_HELP),
+        head: int = typer.Option(None, "--head", min=1, help=HEAD_HELP),
+        queries: str = typer.Option(None, "--queries", help=QUERIES_HELP),
+        max_seq_len: int = max_seq_len_option(16384, help=LONG_MAX_SEQ_LEN_HELP),
     ) -> None:
         """Browse a store: examples with search, every view, per-head statistics."""
         import socket
@@ -52,14 +57,11 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
             raise AttnscopeError("give a store folder, --results DIR, or both (or --long DOC)")
         document = None
         if long is not None:
-            if model is None:
-                raise AttnscopeError("--long needs --model, the model to run over the document")
-            try:
-                picks = [int(q) for q in queries.split(",")] if queries else None
-            except ValueError:
-                raise AttnscopeError(f"--queries {queries!r}: token positions separated by commas") from None
+            if model is None or head is None:
+                raise AttnscopeError("--long needs --model (the model to run over the document) and "
+                                     "--head (with --layer), 1-indexed as the pages show heads")
             document = LongDocumentView(long, model=model, layer=layer - 1, head=head - 1,
-                                        queries=picks, max_seq_len=max_seq_len)
+                                        queries=parse_queries(queries), max_seq_len=max_seq_len)
         if token is not None and len(token) < 16:
             raise AttnscopeError("--token: use at least 16 characters")
         if token is None and not is_loopback(host):

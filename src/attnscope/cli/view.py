@@ -8,6 +8,15 @@ from pathlib import Path
 import typer
 
 from attnscope.cli.common import check_writable, console
+from attnscope.cli.options import (
+    HEAD_HELP,
+    LAYER_HELP,
+    LONG_HELP,
+    LONG_MAX_SEQ_LEN_HELP,
+    QUERIES_HELP,
+    max_seq_len_option,
+    parse_queries,
+)
 from attnscope.cli.output import results
 from attnscope.errors import AttnscopeError, IndexRangeError
 from attnscope.views import write_head_page, write_long_page, write_view
@@ -50,7 +59,6 @@ def _parse_heads(text: str | None) -> list[int] | None:
 
 
 #: Layers and heads are typed as the pages show them: 1-indexed, ``--layer 8 --head 10`` is 8-10.
-NUMBERING = "1-indexed, as the pages show it: --layer 8 --head 10 is head 8-10"
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
@@ -63,12 +71,11 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         example: int = typer.Option(0, "--example", "-e", help="Input index of the example."),
         view: ViewKind = typer.Option(ViewKind.head, "--view", help="Which view opens first."),
         out: Path = typer.Option(..., "--out", "-o", help="HTML file to write."),
-        layer: int = typer.Option(1, "--layer", min=1, help=f"Layer ({NUMBERING})."),
+        layer: int = typer.Option(1, "--layer", min=1, help=LAYER_HELP),
         heads: str = typer.Option(None, "--heads", help="Head view: heads, 1-indexed as the pages "
                                                         "show them, e.g. 1,4 (default: the three that point at words most "
                                                         "sharply in that layer; the page's head boxes add others)."),
-        head: int = typer.Option(None, "--head", min=1, help="Heatmap/neuron view: the head, 1-indexed "
-                                                             "as the pages show it."),
+        head: int = typer.Option(None, "--head", min=1, help=HEAD_HELP),
         query: int = typer.Option(0, "--query", help="Neuron view: the query token position "
                                                      "(0-indexed, the first token is 0)."),
         pair_filter: PairFilter = typer.Option(PairFilter.all, "--pair-filter",
@@ -99,14 +106,9 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                                       "name heads (layer-head from 1, e.g. 5-3): its statistics, "
                                       "labels and top examples; each example's full head view is "
                                       "written beside it in OUT_examples/."),
-        long: Path = typer.Option(None, "--long", help="A long document (text, blank lines between "
-                                  "documents, joined up to --max-seq-len tokens; or JSON Lines with "
-                                  "'text'): one head (--layer, --head) over it, with its whole row at "
-                                  "each of --queries, run with --model; no n x n map is made."),
-        queries: str = typer.Option(None, "--queries", help="With --long: token positions (from 0) "
-                                    "whose rows the page carries, e.g. 100,2000 (default: the last)."),
-        max_seq_len: int = typer.Option(16384, "--max-seq-len", min=2, help="With --long: the "
-                                        "document's length in tokens, at most."),
+        long: Path = typer.Option(None, "--long", help=LONG_HELP),
+        queries: str = typer.Option(None, "--queries", help=QUERIES_HELP),
+        max_seq_len: int = max_seq_len_option(16384, help=LONG_MAX_SEQ_LEN_HELP),
     ) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
         for path, option in ((out, "--out"), (png, "--png"), (svg, "--svg")):
@@ -116,13 +118,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
             if model is None or head is None:
                 raise AttnscopeError("--long needs --model (a decoder or encoder to run) and --head "
                                      "(with --layer), 1-indexed as the pages show heads")
-            try:
-                picks = [int(q) for q in queries.split(",")] if queries else None
-            except ValueError:
-                raise AttnscopeError(f"--queries {queries!r}: token positions separated by commas, "
-                                     "e.g. 100,2000") from None
             res = write_long_page(long, out, model=model, layer=layer - 1, head=head - 1,
-                                  queries=picks, max_seq_len=max_seq_len)
+                                  queries=parse_queries(queries), max_seq_len=max_seq_len)
             results.print(f"{res['html']}: head {layer}-{head} over {res['tokens']:,} tokens, "
                           f"{res['bytes']:,} bytes (forward pass {res['seconds']['forward']:.1f} s)")
             return

@@ -101,9 +101,11 @@ class DocumentRows:
         k1 = q1 if self.causal else self.n
         scores = (self.q[layer][head, q0:q1] @ self.k[layer][head // groups, :k1].T) * self.scaling[layer]
         if self.causal:
-            scores.masked_fill_(torch.arange(k1)[None, :] > torch.arange(q0, q1)[:, None], float("-inf"))
+            dev = scores.device
+            scores.masked_fill_(torch.arange(k1, device=dev)[None, :] > torch.arange(q0, q1, device=dev)[:, None],
+                                float("-inf"))
         out = np.zeros((q1 - q0, self.n), dtype=np.float32)
-        out[:, :k1] = torch.softmax(scores, dim=-1).numpy()
+        out[:, :k1] = torch.softmax(scores, dim=-1).cpu().numpy()
         return out
 
     def profiles(self, layer: int, head: int, chunk: int = 512) -> dict[str, np.ndarray]:
@@ -117,8 +119,9 @@ class DocumentRows:
             raise AttnscopeError(f"head {layer + 1}-{head + 1}: the model has {L} layers of {H} heads",
                                  params=("head",))
         Q, K = self.q[layer][head], self.k[layer][head // (H // self.k[layer].shape[0])]
-        pos = torch.arange(n)
-        out = {k: torch.zeros(n, dtype=torch.float64) for k in ("sink", "entropy", "max_weight", "distance")}
+        pos = torch.arange(n, device=Q.device)
+        out = {k: torch.zeros(n, dtype=torch.float64, device=Q.device)
+               for k in ("sink", "entropy", "max_weight", "distance")}
         for q0 in range(0, n, chunk):
             q1 = min(n, q0 + chunk)
             k1 = q1 if self.causal else n
@@ -133,7 +136,7 @@ class DocumentRows:
                 out["distance"][q0:q1] = pos[q0:q1].double() - (p @ pos[:k1].float()).double()
             else:
                 out["distance"][q0:q1] = (p * (pos[q0:q1, None] - pos[None, :k1]).abs().float()).sum(-1)
-        return {k: v.numpy() for k, v in out.items()}
+        return {k: v.cpu().numpy() for k, v in out.items()}
 
 
 def row_summary(row: np.ndarray, query: int, *, top: int = 20, bins: int = 1024) -> dict:
