@@ -310,10 +310,9 @@ def _example_views(examples: dict, payload: dict, hid: HeadId, model: str | None
     return pages
 
 
-def head_page_html(folder: str | Path, name: str, *, pages: dict[int, str] | None = None, **kwargs) -> str:
+def head_page_html(folder: str | Path, name: str) -> str:
     """The page of head ``name`` alone (no full head views; see :func:`write_head_page`)."""
-    payload, _ = head_page(folder, name, example_pages=False, **kwargs)
-    payload["pages"] = {str(k): v for k, v in (pages or {}).items()}
+    payload, _ = head_page(folder, name, example_pages=False)
     return render_head_page(payload)
 
 
@@ -338,55 +337,43 @@ def write_head_page(folder: str | Path, name: str, out: str | Path, *, model: st
 
 
 # -- long documents -----------------------------------------------------------------------------
-def long_document(lm, ids: list[int], *, layer: int, head: int, queries: list[int],
-                  source: str = "", doc: DocumentRows | None = None) -> tuple[dict, DocumentRows]:
-    """``(payload, doc)``: the page of head ``(layer, head)`` (0-indexed) over the document
-    ``ids`` (:func:`attnscope.viz.long_page.long_page_payload`), with the rows of ``queries``;
-    ``doc`` the kept queries and keys (read here unless given), for more rows on demand."""
-    import time
-
-    seconds = {}
-    if doc is None:
-        start = time.perf_counter()
-        doc = DocumentRows.read(lm, ids)
-        seconds["forward"] = time.perf_counter() - start
-    L, H = doc.shape
-    if not (0 <= layer < L and 0 <= head < H):
-        raise AttnscopeError(f"head {layer + 1}-{head + 1}: {lm.display_name} has {L} layers of {H} heads "
-                             f"(1-1 to {L}-{H})", params=("layer", "head"))
-    rows = [row_summary(doc.row(layer, head, q), q) for q in queries]
-    start = time.perf_counter()
-    profiles = doc.profiles(layer, head)
-    seconds["profiles"] = time.perf_counter() - start
-    tokens = lm.tokenizer.convert_ids_to_tokens(list(ids))
-    special = [t in set(lm.tokenizer.all_special_tokens) for t in tokens]
-    texts = piece_texts(lm.tokenizer, tokens, special)
-    labels = [visible(t) for t in readable(tokens, special, texts, "token")]
-    payload = long_page_payload(labels=labels, raw=list(tokens), layer=layer, head=head, rows=rows,
-                                profiles=profiles, model=lm.display_name, source=source,
-                                num_layers=L, num_heads=H, seconds=seconds)
-    return payload, doc
-
-
 class LongDocumentView:
     """A long document read once (the first of ``path``, up to ``max_seq_len`` tokens;
     consecutive documents joined until then, as ``analyze longctx --join``): the page of head
-    ``(layer, head)`` (0-indexed) with the rows of ``queries`` (default: the last token), and
-    any other row on demand (:meth:`row`, what the viewer answers a click with)."""
+    ``(layer, head)`` (0-indexed; :func:`attnscope.viz.long_page.long_page_payload`) with the rows
+    of ``queries`` (default: the last token), and any other row on demand (:meth:`row`, what the
+    viewer answers a click with). The head and the queries are checked before the model runs."""
 
     def __init__(self, path: str | Path, *, model: str, layer: int, head: int,
                  queries: list[int] | None = None, max_seq_len: int = 16384):
-        self.lm = load_model(model)
-        document = prepare_documents(path, self.lm.tokenizer, max_seq_len=max_seq_len, join=True,
-                                     num_docs=1)[0]
-        n = len(document.ids)
+        import time
+
+        lm = self.lm = load_model(model)
+        L, H = lm.num_layers, lm.num_heads
+        if not (0 <= layer < L and 0 <= head < H):
+            raise AttnscopeError(f"head {layer + 1}-{head + 1}: {lm.display_name} has {L} layers of {H} heads "
+                                 f"(1-1 to {L}-{H})", params=("layer", "head"))
+        document = prepare_documents(path, lm.tokenizer, max_seq_len=max_seq_len, join=True, num_docs=1)[0]
+        ids, n = document.ids, len(document.ids)
         queries = [n - 1] if not queries else list(queries)
         bad = [q for q in queries if not 0 <= q < n]
         if bad:
             raise AttnscopeError(f"queries {', '.join(map(str, bad))}: the document has {n} tokens "
                                  f"(0 to {n - 1})", params=("queries",))
-        self.payload, self.doc = long_document(self.lm, document.ids, layer=layer, head=head,
-                                               queries=queries, source=document.source)
+        start = time.perf_counter()
+        self.doc = DocumentRows.read(lm, ids)
+        seconds = {"forward": time.perf_counter() - start}
+        rows = [self.row(layer, head, q) for q in queries]
+        start = time.perf_counter()
+        profiles = self.doc.profiles(layer, head)
+        seconds["profiles"] = time.perf_counter() - start
+        tokens = lm.tokenizer.convert_ids_to_tokens(list(ids))
+        specials = set(lm.tokenizer.all_special_tokens)
+        special = [t in specials for t in tokens]
+        labels = [visible(t) for t in readable(tokens, special, piece_texts(lm.tokenizer, tokens, special), "token")]
+        self.payload = long_page_payload(labels=labels, raw=list(tokens), layer=layer, head=head, rows=rows,
+                                         profiles=profiles, model=lm.display_name, source=document.source,
+                                         num_layers=L, num_heads=H, seconds=seconds)
 
     def html(self, served: bool = False) -> str:
         """The page; ``served``: by the viewer, which computes the row of any token clicked."""
@@ -397,14 +384,9 @@ class LongDocumentView:
         """The :func:`~attnscope.engines.document.row_summary` of one head's row at ``query``."""
         return row_summary(self.doc.row(layer, head, query), query)
 
-
-def write_long_page(path: str | Path, out: str | Path, *, model: str, layer: int, head: int,
-                    queries: list[int] | None, max_seq_len: int) -> dict:
-    """Write the :class:`LongDocumentView` page of ``path`` to ``out``. Returns ``{"html",
-    "bytes", "tokens", "seconds"}``."""
-    view = LongDocumentView(path, model=model, layer=layer, head=head, queries=queries,
-                            max_seq_len=max_seq_len)
-    html = view.html()
-    atomic_write_text(Path(out), html)
-    return {"html": str(out), "bytes": len(html.encode("utf-8")), "tokens": view.doc.n,
-            "seconds": view.payload["seconds"]}
+    def write(self, out: str | Path) -> dict:
+        """Write the page to ``out``; returns ``{"html", "bytes", "tokens", "seconds"}``."""
+        html = self.html()
+        atomic_write_text(Path(out), html)
+        return {"html": str(out), "bytes": len(html.encode("utf-8")), "tokens": self.doc.n,
+                "seconds": self.payload["seconds"]}

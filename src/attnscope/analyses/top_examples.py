@@ -118,8 +118,7 @@ class TopExamples:
 
     def merge(self, other: "TopExamples") -> None:
         """Fold ``other`` (same statistics and sizes, disjoint examples) into this one."""
-        if (other.stats, other.k, other.keys, other.sample, other.seed) != (
-                self.stats, self.k, self.keys, self.sample, self.seed):
+        if (other.stats, other.params()) != (self.stats, self.params()):
             raise ValueError("cannot merge top examples kept with different parameters")
         if other.top is not None:
             self.top = other.top if self.top is None else self._best(self.top, other.top)
@@ -127,11 +126,6 @@ class TopExamples:
             self.drawn = other.drawn if self.drawn is None else self._sampled(self.drawn, other.drawn)
         self.tokens.update(other.tokens)
         self._forget()
-
-    def copy(self) -> "TopExamples":
-        out = TopExamples(self.stats, k=self.k, keys=self.keys, sample=self.sample, seed=self.seed)
-        out.merge(self)
-        return out
 
     # -- the two bounded sets ---------------------------------------------------------------
     def _empty(self, shape: tuple[int, ...]) -> dict[str, np.ndarray]:

@@ -18,6 +18,7 @@ import typer
 
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline import MIN_MAX_SEQ_LEN
+from attnscope.views import LongDocumentView
 
 #: Help for options that several commands declare, keyed by their long flag. Used by the
 #: factories below and, by :func:`polish_help`, for a declaration that has no help of its own.
@@ -151,16 +152,24 @@ QUERIES_HELP = ("With --long: token positions (from 0) whose rows the page carri
 LONG_MAX_SEQ_LEN_HELP = "With --long: the document's length in tokens, at most."
 
 
-def parse_queries(text: str | None) -> list[int] | None:
-    """``--queries 100,2000`` as token positions (None: not given)."""
-    if not text:
-        return None
+def long_document(long, *, model: str | None, layer: int, head: int | None, queries: str | None,
+                  max_seq_len: int):
+    """The :class:`~attnscope.views.LongDocumentView` of ``--long`` (``view`` and ``serve``):
+    the flags checked (``--model``, ``--head``; ``--queries`` as comma-separated positions),
+    then the document read once."""
+    if model is None or head is None:
+        raise AttnscopeError("--long needs --model (the model to run over the document) and "
+                             "--head (with --layer), 1-indexed as the pages show heads")
     try:
-        return [int(q) for q in text.split(",")]
+        picks = [int(q) for q in queries.split(",")] if queries else None
     except ValueError:
-        raise AttnscopeError(f"--queries {text!r}: token positions separated by commas, "
+        raise AttnscopeError(f"--queries {queries!r}: token positions separated by commas, "
                              "e.g. 100,2000") from None
+    return LongDocumentView(long, model=model, layer=layer - 1, head=head - 1, queries=picks,
+                            max_seq_len=max_seq_len)
 
+
+#: Layers and heads are typed as the pages show them: 1-indexed, ``--layer 8 --head 10`` is 8-10.
 NUMBERING = "1-indexed, as the pages show it: --layer 8 --head 10 is head 8-10"
 LAYER_HELP = f"Layer ({NUMBERING})."
 HEAD_HELP = "Heatmap/neuron view and --long: the head, 1-indexed as the pages show it."

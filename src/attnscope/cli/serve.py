@@ -19,13 +19,12 @@ from attnscope.cli.options import (
     LONG_HELP,
     LONG_MAX_SEQ_LEN_HELP,
     QUERIES_HELP,
+    long_document,
     max_seq_len_option,
-    parse_queries,
 )
 from attnscope.cli.output import results as out
 from attnscope.errors import AttnscopeError
 from attnscope.serve.app import create_app, is_loopback, make_server
-from attnscope.views import LongDocumentView
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
@@ -55,13 +54,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
 
         if store is None and results is None and long is None:
             raise AttnscopeError("give a store folder, --results DIR, or both (or --long DOC)")
-        document = None
-        if long is not None:
-            if model is None or head is None:
-                raise AttnscopeError("--long needs --model (the model to run over the document) and "
-                                     "--head (with --layer), 1-indexed as the pages show heads")
-            document = LongDocumentView(long, model=model, layer=layer - 1, head=head - 1,
-                                        queries=parse_queries(queries), max_seq_len=max_seq_len)
+        document = None if long is None else long_document(
+            long, model=model, layer=layer, head=head, queries=queries, max_seq_len=max_seq_len)
         if token is not None and len(token) < 16:
             raise AttnscopeError("--token: use at least 16 characters")
         if token is None and not is_loopback(host):

@@ -14,12 +14,12 @@ from attnscope.cli.options import (
     LONG_HELP,
     LONG_MAX_SEQ_LEN_HELP,
     QUERIES_HELP,
+    long_document,
     max_seq_len_option,
-    parse_queries,
 )
 from attnscope.cli.output import results
 from attnscope.errors import AttnscopeError, IndexRangeError
-from attnscope.views import write_head_page, write_long_page, write_view
+from attnscope.views import write_head_page, write_view
 
 
 class ViewKind(str, Enum):
@@ -56,9 +56,6 @@ def _parse_heads(text: str | None) -> list[int] | None:
     if any(h < 1 for h in heads):
         raise AttnscopeError(f"--heads {text}: heads are numbered from 1, as the pages show them")
     return [h - 1 for h in heads]
-
-
-#: Layers and heads are typed as the pages show them: 1-indexed, ``--layer 8 --head 10`` is 8-10.
 
 
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
@@ -115,11 +112,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
             if path is not None:
                 check_writable(path, folder=False, option=option)
         if long is not None:
-            if model is None or head is None:
-                raise AttnscopeError("--long needs --model (a decoder or encoder to run) and --head "
-                                     "(with --layer), 1-indexed as the pages show heads")
-            res = write_long_page(long, out, model=model, layer=layer - 1, head=head - 1,
-                                  queries=parse_queries(queries), max_seq_len=max_seq_len)
+            res = long_document(long, model=model, layer=layer, head=head, queries=queries,
+                                max_seq_len=max_seq_len).write(out)
             results.print(f"{res['html']}: head {layer}-{head} over {res['tokens']:,} tokens, "
                           f"{res['bytes']:,} bytes (forward pass {res['seconds']['forward']:.1f} s)")
             return

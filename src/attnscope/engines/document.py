@@ -91,21 +91,9 @@ class DocumentRows:
     def rows(self, layer: int, head: int, q0: int, q1: int) -> np.ndarray:
         """The rows of queries ``q0 .. q1-1`` of one head, ``[q1-q0 n]`` float32 (one block of
         scores: keep ``q1 - q0`` small at long ``n``)."""
-        import torch
-
-        L, H = self.shape
-        if not (0 <= layer < L and 0 <= head < H):
-            raise AttnscopeError(f"head {layer + 1}-{head + 1}: the model has {L} layers of {H} heads",
-                                 params=("head",))
-        groups = H // self.k[layer].shape[0]
-        k1 = q1 if self.causal else self.n
-        scores = (self.q[layer][head, q0:q1] @ self.k[layer][head // groups, :k1].T) * self.scaling[layer]
-        if self.causal:
-            dev = scores.device
-            scores.masked_fill_(torch.arange(k1, device=dev)[None, :] > torch.arange(q0, q1, device=dev)[:, None],
-                                float("-inf"))
+        p = self._probs(layer, head, q0, q1)
         out = np.zeros((q1 - q0, self.n), dtype=np.float32)
-        out[:, :k1] = torch.softmax(scores, dim=-1).cpu().numpy()
+        out[:, :p.shape[1]] = p.cpu().numpy()
         return out
 
     def profiles(self, layer: int, head: int, chunk: int = 512) -> dict[str, np.ndarray]:
@@ -114,21 +102,14 @@ class DocumentRows:
         to, ``chunk`` rows at a time (one ``[chunk n]`` block of scores at most)."""
         import torch
 
-        n, (L, H) = self.n, self.shape
-        if not (0 <= layer < L and 0 <= head < H):
-            raise AttnscopeError(f"head {layer + 1}-{head + 1}: the model has {L} layers of {H} heads",
-                                 params=("head",))
-        Q, K = self.q[layer][head], self.k[layer][head // (H // self.k[layer].shape[0])]
-        pos = torch.arange(n, device=Q.device)
-        out = {k: torch.zeros(n, dtype=torch.float64, device=Q.device)
+        n = self.n
+        pos = torch.arange(n, device=self.q[layer].device)
+        out = {k: torch.zeros(n, dtype=torch.float64, device=pos.device)
                for k in ("sink", "entropy", "max_weight", "distance")}
         for q0 in range(0, n, chunk):
             q1 = min(n, q0 + chunk)
-            k1 = q1 if self.causal else n
-            scores = (Q[q0:q1] @ K[:k1].T) * self.scaling[layer]  # [c k1]
-            if self.causal:
-                scores.masked_fill_(pos[None, :k1] > pos[q0:q1, None], float("-inf"))
-            p = torch.softmax(scores, dim=-1)
+            p = self._probs(layer, head, q0, q1)  # [c k1]
+            k1 = p.shape[1]
             out["sink"][q0:q1] = p[:, 0]
             out["entropy"][q0:q1] = torch.special.entr(p).sum(-1)
             out["max_weight"][q0:q1] = p.amax(-1)
@@ -137,6 +118,38 @@ class DocumentRows:
             else:
                 out["distance"][q0:q1] = (p * (pos[q0:q1, None] - pos[None, :k1]).abs().float()).sum(-1)
         return {k: v.cpu().numpy() for k, v in out.items()}
+
+    def _probs(self, layer: int, head: int, q0: int, q1: int):
+        """``softmax(s Q[q0:q1] K[:k1]^T)`` of one head, ``[q1-q0 k1]`` (``k1 = q1`` for a decoder,
+        its later keys masked; ``n`` for an encoder): what the engine computes for those rows."""
+        import torch
+
+        L, H = self.shape
+        if not (0 <= layer < L and 0 <= head < H):
+            raise AttnscopeError(f"head {layer + 1}-{head + 1}: the model has {L} layers of {H} heads",
+                                 params=("head",))
+        Q, K = self.q[layer][head], self.k[layer][head // (H // self.k[layer].shape[0])]
+        k1 = q1 if self.causal else self.n
+        scores = (Q[q0:q1] @ K[:k1].T) * self.scaling[layer]
+        if self.causal:
+            dev = scores.device
+            later = torch.arange(k1, device=dev)[None, :] > torch.arange(q0, q1, device=dev)[:, None]
+            scores.masked_fill_(later, float("-inf"))
+        return torch.softmax(scores, dim=-1)
+
+
+def stretches(values: np.ndarray, bins: int) -> tuple[np.ndarray, list[int]]:
+    """``values`` ``[n]`` summed over each of ``min(bins, n)`` equal stretches, and the stretches'
+    edges (what a page draws along a document).
+
+    >>> sums, edges = stretches(np.array([1.0, 3.0, 5.0, 7.0]), 2)
+    >>> sums.tolist(), edges
+    ([4.0, 12.0], [0, 2, 4])
+    """
+    n = len(values)
+    edges = np.linspace(0, n, min(bins, n) + 1).astype(int)
+    sums = np.add.reduceat(np.asarray(values, np.float64), edges[:-1]) if n else np.zeros(0)
+    return sums, edges.tolist()
 
 
 def row_summary(row: np.ndarray, query: int, *, top: int = 20, bins: int = 1024) -> dict:
@@ -155,10 +168,9 @@ def row_summary(row: np.ndarray, query: int, *, top: int = 20, bins: int = 1024)
     dist = np.abs(np.arange(n) - query)
     buckets = [{"lo": lo, "hi": hi, "mass": float(row[(dist >= lo) & (dist <= hi)].sum())}
                for lo, hi in distance_buckets(n)]
-    edges = np.linspace(0, n, min(bins, n) + 1).astype(int)
-    strip = np.add.reduceat(row, edges[:-1]) if n else np.zeros(0)
+    strip, edges = stretches(row, bins)
     nz = row[row > 0]
     return {"query": int(query), "top": [[int(j), float(row[j])] for j in order if row[j] > 0],
             "buckets": buckets, "strip": [float(f"{x:.6g}") for x in strip],
-            "strip_edges": edges.tolist(), "entropy": float(-(nz * np.log(nz)).sum()),
+            "strip_edges": edges, "entropy": float(-(nz * np.log(nz)).sum()),
             "max_weight": float(row.max()) if n else 0.0, "sink": float(row[0]) if n else 0.0}

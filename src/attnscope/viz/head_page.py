@@ -3,7 +3,7 @@
 :func:`head_page_payload` turns the results files a run wrote (plain dicts) into what the page
 draws: the head's statistics with their 95% intervals and rank among all heads, the labels the
 families gave it with the evidence for each, and, per statistic, the examples where the head
-scores highest and a few typical ones (``results/head_examples.json``, kept during the
+scores highest and a few typical ones (``heads/general.json``, kept during the
 general family's one pass: :class:`~attnscope.analyses.top_examples.TopExamples`), each with
 the query unit and its strongest keys. :mod:`attnscope.views` reads the folder and runs the
 model for the full head views the strips open; this module only lays out.
@@ -142,10 +142,10 @@ def coref_evidence(coref: dict, name: str) -> tuple[list, list]:
     """``(labels, rows)``: the head's antecedent accuracy by mention type with its rank among
     heads, and a label when it is Table 2's best head (with its interval)."""
     heads = coref.get("tables", {}).get("heads", [])
+    mine = next((i for i, r in enumerate(heads) if r["name"] == name), None)
     rows = []
     for key in ("all", "pronoun", "proper", "nominal"):
         vals = np.array([r[key] if isinstance(r.get(key), (int, float)) else np.nan for r in heads], float)
-        mine = next((i for i, r in enumerate(heads) if r["name"] == name), None)
         if mine is None or not np.isfinite(vals[mine]):
             continue
         rows.append({"what": f"antecedent accuracy, {key} mentions", "value": 100 * float(vals[mine]),
@@ -179,12 +179,12 @@ def unit_labels(units: dict) -> list[str]:
 
 
 def head_page_payload(results: dict[str, dict], head_examples: dict | None, name: str, *,
-                      folder: str = "", pages: dict[int, str] | None = None,
-                      notes: list[str] | None = None) -> dict:
+                      folder: str = "", notes: list[str] | None = None) -> dict:
     """Everything the page of head ``name`` (``"5-3"``, 1-indexed as the pages show heads)
     draws, from ``results`` (family key -> that family's results file) and ``head_examples``
-    (``results/head_examples.json``, or None). ``pages``: example index -> the file of its full
-    head view (relative to the page), where one was written."""
+    (``heads/general.json``, or None). Its ``pages`` (example index -> the file of that
+    example's full head view, relative to the page) start empty: whoever writes those files
+    (:func:`attnscope.views.write_head_page`) names them there."""
     hid = HeadId.parse(name)
     layer, head = hid.layer, hid.head
     general = results.get("general")
@@ -223,6 +223,6 @@ def head_page_payload(results: dict[str, dict], head_examples: dict | None, name
         "head": name, "layer": layer, "index": head, "model": model_name,
         "stats": stats, "labels": labels, "evidence": evidence,
         "examples": examples, "units": units, "params": (head_examples or {}).get("params"),
-        "pages": {str(k): v for k, v in (pages or {}).items()},
+        "pages": {},
         "notes": list(notes or []),
     }

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnscope.engines.document import stretches
+
 #: Stretches of the document the profiles and each row's strip are pooled into.
 BINS = 1024
 PAYLOAD_VERSION = 1
@@ -24,10 +26,8 @@ def pooled(values: np.ndarray, bins: int = BINS) -> tuple[list[float], list[int]
     >>> pooled(np.array([1.0, 3.0, 5.0, 7.0]), 2)
     ([2.0, 6.0], [0, 2, 4])
     """
-    n = len(values)
-    edges = np.linspace(0, n, min(bins, n) + 1).astype(int)
-    sums = np.add.reduceat(np.asarray(values, np.float64), edges[:-1])
-    return [float(f"{x:.6g}") for x in sums / np.diff(edges)], edges.tolist()
+    sums, edges = stretches(values, bins)
+    return [float(f"{x:.6g}") for x in sums / np.diff(edges)], edges
 
 
 def long_page_payload(*, labels: list[str], raw: list[str], layer: int, head: int,
