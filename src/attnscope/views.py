@@ -268,7 +268,12 @@ def head_page(folder: str | Path, name: str, *, model: str | None = None, exampl
     if not (0 <= hid.layer < L and 0 <= hid.head < H):
         raise AttnscopeError(f"head_page {name}: {folder.name}'s model has {L} layers of {H} heads "
                              f"(1-1 to {L}-{H})", params=("head_page",))
-    examples = read_json(folder / HEADS_DIR / "general.json")
+    path = folder / HEADS_DIR / "general.json"
+    examples = read_json(path)
+    if path.exists() and not (isinstance(examples, dict) and isinstance(examples.get("heads"), dict)
+                              and isinstance(examples.get("examples"), dict)):
+        raise AttnscopeError(f"{path}: not a head-examples file (corrupt or cut short); run the "
+                             "general family again to rewrite it")
     notes = []
     if examples is None:
         notes.append("No top examples: the general family kept none (the streaming engine "

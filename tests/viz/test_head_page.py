@@ -169,6 +169,21 @@ def test_cli_writes_the_page_and_a_head_view_per_example(general_run, tmp_path, 
     assert "2 layers" in capsys.readouterr().err
 
 
+def test_a_corrupt_head_examples_file_is_one_line_and_no_page(general_run, tmp_path, capsys):
+    import shutil
+
+    out, _ = general_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    heads = copy / "heads" / "general.json"
+    heads.write_text(heads.read_text()[:1000])  # cut short, as a full disk would leave it
+    page = tmp_path / "page.html"
+    assert main(["view", str(copy), "--head-page", "2-1", "--out", str(page)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(heads) in err and "corrupt" in err
+    assert not page.exists() and not (tmp_path / "page_examples").exists()
+
+
 @pytest.mark.browser
 def test_head_page_in_a_browser(browser, general_run, tmp_path):
     from attnscope.views import head_page_html
