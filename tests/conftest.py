@@ -10,7 +10,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+
+# Under pytest-xdist (README: -n auto) each worker gets its share of the cores: torch's threads
+# (here) and those of every command a test starts (OMP_NUM_THREADS is inherited; attnscope's own
+# fitting to free cores, models/threads.py, leaves a set value alone), so that workers never
+# spin against each other and a command's thread count does not depend on what the other
+# worker happens to run. Set before torch is imported: its OpenMP runtime reads it once.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _share = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", _share)
+    os.environ.setdefault("MKL_NUM_THREADS", _share)
+
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"

@@ -113,6 +113,7 @@ def test_a_flag_name_means_one_thing_in_every_command():
     assert kinds["--save-maps"]["run"] == ("bool", (), True, False)
 
 
+@pytest.mark.heavy
 def test_analyze_save_maps_is_the_switch_of_run(tmp_path, capsys):
     """``analyze general --save-maps`` keeps the maps where ``run --save-maps`` does,
     OUT/maps/general; run again into the same OUT it replaces them, as it replaces its tables

@@ -7,6 +7,7 @@ import re
 from importlib.resources import files
 from pathlib import Path
 
+import pytest
 from conftest import says
 
 from attnscope.cli.common import plain_progress, step_progress
@@ -62,6 +63,7 @@ def _sentences(path: Path) -> int:
     return len([b for b in path.read_text(encoding="utf-8").split("\n\n") if b.strip()])
 
 
+@pytest.mark.heavy
 def test_a_run_without_a_terminal_reaches_every_total_it_shows(tmp_path, capsys, monkeypatch):
     """`run` off a terminal printed "overall: 4/86 after 32 s" and ended there, "report: 0/1",
     and "syntax: probes epoch 8: 3" (no total, no unit). With a line for every call (every_s

@@ -247,6 +247,7 @@ def test_usage_errors_are_one_line(tmp_path, debug_bert, capsys):
     assert not out.exists()
 
 
+@pytest.mark.heavy
 def test_the_report_path_goes_to_stdout_as_run_prints_it(tmp_path, debug_bert, capsys):
     """Like ``attnscope run``: the report's path alone on stdout (also with --quiet), the
     summary on stderr."""
@@ -323,6 +324,7 @@ def test_text_split_differently_is_refused(tmp_path, debug_bert, debug_gpt2):
         compare(a, b)
 
 
+@pytest.mark.heavy
 def test_two_run_folders_with_saved_maps(tmp_path, capsys):
     """The seam with ``attnscope run --save-maps``: its maps/syntax/dev store and its Table 1."""
     import shutil

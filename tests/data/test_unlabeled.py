@@ -174,6 +174,7 @@ def test_cli_prints_the_length_distribution(tmp_path, capsys, text_file):
     assert code == 2 and not (tmp_path / "v.json").exists()
 
 
+@pytest.mark.heavy
 def test_analyze_says_when_the_pairs_were_packed_for_another_tokenizer(tmp_path, capsys, text_file):
     """``prepare unlabeled`` records the tokenizer it packed for; ``analyze general`` with another
     model's tokenizer says so in one line and how to prepare for it (issue 23, item 15)."""

@@ -47,6 +47,15 @@ from tests.engines.test_longctx import (
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = [b.name for b in backends.BACKENDS if backends.usable(b.name, "cpu")]
+#: without a GPU the one-pass kernel runs under Triton's interpreter, 3-20 s a case: its cases
+#: are heavy (not in the fast tier), but for one case of the kernel against the definitions
+INTERPRETED = not torch.cuda.is_available()
+heavy_here = pytest.mark.heavy if INTERPRETED else pytest.mark.usefixtures()  # (no mark)
+
+
+def _backends(names):
+    """``names`` as test parameters, the one-pass kernel's heavy where it is interpreted."""
+    return [pytest.param(b, marks=heavy_here) if b == "onepass" else b for b in names]
 needs_flex = pytest.mark.skipif(not flex.available(), reason="this torch has no FlexAttention")
 
 
@@ -247,6 +256,7 @@ def test_block_masks_hold_exactly_the_masked_keys(n, causal):
             assert not full.any()  # a model's mask is read everywhere
 
 
+@pytest.mark.heavy
 @needs_flex
 # dynamo's own patch, undone as it was made (a monkeypatch of its config module deletes the key)
 @torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
@@ -297,7 +307,7 @@ def decoder(request):
     return _case(request.param)
 
 
-@pytest.mark.parametrize("backend", HERE)
+@pytest.mark.parametrize("backend", _backends(HERE))
 def test_every_backend_equals_the_eager_maps(decoder, backend):
     # documents and induction probes in padded batches of 2; measured largest difference over
     # every statistic 1.5e-6 (the position buckets' entropy), on every backend and model
@@ -307,7 +317,7 @@ def test_every_backend_equals_the_eager_maps(decoder, backend):
     assert_close(st.means(), ref, tol=1e-5)
 
 
-@pytest.mark.parametrize("backend", [b for b in HERE if b in ("flex", "onepass")])
+@pytest.mark.parametrize("backend", _backends(b for b in HERE if b in ("flex", "onepass")))
 def test_the_fused_backends_on_an_encoder_and_with_extra_classes_equal_the_maps(backend):
     # bidirectional rows (distances |i - j|) and the general family's classes, row classes and
     # broad rows; the maps path is held to independent definitions in test_longctx*.py
@@ -347,7 +357,7 @@ def test_word_level_goes_to_the_tiles_under_any_backend():
     assert_close(got.means(), ref.means())
 
 
-@pytest.mark.parametrize("backend", HERE)
+@pytest.mark.parametrize("backend", _backends(HERE))
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
 def test_every_backend_gives_the_models_own_attention(kind, backend):
     # the output that goes back to the model, on the very same q, k, v: sdpa's, or for Gemma 2
@@ -387,8 +397,11 @@ def test_the_one_pass_kernel_in_half_precision_sums_in_float32(cap):
 
 
 @pytest.mark.skipif("onepass" not in HERE, reason="Triton is not installed")
-@pytest.mark.parametrize(("causal", "window"), [(True, None), (True, 90), (False, None)])
-@pytest.mark.parametrize("config", [(32, 32, 4), (64, 64, 4), (64, 32, 8)])
+@pytest.mark.parametrize(("config", "causal", "window"), [
+    pytest.param(config, causal, window,
+                 marks=() if (config, causal, window) == ((64, 64, 4), True, None) else heavy_here)
+    for config in [(32, 32, 4), (64, 64, 4), (64, 32, 8)]
+    for causal, window in [(True, None), (True, 90), (False, None)]])
 def test_the_one_pass_kernel_equals_the_definitions_where_blocks_lie_in_one_bucket(causal, window, config):
     """At 300 tokens many blocks lie inside one distance bucket (65-128, 129-256), where the
     kernel adds the block's row sums to that bucket; near the diagonal and across a bucket's edge
@@ -441,6 +454,7 @@ def host_waits():
                 setattr(torch.Tensor, n, own)
 
 
+@heavy_here
 @pytest.mark.skipif("onepass" not in HERE, reason="Triton is not installed")
 def test_on_cuda_auto_runs_the_one_pass_kernel_on_the_forwards_bfloat16(monkeypatch):
     """What a GPU user gets by default: with Triton, ``auto`` is the one-pass kernel (FlexAttention
@@ -509,6 +523,7 @@ def test_the_one_pass_kernel_reads_the_models_mask_past_2_to_the_31_bytes():
     assert torch.isfinite(got[1]).all() and (got[2][1][:, 1:] < 1).all()  # every row but the first sees 2+ keys
 
 
+@heavy_here
 @pytest.mark.skipif("onepass" not in HERE, reason="Triton is not installed")
 def test_the_one_pass_kernel_keeps_a_sinks_small_weights_in_half_precision():
     """A sink: every row puts nearly all its weight on the first key and about e^-16 (1e-7) on
@@ -541,7 +556,7 @@ def bf16_decoder(request):
     return _case(request.param)
 
 
-@pytest.mark.parametrize("backend", HERE)
+@pytest.mark.parametrize("backend", _backends(HERE))
 def test_bfloat16_is_within_its_bounds_of_the_float32_eager_maps(bf16_decoder, backend):
     # bfloat16 autocast (the MLPs in bfloat16; attention and statistics in float32 on every
     # backend) against statistics of float32 eager maps of the same inputs: the per-head entropy
@@ -568,7 +583,7 @@ def test_bfloat16_is_within_its_bounds_of_the_float32_eager_maps(bf16_decoder, b
 
 
 
-@pytest.mark.parametrize("backend", HERE)
+@pytest.mark.parametrize("backend", _backends(HERE))
 def test_bfloat16_attention_is_the_statistics_of_the_rounded_queries_keys_and_values(backend):
     """``attention_dtype="bfloat16"``: every backend computes the statistics of q, k, v rounded
     to bfloat16 (what sdpa multiplies under bfloat16 autocast), against the float64 definitions

@@ -121,6 +121,7 @@ def _run(code, **env):
                           env={**os.environ, **env}, timeout=300)
 
 
+@pytest.mark.heavy
 @needs_kernel
 def test_a_fresh_build_keeps_denormals_and_is_reused(tmp_path):
     # -ffast-math at link time would make gcc add a start-up file that sets the CPU to flush
@@ -141,6 +142,7 @@ def test_a_fresh_build_keeps_denormals_and_is_reused(tmp_path):
     assert [(p, p.stat().st_mtime_ns) for p in (tmp_path / "native").iterdir()] == [(built[0], stamp)]
 
 
+@pytest.mark.heavy
 def test_no_kernel_without_a_compiler_or_when_disabled(tmp_path):
     code = "from attnscope.engines import native; print(native.kernel() is None)"
     no_cc = _run(code, ATTNSCOPE_CACHE=str(tmp_path), PATH=str(tmp_path), CC="")
@@ -150,6 +152,7 @@ def test_no_kernel_without_a_compiler_or_when_disabled(tmp_path):
     assert off.stdout.strip() == "True"
 
 
+@pytest.mark.heavy
 @needs_kernel
 def test_a_broken_cached_library_is_rebuilt(tmp_path):
     code = "from attnscope.engines import native; print(native.kernel() is not None)"

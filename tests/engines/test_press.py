@@ -168,6 +168,7 @@ def test_the_fused_press_scores_mixed_rows_as_the_torch_press(causal_decoder):
 
 
 # dynamo's own patch, undone as it was made (a monkeypatch of its config module deletes the key)
+@pytest.mark.heavy
 @torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
 def test_the_fused_press_traces_and_stays_within_dynamos_recompile_limit(causal_llama, monkeypatch):
     """On CUDA the press's FlexAttention calls are torch.compile'd; past dynamo's limit of

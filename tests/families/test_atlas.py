@@ -184,6 +184,7 @@ def atlas_run(debug_llama, tmp_path_factory):
     return out
 
 
+@pytest.mark.heavy
 def test_the_family_writes_the_tables_the_issue_names(atlas_run, debug_llama):
     import csv
 
@@ -356,6 +357,7 @@ def test_smollm2_answers_and_its_retrieval_heads_matter(tmp_path, shared_data):
     assert all(r["f1_identical"] for r in d["tables"]["tasks"])
 
 
+@pytest.mark.heavy
 def test_a_task_file_runs_with_a_seeded_calibration_draw(debug_llama, tmp_path):
     from attnscope.pipeline import run_family
 
@@ -376,6 +378,7 @@ def test_a_task_file_runs_with_a_seeded_calibration_draw(debug_llama, tmp_path):
     assert {r["kind"] for r in a["tables"]["tasks"]} == {"mine"}
 
 
+@pytest.mark.heavy
 def test_a_killed_run_resumes_from_its_finished_tasks(debug_llama, tmp_path, monkeypatch):
     from importlib.resources import files
 
@@ -415,6 +418,7 @@ def test_a_killed_run_resumes_from_its_finished_tasks(debug_llama, tmp_path, mon
     run_family("atlas", {"atlas": text}, tmp_path / "killed", **{**opts, "atlas_tasks": 4})
 
 
+@pytest.mark.heavy
 def test_the_sweep_estimate_times_only_the_tasks_left(debug_llama, tmp_path, monkeypatch):
     """From ESTIMATE_FROM tasks the sweep is timed before it starts and its label says the
     estimate; a resumed run estimates only the tasks it has left, and none when none is left."""

@@ -35,6 +35,7 @@ def _strict(path: Path):
     return json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
 
 
+@pytest.mark.heavy
 def test_family_writes_everything_and_labels_heads_from_general(bert_mlm, tmp_path):
     _run("general", bert_mlm, tmp_path, {"text": DEMO}, num_text_examples=8)
     general = _strict(tmp_path / "results" / "general.json")
@@ -63,6 +64,7 @@ def test_family_writes_everything_and_labels_heads_from_general(bert_mlm, tmp_pa
     assert all(r["accuracy"] is None or 0 <= r["accuracy"] <= 1 for r in curve)
 
 
+@pytest.mark.heavy
 def test_encoder_without_head_skips_loss_methods_with_a_note(debug_bert, tmp_path):
     sec = _run("attribution", debug_bert, tmp_path, {"attribution": DEMO}, attribution_examples=3)
     data = _strict(tmp_path / "results" / "attribution.json")
@@ -131,6 +133,7 @@ def test_run_switch_runs_after_general_and_reaches_the_report(tmp_path):
     assert "attribution_importance.png" in (out / "report.html").read_text()
 
 
+@pytest.mark.heavy
 def test_default_methods_leave_out_ablation_and_say_how_to_run_it(bert_mlm, tmp_path):
     sec = _run("attribution", bert_mlm, tmp_path, {"attribution": DEMO}, attribution_examples=3,
                attribution_map_examples=1)

@@ -242,6 +242,7 @@ def _sample(inp):
     return Path(str(files("attnscope") / "demo_data" / inp.sample))
 
 
+@pytest.mark.heavy  # a whole run of each family: 2-20 s each
 @pytest.mark.parametrize("key", FAMILY_KEYS)
 def test_family_runs_on_its_sample_and_writes_strict_results(key, tmp_path, mlm_bert, debug_llama):
     from attnscope.analyses.base import Result

@@ -40,6 +40,7 @@ def run_with_head(tmp_path_factory):
     return out, lm
 
 
+@pytest.mark.heavy
 def test_run_with_a_masked_lm_head_makes_figure3_and_its_table(run_with_head):
     out, lm = run_with_head
     for ext in ("png", "svg"):
@@ -54,6 +55,7 @@ def test_run_with_a_masked_lm_head_makes_figure3_and_its_table(run_with_head):
     assert "figure3_gradients" in html
 
 
+@pytest.mark.heavy
 def test_run_without_a_head_says_why_figure3_is_missing(tmp_path):
     folder, _ = _model_folder(tmp_path / "plain-model", mlm_head=False)
     (tmp_path / "text.txt").write_text(TEXT)

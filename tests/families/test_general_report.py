@@ -95,6 +95,7 @@ def test_store_input_gives_the_same_numbers(bert_run, tmp_path):
     assert not (tmp_path / "out" / "figures" / "figure3_gradients.png").exists()
 
 
+@pytest.mark.heavy
 def test_gpt2_and_roberta_run(tmp_path, debug_gpt2, debug_roberta):
     sec = run_family("general", {"text": TEXTS}, tmp_path / "g", model=debug_gpt2, max_seq_len=256)
     assert any("no separator" in f for f in sec.findings)

@@ -195,6 +195,7 @@ def test_a_count_below_its_minimum_names_the_flag_and_the_value(tmp_path, capsys
     assert flag in err and f"not {value}" in err  # the option and what was given
 
 
+@pytest.mark.heavy
 def test_word_level_documents(tmp_path, llama):
     p1, s1, c1 = _run(tmp_path / "a", llama, word_level=True, engine="maps")
     _, _, c2 = _run(tmp_path / "b", llama, word_level=True, engine="streaming", chunk=2)
@@ -233,6 +234,7 @@ def _eager_document_stats(lm, ids):
             "current": A[:, :, rows, rows].mean(-1), "entropy": ent.mean(-1), "max": P.max(-1).mean(-1)}
 
 
+@pytest.mark.heavy
 def test_induction_sequences_leave_the_document_statistics_alone(tmp_path, llama):
     # issue 23 item 1: one 512-token document with and without --induction
     text = " ".join(f"the {w} sat on the mat , and {w} ran to the red house ." for w in
@@ -274,6 +276,7 @@ def test_induction_sequences_leave_the_document_statistics_alone(tmp_path, llama
     says(note, "1 document", "512 tokens", "longest 512", "2 induction", "81 tokens")
 
 
+@pytest.mark.heavy
 def test_sink_metric_option(tmp_path, llama):
     _, sec, ctx = _run(tmp_path / "gu", llama, induction=0, sink_metric="gu2024")
     data = json.loads((ctx.out_dir / "results" / "longctx.json").read_text())
@@ -323,6 +326,7 @@ def _cli(tmp_path, name, *flags):
     return json.loads((out / "results" / "longctx.json").read_text())
 
 
+@pytest.mark.heavy
 def test_bfloat16_attention_reaches_the_engine_from_the_command_line(tmp_path, llama):
     # the command's arrays are those of the engine called on the same documents with the same
     # rounding (the producer), and the rounding changes them (the option is not lost on the way)
@@ -348,6 +352,7 @@ def test_bfloat16_attention_reaches_the_engine_from_the_command_line(tmp_path, l
     assert moved > 1e-4  # rounding q, k, v to bfloat16 does change the scores
 
 
+@pytest.mark.heavy
 def test_a_backend_named_on_the_command_line_runs_and_gives_the_same_statistics(tmp_path, monkeypatch, llama):
     import dataclasses
 

@@ -80,6 +80,7 @@ def _array(payload, analysis, key):
     return np.asarray(payload["analyses"][analysis]["arrays"][key]["data"], dtype=float)
 
 
+@pytest.mark.heavy
 def test_run_general_forced_streaming_matches_maps(tmp_path, llama):
     sec_m, maps = _general(tmp_path / "m", llama, general_engine="maps")
     sec_s, stream = _general(tmp_path / "s", llama, general_engine="streaming")
@@ -95,6 +96,7 @@ def test_run_general_forced_streaming_matches_maps(tmp_path, llama):
     assert {"figure2_special_tokens", "figure4_entropy", "figure6_clusters"} <= {f.name for f in sec_s.figures}
 
 
+@pytest.mark.heavy
 def test_auto_picks_streaming_under_a_tiny_budget(tmp_path, llama, capsys):
     # 2 layers x 4 heads x 15^2 tokens x 4 bytes x 2 examples = 14,400 bytes of maps
     sec, data = _general(tmp_path / "a", llama, general_engine="auto", general_maps_budget_gb=1e-6,
@@ -134,6 +136,7 @@ def test_cli_analyze_general_streaming_and_run_help(tmp_path, capsys):
     assert "--general-engine" in help_text and "--longctx-engine" in help_text and "--longctx-generate" in help_text
 
 
+@pytest.mark.heavy
 def test_attnscope_run_picks_streaming_for_general_and_longctx(tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text("the cat sat on the mat.\nthe dog ran.\n\na bird flew.\nit sang.\n")

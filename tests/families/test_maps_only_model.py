@@ -152,6 +152,7 @@ def test_run_with_both_families_on_debug_mpnet(examples_file, tmp_path):
     assert len(notes) == 2 and all(n in report for n in notes), notes
 
 
+@pytest.mark.heavy
 def test_cli_attribution_with_only_hooked_methods_is_one_line_exit_2(examples_file, tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "attnscope", "analyze", "attribution", str(examples_file),

@@ -33,6 +33,7 @@ def write_conllu(path, sents, bad_head=False):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+@pytest.mark.heavy
 def test_cli_writes_table1_and_table3(tmp_path, capsys):
     dev, train, out = tmp_path / "dev.conllu", tmp_path / "train.conllu", tmp_path / "out"
     write_conllu(dev, SENTS * 2)
@@ -231,6 +232,7 @@ def test_a_tie_with_the_offset_is_not_a_head_above_it():
     assert asked == [[0]] and picks == []
 
 
+@pytest.mark.heavy
 def test_a_stopped_run_keeps_whole_shards_and_finished_epochs_and_goes_on_from_there(tmp_path, debug_bert,
                                                                                     monkeypatch):
     """Stopped inside the train extraction, the next run of the same job reads the whole shards

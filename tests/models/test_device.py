@@ -155,6 +155,7 @@ def test_extract_cpu_and_auto_equal_the_default_bit_for_bit(tmp_path, monkeypatc
             assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
+@pytest.mark.heavy
 def test_analyze_auto_equals_the_default_bit_for_bit(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for label, extra in (("default", []), ("auto", ["--device", "auto"])):
@@ -166,6 +167,7 @@ def test_analyze_auto_equals_the_default_bit_for_bit(tmp_path, monkeypatch):
     assert a["arrays"] and a == b
 
 
+@pytest.mark.heavy
 def test_run_records_the_device_asked_for_and_the_one_used(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "run"

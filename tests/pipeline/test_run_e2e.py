@@ -52,6 +52,7 @@ def run_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.heavy
 def test_every_promised_file(run_dir):
     assert (run_dir / "report.html").is_file() and (run_dir / "results.json").is_file()
     for ext in ("csv", "md", "tex"):

@@ -86,6 +86,7 @@ def _config(inputs, **kw):
     return RunConfig(model="debug:bert", text=inputs["text"], deps=inputs["deps"], **kw)
 
 
+@pytest.mark.heavy
 def test_every_promised_file_and_provenance(tmp_path, fake, inputs, debug_bert):
     out = tmp_path / "out"
     cfg = _config(inputs, coref=[inputs["coref"]])
@@ -150,6 +151,7 @@ def test_numbers_match_an_independent_computation(tmp_path, fake, inputs, debug_
     np.testing.assert_allclose([r["previous"] for r in got], np.mean(per_example, axis=0).ravel(), rtol=1e-6)
 
 
+@pytest.mark.heavy
 def test_no_file_refers_to_the_network(tmp_path, fake, inputs, debug_bert):
     out = tmp_path / "out"
     run_pipeline(_config(inputs), out, model=debug_bert)
@@ -163,6 +165,7 @@ def test_no_file_refers_to_the_network(tmp_path, fake, inputs, debug_bert):
     assert not re.search(r"https?:|ftp:", text, re.I)
 
 
+@pytest.mark.heavy
 def test_same_arguments_same_numbers(tmp_path, fake, inputs, debug_bert):
     a = run_pipeline(_config(inputs), tmp_path / "a", model=debug_bert).results_json
     b = run_pipeline(_config(inputs), tmp_path / "b", model=debug_bert).results_json
@@ -314,6 +317,7 @@ def test_save_maps_is_passed_to_families(tmp_path, fake, inputs, debug_bert):
     assert store.complete and len(store) == 2 and store.num_layers == debug_bert.num_layers
 
 
+@pytest.mark.heavy
 def test_overwrite_with_bad_input_keeps_the_old_run(tmp_path, fake, inputs, debug_bert):
     out = tmp_path / "out"
     run_pipeline(_config(inputs), out, model=debug_bert)

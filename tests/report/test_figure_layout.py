@@ -61,6 +61,7 @@ def _bert_12_heads(tokenizer, seed: int):
     return transformers.BertModel(config)
 
 
+@pytest.mark.heavy
 def test_compare_head_changes_has_no_colliding_text(tmp_path, debug_bert, figures):
     """Two random 3-layer x 12-head models (the tick labels of 12 heads, ten colour bars)."""
     from attnscope.compare import compare
@@ -83,6 +84,7 @@ def test_compare_head_changes_has_no_colliding_text(tmp_path, debug_bert, figure
     assert figures["compare_layers"] == [] and figures["compare_distances"] == []
 
 
+@pytest.mark.heavy
 def test_the_attribution_example_has_axis_titles_token_labels_and_colour_bars(tmp_path, figures):
     """It had none of them, and more than 48 tokens lost every label: 60 tokens, every other one
     labelled, five panels, each with a colour bar, and no text colliding."""

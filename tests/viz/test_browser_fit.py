@@ -226,6 +226,10 @@ def test_the_viewer_fits_1280(browser, served, view):
     page.goto(served)
     page.wait_for_function("() => window.attnscopeViewer !== undefined")
     page.evaluate("() => window.attnscopeViewer.ready.then(() => null)")
+    # the viewer opened the first example when it became ready; clicking it opens it again,
+    # and that second view must be the one drawn before a tab is clicked (under load the stale
+    # "ready" of the first view let the click reach a view that was then replaced)
+    page.evaluate("() => document.querySelector('#attnscope-root').removeAttribute('data-ready')")
     page.click("#vw-list li:nth-child(1)")
     page.wait_for_selector("#attnscope-root[data-ready=true]")
     page.click(f'.as-tabs button[data-view="{view}"]')

@@ -284,6 +284,7 @@ ROWS = [{"text": "the cat sat on the mat", "target": "a dog ran to the house"},
         {"text": "a man said that the woman was here", "target": "the old man ran"}]
 
 
+@pytest.mark.heavy
 def test_general_analyses_read_the_decoder_kind(tmp_path, capsys):
     """analyze general STORE --attention decoder: the decoder's maps, read as causal. Entropy by
     hand from the stored decoder maps (mean over examples of each head's mean row entropy); no

@@ -62,6 +62,7 @@ def _example(folder):
     return json.loads((folder / "results" / "attribution.json").read_text(encoding="utf-8"))["example"]
 
 
+@pytest.mark.heavy
 def test_attribution_maps_come_through_unchanged(attr_out):
     p = results_payload(attr_out)
     ex = _example(attr_out)
