@@ -302,3 +302,21 @@ def test_training_killed_after_an_epoch_goes_on_from_its_state_with_the_same_num
             torch.testing.assert_close(again_mods[n].state_dict()[k], v, rtol=0, atol=0)
     _, _, steps = train(StateFile(path, "another job"))
     assert steps[0] == "probes epoch 1"
+
+
+def test_a_run_resumed_after_its_last_epoch_reports_the_sentences_it_was_trained_on(tmp_path):
+    """A run killed after its last epoch was kept redoes no epoch, so it never reads the train
+    set: the sentences counted (and skipped) come from the state, as the killed run counted them
+    (they are in results.json: a resumed run's results equal the uninterrupted run's)."""
+    from attnscope.store.checkpoints import StateFile
+
+    state = StateFile(tmp_path / "probes.safetensors", "job")
+    maps = planted_maps(40, seed=3)
+    maps[5].example.heads = None  # no gold tree: skipped
+    config = TrainConfig(epochs=2, patience=5, lr=0.05, seed=0)
+    first = source_of(maps)
+    train_probes({"attn": AttentionProbe(4)}, first, source_of(planted_maps(10, seed=4)), config, state=state)
+    again = source_of(maps)
+    train_probes({"attn": AttentionProbe(4)}, again, source_of(planted_maps(10, seed=4)), config, state=state)
+    assert again.store_passes == 0  # both epochs came from the state
+    assert (again.num_sentences, again.skipped) == (first.num_sentences, first.skipped) == (39, 1)

@@ -149,6 +149,8 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
         runs = {n: ProbeRun(**d) for n, d in record["runs"].items()}
         best, waited, active = record["best"], record["waited"], set(record["active"])
         seen_sents, seen_deps, first = record["seen_sents"], record["seen_deps"], record["epoch"] + 1
+        # what the killed run counted of train, for a run that redoes no epoch (never reads it)
+        train.num_sentences, train.skipped = record.get("train_counts", (train.num_sentences, train.skipped))
     for epoch in range(first, config.epochs + 1):
         if not active:
             break
@@ -209,6 +211,7 @@ def train_probes(modules: dict, train: SentenceSource, dev: SentenceSource, conf
         if state is not None:
             record = {"epoch": epoch, "rng": rng.bit_generator.state, "best": best, "waited": waited,
                       "active": sorted(active), "seen_sents": seen_sents, "seen_deps": seen_deps,
+                      "train_counts": [train.num_sentences, train.skipped],
                       "runs": {n: dataclasses.asdict(r) for n, r in runs.items()}}
             state.save(*_kept(record, modules, opts, best_state))
     for n, m in modules.items():
