@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnscope.analyses.base import Analysis, Result, check_requirements
-from attnscope.engines.streaming import maps_update, stream_stats
+from attnscope.engines.streaming import stream_stats
 from attnscope.errors import AttnscopeError
 from attnscope.extract.encode import Encoder
 from attnscope.extract.runner import ExtractOptions, Extractor, ExtractStats, small_matrix_threads
@@ -103,21 +103,16 @@ class LocalExecutor:
 
     def stream(self, lm, sequences: Sequence[Sequence[int]], stats, *, chunk: int = 0,
                batch_size: int = 1, targets: Sequence | None = None, units=None,
-               progress: Callable[[int], None] | None = None, engine: str = "streaming",
-               backend: str = "auto", attention_dtype: str = "auto") -> int:
-        """The long-context statistics of ``sequences`` folded into ``stats``: computed inside
-        attention with no ``[n n]`` maps (``engine`` "streaming", through ``backend`` from scores
-        made of ``attention_dtype`` values: :func:`~attnscope.engines.streaming.stream_stats`),
-        or from each layer's eager maps as they are made ("maps", the reference); returns the
-        number of workers that ran them (0: this process)."""
-        if engine == "maps":
-            maps_update(lm, sequences, stats, batch_size=batch_size, targets=targets, keep_all=False,
-                        units=units)
-            if progress is not None:
-                progress(len(sequences))
-        else:
-            stream_stats(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets,
-                         progress=progress, units=units, backend=backend, attention_dtype=attention_dtype)
+               progress: Callable[[int], None] | None = None, backend: str = "auto",
+               attention_dtype: str = "auto", maps_fit: bool = False) -> int:
+        """The long-context statistics of ``sequences`` folded into ``stats`` inside attention
+        (:func:`~attnscope.engines.streaming.stream_stats`: through ``backend``, from scores made
+        of ``attention_dtype`` values; ``maps_fit``: the pass's maps fit the caller's budget, so
+        ``auto`` folds each layer's eager map, the reference); returns the number of workers that
+        ran them (0: this process)."""
+        stream_stats(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets,
+                     progress=progress, units=units, backend=backend, attention_dtype=attention_dtype,
+                     maps_fit=maps_fit)
         return 0
 
     def call(self, lm, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -188,12 +183,12 @@ class RayExecutor(LocalExecutor):
 
     def stream(self, lm, sequences, stats, *, chunk: int = 0, batch_size: int = 1, targets=None,
                units=None, progress: Callable[[int], None] | None = None,
-               engine: str = "streaming", backend: str = "auto", attention_dtype: str = "auto") -> int:
-        if units is not None or engine != "streaming" or backend != "auto" or attention_dtype == "bfloat16":
+               backend: str = "auto", attention_dtype: str = "auto", maps_fit: bool = False) -> int:
+        if units is not None or maps_fit or backend != "auto" or attention_dtype == "bfloat16":
             # word level, eager maps and a backend or attention dtype asked for fold here
             return super().stream(lm, sequences, stats, chunk=chunk, batch_size=batch_size,
-                                  targets=targets, units=units, progress=progress, engine=engine,
-                                  backend=backend, attention_dtype=attention_dtype)
+                                  targets=targets, units=units, progress=progress, backend=backend,
+                                  attention_dtype=attention_dtype, maps_fit=maps_fit)
         self.runner.stream(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets)
         if progress is not None:
             progress(len(sequences))

@@ -91,10 +91,18 @@ def test_choose_by_device_and_input():
     assert choose("auto", "cuda", **{**kw, "probe": True}) == "onepass"
     assert choose("auto", "cpu", **{**kw, "probe": True}) == "tiles"
     assert choose("auto", "cpu", **{**kw, "tokens": 1}) == "tiles"
-    # a backend named: that one where it takes the input, else the reference
+    # a backend named: that one where it takes the input, else the fallback
     assert choose("flex", "cpu", **kw) == "flex"
     assert choose("tiles", "cuda", **kw) == "tiles"
     assert choose("compiled", "cpu", **{**kw, "probe": True}) == "tiles"
+    # the maps: by auto only where the pass's maps fit the caller's budget, then for every input
+    # on every device; by name always
+    for device in ("cpu", "cuda", "mps"):
+        for inputs in ({}, {"token_level": False}, {"probe": True}, {"tokens": 1}):
+            assert choose("auto", device, **{**kw, **inputs}, maps_fit=True) == "maps"
+            assert choose("maps", device, **{**kw, **inputs}) == "maps"
+            assert choose("auto", device, **{**kw, **inputs}) != "maps"
+    assert choose("tiles", "cpu", **kw, maps_fit=True) == "tiles"  # a name asked for wins
 
 
 def test_a_bad_backend_is_one_line_naming_it():
@@ -134,8 +142,10 @@ def _definitions(q, k, v, n, causal, allowed, cap, classes, scale):
 
 
 class _Module:
-    def __init__(self, causal):
-        self.is_causal = causal
+    """What a family's eager attention (the ``maps`` backend) reads of an attention module."""
+
+    def __init__(self, causal, groups=1):
+        self.is_causal, self.num_key_value_groups, self.training = causal, groups, False
 
 
 def _random_layer(Hq, Hkv, d, T, seed, spread):
@@ -597,7 +607,7 @@ def test_bfloat16_attention_is_the_statistics_of_the_rounded_queries_keys_and_va
     seq = Sequence(n, torch.zeros(n), torch.zeros(n))
     stats.begin(1, Hq, seq)
     out = one_pass(stats, [seq], backend=backend, attention_dtype="bfloat16")(
-        Site(0, _Module(True), q, k, v, None, scale), q)
+        Site(0, _Module(True, Hq // Hkv), q, k, v, None, scale), q)
     stats.end(seq)
     rounded = [x[0].bfloat16().float() for x in (q, k, v)]
     everything = torch.ones(n, n, dtype=torch.bool)
@@ -739,3 +749,31 @@ def test_a_new_backend_is_one_object_and_one_registry_line_and_a_pass_runs_throu
     with pytest.raises(AttnscopeError) as e:
         backends.check("counting", "cuda")
     says(one_line(e.value), "backend counting", "cannot run on cuda", "it counts on the CPU only")
+
+
+# -- the maps backend: the eager maps, the reference ---------------------------------------------
+@pytest.mark.parametrize("name", ["debug:llama", "debug:bert", "tiny-qwen2", "tiny-gemma2"])
+def test_the_maps_backend_folds_the_very_maps_output_attentions_returns(name):
+    """The maps backend in the streaming engine's hook (per sequence, from the forward's lean
+    mask) against every layer's map returned by ``output_attentions`` for the whole padded batch:
+    documents and induction probes (decoders), a padded encoder batch, a sliding window and
+    soft-capping; the statistics equal to the last bit."""
+    torch.manual_seed(0)
+    lm = _tiny(name.split("-")[1]) if name.startswith("tiny-") else load_model(name)
+    seqs, targets = _docs(lm) if lm.family.causal else ([lm.tokenizer(t)["input_ids"] for t in TEXTS], None)
+    got, want = LongContextStats(js_rows=3), LongContextStats(js_rows=3)
+    stream_stats(lm, seqs, got, batch_size=3, targets=targets, backend="maps")
+    maps_update(lm, seqs, want, batch_size=3, targets=targets, keep_all=True)
+    assert_close(got.means(), want.means(), tol=0)
+
+
+def test_the_maps_backend_takes_word_level_sequences_as_the_maps_do():
+    from tests.engines.test_longctx import _units
+
+    lm = load_model("debug:llama")
+    pairs = [_units(lm, t) for t in TEXTS]
+    ids, units = [p[0] for p in pairs], [p[1] for p in pairs]
+    got, want = LongContextStats(js_rows=2), LongContextStats(js_rows=2)
+    stream_stats(lm, ids, got, units=units, batch_size=2, maps_fit=True)  # auto, the maps fit
+    maps_update(lm, ids, want, units=units, batch_size=2, keep_all=True)
+    assert_close(got.means(), want.means(), tol=0)

@@ -429,7 +429,7 @@ def test_streaming_never_runs_eager_attention(monkeypatch):
     def boom(module, *args, **kwargs):
         raise AssertionError("the model's own attention was used")
 
-    monkeypatch.setattr(fw, "_family_eager", boom)
+    monkeypatch.setattr(fw, "family_eager", boom)
     monkeypatch.setattr(sdpa, "sdpa_attention_forward", boom)
     lm = load_model("debug:llama")
     st = LongContextStats(js_rows=1)
@@ -593,7 +593,7 @@ def engine_against_own_attention(kind: str, backend: str = "auto"):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from attnscope.engines.streaming import make_sequences, one_pass
-    from attnscope.models.forward import _family_eager
+    from attnscope.models.forward import family_eager
 
     torch.manual_seed(0)
     lm = _tiny(kind)
@@ -613,7 +613,7 @@ def engine_against_own_attention(kind: str, backend: str = "auto"):
             own = sdpa_attention_forward(site.module, site.query, site.key, site.value, site.mask,
                                          scaling=site.scaling)[0]
         else:
-            own = _family_eager(site.module)(site.module, site.query, site.key, site.value, site.mask,
+            own = family_eager(site.module)(site.module, site.query, site.key, site.value, site.mask,
                                              scaling=site.scaling,
                                              softcap=lm.model.config.attn_logit_softcapping)[0]
         worst.append(max(float((got[b, :n] - own[b, :n]).abs().max()) for b, n in enumerate(inputs.lengths)))

@@ -9,21 +9,25 @@ by device and input, the math one the reference), a caller never asks which one 
 =========  ========================================================  ==========================
 name       what                                                      chosen automatically on
 =========  ========================================================  ==========================
+maps       the reference: each layer's whole ``[H n n]`` map from    any device, where the
+           the family's own eager attention, folded as it is made    pass's maps fit the
+           (:mod:`attnscope.engines.eager`)                          caller's budget
 onepass    attnscope's own Triton kernel: every statistic in one     CUDA, where Triton is
            pass, the float32 sums kept beside the row sum            installed
            (:mod:`attnscope.engines.onepass`)
-flex       fused attention (``torch.nn.attention.flex_attention``):  CUDA without Triton (the
-           never a row of scores; statistics from log-sum-exps       reference on a GPU)
+flex       fused attention (``torch.nn.attention.flex_attention``):  CUDA without Triton
+           never a row of scores; statistics from log-sum-exps
            (:mod:`attnscope.engines.flex`)
 compiled   the compiled one-call CPU kernel                          the CPU, where it built
            (:mod:`attnscope.engines.tiled`, ``COMPILED``)
 tiles      tiles of whole rows in torch (the compiled row kernel     anything else; every input
-           where it built): the reference, any device, any input     the others do not take
-           (:mod:`attnscope.engines.tiled`, ``TILES``)
+           where it built): the fallback, any device, any input,     the others do not take
+           no ``[n n]`` map (:mod:`attnscope.engines.tiled`,
+           ``TILES``)
 =========  ========================================================  ==========================
 
 Every backend's statistics equal those of the eager maps of the same pass (``tests/engines/test_engines.py``
-runs each backend this machine has). ``flex`` and ``compiled`` take token-level sequences only
+runs each backend this machine has, against maps read independently: ``output_attentions``). ``flex`` and ``compiled`` take token-level sequences only
 (word level needs each row's weights, summed per word); ``compiled`` no probes and no sequence of
 one token either. Those go to ``tiles``. Outside CUDA, ``flex`` runs only when asked for: eager FlexAttention (off CUDA it is
 not compiled) is torch's reference implementation, which holds a layer's ``[H n n]`` scores: it
@@ -35,13 +39,15 @@ that module and one line in :data:`BACKENDS`. The engine chooses each sequence's
 pass (:func:`choose`) and calls its ``run`` for every layer.
 
 >>> [b.name for b in BACKENDS]
-['onepass', 'flex', 'compiled', 'tiles']
+['maps', 'onepass', 'flex', 'compiled', 'tiles']
 >>> choose("auto", "cuda", token_level=True, probe=False, usable=lambda name, device: True)
 'onepass'
 >>> choose("auto", "cuda", token_level=True, probe=False, usable=lambda name, device: name != "onepass")
 'flex'
 >>> choose("auto", "cpu", token_level=True, probe=False, usable=lambda name, device: name != "compiled")
 'tiles'
+>>> choose("auto", "cpu", token_level=True, probe=False, maps_fit=True, usable=lambda name, device: True)
+'maps'
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from attnscope.engines import flex, onepass, tiled
+from attnscope.engines import eager, flex, onepass, tiled
 from attnscope.engines.seam import Backend
 from attnscope.engines.tiles import (  # noqa: F401
     CPU_TILE_BYTES,
@@ -59,8 +65,10 @@ from attnscope.engines.tiles import (  # noqa: F401
 )
 from attnscope.errors import AttnscopeError
 
-#: every backend, in the order ``choose`` tries them; the reference (it takes every input) last
+#: every backend, in the order ``choose`` tries them: the maps where they fit, the fallback (it
+#: takes every input) last
 BACKENDS: tuple[Backend, ...] = (
+    eager.BACKEND,
     onepass.BACKEND,
     flex.BACKEND,
     tiled.COMPILED,
@@ -101,16 +109,19 @@ def check(backend: str, device) -> None:
 
 
 def choose(backend: str, device, *, token_level: bool, probe: bool, tokens: int = 2,
-           usable: Callable[[str, Any], bool] = usable) -> str:
+           maps_fit: bool = False, usable: Callable[[str, Any], bool] = usable) -> str:
     """The backend that runs one sequence on ``device``: ``backend`` itself where it takes the
     input (``token_level``: not word level; ``probe``: a sequence with targets; ``tokens``:
-    its length), else (``"auto"``) the first of :data:`BACKENDS` made for ``device``'s type that can run
-    there and takes it; what none of them takes goes to the reference, ``tiles``."""
+    its length), else (``"auto"``) the first of :data:`BACKENDS` that can run there, takes it and
+    is made for the input: one held to a memory budget (``maps``) where the pass's maps fit the
+    caller's (``maps_fit``), any other where it is made for ``device``'s type; what none of them
+    takes goes to the fallback, ``tiles``."""
     kind = _kind(device)
     for b in BACKENDS:
         if not b.takes(token_level, probe, tokens):
             continue
-        wanted = b.name == backend or (backend == "auto" and (not b.devices or kind in b.devices))
-        if b.reference or (wanted and usable(b.name, device)):
+        made_for = maps_fit if b.budget else (not b.devices or kind in b.devices)
+        wanted = b.name == backend or (backend == "auto" and made_for)
+        if b.fallback or (wanted and usable(b.name, device)):
             return b.name
-    raise AssertionError("the reference backend takes every input")  # pragma: no cover
+    raise AssertionError("the fallback backend takes every input")  # pragma: no cover

@@ -51,9 +51,11 @@ class Backend:
     """A backend: its ``name``, the device types on which ``choose`` picks it by itself
     (``()``: every device), which inputs it takes (``token_level``: no word-level sequences;
     ``probes``: sequences with targets, e.g. the induction probes; at least ``min_tokens``
-    tokens), whether it is the reference (it takes every input: the last resort), whether it can
-    run on a device type here (``usable``) and why not (``why``, one line for the error), and
-    ``run``, which computes one layer of one sequence."""
+    tokens), whether it is the fallback (it takes every input: the last resort), whether ``auto``
+    takes it only where the pass's maps fit the caller's memory budget (``budget``: the ``maps``
+    backend, which holds a layer's ``[H n n]`` map), whether it can run on a device type here
+    (``usable``) and why not (``why``, one line for the error), and ``run``, which computes one
+    layer of one sequence."""
 
     name: str
     devices: tuple[str, ...]
@@ -63,7 +65,8 @@ class Backend:
     usable: Callable[[str], bool]
     why: str = ""
     min_tokens: int = 1
-    reference: bool = False
+    fallback: bool = False
+    budget: bool = False
 
     def takes(self, token_level: bool, probe: bool, tokens: int) -> bool:
         return ((token_level or not self.token_level) and (self.probes or not probe)

@@ -20,8 +20,10 @@ torch's BLAS) each layer of a sequence is instead one call of a compiled kernel
 the cache, with an online softmax across the key blocks, and sums each row's mass per distance
 bucket rather than per distance. On CUDA each layer of a token-level sequence is fused
 attention instead (:func:`attnscope.engines.flex.run_layer`: the statistics from log-sum-exps,
-no row of scores held). Which of them runs is the seam's choice, by device and input
-(:mod:`attnscope.engines.backends`); the tiles (:mod:`attnscope.engines.tiled`) remain for word-level sequences and probes
+no row of scores held). Where the caller's memory budget holds the pass's maps, each layer's
+eager map is made and folded instead (the ``maps`` backend, :mod:`attnscope.engines.eager`: the
+reference, the numbers of ``output_attentions``). Which of them runs is the seam's choice, by
+memory, device and input (:mod:`attnscope.engines.backends`); the tiles (:mod:`attnscope.engines.tiled`) remain for word-level sequences and probes
 (which need each row's weights) and wherever neither is available. There the row work (``P``,
 the entropy and largest weight, each row's mass on the keys' classes -- first token, special,
 punctuation, the general family's classes -- and the tile's mass per distance) is one call of a
@@ -56,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.engines import backends
+from attnscope.engines.eager import fold_maps
 from attnscope.engines.rows import (
     RowStats,
     Sequence,
@@ -65,7 +68,6 @@ from attnscope.engines.rows import (
     sequence_digest,
 )
 from attnscope.engines.seam import LayerInput
-from attnscope.extract.wordlevel import to_word_level
 from attnscope.models.families import module_at
 from attnscope.models.forward import forward, model_device, pad_batch
 
@@ -125,20 +127,6 @@ def unit_sequence(lm, ids: Seq[int], units, stats: RowStats, device, cache: dict
                     unit_counts=torch.as_tensor(np.bincount(u, minlength=U).astype(np.float32), device=device))
 
 
-def _fold_maps(stats: RowStats, layer: int, seq: Sequence, probs) -> None:
-    """One layer's token-level probabilities ``[H n n]`` of one sequence (word level: converted
-    with :func:`attnscope.extract.wordlevel.to_word_level` first)."""
-    import torch
-
-    if seq.units is None:
-        stats.layer_probs(layer, seq, probs)
-        return
-
-    a = probs[None].float().cpu().numpy()  # [1 H n n]
-    w = to_word_level(a, seq.units.cpu().numpy())[0]
-    stats.layer_probs(layer, seq, torch.as_tensor(w, device=probs.device))
-
-
 def make_sequences(lm, sequences: Seq[Seq[int]], stats: RowStats,
                    targets: Seq[dict[str, Seq[int]] | None] | None = None, device=None,
                    extras: Seq[dict[str, Any] | None] | None = None,
@@ -178,17 +166,19 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: RowStats,
 
 
 def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
-             backend: str = "auto", attention_dtype: str = "float32") -> Callable:
+             backend: str = "auto", attention_dtype: str = "float32", maps_fit: bool = False) -> Callable:
     """The forward helper's ``"attend"`` hook of the streaming engine: for each layer, fold the
     statistics of every sequence of the batch (begun in ``stats``) and return the heads' outputs
     ``P V`` computed with them, so the layer's own attention does not run.
 
     Each sequence goes through one backend (:mod:`attnscope.engines.backends`), chosen once for
-    the pass (:func:`~attnscope.engines.backends.choose`: ``backend``, or by device and input):
-    on CUDA the one-pass kernel (:mod:`~attnscope.engines.onepass`), else FlexAttention
-    (:mod:`~attnscope.engines.flex`); on the CPU a sequence of token rows that is not a probe is
-    one call of the compiled kernel; the rest goes to the reference, tiles of whole rows
-    (``chunk`` query rows, 0: by the device; :mod:`~attnscope.engines.tiled`).
+    the pass (:func:`~attnscope.engines.backends.choose`: ``backend``, or by memory, device and
+    input): where the pass's maps fit the caller's budget (``maps_fit``), each layer's eager map
+    (:mod:`~attnscope.engines.eager`, the reference); on CUDA the one-pass kernel
+    (:mod:`~attnscope.engines.onepass`), else FlexAttention (:mod:`~attnscope.engines.flex`); on
+    the CPU a sequence of token rows that is not a probe is one call of the compiled kernel; the
+    rest goes to the fallback, tiles of whole rows (``chunk`` query rows, 0: by the device;
+    :mod:`~attnscope.engines.tiled`).
 
     ``attention_dtype="bfloat16"``: the queries, keys and values are rounded to bfloat16 first,
     as ``scaled_dot_product_attention`` rounds them under bfloat16 autocast (see
@@ -214,7 +204,8 @@ def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
         seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
         if not chosen:
             chosen.extend(backends.get(backends.choose(backend, q.device, token_level=seq.units is None,
-                                                       probe=bool(seq.targets), tokens=seq_len[b]))
+                                                       probe=bool(seq.targets), tokens=seq_len[b],
+                                                       maps_fit=maps_fit))
                           for b, seq in enumerate(seqs))
         # the keys and values in float32, and the output, for the backends that take them so (the
         # one-pass kernel reads the model's own and writes the output in the query's dtype)
@@ -287,7 +278,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 
                  reference: RowStats | None = None,
                  extras: Seq[dict[str, Any] | None] | None = None,
                  units: Seq[Any] | None = None, backend: str = "auto",
-                 attention_dtype: str = "auto") -> None:
+                 attention_dtype: str = "auto", maps_fit: bool = False) -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
     ``chunk``: query rows per tile (0: :func:`~attnscope.engines.tiled.auto_tile` per sequence; the one-call CPU kernel
@@ -298,9 +289,11 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 
     ``units``: per sequence, None (token level) or the unit of each token (word level, see
     :func:`unit_sequence`): tiles then hold whole words and are folded per word.
 
-    ``backend``: ``"auto"`` (by device and input), or the one to use where it takes the input
-    (``"flex"``, ``"compiled"``, ``"tiles"``; :mod:`attnscope.engines.backends`); the statistics do
-    not depend on it (up to float32 rounding).
+    ``backend``: ``"auto"`` (by memory, device and input), or the one to use where it takes the
+    input (``"maps"``, ``"onepass"``, ``"flex"``, ``"compiled"``, ``"tiles"``;
+    :mod:`attnscope.engines.backends`); the statistics do not depend on it (up to float32
+    rounding). ``maps_fit``: the caller's memory budget holds this pass's maps, so ``auto`` folds
+    each layer's eager map (the ``maps`` backend).
 
     ``attention_dtype``: what the scores are made of. ``"auto"`` (the default): the forward pass's
     dtype (:func:`forward_dtype`: bfloat16 under bfloat16 autocast or with bfloat16 weights, else
@@ -337,7 +330,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 
             stats.begin(lm.num_layers, lm.num_heads, seq)
         inputs = pad_batch(lm, batch)  # forward() moves it to the model's device
 
-        hooks = {"attend": one_pass(stats, seqs, chunk, backend, attention_dtype)}
+        hooks = {"attend": one_pass(stats, seqs, chunk, backend, attention_dtype, maps_fit)}
         if reference is not None:
             ref_seqs = make_sequences(lm, batch, reference, tg, device, ex, un)
             for seq in ref_seqs:
@@ -346,7 +339,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 
             def fold(site, probs, ref_seqs=ref_seqs):
                 for b, seq in enumerate(ref_seqs):
                     n = seq.token_n if seq.units is not None else seq.n
-                    _fold_maps(reference, site.layer, seq, probs[b, :, :n, :n])
+                    fold_maps(reference, site.layer, seq, probs[b, :, :n, :n])
 
             hooks["attn"] = fold
         with float32_attention(lm) if attention_dtype == "float32" else nullcontext():
@@ -380,7 +373,7 @@ def maps_update(lm, sequences: Seq[Seq[int]], stats: RowStats, *, batch_size: in
         def fold(layer, probs, seqs=seqs):
             for b, seq in enumerate(seqs):
                 n = seq.token_n if seq.units is not None else seq.n
-                _fold_maps(stats, layer, seq, probs[b, :, :n, :n])
+                fold_maps(stats, layer, seq, probs[b, :, :n, :n])
 
         if keep_all:
             out = forward(lm, inputs, attentions=True)

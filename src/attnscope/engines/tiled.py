@@ -1,6 +1,6 @@
 """Two backends of the streaming engine that work in torch on rows of scores (:mod:`.backends`):
 
-- ``tiles``, the reference: a layer in tiles of whole rows (every key a row sees, so no online
+- ``tiles``, the fallback: a layer in tiles of whole rows (every key a row sees, so no online
   softmax is needed), any device, any input (word level, probes); each tile holds a block of key
   heads and their query heads, and the blocks go one after the other, each through all its rows,
   so one block's keys and values stay in the cache;
@@ -234,4 +234,4 @@ COMPILED = Backend(
     why="the compiled kernel runs on the CPU only, and only where a C compiler built it and torch's "
         "library exports sgemm_")
 TILES = Backend("tiles", devices=(), token_level=False, probes=True, run=tile_layer,
-                usable=lambda kind: True, reference=True)
+                usable=lambda kind: True, fallback=True)

@@ -71,7 +71,7 @@ class Options:
                                   "Triton kernel on a GPU, FlexAttention where Triton is missing, the "
                                   "compiled kernel on a CPU) or one by name "
                                   "(docs/long-context.md); the statistics do not depend on it beyond rounding.",
-                          choices=backends.NAMES)
+                          choices=tuple(n for n in backends.NAMES if n != "maps"))  # maps: --longctx-engine
     join: bool = option(False, "Join consecutive documents (in file order) until --max-seq-len tokens.")
     num_docs: int = option(0, "Use only the first N documents (0: all).", minimum=0)
     js_rows: int = option(8, "Query rows sampled per document (seeded) for the head-to-head "
@@ -199,10 +199,10 @@ class LongContext(Family):
         with autocast:
             for (group, targets, _), (_, size) in zip(groups, plans):
                 # autocast applies in this process only: here
-                on_workers = ctx.stream(group, stats, step="statistics", chunk=options.chunk, engine=engine,
+                on_workers = ctx.stream(group, stats, step="statistics", chunk=options.chunk,
                                         batch_size=size, targets=None if units else targets,
                                         units=units, start=done, total=total, backend=options.backend,
-                                        attention_dtype=attention_dtype(options),
+                                        maps_fit=engine == "maps", attention_dtype=attention_dtype(options),
                                         here=options.dtype != "float32" or bool(_streaming_only(options)))
                 done += len(group)
         res = stats.finalize()

@@ -347,7 +347,7 @@ def _only_layers(lm, first: int, last: int, hidden):
 
 
 # -- the attention function ----------------------------------------------------------------
-def _family_eager(module) -> Callable:
+def family_eager(module) -> Callable:
     """The family's own eager attention (exact per-family maths: scaling, soft-capping, GQA)."""
     fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if fn is None:
@@ -359,7 +359,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     """attnscope's ``AttentionInterface`` function: hooks around the family's attention."""
     state = _ACTIVE.get()
     if state is None:
-        return _family_eager(module)(module, query, key, value, attention_mask, scaling=scaling,
+        return family_eager(module)(module, query, key, value, attention_mask, scaling=scaling,
                                      dropout=dropout, **kwargs)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
@@ -374,7 +374,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
         if given is not None and not state.needs_probs:
             out = given  # the heads' outputs came from a hook: the layer's own attention is skipped
     if out is None and state.needs_probs:
-        out, probs = _family_eager(module)(module, query, key, value, attention_mask, scaling=scaling,
+        out, probs = family_eager(module)(module, query, key, value, attention_mask, scaling=scaling,
                                            dropout=dropout, **kwargs)
         for hook in state.hooks.get("attn", ()):
             hook(site, probs)
