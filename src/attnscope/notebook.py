@@ -319,7 +319,8 @@ def long_document(path, *, model: str, layer: int, head: int, queries=None,
     ``attnscope view --long``): its profiles along the document and its whole row at each of
     ``queries`` (token positions; default the last), from one forward pass of ``model``, without
     ``n x n`` maps. ``View.document`` keeps the pass's queries and keys:
-    ``view.document.row(layer, head, query)`` gives any other row (``O(n)``)."""
+    ``view.document.row(layer, head, query)`` gives any other row (``O(n)``),
+    ``view.document.head(layer, head)`` any other head's profiles and rows."""
     doc = LongDocumentView(path, model=model, layer=layer, head=head, queries=queries,
                            max_seq_len=max_seq_len)
     view = View(doc.html(), "long document")

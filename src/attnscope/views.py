@@ -30,7 +30,7 @@ from attnscope.store.results import HEADS_DIR, RESULTS_DIR, ResultsFolder, read_
 from attnscope.viz.export import export_html
 from attnscope.viz.generate import model_maps
 from attnscope.viz.head_page import head_page_payload
-from attnscope.viz.long_page import long_page_payload
+from attnscope.viz.long_page import head_payload, long_page_payload
 from attnscope.viz.neuron import capture_qk, neuron_payload
 from attnscope.viz.pages import head_view_html, maps_html
 from attnscope.viz.render import render_head_page, render_long_page, render_results_page
@@ -346,8 +346,9 @@ class LongDocumentView:
     """A long document read once (the first of ``path``, up to ``max_seq_len`` tokens;
     consecutive documents joined until then, as ``analyze longctx --join``): the page of head
     ``(layer, head)`` (0-indexed; :func:`attnscope.viz.long_page.long_page_payload`) with the rows
-    of ``queries`` (default: the last token), and any other row on demand (:meth:`row`, what the
-    viewer answers a click with). The head and the queries are checked before the model runs."""
+    of ``queries`` (default: the last token), and on demand any other row (:meth:`row`, what the
+    viewer answers a click with) or head (:meth:`head`, what it answers another head picked with).
+    The head and the queries are checked before the model runs."""
 
     def __init__(self, path: str | Path, *, model: str, layer: int, head: int,
                  queries: list[int] | None = None, max_seq_len: int = 16384):
@@ -355,9 +356,7 @@ class LongDocumentView:
 
         lm = self.lm = load_model(model)
         L, H = lm.num_layers, lm.num_heads
-        if not (0 <= layer < L and 0 <= head < H):
-            raise AttnscopeError(f"head {layer + 1}-{head + 1}: {lm.display_name} has {L} layers of {H} heads "
-                                 f"(1-1 to {L}-{H})", params=("layer", "head"))
+        self._check_head(layer, head)
         document = prepare_documents(path, lm.tokenizer, max_seq_len=max_seq_len, join=True, num_docs=1)[0]
         ids, n = document.ids, len(document.ids)
         queries = [n - 1] if not queries else list(queries)
@@ -372,6 +371,7 @@ class LongDocumentView:
         start = time.perf_counter()
         profiles = self.doc.profiles(layer, head)
         seconds["profiles"] = time.perf_counter() - start
+        self.queries = queries
         tokens = lm.tokenizer.convert_ids_to_tokens(list(ids))
         specials = set(lm.tokenizer.all_special_tokens)
         special = [t in specials for t in tokens]
@@ -380,13 +380,31 @@ class LongDocumentView:
                                          profiles=profiles, model=lm.display_name, source=document.source,
                                          num_layers=L, num_heads=H, seconds=seconds)
 
+    def _check_head(self, layer: int, head: int) -> None:
+        L, H = self.lm.num_layers, self.lm.num_heads
+        if not (0 <= layer < L and 0 <= head < H):
+            raise AttnscopeError(f"head {layer + 1}-{head + 1}: {self.lm.display_name} has {L} layers of {H} "
+                                 f"heads (1-1 to {L}-{H})", params=("layer", "head"))
+
     def html(self, served: bool = False) -> str:
-        """The page; ``served``: by the viewer, which computes the row of any token clicked."""
-        payload = {**self.payload, "api": "/api/long/row"} if served else self.payload
+        """The page; ``served``: by the viewer, which computes the row of any token clicked and
+        the profiles and rows of any other head picked."""
+        payload = ({**self.payload, "api": "/api/long/row", "head_api": "/api/long/head"} if served
+                   else self.payload)
         return render_long_page(payload, served=served)
+
+    def head(self, layer: int, head: int, queries: list[int] | None = None) -> dict:
+        """The page's part for head ``(layer, head)`` (0-indexed): its profiles and its rows at
+        ``queries`` (default: the page's), from the same forward pass (every row of the head:
+        ``O(n^2 d)``, no ``[n n]`` map held)."""
+        queries = self.queries if queries is None else list(queries)
+        rows = [self.row(layer, head, q) for q in queries]  # the head and each query checked
+        return head_payload(layer=layer, head=head, n=self.doc.n, rows=rows,
+                            profiles=self.doc.profiles(layer, head), model=self.lm.display_name)
 
     def row(self, layer: int, head: int, query: int) -> dict:
         """The :func:`~attnscope.engines.document.row_summary` of one head's row at ``query``."""
+        self._check_head(layer, head)
         return row_summary(self.doc.row(layer, head, query), query)
 
     def write(self, out: str | Path) -> dict:

@@ -62,6 +62,31 @@ def test_rows_and_profiles_equal_the_eager_maps(view):
     # any other row, on demand
     extra = view.row(0, 1, 123)
     assert extra["max_weight"] == pytest.approx(float(layers[0][1][123].max()), abs=1e-6)
+    # any other head, on demand: its profiles and the page's rows, from the same forward pass
+    other = view.head(0, 1)
+    b = layers[0][1].astype(np.float64)
+    assert (other["layer"], other["head"], other["title"]) == (0, 1, "Head 1-2 over 600 tokens of debug:llama")
+    assert [r["query"] for r in other["rows"]] == [5, 300, 599]
+    assert [r["max_weight"] for r in other["rows"]] == pytest.approx([b[q].max() for q in (5, 300, 599)], abs=1e-6)
+    want = [b[lo:hi, 0].mean() for lo, hi in zip(edges[:-1], edges[1:])]
+    assert other["profile_edges"] == edges and other["profiles"]["sink"] == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+def test_a_head_or_query_past_the_model_or_the_document_is_one_line(view):
+    from attnscope.errors import AttnscopeError
+    from attnscope.serve.app import create_app
+
+    for call in (lambda: view.head(2, 0), lambda: view.row(0, 4, 3), lambda: view.head(0, -1)):
+        with pytest.raises(AttnscopeError, match=r"^head \d+-\d+: debug:llama has 2 layers of 4 heads \(1-1 to 2-4\)$"):
+            call()
+    with pytest.raises(AttnscopeError, match="^query 600: the document has 600 tokens"):
+        view.head(0, 0, [3, 600])
+    client = create_app(None, None, document=view).test_client()
+    ok = client.get("/api/long/head?layer=1&head=3&queries=7,8")
+    assert ok.status_code == 200 and [r["query"] for r in ok.get_json()["rows"]] == [7, 8]
+    for bad in ("layer=5&head=0", "layer=0&head=0&queries=7,x", "layer=0&head=0&queries=900"):
+        r = client.get("/api/long/head?" + bad)
+        assert r.status_code == 400 and "\n" not in r.get_json()["error"], bad
 
 
 def test_cli_writes_the_page_and_refuses_a_query_past_the_end(doc_file, tmp_path, capsys):
@@ -126,6 +151,14 @@ def test_the_page_and_the_viewer_in_a_browser(browser, view, tmp_path):
         pg.wait_for_function("() => document.getElementById('attnscope-root').getAttribute('data-query') === '2'")
         assert "row of token 2 in" in pg.text_content(".lp-status")
         assert pg.locator("select.lp-pick option").count() == 4
+        # another head of the same pass: its title, profiles and the rows of the queries shown
+        pg.select_option("select.lp-layer", "0")
+        pg.wait_for_function("() => document.getElementById('attnscope-root').getAttribute('data-head') === '1-3'")
+        assert pg.text_content(".rs-title").startswith("Head 1-3 over 600 tokens")
+        assert pg.get_attribute("#attnscope-root", "data-query") == "2"
+        assert pg.locator("select.lp-pick option").count() == 4
+        pg.keyboard.press("Tab")  # the pickers are keyboard-usable selects
+        assert pg.evaluate("document.documentElement.scrollWidth") <= 1280
     finally:
         server.shutdown()
     assert errors == []

@@ -274,6 +274,21 @@ def create_app(store_path: str | Path | None, results: str | Path | None = None,
             row = document.row(_int_arg("layer", 0), _int_arg("head", 0), _int_arg("query", 0))
         return Response(embed_json(row), mimetype="application/json")
 
+    @app.get("/api/long/head")
+    def long_head():
+        """Another head of the long document: its profiles and its rows at ``queries`` (comma
+        separated; default: the page's), from the same forward pass."""
+        if document is None:
+            raise AttnscopeError("no long document (attnscope serve --long DOC --model M)")
+        given = request.args.get("queries")
+        try:
+            queries = None if not given else [int(q) for q in given.split(",")]
+        except ValueError:
+            raise AttnscopeError(f"queries {given!r}: token positions separated by commas") from None
+        with lock:
+            part = document.head(_int_arg("layer", 0), _int_arg("head", 0), queries)
+        return Response(embed_json(part), mimetype="application/json")
+
     @app.get("/head/<name>")
     def head_page(name: str):
         """The page of head ``name`` (``5-3``) from the results folder; the grids and the

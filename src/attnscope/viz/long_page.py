@@ -30,20 +30,26 @@ def pooled(values: np.ndarray, bins: int = BINS) -> tuple[list[float], list[int]
     return [float(f"{x:.6g}") for x in sums / np.diff(edges)], edges
 
 
-def long_page_payload(*, labels: list[str], raw: list[str], layer: int, head: int,
-                      rows: list[dict], profiles: dict[str, np.ndarray], model: str | None,
-                      source: str, num_layers: int, num_heads: int, seconds: dict) -> dict:
-    """Everything the page draws: ``labels`` (each token as text), ``raw`` (its piece),
-    ``rows`` (one :func:`~attnscope.engines.document.row_summary` per query), ``profiles``
-    (name -> ``[n]`` per-row value of the head, pooled here)."""
+def head_payload(*, layer: int, head: int, n: int, rows: list[dict], profiles: dict[str, np.ndarray],
+                 model: str | None) -> dict:
+    """What the page draws of one head: its title, ``rows`` (one
+    :func:`~attnscope.engines.document.row_summary` per query) and ``profiles`` (name -> ``[n]``
+    per-row value of the head, pooled here); the served viewer swaps it in when another head is
+    picked."""
     pooled_profiles, edges = {}, None
     for name, values in profiles.items():
         pooled_profiles[name], edges = pooled(values)
+    return {"title": f"Head {layer + 1}-{head + 1} over {n:,} tokens" + (f" of {model}" if model else ""),
+            "layer": layer, "head": head, "rows": rows, "profiles": pooled_profiles, "profile_edges": edges}
+
+
+def long_page_payload(*, labels: list[str], raw: list[str], layer: int, head: int,
+                      rows: list[dict], profiles: dict[str, np.ndarray], model: str | None,
+                      source: str, num_layers: int, num_heads: int, seconds: dict) -> dict:
+    """Everything the page draws: ``labels`` (each token as text), ``raw`` (its piece), and the
+    head's part (:func:`head_payload`)."""
     return {
-        "version": PAYLOAD_VERSION,
-        "title": f"Head {layer + 1}-{head + 1} over {len(labels):,} tokens" + (f" of {model}" if model else ""),
-        "model": model, "source": source, "n": len(labels), "layer": layer, "head": head,
-        "num_layers": num_layers, "num_heads": num_heads,
-        "labels": labels, "raw": raw, "rows": rows,
-        "profiles": pooled_profiles, "profile_edges": edges, "seconds": seconds,
+        "version": PAYLOAD_VERSION, "model": model, "source": source, "n": len(labels),
+        "num_layers": num_layers, "num_heads": num_heads, "labels": labels, "raw": raw, "seconds": seconds,
+        **head_payload(layer=layer, head=head, n=len(labels), rows=rows, profiles=profiles, model=model),
     }

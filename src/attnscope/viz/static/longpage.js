@@ -1,7 +1,7 @@
 /* attnscope long-document page: one head over a long document, drawn from viz/long_page.py
  * (long_page_payload): its per-row profiles along the document, and its whole row at a query
  * (the rows the page carries, or, served by `attnscope serve --long`, any token clicked: one
- * request, computed on demand). Needs attnscope.js (AttnScope). Tokens go in with textContent.
+ * request, computed on demand; there also any other head picked: its profiles and rows). Needs attnscope.js (AttnScope). Tokens go in with textContent.
  */
 (function (global) {
   "use strict";
@@ -43,11 +43,13 @@
 
   Page.prototype.build = function () {
     var p = this.p, root = this.root, self = this;
+    root.setAttribute("data-head", (p.layer + 1) + "-" + (p.head + 1));
     el("h2", { "class": "rs-title" }, root, p.title);
     el("div", { "class": "as-muted" }, root, p.n.toLocaleString() + " tokens from " + p.source +
        (p.seconds && p.seconds.forward ? " \u00b7 one forward pass: " + fmt(p.seconds.forward, 1) + " s" : "") +
        " \u00b7 head " + (p.layer + 1) + "-" + (p.head + 1) + " of " + p.num_layers + " x " + p.num_heads +
        " (1-indexed) \u00b7 no n x n map was made");
+    if (p.head_api) this.headPicker();
     var prof = el("section", { "class": "lp-profiles" }, root);
     el("h3", null, prof, "Along the document (each row's value, averaged over " + (p.profile_edges.length - 1) + " stretches)");
     var names = { sink: "mass on the first token (sink)", entropy: "row entropy (nats)",
@@ -68,6 +70,38 @@
     this.status = el("div", { "class": "as-muted lp-status" }, root);
     if (p.rows.length) this.show(p.rows[0].query);
     else this.drawDoc(p.n - 1, null);
+  };
+
+  // served: another head of the same forward pass, its profiles and the rows of the queries shown
+  Page.prototype.headPicker = function () {
+    var p = this.p, self = this, bar = el("div", { "class": "as-toolbar lp-heads" }, this.root);
+    var pick = function (label, count, value) {
+      var sel = el("select", { "class": "lp-" + label }, el("label", null, bar, label + " "));
+      for (var i = 1; i <= count; i++) el("option", { value: i - 1 }, sel, String(i));
+      sel.value = value;
+      sel.addEventListener("change", function () { self.switchHead(+self.layerPick.value, +self.headPick.value); });
+      return sel;
+    };
+    this.layerPick = pick("layer", p.num_layers, p.layer);
+    this.headPick = pick("head", p.num_heads, p.head);
+  };
+
+  Page.prototype.switchHead = function (layer, head) {
+    var self = this, p = this.p, shown = this.root.getAttribute("data-query");
+    var queries = Object.keys(this.rows).join(","), t0 = performance.now();
+    this.status.textContent = "computing head " + (layer + 1) + "-" + (head + 1) + "\u2026";
+    return fetch(p.head_api + "?layer=" + layer + "&head=" + head + "&queries=" + queries)
+      .then(function (r) { return r.json().then(function (j) { if (!r.ok) throw new Error(j.error || r.status); return j; }); })
+      .then(function (part) {
+        var page = new Page(self.root, Object.assign({}, p, part));
+        self.root.textContent = "";
+        page.build();
+        global.attnscopeLong = page;
+        if (shown !== null && page.rows[shown]) page.draw(page.rows[shown]);
+        page.status.textContent = "head " + (layer + 1) + "-" + (head + 1) + " in " +
+          fmt((performance.now() - t0) / 1000, 2) + " s";
+        return page;
+      }, function (err) { self.status.textContent = "could not compute the head: " + err.message; });
   };
 
   Page.prototype.fillPick = function () {
