@@ -6,8 +6,8 @@ one of torch's ``scaled_dot_product_attention`` backends: the maps other tools r
 extra key classes).
 
 ``auto`` takes it only where the caller says the pass's maps fit its memory budget (the
-long-context family's ``maps_budget_gb``); elsewhere it is chosen by name
-(``--longctx-backend maps``, or ``--longctx-engine maps``).
+long-context family's ``maps_budget_gb``); elsewhere by name (``backend="maps"`` from Python,
+``--longctx-engine maps`` on the command line, where ``--longctx-backend`` names the others).
 """
 
 from __future__ import annotations
