@@ -209,6 +209,30 @@ def test_the_family_writes_the_tables_the_issue_names(atlas_run, debug_llama):
     assert all(r["f1_identical"] for r in d["tables"]["tasks"])
 
 
+def test_a_head_page_shows_the_atlas_label_scores_and_what_the_greedy_ranking_did(atlas_run):
+    """The head page reads the atlas's own results file: each head's label and scores, and, with
+    a greedy ranking (its trace from A.greedy_order, since no calibration task of a random tiny
+    model is answered), the iteration that kept the head's KV head and the accuracy around it."""
+    from attnscope.viz.head_page import head_page_payload
+
+    atlas = json.loads((atlas_run / "results" / "atlas.json").read_text())
+    for row in atlas["tables"]["heads"]:
+        labels = head_page_payload({"atlas": atlas}, None, row["name"])["labels"]
+        assert [lab["label"] for lab in labels] == [f"atlas: {row['label']}"], row["name"]
+        assert f"streaming {row['streaming']:.3g}" in labels[0]["evidence"]
+    # 2 layers x 2 KV heads, flattened layer-major: KV head 3 is layer 2's second
+    _, trace = A.greedy_order(lambda base, cand, it: [{"exact": [len(base) / 4] + [(len(base) + (c == 3)) / 4
+                                                                                 for c in cand],
+                                                        "logprob": [0.0] * (1 + len(cand))}], 4, until=2)
+    assert [t["added"] for t in trace] == ["3", "0"] and [t["accuracy"] for t in trace] == [0.0, 0.25]
+    with_greedy = {**atlas, "tables": {**atlas["tables"], "greedy": trace}}
+    for name, says_ in (("2-3", "iteration 1, 0 KV heads kept before it: calibration accuracy 0.00 -> 0.25 with it"),
+                        ("1-1", "iteration 2, 1 KV heads kept before it: calibration accuracy 0.25 (the last "),
+                        ("1-3", "not among the 2 KV heads its 2 iterations kept")):
+        got = head_page_payload({"atlas": with_greedy}, None, name)["labels"][-1]
+        assert got["evidence"].startswith(says_), (name, got)
+
+
 def test_the_viewer_and_compare_read_what_the_family_wrote(atlas_run, tmp_path):
     import shutil
 

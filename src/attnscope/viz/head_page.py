@@ -162,13 +162,37 @@ def coref_evidence(coref: dict, name: str) -> tuple[list, list]:
 
 
 def atlas_labels(atlas: dict, name: str) -> list[dict]:
-    """The atlas's label of this query head and its scores (``tables.atlas_heads``)."""
-    row = next((r for r in atlas.get("tables", {}).get("atlas_heads", []) if r.get("name") == name), None)
+    """The atlas's label of this query head with its scores (``tables.heads``), and, where the
+    run built the greedy ranking (``tables.greedy``), what keeping the head's KV head did to the
+    calibration tasks' needles: the iteration that kept it and the exact-answer accuracy with
+    the KV heads kept before it and after it (teacher-forced, every other KV head cut to sink +
+    window)."""
+    tables = atlas.get("tables", {})
+    heads = tables.get("heads", [])
+    row = next((r for r in heads if r.get("name") == name), None)
     if row is None or not row.get("label"):
         return []
     scores = ", ".join(f"{k} {v:.3g}" for k, v in row.items()
                        if isinstance(v, float) and math.isfinite(v) and k not in ("layer", "head"))
-    return [{"family": "atlas", "label": f"atlas: {row['label']}", "evidence": scores}]
+    out = [{"family": "atlas", "label": f"atlas: {row['label']}", "evidence": scores}]
+    kv_heads = max(r["kv_head"] for r in heads) + 1  # per layer; the greedy ranking counts them all
+    kv = f"{row['layer'] + 1}-kv{row['kv_head'] + 1}"
+    mine = str(row["layer"] * kv_heads + row["kv_head"])
+    greedy = tables.get("greedy") or []
+    for i, step in enumerate(greedy):
+        if mine in step["added"].split():
+            after = (f" -> {greedy[i + 1]['accuracy']:.2f} with it" if i + 1 < len(greedy) else
+                     " (the last iteration: its accuracy with it was not kept)")
+            out.append({"family": "atlas", "label": f"atlas: KV head {kv} kept by the greedy ranking",
+                        "evidence": f"iteration {i + 1}, {step['heads']} KV heads kept before it: calibration "
+                                    f"accuracy {step['accuracy']:.2f}{after}"})
+            break
+    else:
+        if greedy:
+            out.append({"family": "atlas", "label": f"atlas: KV head {kv} not kept by the greedy ranking",
+                        "evidence": f"not among the {sum(len(s['added'].split()) for s in greedy)} KV heads "
+                                    f"its {len(greedy)} iterations kept"})
+    return out
 
 
 def unit_labels(units: dict) -> list[str]:
