@@ -752,14 +752,13 @@ def test_a_new_backend_is_one_object_and_one_registry_line_and_a_pass_runs_throu
 
 
 # -- the maps backend: the eager maps, the reference ---------------------------------------------
-@pytest.mark.parametrize("name", ["debug:llama", "debug:bert", "tiny-qwen2", "tiny-gemma2"])
+@pytest.mark.parametrize("name", ["llama", "bert", "tiny-qwen2", "tiny-gemma2"])
 def test_the_maps_backend_folds_the_very_maps_output_attentions_returns(name):
     """The maps backend in the streaming engine's hook (per sequence, from the forward's lean
     mask) against every layer's map returned by ``output_attentions`` for the whole padded batch:
     documents and induction probes (decoders), a padded encoder batch, a sliding window and
     soft-capping; the statistics equal to the last bit."""
-    torch.manual_seed(0)
-    lm = _tiny(name.split("-")[1]) if name.startswith("tiny-") else load_model(name)
+    lm = _model(name)
     seqs, targets = _docs(lm) if lm.family.causal else ([lm.tokenizer(t)["input_ids"] for t in TEXTS], None)
     got, want = LongContextStats(js_rows=3), LongContextStats(js_rows=3)
     stream_stats(lm, seqs, got, batch_size=3, targets=targets, backend="maps")
