@@ -47,6 +47,16 @@ def with_unit(name: str, unit: str | None) -> Step:
     return Step(name, unit_of(name) or unit)
 
 
+def duration(seconds: float) -> str:
+    """A time as a progress line says it.
+
+    >>> duration(30), duration(170), duration(5400)
+    ('30 s', '3 min', '1.5 h')
+    """
+    return (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400
+            else f"{seconds / 3600:.1f} h")
+
+
 #: a stop asked for by a signal (process-wide, as signals are): :func:`request_stop`, :func:`check_stop`
 _STOP = threading.Event()
 

@@ -14,7 +14,7 @@ from attnscope.cli.common import plain_progress, step_progress
 from attnscope.progress import Step
 
 LINE = re.compile(r"^(?P<step>.+?): (?:(?P<once>started|done)|(?P<done>\d+)(?:/(?P<total>\d+))? "
-                  r"(?P<unit>[a-z][a-z ()]*)) after (?P<s>\d+) s$")
+                  r"(?P<unit>[a-z][a-z ()]*)) after (?P<s>\d+) s(?:, about (?P<left>[\d.]+ (?:s|min|h)) left)?$")
 
 
 def test_plain_progress_writes_a_line_every_so_often_and_one_when_a_total_is_reached(capsys):
@@ -30,18 +30,22 @@ def test_plain_progress_writes_a_line_every_so_often_and_one_when_a_total_is_rea
     # 31 s after the start, then 30 s after that line; another family counts from the start;
     # a count shown reaches its total on a line of its own, however soon; a step done once
     # (the report) that took long enough to be shown says when it is done
-    # each line: the step, its count out of the total with the unit, the seconds since the start
+    # each line: the step, its count out of the total with the unit, the seconds since the start;
+    # on its way, the time left at the step's rate since its first report: 58 documents at 2 in
+    # 31 s is 899 s (15 min), 55 at 5 in 61 s is 671 s (11 min); none at the first report
+    # (no rate yet: the epoch's line) or at a total
     lines = capsys.readouterr().err.splitlines()
-    shown = [("longctx: statistics", "2/60", "documents", "31 s"),
-             ("syntax: probes epoch 1", "4/9", "sentences", "45 s"),
-             ("longctx: statistics", "5/60", "documents", "61 s"),
-             ("longctx: statistics", "60/60", "documents", "70 s"),
-             ("syntax: probes epoch 1", "9/9", "sentences", "71 s"),
-             ("report", "started", "72 s"), ("report", "done", "110 s")]
+    shown = [("longctx: statistics", "2/60", "documents", "31 s", "15 min"),
+             ("syntax: probes epoch 1", "4/9", "sentences", "45 s", None),
+             ("longctx: statistics", "5/60", "documents", "61 s", "11 min"),
+             ("longctx: statistics", "60/60", "documents", "70 s", None),
+             ("syntax: probes epoch 1", "9/9", "sentences", "71 s", None),
+             ("report", "started", "72 s", None), ("report", "done", "110 s", None)]
     assert len(lines) == len(shown), lines
     for line, facts in zip(lines, shown):
         assert line.startswith(f"{facts[0]}: "), line
-        says(line, *facts)
+        says(line, *facts[:-1])
+        assert LINE.match(line)["left"] == facts[-1], line
 
 
 def test_a_step_never_shown_prints_nothing_when_it_ends(capsys):

@@ -16,7 +16,7 @@ from attnscope.data.depparse import iter_depparse
 from attnscope.data.io import check_writable as check
 from attnscope.data.io import read_examples
 from attnscope.errors import AttnscopeError, InputError
-from attnscope.progress import unit_of
+from attnscope.progress import duration, unit_of
 
 console = Console(stderr=True, soft_wrap=True)
 #: Seconds between the plain progress lines written when stderr is not a terminal.
@@ -107,12 +107,15 @@ def plain_progress(every_s: float | None = None, clock=None):
     the start), so short commands print nothing; and, for a step that has shown a line, one
     more when it reaches its total (``... 60/60 sequences after 140 s``), so every count
     shown is seen to end. A step done once (loading the model, writing the report) says
-    ``started`` and ``done``; every other count names its unit (:func:`attnscope.progress.unit_of`)."""
+    ``started`` and ``done``; every other count names its unit (:func:`attnscope.progress.unit_of`)
+    and, on its way, the time left at the rate the step has kept since its first report
+    (``..., about 2 min left``), re-made on every line."""
     every_s = PLAIN_EVERY_S if every_s is None else every_s
     clock = clock or time.monotonic
     start = clock()
     last: dict[str, float] = {}
     shown: set[str] = set()  # steps with a line whose total has not been reached yet
+    first: dict[str, tuple[float, int]] = {}  # each step's first report: (time, done)
 
     def say(step: str, done: int, total: int | None, now: float) -> None:
         unit = unit_of(step)
@@ -120,10 +123,15 @@ def plain_progress(every_s: float | None = None, clock=None):
             what = "done" if done >= 1 else "started"
         else:
             what = f"{done}" + ("" if total is None else f"/{total}") + (f" {unit}" if unit else "")
-        console.print(f"{step}: {what} after {now - start:.0f} s", highlight=False)
+        left = ""
+        t0, d0 = first[str(step)]
+        if total is not None and d0 < done < total and now > t0:
+            left = f", about {duration((total - done) * (now - t0) / (done - d0))} left"
+        console.print(f"{step}: {what} after {now - start:.0f} s{left}", highlight=False)
 
     def progress(step: str, done: int, total: int | None) -> None:
         now, bar, key = clock(), step.split(": ", 1)[0], str(step)
+        first.setdefault(key, (now, done))
         reached = total is not None and done >= total
         if reached and key in shown:
             shown.discard(key)

@@ -46,12 +46,13 @@ from attnscope.families.base import (
     register_family,
 )
 from attnscope.families.longctx import induction_probes
+from attnscope.progress import duration
 from attnscope.report.atlas import write_atlas
 from attnscope.store.results import write_results
 from attnscope.viz.results_views import head_scatter, relation_grids
 
 TASK_SUFFIXES = (".jsonl", ".json")
-ESTIMATE_FROM = 20  # evaluated tasks from which the sweep's time is estimated (and said) before it starts
+ESTIMATE_FROM = 10  # evaluated tasks (about a minute on a CPU) from which the sweep's time is estimated (and said) before it starts
 QUESTION_ROOM = 128  # positions left after a generated context for its question and answer
 
 
@@ -118,16 +119,6 @@ def _fractions(value: str) -> list[float]:
         raise AttnscopeError("atlas_fractions must hold 0, 1 and at least one fraction between, "
                              f"not {value!r}", params=("atlas_fractions",))
     return fs
-
-
-def _duration(seconds: float) -> str:
-    """A time as the progress line says it.
-
-    >>> _duration(30), _duration(170), _duration(5400)
-    ('30 s', '3 min', '1.5 h')
-    """
-    return (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400
-            else f"{seconds / 3600:.1f} h")
 
 
 @register_family
@@ -287,7 +278,7 @@ class Atlas(Family):
         if left >= ESTIMATE_FROM:
             estimate = ctx.call(A.sweep_seconds, step, encs[0], left)
             timing["sweep_estimate_seconds"] = estimate
-            label = f"sweep (about {_duration(estimate)})"
+            label = f"sweep (about {duration(estimate)})"
         t2 = time.perf_counter()
         sw = A.sweep(configs, ctx.tasks(step, encs, name="sweep", label=label))
         timing["sweep_seconds"] = time.perf_counter() - t2
