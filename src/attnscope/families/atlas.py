@@ -52,7 +52,7 @@ from attnscope.store.results import write_results
 from attnscope.viz.results_views import head_scatter, relation_grids
 
 TASK_SUFFIXES = (".jsonl", ".json")
-ESTIMATE_FROM = 10  # evaluated tasks (about a minute on a CPU) from which the sweep's time is estimated (and said) before it starts
+ESTIMATE_FROM = 10  # evaluated tasks from which the sweep's time is estimated (one task's work) and said before it starts
 QUESTION_ROOM = 128  # positions left after a generated context for its question and answer
 
 
