@@ -70,10 +70,23 @@ def request_stop(asked: bool = True) -> None:
         _STOP.clear()
 
 
+#: what runs at every unit a pass finishes (:func:`at_each_unit`)
+_AT_UNIT: list[Callable[[], None]] = []
+
+
+def at_each_unit(fn: Callable[[], None]) -> None:
+    """Run ``fn`` at every unit a pass finishes, in this process (the command line's refitting
+    of torch's threads to the cores free: :class:`attnscope.models.threads.Refit`)."""
+    _AT_UNIT.append(fn)
+
+
 def check_stop() -> None:
     """Raise KeyboardInterrupt again if a stop was asked for: called at every unit a pass
     finishes, so that a stop a library swallowed (CPython drops an exception raised inside a
-    finalizer, which is where a signal can land) still stops the job at its next unit."""
+    finalizer, which is where a signal can land) still stops the job at its next unit. Runs
+    what :func:`at_each_unit` asked for first."""
+    for fn in _AT_UNIT:
+        fn()
     if _STOP.is_set():
         raise KeyboardInterrupt
 

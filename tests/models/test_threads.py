@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from attnscope import progress
 from attnscope.models import threads
 
 
@@ -18,6 +19,7 @@ def clean_env(monkeypatch):
     for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", threads.SWITCH):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(progress, "_AT_UNIT", [])  # what fair_share registers stays in the test
     return monkeypatch
 
 
@@ -28,6 +30,7 @@ def test_torch_gets_the_cores_others_leave_and_idle_threads_sleep(clean_env, bus
     assert chosen["OMP_WAIT_POLICY"] == os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     assert chosen.get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS") == expected
     assert chosen.get("MKL_NUM_THREADS") == expected
+    assert [type(fn) for fn in progress._AT_UNIT] == [threads.Refit]  # and refit as the run goes
 
 
 def test_what_the_user_chose_is_kept(clean_env):
@@ -40,6 +43,40 @@ def test_what_the_user_chose_is_kept(clean_env):
     clean_env.delenv("OMP_WAIT_POLICY")
     clean_env.setenv(threads.SWITCH, "0")
     assert threads.fair_share() == {} and "OMP_NUM_THREADS" not in os.environ
+    assert progress._AT_UNIT == []  # nothing refits what the user chose
+
+
+class FakeTorch:
+    def __init__(self, threads: int):
+        self.threads, self.set = threads, []
+
+    def get_num_threads(self) -> int:
+        return self.threads
+
+    def set_num_threads(self, n: int) -> None:
+        self.threads = n
+        self.set.append(n)
+
+
+def test_the_threads_are_refit_to_the_cores_others_leave_as_the_run_goes(clean_env):
+    """4 CPUs at 100 ticks a second. From 0 to 6 s: 3 cores busy, 1 of them this process's own
+    (6 CPU seconds), so others keep 2 busy: 2 threads. From 6 to 12 s: only this process's own
+    core busy: all 4. Calls less than 5 s after the last measure read nothing; an unreadable
+    /proc/stat changes nothing."""
+    now, own, ticks = [0.0], [0.0], [(0, 0)]
+    clean_env.setattr(threads, "_cpu_ticks", lambda cpus: ticks.pop(0))
+    torch = FakeTorch(4)
+    clean_env.setitem(sys.modules, "torch", torch)
+    refit = threads.Refit({0, 1, 2, 3}, every_s=5.0, clock=lambda: now[0], own=lambda: own[0])
+    progress.at_each_unit(refit)
+    for t, cpu_s, reading, threads_after in ((2, 2, None, 4), (6, 6, (1800, 2400), 2), (9, 9, None, 2),
+                                             (12, 12, (2400, 4800), 4), (20, 20, None, 4)):
+        now[0], own[0] = t, cpu_s
+        if reading is not None or t == 20:
+            ticks.append(reading)
+        progress.check_stop()  # every finished unit runs the refit
+        assert torch.threads == threads_after, t
+    assert torch.set == [2, 4] and ticks == []
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat") or len(os.sched_getaffinity(0)) < 2,
