@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sys
@@ -46,6 +47,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.heavy)
         if not any(m in item.keywords for m in ("slow", "browser", "heavy")):
             item.add_marker(pytest.mark.fast)
+    # the modules with the most long tests first (a module stays whole and in order), so the
+    # workers of -n auto end together rather than one running the Ray module alone at the end
+    long = collections.Counter(item.module.__name__ for item in items
+                               if "fast" not in item.keywords and hasattr(item, "module"))
+    items.sort(key=lambda item: -long[getattr(item, "module", None) and item.module.__name__])
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow")
