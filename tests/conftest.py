@@ -49,9 +49,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.fast)
     # the modules with the most long tests first (a module stays whole and in order), so the
     # workers of -n auto end together rather than one running the Ray module alone at the end
-    long = collections.Counter(item.module.__name__ for item in items
-                               if "fast" not in item.keywords and hasattr(item, "module"))
-    items.sort(key=lambda item: -long[getattr(item, "module", None) and item.module.__name__])
+    def module(item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    long = collections.Counter(module(item) for item in items if "fast" not in item.keywords)
+    items.sort(key=lambda item: -long[module(item)])
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow")
