@@ -48,6 +48,21 @@ def test_plain_progress_writes_a_line_every_so_often_and_one_when_a_total_is_rea
         assert LINE.match(line)["left"] == facts[-1], line
 
 
+def test_the_time_left_is_not_taken_from_units_a_resumed_run_read_back(capsys):
+    """A resumed atlas said "6/8 tasks after 30 s, about 9 s left": its 5 logged tasks, counted at
+    once, were taken for work. What a step counts within a second of its first report is not:
+    1 task in the 30 s after that second leaves 2 at 30 s each, 60 s."""
+    now = [0.0]
+    progress = plain_progress(every_s=30, clock=lambda: now[0])
+    step = Step("atlas: calibration", "tasks")
+    for t, done in ((0.0, 0), (0.1, 1), (0.2, 3), (0.3, 5), (30.0, 6), (70.0, 8)):
+        now[0] = t
+        progress(step, done, 8)
+    lines = capsys.readouterr().err.splitlines()
+    assert [LINE.match(line)["left"] for line in lines] == ["60 s", None], lines
+    says(lines[0], "6/8", "tasks", "30 s")
+
+
 def test_a_step_never_shown_prints_nothing_when_it_ends(capsys):
     now = [0.0]
     progress = plain_progress(every_s=30, clock=lambda: now[0])

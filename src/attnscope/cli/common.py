@@ -21,6 +21,8 @@ from attnscope.progress import duration, unit_of
 console = Console(stderr=True, soft_wrap=True)
 #: Seconds between the plain progress lines written when stderr is not a terminal.
 PLAIN_EVERY_S = 30.0
+#: What a step counts within this many seconds of its first report is not taken for its rate.
+BASE_S = 1.0
 
 
 def command_line() -> str:
@@ -108,14 +110,15 @@ def plain_progress(every_s: float | None = None, clock=None):
     more when it reaches its total (``... 60/60 sequences after 140 s``), so every count
     shown is seen to end. A step done once (loading the model, writing the report) says
     ``started`` and ``done``; every other count names its unit (:func:`attnscope.progress.unit_of`)
-    and, on its way, the time left at the rate the step has kept since its first report
-    (``..., about 2 min left``), re-made on every line."""
+    and, on its way, the time left at the rate the step has kept since its first second
+    (``..., about 2 min left``), re-made on every line: what a step counts within a second of
+    its first report (the units a resumed run read back from its log) is not taken for its rate."""
     every_s = PLAIN_EVERY_S if every_s is None else every_s
     clock = clock or time.monotonic
     start = clock()
     last: dict[str, float] = {}
     shown: set[str] = set()  # steps with a line whose total has not been reached yet
-    first: dict[str, tuple[float, int]] = {}  # each step's first report: (time, done)
+    base: dict[str, tuple[float, int]] = {}  # each step's rate is counted from: (time, done)
 
     def say(step: str, done: int, total: int | None, now: float) -> None:
         unit = unit_of(step)
@@ -124,14 +127,16 @@ def plain_progress(every_s: float | None = None, clock=None):
         else:
             what = f"{done}" + ("" if total is None else f"/{total}") + (f" {unit}" if unit else "")
         left = ""
-        t0, d0 = first[str(step)]
+        t0, d0 = base[str(step)]
         if total is not None and d0 < done < total and now > t0:
             left = f", about {duration((total - done) * (now - t0) / (done - d0))} left"
         console.print(f"{step}: {what} after {now - start:.0f} s{left}", highlight=False)
 
     def progress(step: str, done: int, total: int | None) -> None:
         now, bar, key = clock(), step.split(": ", 1)[0], str(step)
-        first.setdefault(key, (now, done))
+        t0, _ = base.setdefault(key, (now, done))
+        if now - t0 < BASE_S:
+            base[key] = (t0, done)
         reached = total is not None and done >= total
         if reached and key in shown:
             shown.discard(key)
