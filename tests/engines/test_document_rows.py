@@ -26,7 +26,7 @@ class Recorder(LongContextStats):
         super()._fold_layer(seq)
 
 
-def _check(lm, ids, picks, tol_row=1e-6):
+def _check(lm, ids, picks, tol_row=None):
     doc = DocumentRows.read(lm, ids)
     layers = {}
     seen = iter(range(lm.num_layers))
@@ -36,18 +36,21 @@ def _check(lm, ids, picks, tol_row=1e-6):
     for layer, head, query in picks:
         row = doc.row(layer, head, query)
         eager = layers[layer][head, query]
-        assert np.abs(row - eager).max() <= tol_row
+        # p_j = exp(s_j - L): L sums n terms in float32, so p_j is off by at most about
+        # eps n |s_j - L| = eps n |ln p_j| of itself (the row and the maps order the sums differently)
+        bound = float(np.finfo(np.float32).eps * len(ids) * (1 + np.abs(np.log(eager[eager > 0])).max()))
+        assert np.abs(row - eager).max() <= (tol_row if tol_row is not None else bound)
         s = row_summary(row, query)
         ent, top, sink = rec.per_row[layer][:3, head, query]
         assert s["entropy"] == pytest.approx(float(ent), abs=2e-5)
-        assert s["max_weight"] == pytest.approx(float(top), abs=1e-6)
-        assert s["sink"] == pytest.approx(float(sink), abs=1e-6)
+        assert s["max_weight"] == pytest.approx(float(top), abs=bound)
+        assert s["sink"] == pytest.approx(float(sink), abs=bound)
         assert sum(b["mass"] for b in s["buckets"]) == pytest.approx(1.0, abs=1e-5)
         assert sum(s["strip"]) == pytest.approx(1.0, abs=1e-5)
         # the largest keys, worked out from the eager row: the same weights, each at its key
         want = np.sort(eager[eager > 0])[::-1][:len(s["top"])]
-        assert [w for _, w in s["top"]] == pytest.approx(want.tolist(), abs=1e-6)
-        assert [w for _, w in s["top"]] == pytest.approx([float(eager[j]) for j, _ in s["top"]], abs=1e-6)
+        assert [w for _, w in s["top"]] == pytest.approx(want.tolist(), abs=bound)
+        assert [w for _, w in s["top"]] == pytest.approx([float(eager[j]) for j, _ in s["top"]], abs=bound)
 
 
 def test_rows_equal_eager_maps_and_the_engines_values(debug_llama):
