@@ -155,7 +155,7 @@ def main() -> None:
     tokens = sum(len(e) for e in encoded)
     bs = args.batch_size
     fit_note = None
-    if lm.family.causal or lm.has_mlm_head:
+    if lm.facts.causal or lm.has_mlm_head:
         objective = Objective(lm, seed=0)
     else:
         head, fit_note = _fitted_head(lm, encoded, args)

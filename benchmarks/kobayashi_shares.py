@@ -53,7 +53,7 @@ def main() -> None:
     for e in enc:
         k = ns.classer.classify(e.tokens, np.asarray(e.special, dtype=bool))
         first = k.first.copy()
-        if lm.family.causal and not first[0]:  # the same classes as NormShares
+        if lm.facts.causal and not first[0]:  # the same classes as NormShares
             first[0] = True
         cols = np.stack([first, k.separator & ~first, k.punct & ~first, k.other & ~first]).astype(float).T
         layers = dec.run(pad_batch(lm, [e.input_ids], [e.token_type_ids]))

@@ -254,7 +254,7 @@ def available(source, model=None, options=None) -> set[str]:
     examples are read from its shard headers, not its maps)."""
     out = set()
     if model is not None:
-        out |= {"model"} | ({"causal"} if model.family.causal else set())
+        out |= {"model"} | ({"causal"} if model.facts.causal else set())
     if isinstance(source, Store):
         word_level = source.level == "word"
         annotations = ((r["example"].get("heads"), r["example"].get("relns"), r["example"].get("coref"))

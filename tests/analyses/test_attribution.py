@@ -69,7 +69,7 @@ def tiny_llama(debug_gpt2):
             if name.endswith("bias"):
                 p.normal_(0, 0.1)
     assert install(model)
-    return LoadedModel(model=model, tokenizer=tok, family=ModelFamily("llama", True, None, False),
+    return LoadedModel(model=model, tokenizer=tok, family=ModelFamily("llama", None, False),
                        name="tiny-llama", source="test", weights_hash="-")
 
 

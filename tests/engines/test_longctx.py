@@ -429,9 +429,9 @@ def test_streaming_never_runs_eager_attention(monkeypatch):
     def boom(module, *args, **kwargs):
         raise AssertionError("the model's own attention was used")
 
+    lm = load_model("debug:llama")  # (loading reads what the model is with one short eager pass)
     monkeypatch.setattr(fw, "family_eager", boom)
     monkeypatch.setattr(sdpa, "sdpa_attention_forward", boom)
-    lm = load_model("debug:llama")
     st = LongContextStats(js_rows=1)
     stream_stats(lm, [lm.tokenizer(TEXTS[0])["input_ids"]], st, chunk=8)
     assert st.rows == len(lm.tokenizer(TEXTS[0])["input_ids"]) - 1
@@ -513,7 +513,7 @@ def test_word_level_streaming_equals_word_level_maps(name, monkeypatch):
     from attnscope.extract.wordlevel import to_word_level
 
     lm = load_model(f"debug:{name}")
-    causal = lm.family.causal
+    causal = lm.facts.causal
     pairs = [_units(lm, t) for t in TEXTS + ["the cats sat on the mats , dogs ran ."]]
     ids, units = [p[0] for p in pairs], [p[1] for p in pairs]
     assert any(len(u) > u[-1] + 1 for u in units)  # some words are split into pieces

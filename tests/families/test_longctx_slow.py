@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_smollm2_table_entry(smollm2):
-    assert smollm2.family.name == "llama" and smollm2.family.causal and smollm2.family.decoder_llm
+    assert smollm2.family.name == "llama" and smollm2.facts.causal and smollm2.facts.causal
     assert (smollm2.num_layers, smollm2.num_heads, smollm2.num_kv_heads) == (30, 9, 3)
     assert len(smollm2.weights_hash) == 64 and smollm2.extra["gguf"].endswith(".gguf")
 

@@ -340,7 +340,7 @@ def test_family_end_to_end(name, request, tmp_path):
     assert len(keys) == lm.num_layers
     for p in sec.figures[0].paths + [t.paths[0] for t in sec.tables]:
         assert p.is_file()
-    if lm.family.causal:
+    if lm.facts.causal:
         for k in ("repeat_other", "pieces_later", "next"):
             assert best[k]["value"] is None and best[k]["note"].startswith("not applicable")
         assert all(r["repeat_other"] is None and r["across"] is None for r in heads.rows)

@@ -85,7 +85,7 @@ def test_neuron_and_generated_views_show_text(lm):
 
     n = neuron_payload(capture_qk(lm, TEXT, 0))
     assert n["token_text"] == page_payload(_map(lm))["token_text"] and n["tokens"] == _map(lm).tokens
-    if not lm.family.causal:
+    if not lm.facts.causal:
         return
     g = page_payload(continuation_map(lm, "the cat sat on the", 3))
     ids = lm.tokenizer("the cat sat on the")["input_ids"]

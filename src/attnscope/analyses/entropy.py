@@ -48,7 +48,7 @@ class Entropy(MapsAnalysis):
 
     @classmethod
     def for_model(cls, model, *, seed: int = 0) -> "Entropy":
-        return cls(causal=bool(model is not None and model.family.causal), seed=seed)
+        return cls(causal=bool(model is not None and model.facts.causal), seed=seed)
 
     def __init__(self, causal: bool = False, max_weight_threshold: float = 0.1, seed: int = 0):
         self.causal = bool(causal)

@@ -84,7 +84,7 @@ class MlmScorer:
     """
 
     def __init__(self, lm, head: "FittedHead | None" = None):
-        if lm.family.causal:
+        if lm.facts.causal:
             raise ModelError(f"{lm.name}: a causal model has no masked-LM objective; "
                              "gradient importance needs a masked-LM encoder")
         if head is None and not lm.has_mlm_head:
@@ -339,7 +339,7 @@ def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]
     opts = options or FitOptions()
     if lm.tokenizer.mask_token_id is None:
         raise ModelError(f"{lm.name}: the tokenizer has no mask token; cannot fit a masked-LM head")
-    if lm.family.causal:
+    if lm.facts.causal:
         raise ModelError(f"{lm.name}: a causal model has no masked-LM objective")
     chosen = encoded[: opts.max_examples]
     feats, targets = [], []

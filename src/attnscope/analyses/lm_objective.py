@@ -64,7 +64,7 @@ class Objective:
         self.head = head
         self.seed = int(seed)
         self.mask_prob = float(mask_prob)
-        if lm.family.causal:
+        if lm.facts.causal:
             self.kind = "causal"
             self._tied = None
             if getattr(lm.model, "lm_head", None) is None:

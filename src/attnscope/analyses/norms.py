@@ -194,7 +194,7 @@ class NormShares(EncodedAnalysis):
                 n = len(e.input_ids)
                 k = self.classer.classify(e.tokens, np.asarray(e.special, dtype=bool))
                 first = k.first.copy()
-                if self.lm.family.causal and n and not first[0]:  # no BOS: the sink is position 0
+                if self.lm.facts.causal and n and not first[0]:  # no BOS: the sink is position 0
                     first[0] = True
                 cols = np.stack([first, k.separator & ~first, k.punct & ~first,
                                  k.other & ~first]).astype(np.float64).T  # [n C]

@@ -46,7 +46,7 @@ class StreamedGeneral(EncodedAnalysis):
         return cls(model, TokenClasser.for_model(model)[0], seed=seed)
 
     def __init__(self, model, classer: TokenClasser, *, seed: int = 0, js_rows: int = STREAM_JS_ROWS):
-        if not model.family.causal:
+        if not model.facts.causal:
             raise AttnscopeError(f"{model.name} is not causal: the streaming engine of the general family "
                                  "handles decoders only (use the maps engine)")
         self.model = model

@@ -98,27 +98,44 @@ def usable(name: str, device) -> bool:
     return get(name).usable(_kind(device))
 
 
-def check(backend: str, device) -> None:
-    """Refuse, in one line naming ``backend``, a name that is not a backend or one that cannot run
-    on ``device`` here (before a pass begins)."""
+#: the mechanisms that change how a backend computes attention (the others -- a hybrid's layers,
+#: ALiBi outside AttentionInterface -- are the engine's or the model's business)
+COMPUTED = frozenset({"sinks", "value-size", "softcap", "window", "chunk", "scale"})
+
+
+def needs(facts) -> frozenset[str]:
+    """What a backend must compute for a model with these :class:`~attnscope.models.facts.ModelFacts`."""
+    return frozenset(facts.mechanisms) & COMPUTED
+
+
+def check(backend: str, device, needs: frozenset[str] = frozenset()) -> None:
+    """Refuse, in one line naming ``backend``, a name that is not a backend, one that cannot run
+    on ``device`` here, or one that does not compute a mechanism the model has (``needs``),
+    before a pass begins."""
     if backend == "auto":
         return
     b = get(backend)
     if not b.usable(_kind(device)):
         raise AttnscopeError(f"backend {backend}: cannot run on {device} here ({b.why})", params=("backend",))
+    if b.lacks(needs):
+        raise AttnscopeError(f"backend {backend}: does not compute this model's {', '.join(b.lacks(needs))} "
+                             f"(the backends that do: {', '.join(x.name for x in BACKENDS if not x.lacks(needs))})",
+                             params=("backend",))
 
 
 def choose(backend: str, device, *, token_level: bool, probe: bool, tokens: int = 2,
-           maps_fit: bool = False, usable: Callable[[str, Any], bool] = usable) -> str:
+           maps_fit: bool = False, usable: Callable[[str, Any], bool] = usable,
+           needs: frozenset[str] = frozenset()) -> str:
     """The backend that runs one sequence on ``device``: ``backend`` itself where it takes the
     input (``token_level``: not word level; ``probe``: a sequence with targets; ``tokens``:
     its length), else (``"auto"``) the first of :data:`BACKENDS` that can run there, takes it and
     is made for the input: one held to a memory budget (``maps``) where the pass's maps fit the
     caller's (``maps_fit``), any other where it is made for ``device``'s type; what none of them
-    takes goes to the fallback, ``tiles``."""
+    takes goes to the fallback, ``tiles``. ``auto`` passes over a backend that does not compute
+    one of the model's mechanisms (``needs``, :func:`needs`)."""
     kind = _kind(device)
     for b in BACKENDS:
-        if not b.takes(token_level, probe, tokens):
+        if not b.takes(token_level, probe, tokens) or (b.lacks(needs) and not b.fallback):
             continue
         made_for = maps_fit if b.budget else (not b.devices or kind in b.devices)
         wanted = b.name == backend or (backend == "auto" and made_for)

@@ -66,7 +66,7 @@ class DocumentRows:
         forward(lm, pad_batch(lm, [list(ids)]), hooks={"q": keep}, lean_mask=True)
         if len(q) != lm.num_layers:
             raise AttnscopeError(f"{lm.name}: its layers were not seen by the hook points")
-        return cls(list(ids), q, k, scaling, bool(lm.family.causal))
+        return cls(list(ids), q, k, scaling, bool(lm.facts.causal))
 
     @property
     def n(self) -> int:

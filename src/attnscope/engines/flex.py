@@ -303,7 +303,10 @@ def sampled_rows(layer, seq, q, k, mask: Mask) -> None:
         width = r + 1 if layer.causal else n
         s = scores(q, k, slice(r, r + 1), layer.site.scaling, layer.cap)[:, 0, :width]
         ok = mask.rows(r, r + 1, q.device)[0, :width]
-        layer.stats.sampled_row(layer.site.layer, seq, r, torch.softmax(s.masked_fill(~ok, LOW), -1))
+        s = s.masked_fill(~ok, LOW)
+        if layer.site.sinks is not None:  # the sink joins the softmax and is dropped
+            s = torch.cat([s, layer.site.sinks.float()[:, None]], -1)
+        layer.stats.sampled_row(layer.site.layer, seq, r, torch.softmax(s, -1)[:, :width])
 
 
 def run_layer(layer, b: int, seq) -> None:
@@ -325,8 +328,13 @@ def run_layer(layer, b: int, seq) -> None:
     # the scores are linear in the keys)
     o, lse, top_score = attend(q, k, torch.cat([v, k], -1), mask, scale, softcap(cap),
                                max_scores=q.device.type == "cuda", blocks=whole)
-    layer.out[b, :n] = o[0, :, :, :d].transpose(0, 1)
     L = lse[0]  # [Hq n]
+    keep = 1.0  # the share of each row's mass on its keys: 1, but a / (z + e^sink) with learned sinks
+    if site.sinks is not None:  # the sink joins each row's softmax: L = ln(z + e^sink)
+        L0, L = L, torch.logaddexp(L, site.sinks.float()[:, None])
+        keep = torch.exp(L0 - L)
+        o = o * keep[None, :, :, None]
+    layer.out[b, :n] = o[0, :, :, :d].transpose(0, 1)
     if seq.targets:
         probe_targets(layer, seq, q, k, L, mask)
     if not full:
@@ -336,15 +344,16 @@ def run_layer(layer, b: int, seq) -> None:
         m = top_score[0]
     else:  # blocks of rows whose scores take what a tile of the device may
         m = row_max(q, k, mask, scale, cap, max(1, tile_budget(q.device)[0] // (4 * Hq * n)))
-    if cap:  # H = (L - m) + exp(L' - L), L' = ln sum_j exp(s_ij) (m_i - s_ij)
+    # (with sinks p_ij = exp(s_ij - L) sum to keep_i, so H = keep L - sum p s)
+    if cap:  # H = keep (L - m) + exp(L' - L), L' = ln sum_j exp(s_ij) (m_i - s_ij)
         def shifted(score, b, h, qi, ki):
             s = cap * (score / cap).tanh()
             return s + torch.log(torch.clamp(m[h, qi] - s, min=0.0))
 
         _, lse2, _ = attend(q, k, v[..., :1], mask, scale, shifted, blocks=whole, kind="shifted")
-        ent = (L - m) + torch.exp(lse2[0] - L)
-    else:  # H = L - scale q . (P K)
-        ent = L - scale * (q[0] * o[0, :, :, d:2 * d]).sum(-1)
+        ent = keep * (L - m) + torch.exp(lse2[0] - L)
+    else:  # H = keep L - scale q . (P K)
+        ent = keep * L - scale * (q[0] * o[0, :, :, d:]).sum(-1)
     rowv, dist = stats.row_buffers(site.layer, seq, q.device)  # [2+F Hq n], [Hq NB+1] float64
     cls = seq.key_classes(q.device)  # [n F]
     F = cls.shape[1]
@@ -365,4 +374,5 @@ def run_layer(layer, b: int, seq) -> None:
 
 
 BACKEND = Backend("flex", devices=("cuda",), token_level=True, probes=True, run=run_layer,
-                  usable=lambda kind: available(), why="this torch has no torch.nn.attention.flex_attention")
+                  usable=lambda kind: available(), why="this torch has no torch.nn.attention.flex_attention",
+                  handles=frozenset({"sinks", "value-size", "softcap", "window", "chunk", "scale"}))

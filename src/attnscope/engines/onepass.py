@@ -193,4 +193,5 @@ def run_layer(layer, b: int, seq) -> None:
 BACKEND = Backend("onepass", devices=("cuda",), token_level=True, probes=True, run=run_layer,
                   usable=available,
                   why="it needs Triton (pip install triton) and a CUDA device, or TRITON_INTERPRET=1 to run "
-                      "Triton's interpreter on the CPU")
+                      "Triton's interpreter on the CPU",
+                  handles=frozenset({"softcap", "window", "chunk", "scale"}))

@@ -67,6 +67,13 @@ class Backend:
     min_tokens: int = 1
     fallback: bool = False
     budget: bool = False
+    #: the model mechanisms (:data:`attnscope.models.facts.MECHANISMS`) it computes as the model
+    #: does; ``auto`` never gives it a model with any other, and asking for it by name is refused
+    handles: frozenset[str] = frozenset()
+
+    def lacks(self, needs) -> list[str]:
+        """The mechanisms among ``needs`` that this backend does not compute."""
+        return sorted(set(needs) - self.handles)
 
     def takes(self, token_level: bool, probe: bool, tokens: int) -> bool:
         return ((token_level or not self.token_level) and (self.probes or not probe)

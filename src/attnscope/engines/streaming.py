@@ -166,7 +166,8 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: RowStats,
 
 
 def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
-             backend: str = "auto", attention_dtype: str = "float32", maps_fit: bool = False) -> Callable:
+             backend: str = "auto", attention_dtype: str = "float32", maps_fit: bool = False,
+             needs: frozenset[str] = frozenset()) -> Callable:
     """The forward helper's ``"attend"`` hook of the streaming engine: for each layer, fold the
     statistics of every sequence of the batch (begun in ``stats``) and return the heads' outputs
     ``P V`` computed with them, so the layer's own attention does not run.
@@ -178,7 +179,8 @@ def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
     (:mod:`~attnscope.engines.onepass`), else FlexAttention (:mod:`~attnscope.engines.flex`); on
     the CPU a sequence of token rows that is not a probe is one call of the compiled kernel; the
     rest goes to the fallback, tiles of whole rows (``chunk`` query rows, 0: by the device;
-    :mod:`~attnscope.engines.tiled`).
+    :mod:`~attnscope.engines.tiled`). ``needs``: the model's mechanisms a backend must compute
+    (:func:`attnscope.engines.backends.needs`); ``auto`` passes over those that do not.
 
     ``attention_dtype="bfloat16"``: the queries, keys and values are rounded to bfloat16 first,
     as ``scaled_dot_product_attention`` rounds them under bfloat16 autocast (see
@@ -205,14 +207,14 @@ def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
         if not chosen:
             chosen.extend(backends.get(backends.choose(backend, q.device, token_level=seq.units is None,
                                                        probe=bool(seq.targets), tokens=seq_len[b],
-                                                       maps_fit=maps_fit))
+                                                       maps_fit=maps_fit, needs=needs))
                           for b, seq in enumerate(seqs))
         # the keys and values in float32, and the output, for the backends that take them so (the
         # one-pass kernel reads the model's own and writes the output in the query's dtype)
         own = all(c.name == "onepass" for c in chosen)
         v = site.value if own else site.value.float()
         k = site.key if own else site.key.float()  # [B Hkv T d], read transposed by Q K^T
-        cap = getattr(getattr(site.module, "config", None), "attn_logit_softcapping", None)
+        cap = site.softcap
         B, H, T = q.shape[:3]
         out = v.new_zeros(B, T, H, v.shape[-1], dtype=dtype if own else torch.float32)  # [B T Hq d]
         layer = LayerInput(site, stats, k, v, out, cap, seq_len, chunk, scratch)
@@ -315,7 +317,8 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 
     if chunk < 0:
         raise ValueError(f"chunk must be at least 1 (or 0: automatic), not {chunk}")
     device = lm.model.device  # where the statistics' tensors live: the model's device
-    backends.check(backend, device)
+    needs = backends.needs(lm.facts)
+    backends.check(backend, device, needs)
     if attention_dtype not in ("auto", "float32", "bfloat16"):  # before any pass begins
         raise ValueError(f"attention_dtype is auto, float32 or bfloat16, not {attention_dtype!r}")
     if attention_dtype == "auto":
@@ -330,7 +333,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 
             stats.begin(lm.num_layers, lm.num_heads, seq)
         inputs = pad_batch(lm, batch)  # forward() moves it to the model's device
 
-        hooks = {"attend": one_pass(stats, seqs, chunk, backend, attention_dtype, maps_fit)}
+        hooks = {"attend": one_pass(stats, seqs, chunk, backend, attention_dtype, maps_fit, needs)}
         if reference is not None:
             ref_seqs = make_sequences(lm, batch, reference, tg, device, ex, un)
             for seq in ref_seqs:

@@ -53,6 +53,21 @@ def softmax_entropy(s, e):
     return p, ent, top
 
 
+def with_sinks(p, ent, top, peak, sink):
+    """A row's weights ``p`` ``[h c K]`` (its entropy and largest weight ``[h c]``), softmaxed over
+    its keys, as a model with a learned sink logit ``sink`` ``[h 1]`` per head has them (GPT-OSS:
+    the sink joins the softmax and is dropped, so the row keeps ``a = z / (z + exp(sink))`` of its
+    mass, ``z = sum_j exp(s_j)``): ``a p``, entropy ``-sum a p ln(a p) = a (H - ln a)`` and
+    largest weight ``a max p``. ``peak``: each row's largest score ``[h c]``; ``ln z = peak - ln max p``.
+    In place on ``p``."""
+    import torch
+
+    log_keep = -torch.nn.functional.softplus(sink - peak + torch.log(top))  # ln a = -ln(1 + e^sink / z)
+    keep = torch.exp(log_keep)
+    p.mul_(keep[..., None])
+    return p, keep * (ent - log_keep), keep * top
+
+
 def auto_tile(kv_groups: int, kv_heads: int, n: int, rows: int = 0,
               tile_bytes: int = TILE_BYTES, max_rows: int = CPU_TILE_ROWS) -> tuple[int, int]:
     """``(query rows, key heads)`` per tile. Rows (unless given): ``max_rows``, fewer where the
@@ -125,6 +140,9 @@ def probs(layer: LayerInput, b: int, block, r0: int, r1: int, vb, cls=None, dist
     shape = (nk, G * c, k1)
     s = scores(layer, b, block, r0, r1, k1, out=_buffer(layer, 0, shape))
     per_d = None
+    sinks = layer.site.sinks
+    if sinks is not None:  # the rows' weights are scaled after the softmax (torch's path: not fast)
+        peak = s.amax(-1)
     if fast:  # one pass over each row: p in place of s, the classes' mass, the distances
         if dist:
             per_d = _buffer(layer, 2, (nk * G, k1 + c - 1))
@@ -132,6 +150,8 @@ def probs(layer: LayerInput, b: int, block, r0: int, r1: int, vb, cls=None, dist
         p = s
     else:
         p, ent, top = softmax_entropy(s, _buffer(layer, 1, s.shape))
+    if sinks is not None:
+        p, ent, top = with_sinks(p, ent, top, peak, sinks[hq].float()[:, None])
     pv = torch.matmul(p.view(shape), vb[kv, :k1]).view(nk * G, c, -1)
     layer.out[b, r0:r1, hq] = pv[..., :d].transpose(0, 1)
     return p, ent, top, (masses if fast else pv[..., d:]), per_d
@@ -168,7 +188,7 @@ def tile_layer(layer: LayerInput, b: int, seq: Sequence) -> None:
     G = site.kv_groups
     Hkv = site.query.shape[1] // G
     d = v.shape[-1]
-    fast = native.available(v.device)
+    fast = native.available(v.device) and site.sinks is None  # (sinks scale the weights after the softmax)
     rows, nk = auto_tile(G, Hkv, layer.lengths[b], layer.chunk, *tile_budget(v.device, TILE_BYTES))
     blocks = [(slice(k, min(Hkv, k + nk)), slice(k * G, min(Hkv, k + nk) * G))  # key heads, query heads
               for k in range(0, Hkv, nk)]
@@ -232,6 +252,7 @@ COMPILED = Backend(
     "compiled", devices=("cpu",), token_level=True, probes=False, min_tokens=2, run=whole_layer,
     usable=lambda kind: native.available(kind) and native.flash_kernel() is not None,
     why="the compiled kernel runs on the CPU only, and only where a C compiler built it and torch's "
-        "library exports sgemm_")
+        "library exports sgemm_",
+    handles=frozenset({"softcap", "window", "chunk", "scale"}))
 TILES = Backend("tiles", devices=(), token_level=False, probes=True, run=tile_layer,
-                usable=lambda kind: True, fallback=True)
+                usable=lambda kind: True, fallback=True, handles=frozenset({"sinks", "value-size", "softcap", "window", "chunk", "scale"}))

@@ -68,10 +68,10 @@ class Extractor:
         self.stats = stats if stats is not None else ExtractStats()
         limit = self.lm.max_positions
         # decoder LLMs (rotary positions) run past their configured length; the families say so
-        if self.options.max_seq_len > limit and not self.lm.family.decoder_llm:
+        if self.options.max_seq_len > limit and not self.lm.facts.causal:
             raise AttnscopeError(f"max_seq_len {self.options.max_seq_len} is above the position "
                                  f"limit of {self.lm.name} ({limit})", params=("max_seq_len",))
-        if self.lm.family.encoder_decoder and self.options.word_level:
+        if self.lm.facts.encoder_decoder and self.options.word_level:
             raise AttnscopeError(f"{self.lm.name} is an encoder-decoder model: its maps stay at token "
                                  "level (the decoder's tokens have no input words), so word_level "
                                  "is not available", params=("word_level",))
@@ -98,7 +98,7 @@ class Extractor:
 
     def check_target(self, ex: Example, index: int) -> None:
         """Encoder-decoder models: the example must say what the decoder reads."""
-        if self.lm.family.encoder_decoder and not isinstance(ex.fields.get("target"), str):
+        if self.lm.facts.encoder_decoder and not isinstance(ex.fields.get("target"), str):
             raise InputError(None, f"example {index}: {self.lm.name} is an encoder-decoder model; "
                                    "each input needs a 'target' field (the text its decoder reads)")
 
@@ -126,7 +126,7 @@ class Extractor:
 
         ``hooks``: more of the forward helper's hook points to call during the same pass
         (:func:`attnscope.models.forward.forward`), e.g. ``{"k": ...}`` for key vectors."""
-        if self.lm.family.encoder_decoder:
+        if self.lm.facts.encoder_decoder:
             return self._run_seq2seq(batch)
         inputs = pad_batch(self.lm, [e.input_ids for e in batch], [e.token_type_ids for e in batch])
         out = forward(self.lm, inputs, attentions=True, hooks=hooks)

@@ -57,7 +57,7 @@ class Seq2SeqMaps:
 
 def check_seq2seq(lm, what: str = "this") -> None:
     """A one-line error unless ``lm`` is an encoder-decoder model."""
-    if not lm.family.encoder_decoder:
+    if not lm.facts.encoder_decoder:
         raise AttnscopeError(f"{lm.name} is not an encoder-decoder model ({what} needs one, e.g. "
                              "T5 or BART)")
 

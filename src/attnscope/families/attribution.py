@@ -107,7 +107,7 @@ def hook_free(lm, methods: list[str]) -> tuple[list[str], str | None]:
 
 def _objective(ctx: Context, options: AttributionOptions, encoded, notes: list[str]):
     lm, seed = ctx.model, ctx.seed
-    if lm.family.causal or lm.has_mlm_head:
+    if lm.facts.causal or lm.has_mlm_head:
         return Objective(lm, seed=seed)
     if not options.attribution_fit_head:
         notes.append(f"{lm.name} has no masked-LM head: importance, ablation, pruning and saliency "

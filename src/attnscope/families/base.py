@@ -165,7 +165,7 @@ class Context:
         if isinstance(source, Store):
             made = source.manifest["model"]
             return made, bool(made.get("causal", False))
-        return self.model.describe(), bool(self.model.family.causal)
+        return self.model.describe(), bool(self.model.facts.causal)
 
     def skipped(self, count: int, what: str = "examples") -> list[str]:
         """The findings' line for ``count`` inputs over the maximum length that a pass left out
@@ -373,7 +373,7 @@ FAMILIES: dict[str, type[Family]] = {}
 def hookable_decoder(lm, what: str) -> None:
     """Refuse, in one line naming ``--model``, a model that is not a decoder whose attention
     attnscope computes itself (the KV-cache families); ``what`` says why a decoder is needed."""
-    if not lm.family.causal:
+    if not lm.facts.causal:
         raise AttnscopeError(f"{lm.name} is an encoder; {what} (give a decoder, e.g. --model smollm2)",
                              params=("model",))
     if not supports_hooks(lm):

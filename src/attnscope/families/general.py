@@ -76,7 +76,7 @@ def _scorer_for(ctx: Context, gradients: str, classer_examples, notes: list[str]
             raise AttnscopeError("gradient importance needs model (a store holds only the maps)",
                                  params=("model",))
         return None
-    if model.family.causal:
+    if model.facts.causal:
         msg = f"{model.name} is causal: no masked-LM objective, so no gradient importance (Figure 3)"
         if gradients in ("on", "fit-head"):
             raise AttnscopeError(msg)
@@ -137,7 +137,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text: "UnlabeledSt
         if model is None:
             raise AttnscopeError("general: examples need a model (or pass a store)", params=("model",))
         source = list(source)
-        if engine == "streaming" or (engine == "auto" and model.family.causal):  # encoders: maps only
+        if engine == "streaming" or (engine == "auto" and model.facts.causal):  # encoders: maps only
             chosen, line = _pick_engine(source, model, engine, ctx, options, saving=ctx.save_maps is not None)
             if chosen == "streaming":
                 if ctx.progress is not None:  # one line on the console (a rich display shows it above its bars)
@@ -179,7 +179,7 @@ def _pick_engine(source, model, engine: str, ctx: Context, options: "GeneralOpti
     why = (f"the attention maps of a batch of {bs} examples of up to {longest} tokens would take "
            f"{gb:.2f} GB (--general-maps-budget-gb {budget_gb:g})")
     chosen = choose_engine(model, longest, bs, int(budget_gb * 2 ** 30), engine)
-    if chosen == "streaming" and not model.family.causal:
+    if chosen == "streaming" and not model.facts.causal:
         raise AttnscopeError(f"general_engine streaming: {model.name} is not causal; the streaming "
                              "engine of the general family handles decoders only", params=("general_engine",))
     if chosen == "streaming" and saving:

@@ -132,10 +132,10 @@ class LongContext(Family):
             raise AttnscopeError("documents: no file given", params=("documents",))
         lm = ctx.model
         check_options(options)  # chunk, js_rows, ... at least their minimum, naming the value given
-        if options.sink_metric == "gu2024" and not lm.family.causal:
+        if options.sink_metric == "gu2024" and not lm.facts.causal:
             raise AttnscopeError(f"sink_metric gu2024: {lm.name} is an encoder; Gu et al.'s metric "
                                  "is defined for decoder (causal) models", params=("sink_metric",))
-        if options.generate and not lm.family.causal:
+        if options.generate and not lm.facts.causal:
             raise AttnscopeError(f"generate {options.generate}: {lm.name} is an encoder; only a "
                                  "decoder (causal) model can continue a prompt", params=("generate",))
         if options.generate and options.generate > ctx.max_seq_len - 2:
@@ -149,8 +149,8 @@ class LongContext(Family):
                 raise AttnscopeError(f"engine maps with {name} {getattr(options, name)}: {name} is the "
                                      "streaming engine's; leave engine at auto or streaming",
                                      params=("engine", name))
-        backends.check(options.backend, lm.model.device)
-        if not lm.family.decoder_llm and ctx.max_seq_len > lm.max_positions:
+        backends.check(options.backend, lm.model.device, backends.needs(lm.facts))
+        if not lm.facts.causal and ctx.max_seq_len > lm.max_positions:
             raise AttnscopeError(f"max_seq_len {ctx.max_seq_len} is longer than {lm.name} allows "
                                  f"({lm.max_positions} positions)", params=("max_seq_len",))
         docs = prepare_documents(path, lm.tokenizer, max_seq_len=ctx.max_seq_len - options.generate,
@@ -191,7 +191,7 @@ class LongContext(Family):
             # eager maps under autocast would not be the same computation
             engine = "streaming"
         stats = LongContextStats(js_rows=options.js_rows, seed=ctx.seed,
-                                 sink_threshold=options.sink_threshold, causal=lm.family.causal,
+                                 sink_threshold=options.sink_threshold, causal=lm.facts.causal,
                                  sink_metric=options.sink_metric)
         autocast = (torch.autocast(device_type=lm.model.device.type, dtype=torch.bfloat16)
                     if options.dtype == "bfloat16" else contextlib.nullcontext())

@@ -83,6 +83,11 @@ class Site:
     # forward(lean_mask=True): transformers' sdpa mask, boolean [B 1 T T] (True = attend) or
     # None (plain causal or full attention, no padding). Read it through allowed().
     scaling: float
+    #: what the model's attention is handed besides (transformers' keyword arguments): GPT-OSS's
+    #: learned sink logits ``[Hq]`` (``s_aux``), the logit soft-capping, the sliding window
+    sinks: Any = None
+    softcap: float | None = None
+    window: int | None = None
 
     def allowed(self, q0: int, q1: int, k1: int | None = None) -> Any:
         """Which keys the queries ``q0:q1`` may attend to: bool ``[B 1 q1-q0 k1]``.
@@ -142,6 +147,7 @@ class _Pass:
     extra: dict = field(default_factory=dict)
     lean_mask: bool = False
     wrap: int = 0  # hooked(): several model calls, so layers count modulo this (0: one call)
+    probe: list | None = None  # probe_attention(): every call's Site
 
     @property
     def needs_probs(self) -> bool:
@@ -176,6 +182,39 @@ def pad_batch(lm, sequences: Sequence[Sequence[int]],
         if token_types is not None and token_types[b] is not None:
             types[b, :n] = torch.as_tensor(list(token_types[b]), dtype=torch.long)
     return ModelInputs(ids, mask, types, lengths)
+
+
+def probe_attention(model, ids, encoder_decoder: bool = False) -> tuple[list[dict], list]:
+    """One pass of ``model`` over token ids ``ids`` ``[1 n]`` with eager attention: what each
+    self-attention call was handed (``query``, ``key``, ``value`` tensors, ``scaling``, ``sinks``,
+    ``softcap``, ``window`` and the module's ``layer_idx``; empty where the model does not route
+    attention through attnscope's function) and each layer's ``[1 H n n]`` maps (an
+    encoder-decoder's encoder maps). What :func:`attnscope.models.facts.read_facts` reads."""
+    import torch
+
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if encoder_decoder:
+        kwargs["decoder_input_ids"] = ids[:, :2]
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs["use_cache"] = False
+    hooked_model = getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+    state = _Pass(hooks={}, attentions=[], probe=[])
+    token = _ACTIVE.set(state)
+    try:
+        with torch.inference_mode():
+            out = model(**kwargs, output_attentions=True)
+    finally:
+        _ACTIVE.reset(token)
+    maps = getattr(out, "encoder_attentions", None) if encoder_decoder else getattr(out, "attentions", None)
+    maps = [m for m in (maps or ()) if m is not None]
+    if hooked_model and not encoder_decoder:
+        maps = state.attentions or maps
+    sites = [{"query": s.query, "key": s.key, "value": s.value, "scaling": s.scaling,
+              "sinks": s.sinks is not None, "softcap": s.softcap, "window": s.window,
+              "layer_idx": getattr(s.module, "layer_idx", None)} for s in state.probe]
+    if encoder_decoder:  # the encoder's calls only: as many as its maps
+        sites = sites[:len(maps)]
+    return sites, maps
 
 
 def model_device(model) -> Any:
@@ -227,8 +266,10 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
 
     device = model_device(lm.model)
     kwargs = {"input_ids": inputs.input_ids, "attention_mask": inputs.attention_mask, **model_kwargs}
-    if lm.family.causal and "use_cache" in inspect.signature(lm.model.forward).parameters:
-        kwargs.setdefault("use_cache", False)  # one pass: a key/value cache would only hold memory
+    if "use_cache" in inspect.signature(lm.model.forward).parameters:
+        # one pass: a key/value cache would only hold memory (and a hybrid's cache of Mamba
+        # states is refused by transformers when the model is handed no cache object)
+        kwargs.setdefault("use_cache", False)
     if lm.family.token_types and inputs.token_type_ids is not None:
         kwargs["token_type_ids"] = inputs.token_type_ids
     # The one place a batch goes to the model's device (a no-op when it is already there);
@@ -364,7 +405,10 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     layer = state.layer % state.wrap if state.wrap else state.layer
-    site = Site(layer, module, query, key, value, attention_mask, float(scaling))
+    site = Site(layer, module, query, key, value, attention_mask, float(scaling), sinks=kwargs.get("s_aux"),
+                softcap=kwargs.get("softcap") or None, window=kwargs.get("sliding_window") or None)
+    if state.probe is not None:
+        state.probe.append(site)
     for point, tensor in (("q", query), ("k", key), ("v", value)):
         for hook in state.hooks.get(point, ()):
             hook(site, tensor)
@@ -380,6 +424,9 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
             hook(site, probs)
         if state.attentions is not None:
             state.attentions.append(probs)
+    elif out is None and (site.sinks is not None or site.softcap):  # mechanisms sdpa would drop
+        out, probs = family_eager(module)(module, query, key, value, attention_mask, scaling=scaling,
+                                           dropout=dropout, **kwargs)
     elif out is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

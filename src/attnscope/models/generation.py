@@ -27,7 +27,7 @@ def causal_lm_for(lm, *, seed: int = 0):
     import transformers
 
     base = lm.model
-    if not lm.family.causal:
+    if not lm.facts.causal:
         raise ModelError(f"{lm.name} is not a decoder: it cannot continue a prompt")
     if base.get_output_embeddings() is not None:
         return base

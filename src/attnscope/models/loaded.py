@@ -9,11 +9,13 @@ import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from attnscope.models.facts import ModelFacts, config_layers, read_facts
 from attnscope.models.families import ModelFamily
 from attnscope.models.forward import model_device
 
@@ -40,22 +42,24 @@ class LoadedModel:
     #: which keeps its own
     kept: dict = field(default_factory=dict, repr=False, compare=False)
 
+    @cached_property
+    def facts(self) -> ModelFacts:
+        """What the model's attention is (:mod:`attnscope.models.facts`), read once from a
+        short pass of the model itself."""
+        return read_facts(self.model, self.tokenizer, self.name)
+
     @property
     def num_layers(self) -> int:
-        cfg = self.model.config
-        return getattr(cfg, "num_hidden_layers", None) or cfg.n_layer
+        return config_layers(self.model.config)
 
     @property
     def num_heads(self) -> int:
-        cfg = self.model.config
-        return getattr(cfg, "num_attention_heads", None) or cfg.n_head
+        return self.facts.heads
 
     @property
     def num_kv_heads(self) -> int:
         """Key/value heads per layer (fewer than :attr:`num_heads` under grouped-query attention)."""
-        attr = self.family.kv_heads
-        value = getattr(self.model.config, attr, None) if attr else None
-        return int(value or self.num_heads)
+        return self.facts.kv_heads
 
     @property
     def max_positions(self) -> int:
@@ -105,7 +109,9 @@ class LoadedModel:
             "num_layers": self.num_layers,
             "num_heads": self.num_heads,
             "num_kv_heads": self.num_kv_heads,
-            "causal": self.family.causal,
+            "causal": self.facts.causal,
+            "kind": self.facts.kind,
+            "attention": self.facts.describe(),
             "lowercase": self.do_lower_case,
             "device": str(self.device),
         }

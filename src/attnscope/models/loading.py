@@ -110,6 +110,7 @@ def load_model(name: str = DEFAULT_MODEL, *, mlm_head: bool | str = False, seed:
     """
     target = resolve_device(device)
     lm = _load(name, mlm_head=mlm_head, seed=seed, revision=revision)
+    lm.facts  # what the model is, read once by a short pass where it was loaded (the CPU)
     if target != "cpu":  # every branch loads on the CPU; this is the one place a model moves
         lm.model.to(target)
     return lm

@@ -119,7 +119,7 @@ class ShardWriter:
 
 
 def _kinds(lm: LoadedModel) -> dict:
-    if not lm.family.encoder_decoder:
+    if not lm.facts.encoder_decoder:
         return {}
 
     return {"attention_kinds": kind_shapes(lm)}

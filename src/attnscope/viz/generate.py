@@ -44,7 +44,7 @@ def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: 
     (default: the last, so the continuation's), reduced layer by layer as the model runs: one
     layer's ``[H n n]`` at a time, never the whole ``[L H n n]`` map.
     """
-    if not lm.family.causal or lm.family.encoder_decoder:
+    if not lm.facts.causal or lm.facts.encoder_decoder:
         raise AttnscopeError(f"generate {new_tokens}: {lm.name} is not a decoder model; an encoder "
                              "cannot continue a prompt (encoder-decoder models: "
                              "attnscope.extract.seq2seq)", params=("generate",))
@@ -86,7 +86,7 @@ def model_maps(lm, text: str, *, generate: int | None = None, target: str | None
     (``{kind: map}``, with ``target`` or ``generate``: :func:`~attnscope.extract.seq2seq.extract_seq2seq`),
     a decoder's continuation (``generate``: :func:`continuation_map`, a windowed page past
     ``long_input``), or the map of ``text`` alone."""
-    if lm.family.encoder_decoder:
+    if lm.facts.encoder_decoder:
         return dict(extract_seq2seq(lm, text, target=target, generate=generate).items())
     if target is not None:
         raise AttnscopeError(f"a target is for encoder-decoder models; {lm.name} is not one",

@@ -86,7 +86,7 @@ def capture_qk(lm: LoadedModel, example: Example | dict | str, layer: int = 0, *
     query, key, attn, scaling = query_key(lm, enc.input_ids, enc.token_type_ids, layer)
     return QueryKey(layer=layer, tokens=list(enc.tokens), special=[bool(s) for s in enc.special],
                     segment=[int(s) for s in enc.segment], query=np.ascontiguousarray(query),
-                    key=np.ascontiguousarray(key), attn=attn, causal=fam.causal, family=fam.name,
+                    key=np.ascontiguousarray(key), attn=attn, causal=lm.facts.causal, family=fam.name,
                     scaling=scaling, texts=enc.texts)
 
 
