@@ -32,6 +32,8 @@ DECODERS = {"llama": ("LlamaConfig", "LlamaModel", 2), "qwen2": ("Qwen2Config", 
 #: Tiny encoder-decoder models (with their language-model head, so they can generate): 2 encoder
 #: and 2 decoder layers x 2 heads.
 SEQ2SEQ = ("t5", "bart")
+#: the hand-made debug families (any other ``debug:<model type>`` is :func:`attnscope.models.tiny.build_tiny`)
+TINY_FAMILIES = ("bert", "roberta", "mpnet", "gpt2", *DECODERS, *SEQ2SEQ)
 
 
 def _wordpiece_vocab(specials: list[str]) -> dict[str, int]:
@@ -202,14 +204,24 @@ def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int
                 num_heads=TINY["heads"], pad_token_id=pad, eos_token_id=eos,
                 decoder_start_token_id=pad, initializer_factor=3.0)
             cls = transformers.T5ForConditionalGeneration
-    else:
-        raise ModelError(f"debug:{family}: unknown debug family (choose bert, roberta, gpt2, mpnet, "
-                         f"{', '.join((*DECODERS, *SEQ2SEQ))})")
+    else:  # any other model type transformers ships: its own config class, shrunk
+        from attnscope.models.tiny import build_tiny
+
+        tokenizer = _bpe_tokenizer("llama")
+        try:
+            model = build_tiny(family, tokenizer, seed=seed, base=not mlm_head)
+        except ModelError:
+            raise
+        except Exception as err:  # transformers' own check of the config or of the model
+            raise ModelError(f"debug:{family}: transformers could not build a tiny model of it "
+                             f"({type(err).__name__}: {str(err).splitlines()[0][:200]})") from None
+        config = model.config
     config._attn_implementation = "eager"
     tokenizer.model_max_length = TINY["positions"]
-    torch.manual_seed(seed)
-    model = cls(config)
-    model.eval()
+    if family in TINY_FAMILIES:
+        torch.manual_seed(seed)
+        model = cls(config)
+        model.eval()
     install(model)
     h = hashlib.sha256()
     for k, v in sorted(model.state_dict().items()):
