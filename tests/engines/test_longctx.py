@@ -675,3 +675,38 @@ def test_bfloat16_attention_is_float32(name):
         np.testing.assert_allclose(means[True][key][0], means[False][key][0], rtol=0, atol=1e-6)
     diff = np.abs(means[True]["entropy"] - means[False]["entropy"])
     assert 0 < diff.max() < 2.5e-3, diff.max()
+
+
+# -- architectures the family table did not know (issue 56): read from the model itself -------
+@pytest.mark.parametrize("model_type, kind, mechanisms", [
+    ("qwen3", "causal", ()),  # loaded as an encoder before: every query saw the tokens after it
+    ("gpt_oss", "causal", ("sinks", "window")),  # learned sinks, dropped from every backend before
+    ("deepseek_v3", "causal", ("value-size",)),  # MLA: value heads smaller than query/key heads
+    ("gemma2", "causal", ("softcap", "window", "scale")),
+])
+def test_streaming_equals_maps_on_architectures_read_from_the_model(model_type, kind, mechanisms):
+    from attnscope.engines import backends
+    from attnscope.errors import AttnscopeError
+
+    lm = load_model(f"debug:{model_type}")
+    assert lm.facts.kind == kind and lm.facts.mechanisms == mechanisms
+    seqs, targets = _docs(lm)
+    n = max(len(s) for s in seqs)
+    # float32 rounding of a softmax row of n terms and of its log terms (entropy: ln n)
+    bound = np.finfo(np.float32).eps * n * (1 + math.log(n))
+    ref = LongContextStats(js_rows=2)
+    maps_update(lm, seqs, ref, targets=targets)
+    needs = backends.needs(lm.facts)
+    for b in backends.BACKENDS:
+        if b.name == "maps" or not b.usable("cpu"):
+            continue
+        st = LongContextStats(js_rows=2)
+        if b.lacks(needs):  # an explicit choice is refused in one line naming what is missing
+            with pytest.raises(AttnscopeError, match=f"backend {b.name}: does not compute this model's"):
+                stream_stats(lm, seqs, st, targets=targets, backend=b.name)
+            continue
+        stream_stats(lm, seqs, st, targets=targets, backend=b.name)
+        assert_close(st.means(), ref.means(), tol=bound)
+    auto = LongContextStats(js_rows=2)
+    stream_stats(lm, seqs, auto, targets=targets)  # auto never picks a backend that lacks one
+    assert_close(auto.means(), ref.means(), tol=bound)
