@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.data.io import atomic_write_text
-from attnscope.data.records import Example
+from attnscope.data.records import Example, HeadId, layer_number
 from attnscope.errors import NoAttentionError
 from attnscope.extract.runner import extract
 from attnscope.maps import AttentionMap, token_word_ids
@@ -88,15 +88,15 @@ class View:
         state = p.get("state") if isinstance(p.get("state"), dict) else {}
         layer, heads, head = state.get("layer"), state.get("heads"), state.get("head")
         if kind == "head" and isinstance(layer, int):
-            parts.append(f"layer {layer + 1}")
+            parts.append(f"layer {layer_number(layer)}")
             total = p.get("num_heads")
             if isinstance(heads, list) and isinstance(total, int) and 0 < len(heads) < total:
-                shown = ", ".join(f"{layer + 1}-{h + 1}" for h in heads)  # which, when not all
+                shown = ", ".join(f"{HeadId(layer, h)}" for h in heads)  # which, when not all
                 parts.append(f"head{'s' * (len(heads) != 1)} {shown} of {total}")
             elif isinstance(heads, list):
                 parts.append(f"{len(heads)} head{'s' * (len(heads) != 1)}")
         elif kind in ("heatmap", "neuron") and isinstance(layer, int) and isinstance(head, int):
-            parts.append(f"head {layer + 1}-{head + 1}")
+            parts.append(f"head {HeadId(layer, head)}")
         elif kind == "model" and isinstance(p.get("num_layers"), int) and isinstance(p.get("num_heads"), int):
             parts.append(f"{p['num_layers']} layers x {p['num_heads']} heads")
         elif kind == "head page" and isinstance(p.get("head"), str):
@@ -104,7 +104,7 @@ class View:
             stats = p.get("examples") if isinstance(p.get("examples"), dict) else {}
             parts.append(f"top examples for {len(stats)} statistics" if stats else "no top examples")
         elif kind == "long document" and isinstance(p.get("layer"), int) and isinstance(p.get("head"), int):
-            parts.append(f"head {p['layer'] + 1}-{p['head'] + 1}")
+            parts.append(f"head {HeadId(p['layer'], p['head'])}")
             if isinstance(p.get("n"), int):
                 parts.append(f"{p['n']:,} tokens")
             if isinstance(p.get("rows"), list):
@@ -342,16 +342,22 @@ def heatmap(attention=None, tokens=None, *, layer: int = 0, head: int = 0, pair_
 
 
 def neuron_view(model, example, *, layer: int = 0, head: int = 0, query: int = 0,
-                title: str | None = None) -> View:
+                title: str | None = None, tokenizer=None) -> View:
     """Query/key vectors, their products, dot products and softmax for one head.
 
-    ``model`` is a :class:`~attnscope.models.loading.LoadedModel` or a name for
-    :func:`~attnscope.models.load_model`; ``example`` a text, an input dict or an
-    :class:`Example`. Works for every family with query/key paths in the family table.
+    ``model`` is what :func:`head_view` takes: a :class:`~attnscope.models.loading.LoadedModel`,
+    a name for :func:`~attnscope.models.load_model`, or a transformers model object loaded any
+    way with its ``tokenizer=``; ``example`` a text, an input dict or an :class:`Example`. Works
+    for every family with query/key paths in the family table.
     """
-    lm = as_loaded(model)
     if isinstance(example, str):
         example = Example(text=example)
-    amap = next(iter(extract([example], lm, max_seq_len=lm.max_positions))).items[0]
-    return View(neuron_view_html(amap, lm, layer=layer, head=head, query=query, title=title),
-                "neuron")
+
+    def draw(lm) -> View:
+        amap = next(iter(extract([example], lm, max_seq_len=lm.max_positions))).items[0]
+        return View(neuron_view_html(amap, lm, layer=layer, head=head, query=query, title=title), "neuron")
+
+    if isinstance(model, (LoadedModel, str)):
+        return draw(as_loaded(model))
+    with borrowed(model, tokenizer) as lm:  # a transformers model, loaded any way
+        return draw(lm)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.data.io import atomic_write_bytes, atomic_write_text
-from attnscope.data.records import Example, HeadId
+from attnscope.data.records import Example, HeadId, layer_numbering, recorded_layers
 from attnscope.data.unlabeled import prepare_documents
 from attnscope.engines.document import DocumentRows, row_summary
 from attnscope.errors import AttnscopeError
@@ -246,6 +246,13 @@ MAX_EXAMPLE_PAGES = 40
 
 
 def head_page(folder: str | Path, name: str, *, model: str | None = None, example_pages: bool = True):
+    """:func:`_head_page`, its heads named by the layers with attention the results record."""
+    general = ResultsFolder(Path(folder)).get("general") or {}
+    with layer_numbering(recorded_layers(general.get("model"))):
+        return _head_page(folder, name, model=model, example_pages=example_pages)
+
+
+def _head_page(folder: str | Path, name: str, *, model: str | None = None, example_pages: bool = True):
     """``(payload, pages)``: what the page of head ``name`` (``"5-3"``, 1-indexed) shows from the
     output folder ``folder`` (:func:`attnscope.viz.head_page.head_page_payload`), and, when
     ``example_pages`` and the model that made the results (or ``model``) loads, the full head
@@ -262,12 +269,12 @@ def head_page(folder: str | Path, name: str, *, model: str | None = None, exampl
     L, H = 1 + max((r["layer"] for r in rows), default=-1), 1 + max((r["head"] for r in rows), default=-1)
     try:
         hid = HeadId.parse(name)
-    except ValueError:
-        raise AttnscopeError(f"head_page {name!r}: name a head as the pages do, layer-head from 1 "
-                             "(e.g. 5-3)", params=("head_page",)) from None
+    except ValueError as err:
+        why = str(err) if "attention" in str(err) else "name a head as the pages do, layer-head from 1 (e.g. 5-3)"
+        raise AttnscopeError(f"head_page {name!r}: {why}", params=("head_page",)) from None
     if not (0 <= hid.layer < L and 0 <= hid.head < H):
         raise AttnscopeError(f"head_page {name}: {folder.name}'s model has {L} layers of {H} heads "
-                             f"(1-1 to {L}-{H})", params=("head_page",))
+                             f"({HeadId(0, 0)} to {HeadId(L - 1, H - 1)})", params=("head_page",))
     path = folder / HEADS_DIR / "general.json"
     examples = read_json(path)
     if path.exists() and not (isinstance(examples, dict) and isinstance(examples.get("heads"), dict)
@@ -383,8 +390,8 @@ class LongDocumentView:
     def _check_head(self, layer: int, head: int) -> None:
         L, H = self.lm.num_layers, self.lm.num_heads
         if not (0 <= layer < L and 0 <= head < H):
-            raise AttnscopeError(f"head {layer + 1}-{head + 1}: {self.lm.display_name} has {L} layers of {H} "
-                                 f"heads (1-1 to {L}-{H})", params=("layer", "head"))
+            raise AttnscopeError(f"head {HeadId(layer, head)}: {self.lm.display_name} has {L} layers of {H} "
+                                 f"heads ({HeadId(0, 0)} to {HeadId(L - 1, H - 1)})", params=("layer", "head"))
 
     def html(self, served: bool = False) -> str:
         """The page; ``served``: by the viewer, which computes the row of any token clicked and

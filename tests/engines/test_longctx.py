@@ -683,6 +683,8 @@ def test_bfloat16_attention_is_float32(name):
     ("gpt_oss", "causal", ("sinks", "window")),  # learned sinks, dropped from every backend before
     ("deepseek_v3", "causal", ("value-size",)),  # MLA: value heads smaller than query/key heads
     ("gemma2", "causal", ("softcap", "window", "scale")),
+    # a hybrid: attention in its layer 1 only (layer 0 is Mamba); its cache refused use_cache before
+    ("granitemoehybrid", "causal", ("scale", "hybrid")),
 ])
 def test_streaming_equals_maps_on_architectures_read_from_the_model(model_type, kind, mechanisms):
     from attnscope.engines import backends

@@ -30,6 +30,7 @@ import numpy as np
 
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.lm_objective import LossInput, Objective, loss_inputs
+from attnscope.data.records import HeadId
 from attnscope.models.forward import forward, pad_batch
 
 #: Fractions of all heads removed along a pruning curve.
@@ -234,7 +235,7 @@ class AblationEffect(EncodedAnalysis):
         res.meta["base_loss"] = self.base / self.examples
         H = delta.shape[1]
         res.tables[f"ablation_{self.mode}"] = [
-            {"layer": layer, "head": head, "name": f"{layer + 1}-{head + 1}",
+            {"layer": layer, "head": head, "name": f"{HeadId(layer, head)}",
              "loss_change": float(delta[layer, head])}
             for layer in range(delta.shape[0]) for head in range(H)]
         return res

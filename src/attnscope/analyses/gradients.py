@@ -27,6 +27,7 @@ import numpy as np
 
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.token_classes import TokenClasser
+from attnscope.data.records import layer_number
 from attnscope.errors import ModelError
 from attnscope.extract.encode import Encoder
 from attnscope.models.forward import forward, pad_batch
@@ -268,7 +269,7 @@ class GradientImportance(EncodedAnalysis):
             res.arrays[f"head_{name}"] = per_head[c]
             res.arrays[f"layer_{name}"] = per_layer[c]
         res.tables["gradient_importance"] = [
-            {"layer": layer, "name": str(layer + 1),
+            {"layer": layer, "name": str(layer_number(layer)),
              **{name: float(per_layer[c, layer]) for c, name in enumerate(GRAD_CLASSES)}}
             for layer in range(per_layer.shape[1])]
         sep, other = per_layer[0], per_layer[3]

@@ -33,6 +33,7 @@ import numpy as np
 
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.lm_objective import LossInput, Objective, loss_inputs
+from attnscope.data.records import HeadId
 
 #: ``norm`` of :class:`HeadImportance`: the paper's equation, or Michel et al.'s released code.
 NORMS = ("paper", "released")
@@ -159,7 +160,7 @@ class HeadImportance(EncodedAnalysis):
         rank[order] = np.arange(1, norm.size + 1)
         H = norm.shape[1]
         res.tables["head_importance"] = [
-            {"layer": layer, "head": head, "name": f"{layer + 1}-{head + 1}",
+            {"layer": layer, "head": head, "name": f"{HeadId(layer, head)}",
              "importance": float(norm[layer, head]), "importance_raw": float(raw[layer, head]),
              "rank": int(rank[layer * H + head])}
             for layer in range(norm.shape[0]) for head in range(H)]

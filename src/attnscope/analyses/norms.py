@@ -29,6 +29,7 @@ import numpy as np
 
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.token_classes import TokenClasser
+from attnscope.data.records import layer_number
 from attnscope.errors import AttnscopeError
 from attnscope.models.forward import forward, pad_batch
 
@@ -217,7 +218,7 @@ class NormShares(EncodedAnalysis):
         res.arrays["weight_share"] = w
         res.arrays["norm_share"] = nm
         res.tables["norm_shares"] = [
-            {"layer": layer, "name": str(layer + 1),
+            {"layer": layer, "name": str(layer_number(layer)),
              **{f"weight_{c}": float(w[layer, i]) for i, c in enumerate(SHARE_CLASSES)},
              **{f"norm_{c}": float(nm[layer, i]) for i, c in enumerate(SHARE_CLASSES)}}
             for layer in range(w.shape[0])]

@@ -57,6 +57,7 @@ import numpy as np
 from attnscope.analyses.base import EncodedAnalysis, MapsAnalysis, Result, register
 from attnscope.analyses.relative_position import per_head_rows
 from attnscope.analyses.token_classes import TokenClasser
+from attnscope.data.records import HeadId, layer_number
 from attnscope.maps import AttentionBatch
 from attnscope.models.forward import forward, pad_batch
 
@@ -260,7 +261,7 @@ class VigPatterns(MapsAnalysis):
             if self.rows[i] == 0:
                 continue
             layer, head = np.unravel_index(int(np.nanargmax(values[i])), values[i].shape)
-            res.summary.append(f"{s}: highest {values[i][layer, head]:.3f} at head {layer + 1}-{head + 1} "
+            res.summary.append(f"{s}: highest {values[i][layer, head]:.3f} at head {HeadId(layer, head)} "
                                f"(chance {chance[i]:.3f}, {int(self.rows[i])} rows)")
         return res
 
@@ -444,7 +445,7 @@ class KeyConcentration(EncodedAnalysis):
         res.meta["top_dims"] = None if self.dim is None else max(1, math.ceil(self.top_fraction * self.dim))
         rows = []
         for layer in range(L):
-            row: dict[str, Any] = {"layer": layer, "name": str(layer + 1)}
+            row: dict[str, Any] = {"layer": layer, "name": str(layer_number(layer))}
             for c, cname in enumerate(KEY_CLASSES):
                 row[f"{cname}_top_share"] = None if not np.isfinite(share[layer, c]) else float(share[layer, c])
                 row[f"{cname}_kurtosis"] = None if not np.isfinite(kurt[layer, c]) else float(kurt[layer, c])

@@ -38,6 +38,7 @@ import numpy as np
 
 from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.analyses.units import TIE_RULES, predict, word_units
+from attnscope.data.records import HeadId
 from attnscope.maps import AttentionBatch, AttentionMap
 
 DEFAULT_OFFSETS = (-3, -2, -1, 1, 2, 3)
@@ -382,7 +383,7 @@ def table1_rows(score: HeadCounts, select: HeadCounts | list[tuple[HeadCounts, H
         same = all(h == heads[0] for h in heads) and all(o == offs[0] for o in offs)
         rows.append({
             "relation": rel, "count": n_tot,
-            "head": f"{layer + 1}-{head + 1}" if same else "/".join(f"{h[0] + 1}-{h[1] + 1}" for h in heads),
+            "head": f"{HeadId(layer, head)}" if same else "/".join(f"{HeadId(h[0], h[1])}" for h in heads),
             "layer": layer, "head_index": head, "direction": DIRECTIONS[d],
             "accuracy": 100.0 * k_head / n_tot, "ci_low": 100.0 * lo, "ci_high": 100.0 * hi,
             "offset": fmt_offset(offs[0]) if same else "/".join(fmt_offset(o) for o in offs),

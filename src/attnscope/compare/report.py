@@ -15,7 +15,7 @@ import numpy as np
 
 from attnscope.compare.stats import JS_ROUNDING, ROUNDING, STAT_NAMES, STAT_WORDS
 from attnscope.data.io import atomic_write_text
-from attnscope.data.records import HeadId
+from attnscope.data.records import HeadId, layer_number
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.html import heatmap_page, view_file_name, write_report
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
@@ -59,7 +59,7 @@ def layer_rows(cmp) -> list[dict]:
     d = cmp.same_head()
     if d is None:
         return []
-    return [{"layer": layer + 1, "mean_js": float(d[layer].mean()), "min_js": float(d[layer].min()),
+    return [{"layer": layer_number(layer), "mean_js": float(d[layer].mean()), "min_js": float(d[layer].min()),
              "max_js": float(d[layer].max()),
              "most_changed_head": (str(HeadId(layer, int(d[layer].argmax()))) if d[layer].max() > JS_ROUNDING
                                    else None)}
@@ -170,7 +170,7 @@ def _heatmap_grid(cmp, stem: Path) -> list[Path]:
         ax.set_xticks(range(0, H, step))
         ax.set_xticklabels([str(h + 1) for h in range(0, H, step)], fontsize=7)
         ax.set_yticks(range(L))
-        ax.set_yticklabels([str(i + 1) for i in range(L)], fontsize=7)
+        ax.set_yticklabels([str(layer_number(i)) for i in range(L)], fontsize=7)
         bar = fig.colorbar(im, ax=ax, shrink=0.9, format="%.2g", aspect=15)
         bar.ax.tick_params(labelsize=7)
         bar.ax.locator_params(nbins=3)
@@ -234,7 +234,7 @@ def _views(cmp, out_dir: Path) -> list[dict[str, str]]:
             href = view_file_name("compare", label, layer, head)
             if (out_dir / href).exists():
                 continue
-            title = f"{label} ({side.name}): head {layer + 1}-{head + 1} (example {index})"
+            title = f"{label} ({side.name}): head {HeadId(layer, head)} (example {index})"
             amap = maps[label]
             page = (head_view_html(amap, layer=layer, heads=[head], title=title) if head_view_html
                     else heatmap_page(amap, layer=layer, head=head, title=title))
@@ -242,7 +242,7 @@ def _views(cmp, out_dir: Path) -> list[dict[str, str]]:
             links.append({"label": f"{label} ({side.name}), matched with "
                                    f"{_name(j, hb) if label == 'A' else _name(i, ha)} of "
                                    f"{'B' if label == 'A' else 'A'}",
-                          "head": f"{layer + 1}-{head + 1}", "href": href, "example": str(index)})
+                          "head": f"{HeadId(layer, head)}", "href": href, "example": str(index)})
     return links
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,18 +74,68 @@ class Example:
         return out
 
 
+#: the model's own index of each layer with attention, while a model's heads are named (a hybrid
+#: such as Qwen3-Next has attention in only some layers); None: layer i is the model's layer i
+_ATTENTION_LAYERS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
+    "attnscope_attention_layers", default=None)
+
+
+@contextlib.contextmanager
+def layer_numbering(attention_layers: Sequence[int] | None) -> Iterator[None]:
+    """Within the block, heads are named by the model's own layer index: array layer ``i`` (the
+    ``i``-th layer with attention) is shown as ``attention_layers[i] + 1``. Every command that
+    names heads of one model runs inside this (the model's ``facts.attention_layers``, or a
+    store's or results file's record of them)."""
+    token = _ATTENTION_LAYERS.set(tuple(attention_layers) if attention_layers is not None else None)
+    try:
+        yield
+    finally:
+        _ATTENTION_LAYERS.reset(token)
+
+
+def recorded_layers(model: Any) -> tuple[int, ...] | None:
+    """The attention layers a model record holds (a :meth:`LoadedModel.describe` dict, as stores
+    and results files carry it), for :func:`layer_numbering`; None where it holds none."""
+    attention = (model or {}).get("attention") if isinstance(model, dict) else None
+    layers = attention.get("attention_layers") if isinstance(attention, dict) else None
+    return tuple(int(i) for i in layers) if isinstance(layers, list) else None
+
+
+def layer_number(layer: int) -> int:
+    """The 1-based number pages show for array layer ``layer`` (see :func:`layer_numbering`)."""
+    own = _ATTENTION_LAYERS.get()
+    return (own[layer] if own is not None and 0 <= layer < len(own) else layer) + 1
+
+
+def layer_of_number(number: int) -> int:
+    """The array layer shown as ``number`` (the inverse of :func:`layer_number`); ValueError
+    for a number that is no layer with attention."""
+    own = _ATTENTION_LAYERS.get()
+    if own is None:
+        return number - 1
+    if number - 1 not in own:
+        raise ValueError(f"layer {number} has no attention (the layers with attention are "
+                         f"{', '.join(str(i + 1) for i in own)})")
+    return own.index(number - 1)
+
+
 @dataclass(frozen=True, order=True)
 class HeadId:
-    """An attention head, 0-indexed in data and code.
+    """An attention head, 0-indexed in data and code (``layer`` counts the layers with attention).
 
-    ``str(HeadId(7, 9))`` is the paper's 1-indexed display name ``"8-10"``.
+    ``str(HeadId(7, 9))`` is the paper's 1-indexed display name ``"8-10"``; in a hybrid the layer
+    is the model's own (:func:`layer_numbering`).
+
+    >>> with layer_numbering([3, 7]):
+    ...     str(HeadId(1, 0)), HeadId.parse("8-1")
+    ('8-1', HeadId(layer=1, head=0))
     """
 
     layer: int
     head: int
 
     def __str__(self) -> str:
-        return f"{self.layer + 1}-{self.head + 1}"
+        return f"{layer_number(self.layer)}-{self.head + 1}"
 
     @property
     def display(self) -> str:
@@ -92,4 +145,4 @@ class HeadId:
     def parse(cls, name: str) -> "HeadId":
         """Parse the 1-indexed display form ``"8-10"`` back into ``HeadId(7, 9)``."""
         layer, head = name.split("-")
-        return cls(int(layer) - 1, int(head) - 1)
+        return cls(layer_of_number(int(layer)), int(head) - 1)

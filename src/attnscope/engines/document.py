@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from attnscope.data.records import HeadId
 from attnscope.errors import AttnscopeError
 from attnscope.models.forward import forward, pad_batch
 
@@ -126,7 +127,7 @@ class DocumentRows:
 
         L, H = self.shape
         if not (0 <= layer < L and 0 <= head < H):
-            raise AttnscopeError(f"head {layer + 1}-{head + 1}: the model has {L} layers of {H} heads",
+            raise AttnscopeError(f"head {HeadId(layer, head)}: the model has {L} layers of {H} heads",
                                  params=("head",))
         Q, K = self.q[layer][head], self.k[layer][head // (H // self.k[layer].shape[0])]
         k1 = q1 if self.causal else self.n

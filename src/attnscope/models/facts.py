@@ -127,7 +127,7 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
     vocab = int(getattr(text, "vocab_size", None) or len(tokenizer))
     ids = torch.tensor([_probe_ids(tokenizer, vocab)], device=model_device(model))
     encdec = bool(getattr(config, "is_encoder_decoder", False))
-    sites, maps = probe_attention(model, ids, encdec)
+    sites, maps, attention_layers = probe_attention(model, ids, encdec)
     if not maps:
         raise ModelError(f"{name}: the model returned no attention maps for a short probe "
                          f"({type(model).__name__}); attnscope reads attention from output_attentions")
@@ -135,22 +135,19 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
     alibi = callable(getattr(model, "build_alibi_tensor", None)) or bool(getattr(text, "alibi", False)) or \
         bool(getattr(getattr(text, "attn_config", None), "alibi", False))
     chunk = getattr(text, "attention_chunk_size", None)
+    layers = max(layers, len(maps))
     if not sites:  # outside AttentionInterface: the maps and the config only
         heads = int(maps[0].shape[1])
         size = int(getattr(text, "head_dim", None) or getattr(text, "hidden_size", heads) // heads)
-        return ModelFacts(kind, layers, tuple(range(len(maps))), heads, heads, size, size, size ** -0.5,
+        return ModelFacts(kind, layers, tuple(attention_layers), heads, heads, size, size, size ** -0.5,
                           alibi=alibi, hooks=False)
     first = sites[0]
     heads, kv_heads = int(first["query"].shape[1]), int(first["key"].shape[1])
     qk, v = int(first["query"].shape[-1]), int(first["value"].shape[-1])
-    index = [s["layer_idx"] for s in sites]
-    attention_layers = tuple(index) if all(isinstance(i, int) for i in index) and len(set(index)) == len(index) \
-        else tuple(range(len(sites)))
     windows = [s["window"] for s in sites if s["window"]]
     caps = [s["softcap"] for s in sites if s["softcap"]]
     return ModelFacts(
-        kind, layers if len(attention_layers) <= layers else len(attention_layers), attention_layers, heads,
-        kv_heads, qk, v, float(first["scaling"]), sinks=any(s["sinks"] for s in sites),
-        softcap=float(caps[0]) if caps else None,
+        kind, layers, tuple(attention_layers), heads, kv_heads, qk, v, float(first["scaling"]),
+        sinks=any(s["sinks"] for s in sites), softcap=float(caps[0]) if caps else None,
         window=int(windows[0]) if windows else None,
         chunk=int(chunk) if isinstance(chunk, int) and chunk > 0 else None, alibi=alibi)

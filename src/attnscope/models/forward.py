@@ -74,7 +74,7 @@ Hook = Callable[["Site", Any], Any]
 class Site:
     """Where a hook is called: one layer's self-attention during one forward pass."""
 
-    layer: int
+    layer: int  # counts the layers with attention, 0 .. lm.num_layers - 1 (see model_layer)
     module: Any  # the attention nn.Module
     query: Any  # [B Hq T d]
     key: Any  # [B Hkv T d]
@@ -88,6 +88,14 @@ class Site:
     sinks: Any = None
     softcap: float | None = None
     window: int | None = None
+
+    @property
+    def model_layer(self) -> int:
+        """The model's own index of this layer (its attention module's ``layer_idx``). It differs
+        from :attr:`layer`, which counts the layers with attention, in a hybrid whose other layers
+        are Mamba or linear attention (Qwen3-Next: ``layer`` 0 is the model's layer 3)."""
+        index = getattr(self.module, "layer_idx", None)
+        return index if isinstance(index, int) else self.layer
 
     def allowed(self, q0: int, q1: int, k1: int | None = None) -> Any:
         """Which keys the queries ``q0:q1`` may attend to: bool ``[B 1 q1-q0 k1]``.
@@ -184,12 +192,15 @@ def pad_batch(lm, sequences: Sequence[Sequence[int]],
     return ModelInputs(ids, mask, types, lengths)
 
 
-def probe_attention(model, ids, encoder_decoder: bool = False) -> tuple[list[dict], list]:
+def probe_attention(model, ids, encoder_decoder: bool = False) -> tuple[list[dict], list, list[int]]:
     """One pass of ``model`` over token ids ``ids`` ``[1 n]`` with eager attention: what each
     self-attention call was handed (``query``, ``key``, ``value`` tensors, ``scaling``, ``sinks``,
     ``softcap``, ``window`` and the module's ``layer_idx``; empty where the model does not route
-    attention through attnscope's function) and each layer's ``[1 H n n]`` maps (an
-    encoder-decoder's encoder maps). What :func:`attnscope.models.facts.read_facts` reads."""
+    attention through attnscope's function), each attention layer's ``[1 H n n]`` maps (an
+    encoder-decoder's encoder maps) and the model's own index of each of those layers (its
+    attention modules' ``layer_idx``, read from the calls or, outside AttentionInterface, from
+    the modules that returned the weights; a hybrid's Mamba layers return none). What
+    :func:`attnscope.models.facts.read_facts` reads."""
     import torch
 
     kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -200,21 +211,36 @@ def probe_attention(model, ids, encoder_decoder: bool = False) -> tuple[list[dic
     hooked_model = getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
     state = _Pass(hooks={}, attentions=[], probe=[])
     token = _ACTIVE.set(state)
+    order: list[int] = []  # the layer_idx of each module that returned attention weights, in call order
+
+    def weights_from(module, _inputs, output):
+        w = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if isinstance(w, torch.Tensor) and w.dim() == 4 and w.shape[-1] == ids.shape[-1] \
+                and module.layer_idx not in order:  # (a layer that returns its attention's weights: once)
+            order.append(module.layer_idx)
+
+    handles = [m.register_forward_hook(weights_from) for m in model.modules()
+               if isinstance(getattr(m, "layer_idx", None), int)]
     try:
         with torch.inference_mode():
             out = model(**kwargs, output_attentions=True)
     finally:
         _ACTIVE.reset(token)
+        for h in handles:
+            h.remove()
     maps = getattr(out, "encoder_attentions", None) if encoder_decoder else getattr(out, "attentions", None)
     maps = [m for m in (maps or ()) if m is not None]
     if hooked_model and not encoder_decoder:
         maps = state.attentions or maps
     sites = [{"query": s.query, "key": s.key, "value": s.value, "scaling": s.scaling,
               "sinks": s.sinks is not None, "softcap": s.softcap, "window": s.window,
-              "layer_idx": getattr(s.module, "layer_idx", None)} for s in state.probe]
+              "layer_idx": s.model_layer} for s in state.probe]
     if encoder_decoder:  # the encoder's calls only: as many as its maps
-        sites = sites[:len(maps)]
-    return sites, maps
+        return sites[:len(maps)], maps, list(range(len(maps)))
+    index = [s["layer_idx"] for s in sites] if sites else order
+    if len(index) != len(maps) or len(set(index)) != len(index) or not all(isinstance(i, int) for i in index):
+        index = list(range(len(maps)))  # (no module says which layer it is: the maps in order)
+    return sites, maps, index
 
 
 def model_device(model) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.models.facts import ModelFacts, config_layers, read_facts
+from attnscope.models.facts import ModelFacts, read_facts
 from attnscope.models.families import ModelFamily
 from attnscope.models.forward import model_device
 
@@ -50,7 +50,14 @@ class LoadedModel:
 
     @property
     def num_layers(self) -> int:
-        return config_layers(self.model.config)
+        """The layers with attention: what every ``[L H ...]`` array is indexed by. A hybrid's
+        Mamba or linear-attention layers are left out; ``facts.attention_layers[i]`` is the model's
+        own index of array layer ``i`` (:meth:`layer_name`)."""
+        return len(self.facts.attention_layers)
+
+    def layer_name(self, layer: int) -> int:
+        """The 1-based number pages give array layer ``layer``: the model's own layer index + 1."""
+        return self.facts.attention_layers[layer] + 1
 
     @property
     def num_heads(self) -> int:

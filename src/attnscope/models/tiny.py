@@ -38,6 +38,18 @@ SIZES: dict[tuple[str, ...], int] = {
     ("v_head_dim",): 6,  # multi-head latent attention: value heads differ in size from query heads
     ("sliding_window", "attention_window_size", "local_window_size"): 4,
     ("attention_chunk_size",): 4,
+    # state-space layers of a hybrid (Mamba 2): heads x head size = expand x hidden (2 x 32)
+    ("mamba_d_head", "mamba_headdim", "mamba_head_dim"): 8,
+    ("mamba_n_heads", "n_mamba_heads", "mamba_num_heads"): 8,
+    ("mamba_d_ssm",): 64,
+    ("mamba_d_state", "ssm_state_size"): 16,
+    ("mamba_dt_rank",): 8,
+    ("attention_hidden_size",): 64,  # Zamba 2's shared attention reads [hidden | embeddings]
+    ("attention_head_dim",): 16,
+    ("encoder_hash_byte_group_vocab",): 64,  # BLT's hashed byte n-gram tables
+    # where a hybrid's attention and expert layers fall (Jamba: every 2nd layer from the 2nd)
+    ("attn_layer_period", "expert_layer_period"): 2,
+    ("attn_layer_offset", "expert_layer_offset"): 1,
 }
 #: a layer's type in ``config.layer_types`` that is attention (the others: Mamba, linear attention, ...)
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "global",
@@ -69,17 +81,23 @@ def _shrink(config, vocab_size: int, tokens: dict[str, int | None]) -> None:
         if _get(config, "num_key_value_heads") is not None:  # (its keys are made per query head)
             _set(config, "num_key_value_heads", config.num_attention_heads)
     layers = 2
-    types = _get(config, "layer_types")
-    if isinstance(types, (list, tuple)) and types:
-        # keep one layer of attention and, where the model has them, one of another kind, so a
-        # hybrid stays a hybrid: its first attention layer and its first other layer, in order
-        kinds = [t for i, t in enumerate(types) if t not in types[:i]]
-        kept = kinds[:2] if len(kinds) > 1 else [kinds[0], kinds[0]]
-        _set(config, "layer_types", list(kept))
-        layers = len(kept)
+    for field in ("layer_types", "layers_block_type"):
+        types = _get(config, field)
+        if isinstance(types, (list, tuple)) and types:
+            # keep two layers: the first two kinds of layer, so a hybrid stays a hybrid, with
+            # attention among them where the model has any (Nemotron-H: Mamba, MoE, attention)
+            kinds = list(dict.fromkeys(types))
+            kept = kinds[:2] if len(kinds) > 1 else [kinds[0], kinds[0]]
+            attention = next((t for t in kinds if t in ATTENTION_TYPES), None)
+            if attention not in kept:  # (a default of Mamba layers only: Granite-MoE-hybrid)
+                kept = [kinds[0], attention or "full_attention"]
+            _set(config, field, list(kept))
+            layers = len(kept)
     for name in ("num_hidden_layers", "n_layer", "num_layers"):
         if isinstance(_get(config, name), int):
             _set(config, name, layers)
+    if hasattr(config, "attn_layer_indices"):  # Bamba: attention in the second layer, Mamba in the first
+        _set(config, "attn_layer_indices", [1])
     if isinstance(_get(config, "vocab_size"), int):
         _set(config, "vocab_size", vocab_size)
     for name, value in tokens.items():
@@ -87,9 +105,10 @@ def _shrink(config, vocab_size: int, tokens: dict[str, int | None]) -> None:
             _set(config, name, value)
     if isinstance(_get(config, "initializer_range"), float):
         _set(config, "initializer_range", 0.3)  # larger than the default 0.02, so heads are not near-uniform
-    for sub in ("text_config", "decoder", "encoder"):
-        inner = getattr(config, sub, None)
-        if inner is not None and hasattr(inner, "to_dict"):
+    from transformers import PretrainedConfig
+
+    for inner in list(vars(config).values()):  # every sub-config (text, encoder, decoder, global ...)
+        if isinstance(inner, PretrainedConfig):
             _shrink(inner, vocab_size, tokens)
 
 

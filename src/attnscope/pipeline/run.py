@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.data.io import check_writable, file_fingerprint, fingerprint, to_plain
+from attnscope.data.records import layer_numbering, recorded_layers
 from attnscope.engines.memory import gpu_memory_errors
 from attnscope.errors import AttnscopeError, InputError
 from attnscope.executor import executor
@@ -163,8 +164,9 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                 ctx = dataclasses.replace(base, progress=router.family_progress(fam.key), family=fam.key, job=family_fp,
                                           save_maps=out_dir / "maps" / fam.key if cfg.save_maps else None,
                                           results={k: written[k] for k in fam.uses if written.get(k) is not None})
-                section = fam.run(prepared[fam.key], cfg.options[fam.key], ctx)
-                views = write_head_views(section, out_dir)
+                with layer_numbering(lm.facts.attention_layers):
+                    section = fam.run(prepared[fam.key], cfg.options[fam.key], ctx)
+                    views = write_head_views(section, out_dir)
                 times[fam.key] = time.perf_counter() - tf
                 write_json(ckpt_path, {"fingerprint": family_fp, "status": "done", "elapsed_s": times[fam.key],
                                        "section": section_to_json(section, out_dir), "views": views})
@@ -193,7 +195,8 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                 "analysis_time_s": round(sum(times.values()), 3),
                 "status": status,
             }
-            report = write_report(sections, out_dir, provenance=provenance, links=links, notes=notes)
+            with layer_numbering(lm.facts.attention_layers):
+                report = write_report(sections, out_dir, provenance=provenance, links=links, notes=notes)
             results = {
                 "attnscope_results": 1,
                 "provenance": provenance,
@@ -308,7 +311,8 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     with refused_writes(Path(out_dir), resumable=False), gpu_memory_errors(max_seq_len, where), \
             executor(ray, workers) as ex:
         try:
-            section = fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
+            with layer_numbering(lm.facts.attention_layers if lm is not None else _stores_layers(given)):
+                section = fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
         except KeyboardInterrupt:
             raise interrupted(Path(out_dir), finished=[], current=key, then="run the same command again") from None
     drop_unit_logs(Path(out_dir), key)  # the results are written: nothing is left to resume
@@ -351,6 +355,14 @@ def check_model_of_stores(lm: LoadedModel, given: Sequence[Any]) -> None:
             raise AttnscopeError(
                 f"model {mine}: {path} holds the maps of {theirs}, not of {lm.name}; leave model out to "
                 f"analyse those maps, or give {desc.get('name')}", params=("model",))
+
+
+def _stores_layers(given: Sequence[Any]) -> tuple[int, ...] | None:
+    """The attention layers the first store among ``given`` records (for naming its heads)."""
+    for v in given:
+        if _is_store(v):
+            return recorded_layers((v if isinstance(v, Store) else Store(v)).manifest.get("model"))
+    return None
 
 
 def _called(name: Any, shown: str) -> str:

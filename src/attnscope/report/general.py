@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.clustering import LABELS, head_stats
-from attnscope.data.records import HeadId
+from attnscope.data.records import HeadId, layer_number
 from attnscope.maps import AttentionMap
 from attnscope.models.pieces import readable, visible
 from attnscope.report.figures import new_figure, save_figure
@@ -214,7 +214,7 @@ def mostly_heads(stats: dict[str, np.ndarray], key: str) -> list[str]:
 def separator_layers(stats: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
     """Each layer's mean attention to separators, and the layers (1-indexed) above one half."""
     sep_layer = np.nanmean(stats["separator"], axis=1)
-    return sep_layer, [str(i + 1) for i in np.nonzero(sep_layer > MOSTLY)[0]]
+    return sep_layer, [str(layer_number(i)) for i in np.nonzero(sep_layer > MOSTLY)[0]]
 
 
 def findings(stats: dict[str, np.ndarray], uniform: float, labels: np.ndarray, model_name: str,
@@ -255,7 +255,7 @@ def findings(stats: dict[str, np.ndarray], uniform: float, labels: np.ndarray, m
                + ", ".join(f"{lab} {c}" for lab, c in counts.items() if c) + ".")
     if grad is not None and "layer_separator" in grad.arrays:
         s, o = grad.arrays["layer_separator"], grad.arrays["layer_other"]
-        lower = [str(i + 1) for i in np.nonzero(s < o)[0]]
+        lower = [str(layer_number(i)) for i in np.nonzero(s < o)[0]]
         out.append("Gradient importance: attention to separators matters less to the masked-LM "
                    "loss than attention to other tokens in layers " + (", ".join(lower) or "none") + ".")
     return out
@@ -320,7 +320,7 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
     sec.tables.append(TableArtifact("general_heads", cap, rows, cols,
                                     write_table(rows, tables_dir / "general_heads", columns=cols, caption=cap)))
     lcols = ["layer", "name", "previous", "next", "first", "separator", "punct", "entropy", "entropy_first"]
-    lrows = [{"layer": i, "name": str(i + 1),
+    lrows = [{"layer": i, "name": str(layer_number(i)),
               **{k: float(np.nanmean(stats[k][i])) for k in lcols[2:]}} for i in range(L)]
     lcap = "Per layer (0-indexed layer; name 1-indexed): the mean over its heads."
     sec.tables.append(TableArtifact("general_layers", lcap, lrows, lcols,

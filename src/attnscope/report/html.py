@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.data.io import atomic_write_text
+from attnscope.data.records import HeadId
 from attnscope.models.loaded import display_name as model_display_name
 from attnscope.models.pieces import readable, visible
 from attnscope.report.figures import new_figure
@@ -306,7 +307,7 @@ def write_report(sections: Sequence[Section], out_dir: str | Path, *, provenance
 
 def view_file_name(section_key: str, label: str, layer: int, head: int) -> str:
     """``views/<section>-<label>-<L>-<H>.html`` with the paper's 1-indexed head name."""
-    return f"views/{slug(section_key)}-{slug(label)}-{layer + 1}-{head + 1}.html"
+    return f"views/{slug(section_key)}-{slug(label)}-{HeadId(layer, head)}.html"
 
 
 def write_head_views(section: Section, out_dir: str | Path) -> list[dict[str, str]]:
@@ -332,13 +333,13 @@ def write_head_views(section: Section, out_dir: str | Path) -> list[dict[str, st
         if href in seen:
             continue
         seen.add(href)
-        title = f"{label}: head {layer + 1}-{head + 1} (example {example})"
+        title = f"{label}: head {HeadId(layer, head)} (example {example})"
         if head_view_html is not None:
             page = head_view_html(amap, layer=layer, heads=[head], title=title)
         else:
             page = heatmap_page(amap, layer=layer, head=head, title=title)
         atomic_write_text(out_dir / href, page)
-        links.append({"label": str(label), "head": f"{layer + 1}-{head + 1}", "href": href,
+        links.append({"label": str(label), "head": f"{HeadId(layer, head)}", "href": href,
                       "example": str(example)})
     return links
 

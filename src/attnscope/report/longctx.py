@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.base import Result
-from attnscope.data.records import HeadId
+from attnscope.data.records import HeadId, layer_number
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
@@ -136,7 +136,7 @@ def _distance_figure(res: Result, stem: Path) -> list[Path]:
     for layer in range(L):
         ok = np.isfinite(w[layer]) & (w[layer] > 0)
         ax.plot(xs[ok], w[layer][ok], color=cmap(layer / max(1, L - 1)), lw=1,
-                label=f"layer {layer + 1}" if layer in (0, L - 1) else None)
+                label=f"layer {layer_number(layer)}" if layer in (0, L - 1) else None)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("distance from the query (tokens; bucket's upper end; 0 drawn at 0.5)")
@@ -160,7 +160,7 @@ def _position_figure(res: Result, stem: Path) -> list[Path]:
     L = sink.shape[0]
     for layer in range(L):
         c = cmap(layer / max(1, L - 1))
-        lab = f"layer {layer + 1}" if layer in (0, L - 1) else None
+        lab = f"layer {layer_number(layer)}" if layer in (0, L - 1) else None
         axes[0].plot(xs, sink[layer, ok], color=c, lw=1, label=lab)
         axes[1].plot(xs, ent[layer, ok], color=c, lw=1, label=lab)
     for ax, what in ((axes[0], "mean attention on the first token"),

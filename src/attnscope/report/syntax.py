@@ -18,6 +18,7 @@ import numpy as np
 from attnscope.analyses.base import Result
 from attnscope.analyses.syntax import ALL, DIRECTIONS, HeadCounts, SyntaxTables, relation_label
 from attnscope.analyses.units import word_units
+from attnscope.data.records import HeadId
 from attnscope.maps import AttentionMap
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact, small_sample_caution
@@ -103,7 +104,7 @@ def example_figure(m: AttentionMap, layer: int, head: int, direction: int, relat
     ax.set_xlim(-0.6, 1.6)
     ax.set_ylim(-n + 0.5, 0.8)
     ax.axis("off")
-    ax.set_title(f"head {layer + 1}-{head + 1}, {relation} ({DIRECTIONS[direction]})", fontsize=9)
+    ax.set_title(f"head {HeadId(layer, head)}, {relation} ({DIRECTIONS[direction]})", fontsize=9)
     return save_figure(fig, stem)
 
 

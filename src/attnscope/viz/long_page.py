@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnscope.data.records import HeadId
 from attnscope.engines.document import stretches
 
 #: Stretches of the document the profiles and each row's strip are pooled into.
@@ -39,7 +40,7 @@ def head_payload(*, layer: int, head: int, n: int, rows: list[dict], profiles: d
     pooled_profiles, edges = {}, None
     for name, values in profiles.items():
         pooled_profiles[name], edges = pooled(values)
-    return {"title": f"Head {layer + 1}-{head + 1} over {n:,} tokens" + (f" of {model}" if model else ""),
+    return {"title": f"Head {HeadId(layer, head)} over {n:,} tokens" + (f" of {model}" if model else ""),
             "layer": layer, "head": head, "rows": rows, "profiles": pooled_profiles, "profile_edges": edges}
 
 

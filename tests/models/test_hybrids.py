@@ -1,0 +1,121 @@
+"""Hybrid models (issue 56): attention in only some layers, the others Mamba or linear attention.
+
+Their heads are named by the model's own layer index, the layers without attention are left out
+of every array, and each hybrid transformers ships loads with its cache off.
+"""
+
+from __future__ import annotations
+
+import json
+import pytest
+
+from attnscope.data.records import HeadId, layer_numbering
+from attnscope.errors import AttnscopeError
+from attnscope.models import load_model
+from attnscope.models.forward import forward, pad_batch
+from attnscope.models.tiny import ATTENTION_TYPES
+
+torch = pytest.importorskip("torch")
+
+
+# model type -> the model's own index of its one attention layer once shrunk to two layers (the
+# first kind of layer it has, then attention), and whether its code runs through AttentionInterface
+HYBRIDS = {
+    "qwen3_next": (1, False),  # gated DeltaNet, then full attention
+    "jamba": (1, False),  # Mamba, then attention: "returned no attention" before (no attention layer kept)
+    "bamba": (1, False),  # Mamba 2: a shape error before (its Mamba heads were not shrunk)
+    "nemotron_h": (1, False),
+    "kimi_linear": (1, False),
+    "olmo_hybrid": (1, False),
+    "granitemoehybrid": (1, True),  # hooked: "attention ran 1 times for 2 layers" before
+}
+
+
+@pytest.fixture(scope="module", params=sorted(HYBRIDS))
+def hybrid(request):
+    return request.param, load_model(f"debug:{request.param}")
+
+
+def test_a_hybrid_has_attention_where_its_modules_say_and_its_maps_are_transformers_own(hybrid):
+    name, lm = hybrid
+    own, hooks = HYBRIDS[name]
+    facts = lm.facts
+    assert (facts.kind, facts.layers, facts.attention_layers, facts.hooks) == ("causal", 2, (own,), hooks)
+    assert "hybrid" in facts.mechanisms and lm.num_layers == 1 and lm.layer_name(0) == own + 1
+    # the layer the config calls attention (the other is Mamba / linear attention) is that one
+    types = lm.model.config.layer_types
+    assert [i for i, t in enumerate(types) if t in ATTENTION_TYPES] == [own] and len(types) == 2
+    ids = lm.tokenizer("the cat sat on the mat")["input_ids"]
+    out = forward(lm, pad_batch(lm, [ids]), attentions=True)
+    with torch.inference_mode():  # transformers' own eager attention, without attnscope's function
+        lm.model.config._attn_implementation = "eager"
+        try:
+            eager = lm.model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False).attentions
+        finally:
+            lm.model.config._attn_implementation = "attnscope" if hooks else "eager"
+    eager = [a for a in eager if a is not None]
+    assert len(out.attentions) == len(eager) == 1
+    assert torch.equal(out.attentions[0], eager[0])  # exactly: the same eager code
+
+
+def test_a_hooked_hybrids_sites_count_attention_layers_and_know_the_models_own_index():
+    lm = load_model("debug:granitemoehybrid")
+    seen = []
+    forward(lm, pad_batch(lm, [[1, 5, 6, 7]]), hooks={"q": lambda site, q: seen.append((site.layer, site.model_layer))})
+    assert seen == [(0, 1)]
+
+
+def test_heads_are_named_by_the_models_own_layer_everywhere_a_run_names_them(tmp_path):
+    from attnscope.pipeline.run import run_family
+    from attnscope.views import head_page
+
+    lm = load_model("debug:granitemoehybrid")
+    text = tmp_path / "doc.txt"
+    text.write_text("the cat sat on the mat. the dog ran to the old house, and she said it was red.\n")
+    run_family("general", {"text": text}, tmp_path / "out", model=lm)
+    results = json.loads((tmp_path / "out" / "results" / "general.json").read_text())
+    assert results["model"]["attention"]["attention_layers"] == [1]  # what a reader names heads by
+    heads = results["tables"]["general_heads"]
+    assert {r["name"] for r in heads} == {f"2-{h + 1}" for h in range(4)}  # layer 2 of the model: 0 is Mamba
+    assert [r["name"] for r in results["tables"]["general_layers"]] == ["2"]
+    payload, _ = head_page(tmp_path / "out", "2-3", example_pages=False)
+    assert "2-3" in json.dumps(payload)
+    with pytest.raises(AttnscopeError, match=r"layer 1 has no attention \(the layers with attention are 2\)"):
+        head_page(tmp_path / "out", "1-1", example_pages=False)
+
+
+def test_layer_numbering_by_hand():
+    assert str(HeadId(0, 0)) == "1-1"  # no model: layer i is the model's layer i
+    with layer_numbering([3, 7, 11]):
+        assert [str(HeadId(i, 1)) for i in range(3)] == ["4-2", "8-2", "12-2"]
+        assert HeadId.parse("12-2") == HeadId(2, 1)
+        with pytest.raises(ValueError, match="layer 5 has no attention"):
+            HeadId.parse("5-1")
+    assert HeadId.parse("12-2") == HeadId(11, 1)  # outside the block: as before
+
+
+def test_a_local_folder_loads_without_transformers_load_report(tmp_path, capfd):
+    """A Qwen3 causal-LM checkpoint read as the base model: its lm_head is unexpected, which
+    transformers prints as a multi-line LOAD REPORT table; attnscope says nothing, and names in
+    one warning the weights that start random when the checkpoint lacks some."""
+    import transformers
+
+    from attnscope.models.tiny import tiny_config
+
+    tok = load_model("debug:llama").tokenizer
+    torch.manual_seed(0)
+    full = transformers.Qwen3ForCausalLM(tiny_config("qwen3", len(tok)))
+    full.save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    capfd.readouterr()
+    lm = load_model(str(tmp_path / "lm"))
+    assert lm.facts.kind == "causal"
+    err = capfd.readouterr().err
+    assert "LOAD REPORT" not in err and "UNEXPECTED" not in err, err
+    state = full.model.state_dict()
+    del state["norm.weight"]  # a checkpoint without the final norm
+    transformers.Qwen3Model(full.config).save_pretrained(tmp_path / "part", state_dict=state)
+    tok.save_pretrained(tmp_path / "part")
+    with pytest.warns(UserWarning, match=r"1 weights of the model are not in the checkpoint and start random \(norm.weight\)"):
+        load_model(str(tmp_path / "part"))
+    assert "LOAD REPORT" not in capfd.readouterr().err
