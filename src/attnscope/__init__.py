@@ -7,6 +7,8 @@ against syntax and coreference, and draw it.
 >>> batches = attnscope.extract([{"text": "The cat sat."}], model="debug")  # doctest: +SKIP
 >>> store = attnscope.open_store("maps/")                                     # doctest: +SKIP
 >>> section = attnscope.run_family("coref", {"coref": ["dev.conllu"]}, "out/")  # doctest: +SKIP
+>>> attnscope.check("debug:qwen3").ok  # every engine against transformers' eager attention
+True
 """
 
 from attnscope.data.records import Example, HeadId
@@ -16,9 +18,10 @@ from attnscope.jobs import extract_to_store
 from attnscope.maps import AttentionBatch, AttentionMap
 from attnscope.models import load_model
 from attnscope.pipeline import atlas, run_family
+from attnscope.pipeline.check import check
 from attnscope.store import Store, open_store
 from attnscope.version import __version__
 
 __all__ = ["AttentionBatch", "AttentionMap", "AttnscopeError", "Example", "ExtractOptions", "atlas",
-           "HeadId", "Store", "__version__", "extract", "extract_to_store", "load_model",
+           "check", "HeadId", "Store", "__version__", "extract", "extract_to_store", "load_model",
            "open_store", "run_family"]

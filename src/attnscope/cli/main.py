@@ -26,7 +26,7 @@ analyze_app = typer.Typer(help="Run analyses on a store or straight from a model
 app.add_typer(analyze_app, name="analyze")
 
 #: Command modules in ``attnscope.cli``, registered in this order.
-COMMANDS = ("prepare", "extract", "store_cmds", "families", "view", "serve", "run", "demo", "compare")
+COMMANDS = ("prepare", "extract", "store_cmds", "families", "view", "serve", "run", "demo", "compare", "check")
 
 
 def _register_all() -> None:
