@@ -85,13 +85,14 @@ class IndexRangeError(AttnscopeError):
 
     >>> e = IndexRangeError("example 0", "layer", 6, 6)
     >>> str(e), e.one_indexed("--layer")
-    ('example 0: layer 6 out of range (the model has 6 layers, 0-indexed)', 'example 0: --layer 7 out of range (the model has 6 layers: 1 to 6)')
+    ('example 0: layer 6 out of range (the model has 6 layers: 0 to 5 counted from 0, as code counts them; the pages show them as 1 to 6)', 'example 0: --layer 7 out of range (the model has 6 layers: 1 to 6)')
     """
 
     def __init__(self, where: str, what: str, value: int, count: int):
         self.where, self.what, self.value, self.count = where, what, value, count
         per = " per layer" if what == "head" else ""
-        super().__init__(f"{where}: {what} {value} out of range (the model has {count} {what}s{per}, 0-indexed)")
+        super().__init__(f"{where}: {what} {value} out of range (the model has {count} {what}s{per}: 0 to "
+                         f"{count - 1} counted from 0, as code counts them; the pages show them as 1 to {count})")
 
     def one_indexed(self, flag: str) -> str:
         """The message for a 1-indexed ``flag`` (the number as the user typed it)."""

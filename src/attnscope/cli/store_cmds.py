@@ -28,6 +28,32 @@ def _shown(value) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def _is_model(given: Path) -> bool:
+    """A model name or folder rather than a store (a store has a manifest)."""
+    if (given / "manifest.json").exists():
+        return False
+    name = str(given)
+    return name in ("default", "smollm2") or name.startswith("debug") or (given / "config.json").is_file() \
+        or name.endswith(".gguf")
+
+
+def _model_summary(name: str) -> dict:
+    from attnscope.models import load_model
+    from attnscope.models.gguf import resolve_gguf
+    from attnscope.models.loading import DEFAULT_MODEL, packaged_model_dir
+
+    lm = load_model(name)
+    folder = packaged_model_dir() if name == DEFAULT_MODEL else resolve_gguf(name) or \
+        (Path(name) if Path(name).is_dir() else None)
+    f = lm.facts
+    return {"model": lm.display_name, "files": str(folder.resolve()) if folder else lm.source,
+            "model class": type(lm.model).__name__, "kind": f.kind,
+            "layers with attention": f"{len(f.attention_layers)} of {f.layers}", "heads": f.heads,
+            "key/value heads": f.kv_heads, "head size (q/k, v)": f"{f.qk_size}, {f.v_size}",
+            "mechanisms": ", ".join(f.mechanisms) or "none", "max positions": lm.max_positions,
+            "weights sha256": lm.weights_hash}
+
+
 class ExportFormat(str, Enum):
     paper_pickle = "paper-pickle"
 
@@ -35,17 +61,21 @@ class ExportFormat(str, Enum):
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     @app.command("info")
     def info_cli(
-        store: Path = typer.Argument(..., help="Store folder."),
+        store: Path = typer.Argument(..., help="Store folder, or a model (default, smollm2, debug:<type>, "
+                                     "a model folder): where it is and what it is."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
         verify: bool = typer.Option(False, "--verify", help="Also check every shard's checksum "
                                     "(reads every byte; sizes are always checked)."),
     ) -> None:
         """Print what a store holds; a shard missing, cut short or (with --verify) changed is an
-        error naming it."""
-        s = open_store(store)
-        s.check_shards()  # sizes, always: a cut shard is an error, not "status: complete"
-        summary = s.summary()
-        if verify:
+        error naming it. Given a model instead, print where its files are and what it is."""
+        if _is_model(store):
+            summary = _model_summary(str(store))
+        else:
+            s = open_store(store)
+            s.check_shards()  # sizes, always: a cut shard is an error, not "status: complete"
+            summary = s.summary()
+        if verify and not _is_model(store):
             problems = s.verify()
             if problems:
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -56,7 +86,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         else:
             from rich.table import Table
 
-            unit = "words + special tokens" if summary["level"] == "word" else "tokens"
+            unit = "words + special tokens" if summary.get("level") == "word" else "tokens"
             rows = [(LABELS.get(k, k).format(unit=unit), _shown(v)) for k, v in summary.items()]
             if not results.is_terminal:  # piped: plain "label: value" lines, never wrapped
                 for label, value in rows:

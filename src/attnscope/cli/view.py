@@ -20,6 +20,7 @@ from attnscope.cli.options import (
 from attnscope.cli.output import results
 from attnscope.errors import AttnscopeError, IndexRangeError
 from attnscope.views import write_head_page, write_view
+from attnscope.viz.export import find_chromium
 
 
 class ViewKind(str, Enum):
@@ -108,6 +109,8 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
         max_seq_len: int = max_seq_len_option(16384, help=LONG_MAX_SEQ_LEN_HELP),
     ) -> None:
         """Write a self-contained HTML view of one stored example (no CDN, works offline)."""
+        if chromium is not None:  # before any model loads, with or without --png
+            find_chromium(chromium)
         for path, option in ((out, "--out"), (png, "--png"), (svg, "--svg")):
             if path is not None:
                 check_writable(path, folder=False, option=option)

@@ -23,7 +23,11 @@ LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking
 
 
 def find_chromium(path: str | None = None) -> str:
-    """The Chromium binary: ``path``, ``$ATTNSCOPE_CHROMIUM``, /usr/bin/chromium or on PATH."""
+    """The Chromium binary: ``path``, ``$ATTNSCOPE_CHROMIUM``, /usr/bin/chromium or on PATH. A
+    ``path`` given that is no file is refused, never passed over for another."""
+    if path is not None and not Path(path).is_file():
+        raise AttnscopeError(f"chromium {path}: no such file (the Chromium binary, e.g. {DEFAULT_CHROMIUM})",
+                             params=("chromium",))
     for cand in (path, os.environ.get("ATTNSCOPE_CHROMIUM"), DEFAULT_CHROMIUM,
                  shutil.which("chromium"), shutil.which("chromium-browser")):
         if cand and Path(cand).is_file():
