@@ -7,6 +7,8 @@ of every array, and each hybrid transformers ships loads with its cache off.
 from __future__ import annotations
 
 import json
+
+import numpy as np
 import pytest
 
 from attnscope.data.records import HeadId, layer_numbering
@@ -119,3 +121,42 @@ def test_a_local_folder_loads_without_transformers_load_report(tmp_path, capfd):
     with pytest.warns(UserWarning, match=r"1 weights of the model are not in the checkpoint and start random \(norm.weight\)"):
         load_model(str(tmp_path / "part"))
     assert "LOAD REPORT" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("model_type", ["phi", "glm", "qwen3", "olmo2", "stablelm"])
+def test_partial_rotary_and_qk_norm_happen_before_the_hook(model_type):
+    """Phi, GLM and StableLM rotate part of each head (partial rotary), Qwen3 normalises q and k per
+    head, OLMo 2 normalises the whole projections: the hook's q and k are what the softmax reads,
+    so softmax(q k^T scale + mask) from them is the model's own eager map, and they are not the
+    raw projections. A model outside AttentionInterface has no hook point and is said so."""
+    from attnscope.models.forward import supports_hooks
+
+    lm = load_model(f"debug:{model_type}")
+    rope = getattr(lm.model.config, "rope_parameters", None) or {}
+    assert model_type in ("qwen3", "olmo2") or rope.get("partial_rotary_factor", 1) < 1  # what is tested
+    if not supports_hooks(lm):
+        with pytest.raises(AttnscopeError, match="AttentionInterface"):
+            forward(lm, pad_batch(lm, [[1, 5, 6]]), hooks={"q": lambda site, q: None})
+        return
+    ids = lm.tokenizer("the cat sat on the mat and the dog ran")["input_ids"]
+    got, raw = [], []
+    attention = [m for m in lm.model.modules() if hasattr(m, "q_proj") and getattr(m, "layer_idx", None) == 0]
+    handle = attention[0].q_proj.register_forward_hook(lambda m, i, o: raw.append(o.detach()))
+    try:
+        out = forward(lm, pad_batch(lm, [ids]), attentions=True,
+                      hooks={"q": lambda site, q: got.append((site.query, site.key, site.scaling, site.mask))})
+    finally:
+        handle.remove()
+    q, k, scaling, mask = got[0]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = (q.double() @ k.double().transpose(-1, -2)) * scaling + mask.double()
+    mine = torch.softmax(s, -1)[0]
+    theirs = out.attentions[0][0].double()
+    n = len(ids)
+    # float32 q, k of size d: each score carries rounding up to eps32 d |q||k| scale, and a softmax
+    # weight moves by at most twice its row's largest score change (dp_i = p_i (ds_i - sum_j p_j ds_j))
+    bound = 2 * np.finfo(np.float32).eps * q.shape[-1] * float((q.abs().max() * k.abs().max()) * scaling)
+    assert float((mine - theirs).abs().max()) <= bound
+    heads = q.shape[1]
+    projected = raw[0][0].view(n, heads, -1).transpose(0, 1)  # the raw projection, per head
+    assert not torch.allclose(projected.float(), q[0].float())  # rotary / norm changed it before the hook

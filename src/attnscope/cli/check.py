@@ -7,6 +7,7 @@ import json
 
 import typer
 
+from attnscope.cli.options import MODEL_HELP, device_option, seed_option
 from attnscope.cli.output import results
 from attnscope.errors import AttnscopeError
 
@@ -18,11 +19,9 @@ def _shown(value: float | None) -> str:
 def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
     @app.command("check")
     def check_cli(
-        model: str = typer.Argument(..., help="Model: default, debug:<model type>, a local folder, a Hub id "
-                                    "or a GGUF file."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the model loading and of the repeated random "
-                                 "sequence."),
-        device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto."),
+        model: str = typer.Argument(..., help=MODEL_HELP),
+        seed: int = seed_option(),
+        device: str = device_option(),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
         """Compare attnscope's maps and every streaming backend with transformers' own eager

@@ -111,12 +111,12 @@ def layer_of_number(number: int) -> int:
     """The array layer shown as ``number`` (the inverse of :func:`layer_number`); ValueError
     for a number that is no layer with attention."""
     own = _ATTENTION_LAYERS.get()
-    if own is None:
-        return number - 1
-    if number - 1 not in own:
-        raise ValueError(f"layer {number} has no attention (the layers with attention are "
-                         f"{', '.join(str(i + 1) for i in own)})")
-    return own.index(number - 1)
+    if not own or number - 1 in own:
+        return number - 1 if not own else own.index(number - 1)
+    if not 0 <= number - 1 < own[-1]:  # past the last layer with attention: the caller names the range
+        return -1 if number < 1 else len(own)
+    raise ValueError(f"layer {number} has no attention (the layers with attention are "
+                     f"{', '.join(str(i + 1) for i in own)})")
 
 
 @dataclass(frozen=True, order=True)

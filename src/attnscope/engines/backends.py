@@ -100,7 +100,7 @@ def usable(name: str, device) -> bool:
 
 #: the mechanisms that change how a backend computes attention (the others -- a hybrid's layers,
 #: ALiBi outside AttentionInterface -- are the engine's or the model's business)
-COMPUTED = frozenset({"sinks", "value-size", "softcap", "window", "chunk", "scale"})
+COMPUTED = frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale"})
 
 
 def needs(facts) -> frozenset[str]:

@@ -56,4 +56,4 @@ def run_layer(layer: LayerInput, b: int, seq: Sequence) -> None:
 
 BACKEND = Backend("maps", devices=(), token_level=False, probes=True, run=run_layer,
                   usable=lambda kind: True, budget=True,
-                  handles=frozenset({"sinks", "value-size", "softcap", "window", "chunk", "scale"}))
+                  handles=frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale"}))

@@ -304,7 +304,7 @@ def sampled_rows(layer, seq, q, k, mask: Mask) -> None:
         s = scores(q, k, slice(r, r + 1), layer.site.scaling, layer.cap)[:, 0, :width]
         ok = mask.rows(r, r + 1, q.device)[0, :width]
         s = s.masked_fill(~ok, LOW)
-        if layer.site.sinks is not None:  # the sink joins the softmax and is dropped
+        if layer.site.sinks is not None and layer.sink_mass:  # the sink joins the softmax and is dropped
             s = torch.cat([s, layer.site.sinks.float()[:, None]], -1)
         layer.stats.sampled_row(layer.site.layer, seq, r, torch.softmax(s, -1)[:, :width])
 
@@ -330,11 +330,14 @@ def run_layer(layer, b: int, seq) -> None:
                                max_scores=q.device.type == "cuda", blocks=whole)
     L = lse[0]  # [Hq n]
     keep = 1.0  # the share of each row's mass on its keys: 1, but a / (z + e^sink) with learned sinks
+    scaled = o[0, :, :, :d]  # the layer's output
     if site.sinks is not None:  # the sink joins each row's softmax: L = ln(z + e^sink)
-        L0, L = L, torch.logaddexp(L, site.sinks.float()[:, None])
-        keep = torch.exp(L0 - L)
-        o = o * keep[None, :, :, None]
-    layer.out[b, :n] = o[0, :, :, :d].transpose(0, 1)
+        with_sink = torch.logaddexp(L, site.sinks.float()[:, None])
+        share = torch.exp(L - with_sink)
+        scaled = scaled * share[..., None]  # the output either way
+        if layer.sink_mass:  # the weights count the sink's mass too (sink-scale: the plain softmax's)
+            keep, L, o = share, with_sink, o * share[None, :, :, None]
+    layer.out[b, :n] = scaled.transpose(0, 1)
     if seq.targets:
         probe_targets(layer, seq, q, k, L, mask)
     if not full:
@@ -375,4 +378,4 @@ def run_layer(layer, b: int, seq) -> None:
 
 BACKEND = Backend("flex", devices=("cuda",), token_level=True, probes=True, run=run_layer,
                   usable=lambda kind: available(), why="this torch has no torch.nn.attention.flex_attention",
-                  handles=frozenset({"sinks", "value-size", "softcap", "window", "chunk", "scale"}))
+                  handles=frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale"}))

@@ -24,7 +24,8 @@ class LayerInput:
     which a backend fills for rows ``0 .. n-1`` of the sequences it runs; ``cap``: the logit
     soft-capping (``cap tanh(s / cap)``; None: none); ``lengths``: each sequence's tokens in the
     batch; ``chunk``: query rows per tile asked for (0: by the device); ``scratch``: buffers a
-    backend may keep from one layer to the next (the tiles' scores and weights)."""
+    backend may keep from one layer to the next (the tiles' scores and weights); ``sink_mass``: see
+    the field."""
 
     site: Any
     stats: RowStats
@@ -35,6 +36,9 @@ class LayerInput:
     lengths: list[int]
     chunk: int = 0
     scratch: list = field(default_factory=lambda: [None, None, None])
+    #: with learned sinks (``site.sinks``): whether the rows' weights count the sink's mass (GPT-OSS)
+    #: or are the plain softmax, the sink scaling only the output (Granite-SWA, ``sink-scale``)
+    sink_mass: bool = True
 
     @property
     def causal(self) -> bool:

@@ -217,7 +217,7 @@ def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
         cap = site.softcap
         B, H, T = q.shape[:3]
         out = v.new_zeros(B, T, H, v.shape[-1], dtype=dtype if own else torch.float32)  # [B T Hq d]
-        layer = LayerInput(site, stats, k, v, out, cap, seq_len, chunk, scratch)
+        layer = LayerInput(site, stats, k, v, out, cap, seq_len, chunk, scratch, sink_mass="sink-scale" not in needs)
         for b, seq in enumerate(seqs):
             chosen[b].run(layer, b, seq)
         return out

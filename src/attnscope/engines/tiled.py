@@ -150,10 +150,14 @@ def probs(layer: LayerInput, b: int, block, r0: int, r1: int, vb, cls=None, dist
         p = s
     else:
         p, ent, top = softmax_entropy(s, _buffer(layer, 1, s.shape))
-    if sinks is not None:
+    keep = None  # sink-scale: the weights stay the plain softmax; the output keeps a of its size
+    if sinks is not None and layer.sink_mass:
         p, ent, top = with_sinks(p, ent, top, peak, sinks[hq].float()[:, None])
+    elif sinks is not None:
+        keep = torch.exp(-torch.nn.functional.softplus(sinks[hq].float()[:, None] - peak + torch.log(top)))
     pv = torch.matmul(p.view(shape), vb[kv, :k1]).view(nk * G, c, -1)
-    layer.out[b, r0:r1, hq] = pv[..., :d].transpose(0, 1)
+    out = pv[..., :d] if keep is None else pv[..., :d] * keep[..., None]
+    layer.out[b, r0:r1, hq] = out.transpose(0, 1)
     return p, ent, top, (masses if fast else pv[..., d:]), per_d
 
 
@@ -255,4 +259,4 @@ COMPILED = Backend(
         "library exports sgemm_",
     handles=frozenset({"softcap", "window", "chunk", "scale"}))
 TILES = Backend("tiles", devices=(), token_level=False, probes=True, run=tile_layer,
-                usable=lambda kind: True, fallback=True, handles=frozenset({"sinks", "value-size", "softcap", "window", "chunk", "scale"}))
+                usable=lambda kind: True, fallback=True, handles=frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale"}))

@@ -116,3 +116,38 @@ def seq2seq_attention(lm, source_ids: Sequence[int], decoder_ids: Sequence[int])
         return np.stack([a[0].float().cpu().numpy() for a in layers])
 
     return stack(res.encoder_attentions), stack(res.decoder_attentions), stack(res.cross_attentions)
+
+
+def beside_eager(lm, ids: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """attnscope's maps of one pass over ``ids`` (an encoder-decoder's encoder, decoder and cross
+    attention, its decoder reading the first two tokens) and transformers' own eager
+    ``output_attentions`` of the same model run without attnscope's attention function, each a
+    list of ``[H q k]`` float32 arrays in the same order: what ``attnscope check`` compares."""
+    import torch
+
+    from attnscope.models.forward import install, supports_hooks
+
+    ids = list(ids)
+    if lm.facts.encoder_decoder:
+        ours = [layer for kind in seq2seq_attention(lm, ids, ids[:2]) for layer in kind]
+    else:  # (layer by layer: a model's maps need not all have one shape, Longformer's are [H n w])
+        ours = [a[0].float().cpu().numpy() for a in forward(lm, pad_batch(lm, [ids]), attentions=True).attentions]
+    model, hooked = lm.model, supports_hooks(lm)
+    kwargs = {"input_ids": torch.tensor([ids], device=lm.device)}
+    if lm.facts.encoder_decoder:
+        kwargs["decoder_input_ids"] = kwargs["input_ids"][:, :2]
+    if hooked:
+        model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            out = model(**kwargs, output_attentions=True, use_cache=False)
+    finally:
+        if hooked:
+            install(model)
+    kinds = ((out.encoder_attentions, out.decoder_attentions, out.cross_attentions) if lm.facts.encoder_decoder
+             else (out.attentions,))
+    theirs = [a[0].float().cpu().numpy() for kind in kinds for a in kind if a is not None]
+    if not lm.facts.encoder_decoder and len(theirs) != len(ours):
+        # a linear-attention layer's "weights" are no map over the tokens (MiniMax): not attention
+        theirs = [a for a in theirs if a.shape[-2:] == (len(ids), len(ids))]
+    return ours, theirs

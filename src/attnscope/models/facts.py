@@ -29,7 +29,7 @@ from attnscope.errors import ModelError
 
 KINDS = ("causal", "bidirectional", "encoder-decoder")
 #: the mechanisms a model can have that change how attention is computed, as :attr:`ModelFacts.mechanisms` names them
-MECHANISMS = ("sinks", "value-size", "softcap", "window", "chunk", "scale", "alibi", "hybrid")
+MECHANISMS = ("sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale", "alibi", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,10 @@ class ModelFacts:
     v_size: int  # value head size
     scale: float  # what q.k is multiplied by before the softmax
     sinks: bool = False  # a learned logit per head that takes probability mass and is dropped
+    #: where there are sinks: whether the model's maps count the mass the sink takes (GPT-OSS: its
+    #: rows sum to less than 1) or are the plain softmax, the sink scaling only the layer's output
+    #: (Granite-SWA: ``P V sigmoid(lse - sink)``, the same output)
+    sink_mass: bool = True
     softcap: float | None = None  # scores are cap * tanh(s / cap)
     window: int | None = None  # sliding window (keys), in some or all layers
     chunk: int | None = None  # chunked attention (Llama 4): keys in the query's chunk only
@@ -71,7 +75,8 @@ class ModelFacts:
     @property
     def mechanisms(self) -> tuple[str, ...]:
         """The :data:`MECHANISMS` this model has, in that order."""
-        has = {"sinks": self.sinks, "value-size": self.v_size != self.qk_size, "softcap": bool(self.softcap),
+        has = {"sinks": self.sinks and self.sink_mass, "sink-scale": self.sinks and not self.sink_mass,
+               "value-size": self.v_size != self.qk_size, "softcap": bool(self.softcap),
                "window": bool(self.window), "chunk": bool(self.chunk),
                "scale": abs(self.scale - self.qk_size ** -0.5) > 1e-6 * self.scale, "alibi": self.alibi,
                "hybrid": len(self.attention_layers) != self.layers}
@@ -144,10 +149,14 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
     first = sites[0]
     heads, kv_heads = int(first["query"].shape[1]), int(first["key"].shape[1])
     qk, v = int(first["query"].shape[-1]), int(first["value"].shape[-1])
+    sinks = [i for i, s in enumerate(sites) if s["sinks"]]
+    # the maps of a layer with a sink: rows summing to less than 1 count its mass (float32 rows of
+    # a handful of keys sum to 1 within a few eps when they do not)
+    sink_mass = any(float(maps[i][0].sum(-1).min()) < 1 - 1e-4 for i in sinks if i < len(maps))
     windows = [s["window"] for s in sites if s["window"]]
     caps = [s["softcap"] for s in sites if s["softcap"]]
     return ModelFacts(
         kind, layers, tuple(attention_layers), heads, kv_heads, qk, v, float(first["scaling"]),
-        sinks=any(s["sinks"] for s in sites), softcap=float(caps[0]) if caps else None,
+        sinks=bool(sinks), sink_mass=sink_mass or not sinks, softcap=float(caps[0]) if caps else None,
         window=int(windows[0]) if windows else None,
         chunk=int(chunk) if isinstance(chunk, int) and chunk > 0 else None, alibi=alibi)

@@ -61,7 +61,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, ModelError
 
 #: The name attnscope's attention function is registered under in transformers.
 ATTN_IMPLEMENTATION = "attnscope"
@@ -238,6 +238,12 @@ def probe_attention(model, ids, encoder_decoder: bool = False) -> tuple[list[dic
     if encoder_decoder:  # the encoder's calls only: as many as its maps
         return sites[:len(maps)], maps, list(range(len(maps)))
     index = [s["layer_idx"] for s in sites] if sites else order
+    n = ids.shape[-1]
+    reported = [m for m in (getattr(out, "attentions", None) or ()) if m is not None and m.shape[-2:] == (n, n)]
+    if sites and reported and len(sites) != len(reported):
+        raise ModelError(f"{type(model).__name__}: its attention runs {len(sites)} times where it reports "
+                         f"{len(reported)} maps (more than one softmax per head and layer, as differential "
+                         "attention has); attnscope reads one map per head")
     if len(index) != len(maps) or len(set(index)) != len(index) or not all(isinstance(i, int) for i in index):
         index = list(range(len(maps)))  # (no module says which layer it is: the maps in order)
     return sites, maps, index

@@ -109,36 +109,15 @@ def _largest_difference(got: dict, ref: dict) -> float:
 
 
 def _maps_row(lm, ids: list[int]) -> Row:
-    """attnscope's maps against transformers' own eager ``output_attentions`` of the same model
-    (an encoder-decoder's encoder, decoder and cross attention, its decoder reading two tokens)."""
-    import torch
+    """attnscope's maps against transformers' own eager ``output_attentions`` of the same model."""
+    from attnscope.models.capture import beside_eager
 
-    from attnscope.models.capture import seq2seq_attention
-    from attnscope.models.forward import forward, install, pad_batch, supports_hooks
-
-    encdec = lm.facts.encoder_decoder
-    if encdec:
-        ours = [torch.from_numpy(a) for a in seq2seq_attention(lm, ids, ids[:2])]
-        ours = [layer for kind in ours for layer in kind]
-    else:
-        ours = [a[0] for a in forward(lm, pad_batch(lm, [ids]), attentions=True).attentions]
-    model, hooked = lm.model, supports_hooks(lm)
-    kwargs: dict[str, Any] = {"input_ids": torch.tensor([ids], device=lm.device)}
-    if encdec:
-        kwargs["decoder_input_ids"] = kwargs["input_ids"][:, :2]
-    if hooked:
-        model.set_attn_implementation("eager")
-    try:
-        with torch.inference_mode():
-            out = model(**kwargs, output_attentions=True, use_cache=False)
-    finally:
-        if hooked:
-            install(model)
-    kinds = (out.encoder_attentions, out.decoder_attentions, out.cross_attentions) if encdec else (out.attentions,)
-    theirs = [a[0] for kind in kinds for a in kind if a is not None]
+    ours, theirs = beside_eager(lm, ids)
     if len(theirs) != len(ours):
         return Row(MAPS, math.inf, 0.0, "DISAGREES", f"{len(ours)} layers of maps for transformers' {len(theirs)}")
-    diff = max(float((a.float().cpu() - b.float().cpu()).abs().max()) for a, b in zip(ours, theirs))
+    if any(a.shape != b.shape for a, b in zip(ours, theirs)):
+        return Row(MAPS, math.inf, 0.0, "DISAGREES", "maps of other shapes than transformers'")
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(ours, theirs))
     return Row(MAPS, diff, 0.0, "exact" if diff == 0 else "DISAGREES")
 
 
