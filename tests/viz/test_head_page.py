@@ -210,3 +210,35 @@ def test_head_page_in_a_browser(browser, general_run, tmp_path):
     assert pg.evaluate("document.documentElement.scrollWidth") <= 1280
     assert errors == []
     ctx.close()
+
+
+def _tree_lines(words):
+    return "\n".join(f"{i}\t{w}\t{w}\t{u}\t_\t_\t{h}\t{r}\t_\t_" for i, (w, h, r, u) in enumerate(words, 1))
+
+
+def test_syntax_evidence_leaves_out_thin_relations_and_labels_only_what_beats_the_offset(tmp_path, debug_bert):
+    """On the syntax family's own results: a relation seen once (every head 0% or 100% of it) is
+    neither ranked nor labelled, and a relation the best offset already gets right every time
+    (det: the noun is always the next word) gives no "tracks" label however well a head does."""
+    from attnscope.viz.head_page import MIN_ITEMS, syntax_evidence
+
+    nouns = ["dog", "bird", "cat", "fish", "cow", "hen", "fox", "owl", "ant", "bee", "elk", "yak"]
+    trees = [_tree_lines([("the", 2, "det", "DET"), (n, 3, "nsubj", "NOUN"), ("slept", 0, "root", "VERB")])
+             for n in nouns]
+    trees.append(_tree_lines([("we", 2, "nsubj", "PRON"), ("saw", 0, "root", "VERB"), ("it", 2, "obj", "PRON")]))
+    (tmp_path / "deps.conllu").write_text("\n\n".join(trees) + "\n\n")
+    out = tmp_path / "out"
+    run_family("syntax", {"deps": tmp_path / "deps.conllu"}, out, model=debug_bert, max_seq_len=32)
+    syntax = json.loads((out / "results" / "syntax.json").read_text())
+    relations = syntax["meta"]["relations"]
+    total = dict(zip(relations, syntax["arrays"]["total"]["data"]))
+    assert total["obj"] == 1 < MIN_ITEMS <= total["det"] == len(nouns)  # the producer counts it
+    best = {r["relation"]: r for r in syntax["tables"]["table1"]}
+    for rel in ("det", "nsubj"):  # Table 1 names a best head; the offset does as well or better
+        assert best[rel]["count"] >= MIN_ITEMS and best[rel]["offset_accuracy"] == 100.0
+    L, H = debug_bert.num_layers, debug_bert.num_heads
+    for layer in range(L):
+        for head in range(H):
+            labels, rows = syntax_evidence(syntax, layer, head, f"{layer + 1}-{head + 1}")
+            assert not [x for x in labels if x["label"].split()[1] in ("det", "nsubj", "obj")], labels
+            assert rows and not [r for r in rows if r["what"].startswith("obj ")], rows

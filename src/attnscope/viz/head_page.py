@@ -109,12 +109,20 @@ def general_labels(general: dict, name: str, stats: list[dict]) -> list[dict]:
     return [{"family": "general", "label": f"behaviour: {row['behaviour']}", "evidence": evidence}]
 
 
+#: a relation seen fewer times is not ranked or labelled on a head page: with n items every head's
+#: accuracy is a multiple of 1/n, so with one item each head has 0% or 100% and "rank 1 of 72" says
+#: only that it was among the heads that got that one item right
+MIN_ITEMS = 10
+
+
 def syntax_evidence(syntax: dict, layer: int, head: int, name: str, top: int = 5) -> tuple[list, list]:
     """``(labels, rows)``: the relations this head is Table 1's best head for (accuracy, 95%
-    interval, best offset), and its ``top`` relations by accuracy with their rank among heads."""
+    interval, best offset) where it beats the offset baseline, and its ``top`` relations by
+    accuracy with their rank among heads; relations with fewer than :data:`MIN_ITEMS` items are
+    left out of both."""
     labels = []
     for r in syntax.get("tables", {}).get("table1", []):
-        if r.get("head") == name:
+        if r.get("head") == name and r["count"] >= MIN_ITEMS and r["accuracy"] > r["offset_accuracy"]:
             labels.append({"family": "syntax", "label": f"tracks {r['relation']} {r['direction']}",
                            "evidence": f"{_pct(r['accuracy'])} [{r['ci_low']:.1f}, {r['ci_high']:.1f}] "
                                        f"of {r['count']}; best offset {r['offset']}: "
@@ -126,6 +134,8 @@ def syntax_evidence(syntax: dict, layer: int, head: int, name: str, top: int = 5
         acc = np.asarray(arr["data"], dtype=float).reshape(arr["shape"])  # [R L H 2]
         total = np.asarray(syntax["arrays"]["total"]["data"]) if "total" in syntax["arrays"] else None
         for r, rel in enumerate(meta["relations"]):
+            if total is not None and int(total[r]) < MIN_ITEMS:
+                continue
             for d, direction in enumerate(meta["directions"]):
                 v = acc[r, layer, head, d]
                 if np.isfinite(v):
