@@ -61,3 +61,29 @@ def test_info_of_the_default_model_prints_its_local_folder_and_what_it_is(capsys
     assert (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
     assert (info["model"], info["kind"], info["heads"]) == ("sentence-transformers/all-MiniLM-L6-v2",
                                                             "bidirectional", 12)
+
+
+def test_the_head_palette_tells_sixteen_heads_apart():
+    """Point 4: each head's colour in every view. Sixteen heads (and any twelve) in colours at
+    least 25 apart in CIELAB (CIE76 Delta E; about 2.3 is the smallest difference people see, 25
+    is plainly another colour): the palette before had two of its 16 at 4.6."""
+    import itertools
+    import re
+    from pathlib import Path
+
+    import numpy as np
+
+    js = (Path(__file__).resolve().parents[2] / "src" / "attnscope" / "viz" / "static" / "attnscope.js").read_text()
+    palette = re.findall(r"#[0-9a-fA-F]{6}", re.search(r"var PALETTE = \[(.*?)\];", js, re.S).group(1))
+
+    def lab(colour):  # sRGB (D65) -> CIELAB, the textbook formulas
+        rgb = np.array([int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+        rgb = np.where(rgb > 0.04045, ((rgb + 0.055) / 1.055) ** 2.4, rgb / 12.92)
+        xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ rgb
+        t = xyz / np.array([0.95047, 1.0, 1.08883])
+        f = np.where(t > (6 / 29) ** 3, np.cbrt(t), t / (3 * (6 / 29) ** 2) + 4 / 29)
+        return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+    assert len(palette) >= 16 and len(set(palette)) == len(palette)
+    closest = min(float(np.linalg.norm(lab(a) - lab(b))) for a, b in itertools.combinations(palette[:16], 2))
+    assert closest >= 25, closest

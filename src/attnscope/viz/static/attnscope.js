@@ -15,9 +15,13 @@
   "use strict";
 
   var SVGNS = "http://www.w3.org/2000/svg";
+  // one colour per head: colorcet's glasbey_category10 (category10, then Glasbey et al. 2007's
+  // colours chosen to be as far apart as possible): its first 24, any two at least 26.7 apart in
+  // CIELAB (the 16 before: 4.6, two of them hard to tell apart)
   var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                 "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a",
-                 "#637939", "#843c39", "#7b4173", "#3182bd"];
+                 "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#3a0183", "#004301",
+                 "#0fffa9", "#5e0040", "#bcbcff", "#d8afa2", "#b80080", "#004e53",
+                 "#6b6500", "#7d0200", "#6126ff", "#ffff9a", "#574964", "#8cb894"];
   var MAX_LINES = 30000;
   var FONT = "12px sans-serif";
   var HEAD_FONT = "14px sans-serif";  // the head view's tokens (.as-head-view .as-token)
