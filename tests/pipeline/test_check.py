@@ -80,3 +80,33 @@ def test_report_rows_are_frozen_records():
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.rows[0].verdict = "exact"
     assert report.facts.kind == "bidirectional" and report.ok
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["default", "smollm2"])
+def test_the_real_models_here_pass_check(name, request):
+    if name == "smollm2":
+        request.getfixturevalue("smollm2_file")  # skips, naming what is missing
+    report = attnscope.check(name)
+    assert report.ok, report.describe()
+    assert report.rows[0].verdict == "exact"
+    ran = [r for r in report.rows[1:] if r.verdict in ("exact", "rounding")]
+    assert {r.what for r in ran} >= {"maps", "tiles"}
+    assert report.facts.kind == ("bidirectional" if name == "default" else "causal")
+
+
+@pytest.mark.slow
+def test_a_default_loaded_sdpa_model_object_passes_check():
+    """The packaged MiniLM loaded with transformers' defaults (sdpa: no weights returned), as a
+    user's own object with its tokenizer."""
+    import transformers
+
+    from attnscope.models.loading import packaged_model_dir
+
+    folder = packaged_model_dir()
+    model = transformers.AutoModel.from_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    assert model.config._attn_implementation == "sdpa"
+    report = attnscope.check(model, tokenizer)
+    assert report.ok and report.rows[0].verdict == "exact", report.describe()
+    assert model.config._attn_implementation == "sdpa"
