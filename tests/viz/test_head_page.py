@@ -242,3 +242,39 @@ def test_syntax_evidence_leaves_out_thin_relations_and_labels_only_what_beats_th
             labels, rows = syntax_evidence(syntax, layer, head, f"{layer + 1}-{head + 1}")
             assert not [x for x in labels if x["label"].split()[1] in ("det", "nsubj", "obj")], labels
             assert rows and not [r for r in rows if r["what"].startswith("obj ")], rows
+
+
+@pytest.mark.parametrize("name", ["debug_bert", "debug_roberta"])
+def test_a_word_split_into_pieces_reads_as_the_word(name, request):
+    """Head pages write an example as running text: WordPiece's ``##`` pieces and byte-level
+    pieces without a leading space join the piece before them (they were drawn apart, so
+    "unaffable" read "u n a f f a b l e"); a space that is a token of its own stays visible."""
+    from attnscope.analyses.top_examples import units_of
+    from attnscope.viz.head_page import unit_labels
+
+    lm = request.getfixturevalue(name)
+    text = "The unaffable lighthouse keepers waved"
+    m = next(iter(extract([Example(text=text)], lm, max_seq_len=64, batch_size=1))).items[0]
+    labels, spaces = unit_labels(units_of(m))
+    assert len(labels) == len(spaces) == len(m.tokens) and not spaces[0]
+    words = [i for i, s in enumerate(m.special) if not s]
+    line = "".join((" " if spaces[i] and i != words[0] else "") + labels[i] for i in words)
+    assert line.replace("\u00b7", " ").replace("  ", " ") in (text, text.lower()), (m.tokens, line)
+    assert len(words) > len(text.split())  # the tiny vocabulary splits the words into pieces
+
+
+def test_coref_evidence_counts_the_mentions_of_each_type(tmp_path, debug_bert):
+    """The coref rows of a head page carry the number of mentions scored (the items column was
+    blank), from the coref family's own results; a mention type seen fewer than MIN_ITEMS times
+    is left out, as a thin relation is."""
+    from attnscope.pipeline import demo_inputs
+    from attnscope.viz.head_page import MIN_ITEMS, coref_evidence
+
+    out = tmp_path / "out"
+    run_family("coref", {"coref": [demo_inputs()["coref"]]}, out, model=debug_bert)
+    coref = json.loads((out / "results" / "coref.json").read_text())
+    counts = {"all": coref["meta"]["mentions"], **coref["meta"]["mentions_by_type"]}
+    assert counts["all"] == sum(coref["meta"]["mentions_by_type"].values())
+    _, rows = coref_evidence(coref, "1-1")
+    shown = {r["what"].split(", ")[1].split()[0]: r["count"] for r in rows}
+    assert shown == {k: v for k, v in counts.items() if v >= MIN_ITEMS} and shown

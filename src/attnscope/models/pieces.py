@@ -92,6 +92,36 @@ def readable(tokens: list[str], special, texts: list[str] | None, level: str) ->
     return list(tokens) if texts is None else [t if t else raw for t, raw in zip(texts, tokens)]
 
 
+def running_text(tokens: Sequence[str], special: Sequence[bool], texts: Sequence[str] | None,
+                 level: str) -> list[tuple[str, bool]]:
+    """Each unit as it reads in a line of text: ``(text, space before it)``. A piece that
+    continues a word (WordPiece's ``##``, a byte-level or SentencePiece piece without a leading
+    space) joins the one before it, so a word split into pieces reads as the word; words (word
+    level) and special tokens stand apart. Whitespace other than the leading space stays in the
+    text (shown by :func:`visible`).
+
+    >>> running_text(["[CLS]", "play", "##ing", "now", "[SEP]"], [1, 0, 0, 0, 1], None, "token")
+    [('[CLS]', False), ('play', True), ('ing', False), ('now', True), ('[SEP]', True)]
+    >>> running_text(["<s>", "The", "Ġcat", "s", "Ġ", "a"], [1, 0, 0, 0, 0, 0], None, "token")
+    [('<s>', False), ('The', True), ('cat', True), ('s', False), (' ', False), ('a', False)]
+    """
+    if texts is None and level == "token":
+        texts = guess_piece_texts(list(tokens), [bool(s) for s in special])
+    out: list[tuple[str, bool]] = []
+    for i, (raw, sp) in enumerate(zip(tokens, special)):
+        text = raw if texts is None or not texts[i] else texts[i]
+        if sp or level != "token" or (i > 0 and special[i - 1]):
+            joined = False
+        elif texts is None:  # WordPiece: the pieces are their text, ## continues a word
+            joined = raw.startswith("##") and len(raw) > 2
+            text = raw[2:] if joined else raw
+        else:  # a piece that is only a space stays one, shown (it is a unit of its own)
+            joined = not text.startswith(" ") or text == " "
+            text = text if joined else text[1:]
+        out.append((text, i > 0 and not joined))
+    return out
+
+
 def _in_context(convert: Callable[[list[str]], str], tokens: Sequence[str],
                 special: Sequence[bool]) -> list[str]:
     """Each token's text: what ``convert`` adds for it after up to :data:`CONTEXT` ordinary

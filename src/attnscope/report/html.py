@@ -29,7 +29,7 @@ from typing import Any
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import HeadId
 from attnscope.models.loaded import display_name as model_display_name
-from attnscope.models.pieces import readable, visible
+from attnscope.models.pieces import readable, running_text, visible
 from attnscope.report.figures import new_figure
 from attnscope.report.section import Section
 
@@ -376,4 +376,6 @@ def heatmap_page(amap, *, layer: int, head: int, title: str) -> str:
         "<h1>{{ title }}</h1><p>Rows attend to columns; each row sums to 1. "
         "Tokens: {{ tokens }}</p><img id=\"heatmap\" alt=\"{{ title }}\" src=\"{{ src }}\">"
         "<p><a href=\"../report.html\">back to the report</a></p></body></html>\n")
-    return tmpl.render(title=title, tokens=" ".join(shown), src=src)
+    line = "".join((" " if space else "") + visible(t)
+                   for t, space in running_text(amap.tokens, amap.special, amap.token_text, amap.level))
+    return tmpl.render(title=title, tokens=line, src=src)

@@ -17,7 +17,7 @@ import numpy as np
 
 from attnscope.data.records import HeadId
 from attnscope.models.loaded import display_name
-from attnscope.models.pieces import readable, visible
+from attnscope.models.pieces import running_text, visible
 
 PAYLOAD_VERSION = 1
 
@@ -150,17 +150,20 @@ def syntax_evidence(syntax: dict, layer: int, head: int, name: str, top: int = 5
 
 def coref_evidence(coref: dict, name: str) -> tuple[list, list]:
     """``(labels, rows)``: the head's antecedent accuracy by mention type with its rank among
-    heads, and a label when it is Table 2's best head (with its interval)."""
+    heads and the number of mentions scored (types with fewer than :data:`MIN_ITEMS` left out),
+    and a label when it is Table 2's best head (with its interval)."""
     heads = coref.get("tables", {}).get("heads", [])
+    meta = coref.get("meta", {})
+    counts = {"all": meta.get("mentions"), **(meta.get("mentions_by_type") or {})}
     mine = next((i for i, r in enumerate(heads) if r["name"] == name), None)
     rows = []
     for key in ("all", "pronoun", "proper", "nominal"):
         vals = np.array([r[key] if isinstance(r.get(key), (int, float)) else np.nan for r in heads], float)
-        if mine is None or not np.isfinite(vals[mine]):
+        if mine is None or not np.isfinite(vals[mine]) or (counts.get(key) or 0) < MIN_ITEMS:
             continue
         rows.append({"what": f"antecedent accuracy, {key} mentions", "value": 100 * float(vals[mine]),
                      "rank": int(np.sum(vals[np.isfinite(vals)] > vals[mine])) + 1,
-                     "of": int(np.isfinite(vals).sum()), "count": None})
+                     "of": int(np.isfinite(vals).sum()), "count": int(counts[key])})
     labels = []
     for r in coref.get("tables", {}).get("table2", []):
         if r.get("kind") != "baseline" and r.get("name") == name and r.get("all") is not None:
@@ -205,11 +208,12 @@ def atlas_labels(atlas: dict, name: str) -> list[dict]:
     return out
 
 
-def unit_labels(units: dict) -> list[str]:
-    """What the page writes for each unit of an example (:func:`~attnscope.analyses.top_examples.units_of`):
-    the tokenizer's text with whitespace made visible, as every view shows tokens."""
-    level = units.get("level", "token")
-    return [visible(t) for t in readable(units["tokens"], units["special"], units.get("text"), level)]
+def unit_labels(units: dict) -> tuple[list[str], list[bool]]:
+    """What the page writes for each unit of an example (:func:`~attnscope.analyses.top_examples.units_of`)
+    and whether a space comes before it: the pieces of a word run together as the word
+    (:func:`~attnscope.models.pieces.running_text`), other whitespace made visible."""
+    run = running_text(units["tokens"], units["special"], units.get("text"), units.get("level", "token"))
+    return [visible(t) for t, _ in run], [space for _, space in run]
 
 
 def head_page_payload(results: dict[str, dict], head_examples: dict | None, name: str, *,
@@ -250,7 +254,8 @@ def head_page_payload(results: dict[str, dict], head_examples: dict | None, name
                 key = str(e["example"])
                 if key not in units:
                     u = head_examples["examples"][key]
-                    units[key] = {"labels": unit_labels(u), "raw": list(u["tokens"])}
+                    labels, spaces = unit_labels(u)
+                    units[key] = {"labels": labels, "space": spaces, "raw": list(u["tokens"])}
     return {
         "version": PAYLOAD_VERSION,
         "title": f"Head {name}" + (f" of {model_name}" if model_name else "") + (f" ({folder})" if folder else ""),

@@ -42,6 +42,7 @@
     var prev = -1;
     shownUnits(n, entry, all).forEach(function (i) {
       if (prev >= 0 && i > prev + 1) el("span", { "class": "hp-gap" }, line, " \u2026 ");
+      else if (prev >= 0 && u.space && u.space[i]) line.appendChild(document.createTextNode(" "));  // a new word
       prev = i;
       var cls = "hp-tok" + (i === entry.query ? " hp-query" : "") + (i in weight ? " hp-key" : "");
       var t = el("span", { "class": cls, title: u.raw[i] + (i in weight ? " \u00b7 weight " + fmt(weight[i]) : "") }, line, labels[i]);
