@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from attnscope.analyses.longctx import LongContextStats
-from attnscope.engines.document import DocumentRows, distance_buckets, row_summary
+from attnscope.engines.document import DocumentRows, row_summary
+from attnscope.engines.rows import bucket_labels, bucket_of, bucket_ranges
 from attnscope.engines.streaming import stream_stats
 from attnscope.models import capture
 
@@ -72,11 +73,19 @@ def test_a_row_of_a_decoder_sees_only_its_past_and_bad_picks_are_one_line(debug_
         doc.row(2, 0, 1)
 
 
-def test_distance_buckets_cover_every_distance_once():
+def test_distance_buckets_cover_every_distance_once_as_every_page_buckets_them():
+    """A long page's row and the profiles of every other page bucket distances one way (the
+    long page had 0, 1, 2-3, 4-7 where the others had 0, 1, 2, 3-4, 5-8)."""
+    labels = bucket_labels()
     for n in (1, 2, 3, 17, 1024, 1025):
-        b = distance_buckets(n)
+        b = bucket_ranges(n)
         covered = [d for lo, hi in b for d in range(lo, hi + 1)]
         assert covered == list(range(n))
+        for k, (lo, hi) in enumerate(b):
+            assert set(bucket_of(np.arange(lo, hi + 1)).tolist()) == {k}
+            assert k == len(b) - 1 or labels[k] == (str(lo) if lo == hi else f"{lo}-{hi}")
+    row = row_summary(np.full(10, 0.1), 9)
+    assert [(x["lo"], x["hi"]) for x in row["buckets"]] == [(0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, 9)]
 
 
 @pytest.mark.slow

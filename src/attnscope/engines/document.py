@@ -31,20 +31,7 @@ import numpy as np
 from attnscope.data.records import HeadId
 from attnscope.errors import AttnscopeError
 from attnscope.models.forward import forward, pad_batch
-
-
-def distance_buckets(n: int) -> list[tuple[int, int]]:
-    """The distance buckets of a row's mass, ``[(lo, hi), ...]`` inclusive: 0, 1, 2-3, 4-7, ...
-    (powers of two) up to ``n - 1``.
-
-    >>> distance_buckets(10)
-    [(0, 0), (1, 1), (2, 3), (4, 7), (8, 9)]
-    """
-    out, lo = [(0, 0)], 1
-    while lo < n:
-        out.append((lo, min(2 * lo - 1, n - 1)))
-        lo *= 2
-    return out
+from attnscope.engines.rows import bucket_ranges
 
 
 class DocumentRows:
@@ -155,7 +142,8 @@ def stretches(values: np.ndarray, bins: int) -> tuple[np.ndarray, list[int]]:
 
 def row_summary(row: np.ndarray, query: int, *, top: int = 20, bins: int = 1024) -> dict:
     """What a page draws of one row ``[n]`` of query ``query``: ``top`` keys by weight (highest
-    first, then by position), mass per distance bucket (:func:`distance_buckets`), mass over
+    first, then by position), mass per distance bucket (:func:`~attnscope.engines.rows.bucket_ranges`, the
+    buckets of every page), mass over
     ``bins`` equal stretches of the document (the strip; at most ``n``), the row's entropy
     (nats), largest weight and mass on the first token (the sink).
 
@@ -168,7 +156,7 @@ def row_summary(row: np.ndarray, query: int, *, top: int = 20, bins: int = 1024)
     order = np.lexsort((np.arange(n), -row))[:top]
     dist = np.abs(np.arange(n) - query)
     buckets = [{"lo": lo, "hi": hi, "mass": float(row[(dist >= lo) & (dist <= hi)].sum())}
-               for lo, hi in distance_buckets(n)]
+               for lo, hi in bucket_ranges(n)]
     strip, edges = stretches(row, bins)
     nz = row[row > 0]
     return {"query": int(query), "top": [[int(j), float(row[j])] for j in order if row[j] > 0],

@@ -41,13 +41,25 @@ def bucket_of(d: np.ndarray) -> np.ndarray:
     return out
 
 
+def bucket_range(k: int) -> tuple[int, int]:
+    """The distances of bucket ``k`` (:func:`bucket_of`), inclusive: 0, 1, 2, then 3-4, 5-8, ..."""
+    return (k, k) if k < 2 else (2 ** (k - 2) + 1, 2 ** (k - 1))
+
+
 def bucket_labels() -> list[str]:
     """``["0", "1", "2", "3-4", "5-8", ...]``."""
-    labels = ["0", "1"]
-    for k in range(2, NUM_BUCKETS):
-        lo, hi = 2 ** (k - 2) + 1, 2 ** (k - 1)
-        labels.append(str(hi) if lo == hi else f"{lo}-{hi}")
-    return labels
+    return [str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in map(bucket_range, range(NUM_BUCKETS))]
+
+
+def bucket_ranges(n: int) -> list[tuple[int, int]]:
+    """The buckets that the distances ``0 .. n-1`` of one sequence fall in, inclusive, the last
+    one cut at ``n - 1``: every page draws a row's mass by distance in these.
+
+    >>> bucket_ranges(10)
+    [(0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, 9)]
+    """
+    ranges = [bucket_range(k) for k in range(NUM_BUCKETS)]
+    return [(lo, min(hi, n - 1)) for lo, hi in ranges if lo <= n - 1]
 
 
 def pairs_per_bucket(n: int, causal: bool) -> np.ndarray:
