@@ -374,3 +374,14 @@ def test_out_of_gpu_memory_in_a_run_is_one_line_naming_max_seq_len(tmp_path, cap
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
     says(err, "--max-seq-len 64", "3.00 GiB", "GPU memory")
+
+
+def test_the_arguments_recorded_are_those_of_the_families_that_run():
+    """Provenance (and the resume fingerprint) hold the shared settings and the inputs and options
+    of the families that run: a run of the general family alone listed 91 arguments, coref's
+    window and the probes' epochs among them."""
+    args = RunConfig(text="t.txt", window="sliding").as_dict()
+    assert {"model", "seed", "max_seq_len", "text", "gradients"} <= set(args)
+    assert not {"window", "deps", "coref", "deps_train"} & set(args), sorted(args)
+    both = RunConfig(text="t.txt", coref=["c.conllu"], window="sliding").as_dict()
+    assert both["window"] == "sliding" and both["coref"] == ["c.conllu"] and set(args) < set(both)

@@ -78,14 +78,23 @@ class RunConfig:
         return out
 
     def as_dict(self) -> dict[str, Any]:
+        """The arguments that decide what this run computes: the shared settings, and the
+        inputs and options of the families it runs (:meth:`selected`); another family's
+        options change nothing, so they are neither recorded nor fingerprinted.
+
+        >>> args = RunConfig(text="wiki.txt", window="sliding").as_dict()  # window: coref's
+        >>> "text" in args, "gradients" in args, "window" in args, "deps" in args
+        (True, True, False, False)
+        """
         d: dict[str, Any] = {"model": self.model, "max_seq_len": self.max_seq_len,
                              "batch_size": self.batch_size, "seed": self.seed, "save_maps": self.save_maps,
                              "device": self.device}
-        for name, value in self.inputs.items():
-            d[name] = [str(p) for p in value] if isinstance(value, list) else (
-                None if value is None else str(value))
-        for options in self.options.values():
-            d.update(to_plain(dataclasses.asdict(options)))
+        for fam in self.selected():
+            for inp in fam.inputs:
+                value = self.inputs[inp.name]
+                d[inp.name] = [str(p) for p in value] if isinstance(value, list) else (
+                    None if value is None else str(value))
+            d.update(to_plain(dataclasses.asdict(self.options[fam.key])))
         return d
 
 
