@@ -136,7 +136,7 @@ def test_attribution_findings_cite_the_ends_of_the_importance_ranking(tmp_path):
 
 def test_longctx_findings_name_the_heads_over_each_threshold(tmp_path, debug_llama):
     from attnscope.pipeline import run_family
-    from attnscope.report.longctx import PREVIOUS_THRESHOLD
+    from attnscope.analyses.longctx import PREVIOUS_THRESHOLD
 
     docs = tmp_path / "docs.txt"
     docs.write_text(DEMO_TEXT.read_text())

@@ -141,6 +141,9 @@ def test_the_page_and_the_viewer_in_a_browser(browser, view, tmp_path):
     pg.select_option("select.lp-pick", "300")
     assert pg.get_attribute("#attnscope-root", "data-query") == "300"
     assert pg.locator(".lp-top li").count() == 10
+    roles = {r["statistic"]: r for r in view.payload["roles"]}
+    said = pg.text_content(".lp-roles")
+    assert said.startswith("What it does here: ") and f"sink {roles['sink']['mean']:.3f}" in said, said
     assert pg.evaluate("document.documentElement.scrollWidth") <= 1280
     # served: a click on any token asks the viewer for that head's row
     server, url = start(create_app(None, None, document=view))
@@ -163,3 +166,29 @@ def test_the_page_and_the_viewer_in_a_browser(browser, view, tmp_path):
         server.shutdown()
     assert errors == []
     ctx.close()
+
+
+def test_the_page_names_what_the_head_does_on_the_document(view):
+    """The page says whether the head is an attention sink or a previous-token head on this
+    document (a head with 0.868 of every row on the first token went unnamed), by the family's
+    thresholds, from the head's own rows: the means checked against the eager map."""
+    from attnscope.analyses.longctx import PREVIOUS_THRESHOLD, SINK_THRESHOLD
+
+    lm, ids = view.lm, view.doc.ids
+    layers = {}
+    seen = iter(range(lm.num_layers))
+    capture.attention(lm, ids, each_layer=lambda probs: layers.__setitem__(next(seen), probs))
+    n = len(ids)
+    for layer, head in ((1, 2), (0, 1)):
+        a = layers[layer][head].astype(np.float64)
+        part = view.payload if (layer, head) == (1, 2) else view.head(layer, head)
+        roles = {r["statistic"]: r for r in part["roles"]}
+        want = {"sink": a[1:, 0].mean(), "previous": a[np.arange(1, n), np.arange(n - 1)].mean()}
+        bound = np.finfo(np.float32).eps * n  # each weight is a float32 softmax of an n-term row
+        for key, limit in (("sink", SINK_THRESHOLD), ("previous", PREVIOUS_THRESHOLD)):
+            assert abs(roles[key]["mean"] - want[key]) <= bound, key
+            assert roles[key]["threshold"] == limit and roles[key]["holds"] == (want[key] > limit)
+        edges = part["profile_edges"]
+        per_row = np.r_[0.0, a[np.arange(1, n), np.arange(n - 1)]]
+        assert part["profiles"]["previous"] == pytest.approx(
+            [per_row[lo:hi].mean() for lo, hi in zip(edges[:-1], edges[1:])], rel=0, abs=float(bound))

@@ -77,6 +77,9 @@ from attnscope.maps import AttentionBatch
 
 #: Gu et al. 2024 ("When Attention Sink Emerges"): a sink head puts more than this on token 0.
 SINK_THRESHOLD = 0.3
+#: A head is called a previous-token / induction head above these mean weights.
+PREVIOUS_THRESHOLD = 0.5
+INDUCTION_THRESHOLD = 0.3
 #: How sink heads are told: the pooled mean over rows >= 1, or Gu et al. 2024's per-sample score.
 SINK_METRICS = ("pooled", "gu2024")
 HEAD_SUMS = ("sink", "special", "punct", "previous", "current", "entropy", "norm_entropy", "max")
@@ -487,4 +490,25 @@ def head_clusters(res: Result) -> dict | None:
         if r["behaviour"] == "[CLS]":
             r["behaviour"] = "first token (sink)"
     out["labels"] = np.where(out["labels"] == "[CLS]", "first token (sink)", out["labels"])
+    return out
+
+
+def document_roles(profiles: dict[str, np.ndarray]) -> list[dict]:
+    """What one head does on one document, from its value at every row (``profiles``, as
+    :meth:`~attnscope.engines.document.DocumentRows.profiles` gives them), by the thresholds the
+    family names heads with: an attention sink puts more than :data:`SINK_THRESHOLD` of a row on
+    the first token, a previous-token head more than :data:`PREVIOUS_THRESHOLD` on the token
+    before; each the mean over rows ``1 .. n-1`` (row 0 sees only itself).
+
+    >>> [(r["role"], round(r["mean"], 6), r["holds"]) for r in document_roles(
+    ...     {"sink": np.array([1.0, 0.9, 0.8]), "previous": np.array([0.0, 0.1, 0.2])})]
+    [('attention sink', 0.85, True), ('previous-token head', 0.15, False)]
+    """
+    out = []
+    for key, limit, role in (("sink", SINK_THRESHOLD, "attention sink"),
+                             ("previous", PREVIOUS_THRESHOLD, "previous-token head")):
+        v = profiles.get(key)
+        if v is not None and len(v) >= 2:
+            mean = float(np.mean(np.asarray(v, np.float64)[1:]))
+            out.append({"role": role, "statistic": key, "mean": mean, "threshold": limit, "holds": mean > limit})
     return out

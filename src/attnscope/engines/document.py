@@ -85,20 +85,23 @@ class DocumentRows:
         return out
 
     def profiles(self, layer: int, head: int, chunk: int = 512) -> dict[str, np.ndarray]:
-        """The head's value at every row ``[n]``: its mass on the first token (``sink``), its
-        entropy (nats), largest weight and mean distance ``sum_j P_ij |i - j|`` to what it attends
-        to, ``chunk`` rows at a time (one ``[chunk n]`` block of scores at most)."""
+        """The head's value at every row ``[n]``: its mass on the first token (``sink``) and on
+        the token before (``previous``, 0 at row 0), its entropy (nats), largest weight and mean
+        distance ``sum_j P_ij |i - j|`` to what it attends to, ``chunk`` rows at a time (one
+        ``[chunk n]`` block of scores at most)."""
         import torch
 
         n = self.n
         pos = torch.arange(n, device=self.q[layer].device)
         out = {k: torch.zeros(n, dtype=torch.float64, device=pos.device)
-               for k in ("sink", "entropy", "max_weight", "distance")}
+               for k in ("sink", "previous", "entropy", "max_weight", "distance")}
         for q0 in range(0, n, chunk):
             q1 = min(n, q0 + chunk)
             p = self._probs(layer, head, q0, q1)  # [c k1]
             k1 = p.shape[1]
             out["sink"][q0:q1] = p[:, 0]
+            rows = pos[max(q0, 1):q1]
+            out["previous"][rows] = p[rows - q0, rows - 1].double()
             out["entropy"][q0:q1] = torch.special.entr(p).sum(-1)
             out["max_weight"][q0:q1] = p.amax(-1)
             if self.causal:  # every key at or before the row: |i - j| = i - j

@@ -15,14 +15,12 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.base import Result
+from attnscope.analyses.longctx import INDUCTION_THRESHOLD, PREVIOUS_THRESHOLD
 from attnscope.data.records import HeadId, layer_number
 from attnscope.report.figures import new_figure, save_figure
 from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
 
-#: A head is called a previous-token / induction head above these mean weights.
-PREVIOUS_THRESHOLD = 0.5
-INDUCTION_THRESHOLD = 0.3
 HEAD_COLUMNS = ["name", "layer", "head", "sink", "sink_head", "sink_gu", "sink_rate", "special", "punct",
                 "previous", "current", "entropy", "norm_entropy", "max", "induction", "duplicate"]
 

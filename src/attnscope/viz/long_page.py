@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnscope.analyses.longctx import document_roles
 from attnscope.data.records import HeadId
 from attnscope.engines.document import stretches
 
@@ -33,7 +34,8 @@ def pooled(values: np.ndarray, bins: int = BINS) -> tuple[list[float], list[int]
 
 def head_payload(*, layer: int, head: int, n: int, rows: list[dict], profiles: dict[str, np.ndarray],
                  model: str | None) -> dict:
-    """What the page draws of one head: its title, ``rows`` (one
+    """What the page draws of one head: its title, what it does on this document (``roles``:
+    :func:`~attnscope.analyses.longctx.document_roles`), ``rows`` (one
     :func:`~attnscope.engines.document.row_summary` per query) and ``profiles`` (name -> ``[n]``
     per-row value of the head, pooled here); the served viewer swaps it in when another head is
     picked."""
@@ -41,7 +43,8 @@ def head_payload(*, layer: int, head: int, n: int, rows: list[dict], profiles: d
     for name, values in profiles.items():
         pooled_profiles[name], edges = pooled(values)
     return {"title": f"Head {HeadId(layer, head)} over {n:,} tokens" + (f" of {model}" if model else ""),
-            "layer": layer, "head": head, "rows": rows, "profiles": pooled_profiles, "profile_edges": edges}
+            "layer": layer, "head": head, "roles": document_roles(profiles), "rows": rows,
+            "profiles": pooled_profiles, "profile_edges": edges}
 
 
 def long_page_payload(*, labels: list[str], raw: list[str], layer: int, head: int,

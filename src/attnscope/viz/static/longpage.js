@@ -49,10 +49,16 @@
        (p.seconds && p.seconds.forward ? " \u00b7 one forward pass: " + fmt(p.seconds.forward, 1) + " s" : "") +
        " \u00b7 head " + (p.layer + 1) + "-" + (p.head + 1) + " of " + p.num_layers + " x " + p.num_heads +
        " (1-indexed) \u00b7 no n x n map was made");
+    var held = (p.roles || []).filter(function (r) { return r.holds; });
+    el("div", { "class": "lp-roles" }, root, "What it does here: " + (held.length
+       ? held.map(function (r) { return r.role + " (mean " + r.statistic + " " + fmt(r.mean) + " > " + r.threshold + ")"; }).join("; ")
+       : "neither an attention sink nor a previous-token head (" + (p.roles || []).map(function (r) {
+           return r.statistic + " " + fmt(r.mean) + " \u2264 " + r.threshold; }).join(", ") + ")") +
+       ", rows 1 to " + (p.n - 1) + " of this document");
     if (p.head_api) this.headPicker();
     var prof = el("section", { "class": "lp-profiles" }, root);
     el("h3", null, prof, "Along the document (each row's value, averaged over " + (p.profile_edges.length - 1) + " stretches)");
-    var names = { sink: "mass on the first token (sink)", entropy: "row entropy (nats)",
+    var names = { sink: "mass on the first token (sink)", previous: "mass on the token before", entropy: "row entropy (nats)",
                   max_weight: "largest weight of a row", distance: "mean distance to the attended tokens" };
     Object.keys(p.profiles).forEach(function (k) {
       lineChart(prof, p.profiles[k], p.profile_edges, p.n, names[k] || k);
