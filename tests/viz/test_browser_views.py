@@ -149,4 +149,24 @@ def test_hover_focuses_one_token(browser, tmp_path, pair_map):
     assert o.page.get_attribute("#attnscope-root", "data-lines") == str(2 * n * n)
     o.page.hover('.as-token[data-unit="2"][data-side="q"]')
     assert o.page.get_attribute("#attnscope-root", "data-lines") == str(2 * n)  # only its lines
+    # the weight boxes are drawn behind the key tokens: each token keeps a white halo over them
+    assert o.page.locator(".as-boxes rect").count() == 2 * n
+    halo = o.js("() => { const s = getComputedStyle(document.querySelector('.as-token[data-side=\"k\"]'));"
+                " return [s.paintOrder, s.stroke, s.strokeWidth]; }")
+    assert halo[0].startswith("stroke") and halo[1] == "rgb(255, 255, 255)" and float(halo[2][:-2]) >= 3
+    o.close()
+
+
+def test_the_head_view_has_a_legend_of_its_head_colours_in_its_drawing(browser, tmp_path, pair_map):
+    """Which colour is which head is drawn in the view's own SVG (so the PNG and SVG exports carry
+    it): one swatch per head shown, in that head's colour, named as the pages name heads."""
+    from attnscope.viz.pages import head_view_html
+
+    o = Opened(browser, head_view_html(pair_map, layer=1), tmp_path)
+    o.js("() => window.attnscope.setState({heads: [0, 1]}).then(() => null)")
+    got = o.js("() => Array.from(document.querySelectorAll('.as-head-view .as-legend .as-swatch'))"
+               ".map(l => [l.getAttribute('stroke'), l.dataset.name])")
+    want = o.js("() => [0, 1].map(h => [AttnScope.headColour(h), '2-' + (h + 1)])")
+    assert got == want and want[0][0] != want[1][0]
+    assert o.js("() => window.attnscope.exportSVG()").count('class="as-swatch"') == 2
     o.close()

@@ -380,6 +380,19 @@
     return t;
   };
 
+  // the legend of a caption that names items after `head`, ", " between them: each name
+  // underlined in its colour; part of the drawing, so the PNG and SVG carry it
+  Viewer.prototype.legend = function (root, x, y, head, names, colours) {
+    var g = svg("g", { "class": "as-legend" }, root), at = x + textWidth(head);
+    names.forEach(function (name, k) {
+      var w = textWidth(name);
+      svg("line", { x1: at, y1: y + 4, x2: at + w, y2: y + 4, stroke: colours[k], "stroke-width": 4,
+                    "class": "as-swatch", "data-name": name }, g);
+      at += w + textWidth(", ");
+    });
+    return g;
+  };
+
   // ---- head view ------------------------------------------------------------------------
   Viewer.prototype.renderHead = function () {
     var self = this, s = this.state, p = this.p;
@@ -395,9 +408,11 @@
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
                             "class": "as-svg as-head-view" }, this.stage);
     svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
-    var hn = M.heads.map(function (h) { return (s.layer + 1) + "-" + (h + 1); }).join(", ");
-    this.caption(root, 4, 14, "Layer " + (s.layer + 1) + ", heads " + (hn || "(none)") +
+    var names = M.heads.map(function (h) { return (s.layer + 1) + "-" + (h + 1); });
+    var head = "Layer " + (s.layer + 1) + ", heads ";
+    this.caption(root, 4, 14, head + (names.join(", ") || "(none)") +
                  (s.pair_filter !== "all" ? ", " + s.pair_filter : ""));
+    this.legend(root, 4, 14, head, names, M.heads.map(headColour));
     this.caption(root, 4, 30, s.hide_special ? "special tokens hidden, rows renormalised" :
                  "lines: weight \u2265 " + s.min_weight);
     var lines = svg("g", { "class": "as-lines" }, root);
