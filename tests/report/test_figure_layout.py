@@ -128,3 +128,25 @@ def test_figure_1_sets_five_heads_out_as_three_and_two(figures, tmp_path):
     shown = [ax for ax in fig.axes if ax.get_title()]
     assert len(shown) == 5 and fig.axes[0].get_gridspec().get_geometry() == (2, 3)
     assert text_collisions(fig) == []
+
+
+def test_figure_1_panels_are_as_wide_as_their_longest_labels(figures, tmp_path):
+    """Four heads side by side with long words: each panel's right column of labels ran into the
+    next panel's left column ("instruments" into "afternoons"); panels are sized by the labels
+    measured, as many side by side as the report's width holds, and a label past 16 characters
+    ends in an ellipsis."""
+    import numpy as np
+    from conftest import make_map
+
+    from attnscope.report.general import LABEL_CHARS, REPORT_WIDTH_IN, plot_token_lines
+
+    words = ["instruments", "afternoons", "unquestionably", "librarian", "characteristically-long-word"]
+    n = len(words) + 2
+    a = np.tile(np.full((n, n), 1.0 / n)[None, None], (2, 4, 1, 1))
+    m = make_map(a, ["[CLS]"] + words + ["[SEP]"])
+    fig = plot_token_lines(m, [(0, h, f"label {h}") for h in range(4)])
+    assert fig.get_size_inches()[0] <= REPORT_WIDTH_IN  # 2 x 2: four panels this wide would not fit
+    assert fig.axes[0].get_gridspec().get_geometry() == (2, 2)
+    assert text_collisions(fig) == []
+    shown = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert "characteristically-long-word"[:LABEL_CHARS - 1] + "\u2026" in shown and "unquestionably" in shown

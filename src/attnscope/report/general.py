@@ -72,32 +72,58 @@ def plot_token_lines(m: AttentionMap, heads: list[tuple[int, int, str]]):
     each token it attends to (right), darker for more attention."""
     from matplotlib.collections import LineCollection
 
+    from matplotlib.textpath import TextPath
+
     k = max(len(heads), 1)
     n = m.num_units
-    # at most PER_ROW heads side by side, so the figure keeps the report's width and its
-    # token labels stay readable there (figures.REPORT_WIDTH_IN)
-    rows = -(-k // PER_ROW)
+    texts = [_tex_safe(visible(t if len(t) <= LABEL_CHARS else t[:LABEL_CHARS - 1] + "\u2026"))
+             for t in readable(m.tokens, m.special, m.token_text, m.level)]
+    # each panel is as wide as its two columns of labels (measured, in inches) and the lines
+    # between them, with a margin either side, so the labels of neighbouring panels never meet
+    label_in = max([TextPath((0, 0), t, size=LABEL_PT).get_extents().width / 72 for t in texts] + [0.3])
+    width_in = 2 * (label_in + PANEL_MARGIN_IN) + LINES_IN
+    # at most PER_ROW heads side by side, and no wider than the report shows a figure at full
+    # size, so its token labels stay readable there
+    per_row = max(1, min(PER_ROW, int(REPORT_WIDTH_IN // width_in)))
+    rows = -(-k // per_row)
     cols = -(-k // rows)  # rows as even as they go: 5 heads are 3 + 2, not 4 + 1
-    fig, axes = new_figure(rows, cols, figsize=(2.5 * cols, rows * max(3.0, 0.24 * n + 1.2)),
-                           squeeze=False)
+    row_in = max(3.0, 0.24 * n + 1.2)  # a panel and its two-line title
+    # the panels fill the figure edge to edge, so an axis unit is an inch and the measured
+    # labels fit where they are put
+    fig, axes = new_figure(rows, cols, figsize=(width_in * cols, rows * row_in), squeeze=False,
+                           gridspec_kw={"left": 0, "right": 1, "wspace": 0, "bottom": 0,
+                                        "top": 1 - TITLE_IN / (rows * row_in),
+                                        "hspace": TITLE_IN / (row_in - TITLE_IN)})
     for ax in axes.ravel()[k:]:
         ax.axis("off")
+    left, right = PANEL_MARGIN_IN + label_in, PANEL_MARGIN_IN + label_in + LINES_IN  # inches
     for ax, (layer, head, label) in zip(axes.ravel(), heads):
         a = m.attn[layer, head]  # [q k]
         ys = -np.arange(n)
         qi, kj = np.nonzero(a > 0.02)
-        segs = [[(0.25, ys[i]), (0.75, ys[j])] for i, j in zip(qi, kj)]
+        segs = [[(left + 0.04, ys[i]), (right - 0.04, ys[j])] for i, j in zip(qi, kj)]
         colours = [(0.12, 0.31, 0.62, float(min(1.0, a[i, j]))) for i, j in zip(qi, kj)]
         ax.add_collection(LineCollection(segs, colors=colours, linewidths=1.5))
-        for i, t in enumerate(readable(m.tokens, m.special, m.token_text, m.level)):
-            text = _tex_safe(visible(t))
-            ax.text(0.22, ys[i], text, ha="right", va="center", fontsize=9)
-            ax.text(0.78, ys[i], text, ha="left", va="center", fontsize=9)
-        ax.set_xlim(-0.2, 1.2)
+        for i, text in enumerate(texts):
+            ax.text(left, ys[i], text, ha="right", va="center", fontsize=LABEL_PT)
+            ax.text(right, ys[i], text, ha="left", va="center", fontsize=LABEL_PT)
+        ax.set_xlim(0, width_in)
         ax.set_ylim(-n, 1)
         ax.axis("off")
-        ax.set_title(f"head {HeadId(layer, head)}\n" + textwrap.fill(label, 26), fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title(f"head {HeadId(layer, head)}\n" + textwrap.fill(label, max(16, int(width_in * 11))),
+                     fontsize=10)
     return fig
+
+
+#: Figure 1's token labels: their size (points), the longest shown (longer ones end in an
+#: ellipsis), the width of the lines between the two columns and the margin either side, the
+#: room for a panel's title (inches).
+LABEL_PT, LABEL_CHARS, LINES_IN, PANEL_MARGIN_IN, TITLE_IN = 9, 16, 1.1, 0.15, 0.55
+#: The width (inches) a figure is shown at full size in the report (its 1,036 px column at the
+#: 150 dpi the figures are saved at is 6.9 in; wider ones are scaled down, to 2/3 at this width).
+REPORT_WIDTH_IN = 10.5
 
 
 #: Figure 1: heads side by side in one row.
