@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import sys
 import warnings
@@ -33,6 +34,77 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 # before any test module is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+
+# -- Float32 error bounds ------------------------------------------------------------------------
+# A float comparison is bounded by what float32 rounding can do to the computation compared, never
+# by a constant measured on one CPU: the BLAS's kernels, the vector width and the thread count
+# change the order of the sums (a fixed 1e-6 measured 1.03e-6 on an AMD EPYC, 1e-5 measured
+# 1.14e-5 on an Intel Xeon). The reference is float64 where it can be; each assertion says which
+# bound it uses and why, next to it.
+EPS32 = float(np.finfo(np.float32).eps)  # 2**-23, twice float32's unit roundoff
+
+
+def sum_bound(n: int, size: float = 1.0) -> float:
+    """How far a float32 sum of ``n`` terms whose absolute values add up to at most ``size`` can
+    be from the exact sum, or from another float32 computation of it in another order: ``eps n
+    size`` (a row of weights: size 1; a weighted mean of values: their largest ``|v|``; a sum of
+    ``n`` values each at most ``x``: ``n x``).
+
+    Each of the n - 1 additions, and the rounding of each term, errs by at most eps/2 of the
+    partial sum, so a float32 sum in any order (sequential, pairwise, a BLAS kernel's blocks and
+    lanes, threads) is within n eps/2 size of the exact sum (Higham, Accuracy and Stability of
+    Numerical Algorithms, section 4.2), and two of them within eps n size of each other."""
+    return EPS32 * n * size
+
+
+def softmax_bound(n: int, score: float = 0.0) -> float:
+    """How far a float32 statistic of a softmax row over ``n`` keys can be from float64, or from
+    another float32 order: a weight, a mass (a sum of weights), the largest weight, the entropy, a
+    Jensen-Shannon divergence between rows; ``score`` is the largest ``|score|`` (after the scale
+    and any cap) where the statistic sums ``p_j s_j`` of unshifted scores (the entropy ``L - sum p
+    s``); a kernel that shifts each row by its largest score first needs none: there the terms
+    ``p_j (m - s_j)`` add up to ``ln z - H <= ln n``.
+
+    The log-sum-exp ``L`` sums n terms, so it is off by about eps n, and it is shared: every weight
+    ``p_j = exp(s_j - L)`` is off by that times ``p_j``, and by eps ``|ln p_j|`` of itself. A mass
+    is then off by about eps (n + ln n) (its own sum: sum_bound); the entropy moves by the error of
+    ``L`` times ``1 - H`` (``-sum p ln p``, ``H <= ln n``) or ``1 + sum p s`` (``L - sum p s``), plus its
+    sum's rounding, eps n max|s|. ``eps n (1 + |s| + ln n)`` covers each of them (the bound of commit
+    a6c05d6 for the entropy is eps n (|s| + ln n))."""
+    return EPS32 * n * (1.0 + score + math.log(max(n, 1)))
+
+
+def js_bound(c: int) -> float:
+    """How far a float32 Jensen-Shannon divergence between two softmax rows over ``c`` keys can be
+    from float64, computed as distances.js_pairs and compare.js_cross do: each row's terms ``x ln x``
+    summed in float32 (F_i, F_j and the cross term of ``p_i + p_j``, half, half and one of them
+    counted), each sum of the size of a row's entropy: twice softmax_bound."""
+    return 2 * softmax_bound(c)
+
+
+def weights_tolerance(n: int, rows: int = 1, score_error: float = 0.0) -> dict:
+    """``rtol`` and ``atol`` (for assert_close / assert_allclose) of float32 softmax weights over
+    ``n`` keys, or of sums of them over ``rows`` rows (a mass, a bucket's, a class's, a diagonal's),
+    against float64 or another float32 order: relative where the absolute softmax_bound would let
+    a long row's small weights go untested.
+
+    Relative: a row's ``z = sum_j exp(s_j - m)`` sums n terms (eps n of itself, shared by all the
+    row's weights) and a mass sums up to n weights (eps n again): 2 eps n; plus ``score_error``,
+    the scores' own absolute error where they are computed here in float32 (sum_bound(d, size of
+    the q k products)), which moves every weight by that much of itself. Absolute: each weight's
+    exp rounds its argument ``s_j - m`` by eps ``|ln p_j|`` of ``p_j``, which adds up to eps (1 + H)
+    <= eps (1 + ln n) over a row, and covers weights that float32 flushes to 0."""
+    return {"rtol": 2 * EPS32 * n + score_error, "atol": rows * EPS32 * (1.0 + math.log(max(n, 1)))}
+
+
+def float16_row_bound(n: int) -> float:
+    """How far the sum of a softmax row of ``n`` keys, stored in float16 (a store's default) and
+    read back as float32, can be from 1: each weight rounds to float16 by 2^-11 of itself (half
+    float16's eps; the row's weights add up to 1) or, below float16's smallest normal (6.1e-5), by
+    2^-25 absolutely; on top of the float32 row's softmax_bound and the float32 sum's sum_bound."""
+    return float(np.finfo(np.float16).eps) / 2 + n * 2.0 ** -25 + softmax_bound(n) + sum_bound(n)
 
 
 def pytest_addoption(parser):
@@ -266,16 +338,31 @@ def map_factory():
     return make_map
 
 
-@pytest.fixture(scope="module")
-def browser():
-    """A headless Debian Chromium driven by Playwright, one per test module; skips when absent."""
-    from attnscope.viz.export import DEFAULT_CHROMIUM, LAUNCH_ARGS
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The Chromium binary that PNG/SVG export and the browser tests drive (as attnscope finds it:
+    ``$ATTNSCOPE_CHROMIUM``, /usr/bin/chromium or on PATH) with Playwright; a test that needs
+    them skips, naming what is missing."""
+    from attnscope.errors import AttnscopeError
+    from attnscope.viz.export import find_chromium
 
-    if not Path(DEFAULT_CHROMIUM).is_file():
-        pytest.skip(f"{DEFAULT_CHROMIUM} is missing (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    try:
+        exe = find_chromium()
+    except AttnscopeError:
+        pytest.skip("Chromium is missing (apt-get install chromium): PNG/SVG export and browser tests need it")
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    return exe
+
+
+@pytest.fixture(scope="module")
+def browser(chromium):
+    """A headless Chromium driven by Playwright, one per test module; skips when absent."""
+    from playwright import sync_api
+
+    from attnscope.viz.export import LAUNCH_ARGS
+
     with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=DEFAULT_CHROMIUM, args=LAUNCH_ARGS, headless=True)
+        b = pw.chromium.launch(executable_path=chromium, args=LAUNCH_ARGS, headless=True)
         yield b
         b.close()
 

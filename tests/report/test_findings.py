@@ -135,8 +135,8 @@ def test_attribution_findings_cite_the_ends_of_the_importance_ranking(tmp_path):
 # -- long context: sink and previous-token heads are the rows over the threshold ---------------
 
 def test_longctx_findings_name_the_heads_over_each_threshold(tmp_path, debug_llama):
-    from attnscope.pipeline import run_family
     from attnscope.analyses.longctx import PREVIOUS_THRESHOLD
+    from attnscope.pipeline import run_family
 
     docs = tmp_path / "docs.txt"
     docs.write_text(DEMO_TEXT.read_text())

@@ -4,19 +4,15 @@ its own module, outside the other modules' browser)."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
-from attnscope.viz.export import DEFAULT_CHROMIUM, png_size
+from attnscope.viz.export import png_size
 
 pytestmark = pytest.mark.browser
 
 
-def test_view_command_exports_png_and_svg(tmp_path, debug_bert):
-    if not Path(DEFAULT_CHROMIUM).is_file():
-        pytest.skip(f"{DEFAULT_CHROMIUM} is missing")
-    pytest.importorskip("playwright.sync_api")
+def test_view_command_exports_png_and_svg(tmp_path, debug_bert, chromium):
     from attnscope.cli.main import main
     from attnscope.data.io import example_from_dict
     from attnscope.jobs import extract_to_store

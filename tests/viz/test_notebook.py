@@ -97,15 +97,11 @@ def test_caption_without_a_page_payload():
 
 
 @pytest.mark.browser
-def test_save_png_inside_a_running_event_loop(tmp_path):
+def test_save_png_inside_a_running_event_loop(tmp_path, chromium):
     """A Jupyter kernel runs cells inside an asyncio loop, where Playwright's sync API refuses
     to start; View.save_png/save_svg must still export there."""
     from attnscope.notebook import head_view
-    from attnscope.viz.export import DEFAULT_CHROMIUM, png_size
-
-    if not Path(DEFAULT_CHROMIUM).is_file():
-        pytest.skip(f"{DEFAULT_CHROMIUM} is missing (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    from attnscope.viz.export import png_size
     view = head_view(_attentions(), TOKENS, layer=0)
 
     async def cell():
@@ -151,7 +147,8 @@ def run_tour(folder: Path, timeout: int = 900):
 
 
 @pytest.mark.slow
-def test_tour_runs_top_to_bottom_in_a_kernel(tmp_path, monkeypatch, smollm2_file):
+def test_tour_runs_top_to_bottom_in_a_kernel(tmp_path, monkeypatch, smollm2_file, chromium):
+    """The tour notebook, every cell in a real kernel (it saves a view as PNG: Chromium)."""
     pytest.importorskip("ipywidgets", reason="ipywidgets is not installed (the notebook extra)")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")

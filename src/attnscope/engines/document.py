@@ -29,9 +29,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscope.data.records import HeadId
+from attnscope.engines.rows import bucket_ranges
 from attnscope.errors import AttnscopeError
 from attnscope.models.forward import forward, pad_batch
-from attnscope.engines.rows import bucket_ranges
 
 
 class DocumentRows:

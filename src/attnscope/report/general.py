@@ -71,7 +71,6 @@ def plot_token_lines(m: AttentionMap, heads: list[tuple[int, int, str]]):
     """Figure 1 style: for each head, tokens on two columns, a line from each token (left) to
     each token it attends to (right), darker for more attention."""
     from matplotlib.collections import LineCollection
-
     from matplotlib.textpath import TextPath
 
     k = max(len(heads), 1)
