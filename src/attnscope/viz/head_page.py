@@ -254,8 +254,8 @@ def head_page_payload(results: dict[str, dict], head_examples: dict | None, name
                 key = str(e["example"])
                 if key not in units:
                     u = head_examples["examples"][key]
-                    labels, spaces = unit_labels(u)
-                    units[key] = {"labels": labels, "space": spaces, "raw": list(u["tokens"])}
+                    texts, spaces = unit_labels(u)
+                    units[key] = {"labels": texts, "space": spaces, "raw": list(u["tokens"])}
     return {
         "version": PAYLOAD_VERSION,
         "title": f"Head {name}" + (f" of {model_name}" if model_name else "") + (f" ({folder})" if folder else ""),
