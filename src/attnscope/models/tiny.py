@@ -30,6 +30,7 @@ SIZES: dict[tuple[str, ...], int] = {
     ("num_experts_per_tok", "top_k", "moe_topk", "num_selected_experts", "experts_per_token"): 2,
     ("n_shared_experts", "num_shared_experts"): 1,
     ("first_k_dense_replace",): 1,
+    ("num_layers_per_stack", "H_cycles", "L_cycles"): 1,  # HRM: a stack of layers run in cycles
     ("n_group", "topk_group"): 1,
     ("q_lora_rank",): 16,
     ("kv_lora_rank",): 16,
