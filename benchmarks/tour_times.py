@@ -1,5 +1,5 @@
 """The README tour's lines, each timed on this machine idle and beside one CPU-bound process, in
-one run: the numbers the README prints.
+one run: the numbers docs/timings.md prints.
 
     python benchmarks/tour_times.py            # every line below but the long ones, idle then shared
     python benchmarks/tour_times.py --long     # and the long ones (the atlas, the full run)
