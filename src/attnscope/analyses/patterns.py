@@ -64,8 +64,6 @@ from attnscope.models.forward import forward, pad_batch
 #: The statistics of :class:`VigPatterns`, in their order in the accumulators.
 STATS = ("repeat_same", "repeat_other", "pieces", "pieces_earlier", "pieces_later", "within",
          "across", "within_entropy")
-#: Statistics that need segments (not applicable to causal models).
-SEGMENT_STATS = ("repeat_other", "across")
 #: Why a statistic is not applicable to a causal model.
 CAUSAL_NOT_APPLICABLE = {
     "repeat_other": "a causal model has no segments",

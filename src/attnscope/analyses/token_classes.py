@@ -28,9 +28,6 @@ import numpy as np
 
 from attnscope.extract.encode import WORD_MARKERS
 
-#: The classes, in the order the analyses report them.
-CLASS_NAMES = ("first", "separator", "period", "comma", "other")
-
 
 @dataclass(frozen=True)
 class UnitClasses:

@@ -149,9 +149,6 @@ def parse_conll2012_coref(cell: str, path: Path, line: int) -> list[tuple[str, s
     return out
 
 
-_ENTITY_OPEN = re.compile(r"\(([^()\s]+?)(?=\(|\)|$)")
-
-
 def parse_entity_misc(value: str, path: Path, line: int) -> list[tuple[str, str]]:
     """A CorefUD ``Entity=`` value -> ``[(kind, entity id)]`` in order.
 

@@ -8,10 +8,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Keys of an input dict that attnscope interprets; every other key is carried through.
+#: The keys of an input dict that give its content (one of them, exactly); every other key is
+#: read by name or carried through.
 CONTENT_KEYS = ("text", "words", "tokens")
-PAIR_KEYS = ("text_pair", "words_pair")
-ANNOTATION_KEYS = ("heads", "relns", "pos", "upos", "xpos", "feats", "lemmas", "mentions", "clusters")
 
 
 @dataclass

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import textwrap
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,20 +29,6 @@ from attnscope.store.results import HEADS_DIR, family_results, write_json, write
 
 LABEL_COLOURS = {"[SEP]": "#d62728", "[CLS]": "#9467bd", "punctuation": "#8c564b",
                  "previous": "#1f77b4", "next": "#17becf", "broad": "#2ca02c", "other": "#7f7f7f"}
-
-Progress = Callable[[str, int, "int | None"], None] | None
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 # -- outputs --------------------------------------------------------------------------------
