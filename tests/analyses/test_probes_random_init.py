@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import softmax_bound
 
 torch = pytest.importorskip("torch")
 
@@ -30,4 +31,5 @@ def test_random_twin_extracts_other_attention(debug_bert):
     a = next(iter(extract(ex, debug_bert, word_level=True))).items[0].attn
     b = next(iter(extract(ex, random_init_model(debug_bert, 0), word_level=True))).items[0].attn
     assert a.shape == b.shape and not np.allclose(a, b)
-    np.testing.assert_allclose(b.sum(-1), 1.0, atol=1e-5)
+    n = len(debug_bert.tokenizer(" ".join(ex[0]["words"]))["input_ids"])  # a word row sums a token row
+    np.testing.assert_allclose(b.sum(-1), 1.0, atol=softmax_bound(n), rtol=0)

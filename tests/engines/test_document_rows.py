@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import softmax_bound
 
 from attnscope.analyses.longctx import LongContextStats
 from attnscope.engines.document import DocumentRows, row_summary
@@ -43,11 +44,12 @@ def _check(lm, ids, picks, tol_row=None):
         assert np.abs(row - eager).max() <= (tol_row if tol_row is not None else bound)
         s = row_summary(row, query)
         ent, top, sink = rec.per_row[layer][:3, head, query]
-        assert s["entropy"] == pytest.approx(float(ent), abs=2e-5)
+        assert s["entropy"] == pytest.approx(float(ent), abs=softmax_bound(len(ids)))  # a statistic of the row
         assert s["max_weight"] == pytest.approx(float(top), abs=bound)
         assert s["sink"] == pytest.approx(float(sink), abs=bound)
-        assert sum(b["mass"] for b in s["buckets"]) == pytest.approx(1.0, abs=1e-5)
-        assert sum(s["strip"]) == pytest.approx(1.0, abs=1e-5)
+        # every weight of the row, in buckets or in the strip, adds up to 1
+        assert sum(b["mass"] for b in s["buckets"]) == pytest.approx(1.0, abs=softmax_bound(len(ids)))
+        assert sum(s["strip"]) == pytest.approx(1.0, abs=softmax_bound(len(ids)))
         # the largest keys, worked out from the eager row: the same weights, each at its key
         want = np.sort(eager[eager > 0])[::-1][:len(s["top"])]
         assert [w for _, w in s["top"]] == pytest.approx(want.tolist(), abs=bound)
@@ -64,7 +66,7 @@ def test_rows_equal_eager_maps_and_the_engines_values(debug_llama):
 def test_a_row_of_a_decoder_sees_only_its_past_and_bad_picks_are_one_line(debug_llama):
     doc = DocumentRows.read(debug_llama, debug_llama.tokenizer("a b c d e f")["input_ids"])
     row = doc.row(0, 1, 3)
-    assert row[4:].tolist() == [0.0] * (doc.n - 4) and row[:4].sum() == pytest.approx(1.0, abs=1e-6)
+    assert row[4:].tolist() == [0.0] * (doc.n - 4) and row[:4].sum() == pytest.approx(1.0, abs=softmax_bound(4))
     from attnscope.errors import AttnscopeError
 
     with pytest.raises(AttnscopeError, match="query 99"):

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import softmax_bound, sum_bound, weights_tolerance
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,13 +68,17 @@ def test_kernel_equals_the_definitions_and_the_torch_path(h, c, K, q0, mask, F):
     assert mass.shape == (h, c, F)
     # float32 rounding of sums over up to 70k keys; measured largest differences to the float64
     # definitions 1.2e-7 (p), 1.9e-6 (entropy, ~11 nats at 70k keys), 3e-8 (max), 6e-7 (diag),
-    # 2.4e-7 (classes)
-    refs = ((got, p_ref, 1e-6), (ent, ent_ref, 1e-5), (top, top_ref, 1e-6), (diag, diag_ref, 1e-5),
-            (mass, p_ref @ classes.double().T, 1e-6))
+    # 2.4e-7 (classes). The bounds: a weight, the largest and a class mass (classes in [0, 1)) are
+    # weights of a row of K keys, a diagonal sums c rows' weights (weights_tolerance, relative);
+    # the entropy is a statistic of the row (softmax_bound: the kernel shifts each row by its
+    # maximum, so no score term). At K = 70k the worst-case entropy bound is 0.1 nats (1% of it)
+    w, row = weights_tolerance(K), {"rtol": 0, "atol": softmax_bound(K)}
+    refs = ((got, p_ref, w), (ent, ent_ref, row), (top, top_ref, w), (diag, diag_ref, weights_tolerance(K, c)),
+            (mass, p_ref @ classes.double().T, w))
     for a, b, tol in refs:
-        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=tol)
-    for a, b, tol in ((got, t_p, 1e-6), (ent, t_ent, 1e-5), (top, t_top, 1e-6), (diag, t_diag, 1e-5)):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=tol)
+        torch.testing.assert_close(a.double(), b, **tol)
+    for a, b, tol in zip((got, ent, top, diag), (t_p, t_ent, t_top, t_diag), (x[2] for x in refs)):
+        torch.testing.assert_close(a, b, **tol)  # the torch path: the same bounds, another order
     some = (s > LOW).any(-1, keepdim=True)  # a row with no key at all is uniform, as in torch
     assert torch.all(got[(s == LOW) & some] == 0)  # a masked key gets exactly 0
     torch.testing.assert_close(got[~some.expand_as(s)], torch.full(((~some).sum().item() * K,), 1 / K))
@@ -90,12 +95,14 @@ def test_kernel_equals_the_torch_path_on_any_tile(h, c, K, q0, F, seed, scale):
     got = s.clone()
     diag = torch.empty(h, K + c - 1)
     ent, top, mass = native.softmax_stats(got, diag, classes)
-    torch.testing.assert_close(got, t_p, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(ent, t_ent, rtol=1e-5, atol=2e-5)
-    torch.testing.assert_close(top, t_top, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(diag, diagonal_sums(t_p, q0)[1], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(mass, t_p @ classes.T, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got.sum(-1), torch.ones(h, c), rtol=0, atol=1e-5)
+    # two float32 orders of the same rows: weights, sums of them and the entropy (as above)
+    w = weights_tolerance(K)
+    torch.testing.assert_close(got, t_p, **w)
+    torch.testing.assert_close(ent, t_ent, rtol=0, atol=softmax_bound(K))
+    torch.testing.assert_close(top, t_top, **w)
+    torch.testing.assert_close(diag, diagonal_sums(t_p, q0)[1], **weights_tolerance(K, c))
+    torch.testing.assert_close(mass, t_p @ classes.T, **w)
+    torch.testing.assert_close(got.sum(-1), torch.ones(h, c), rtol=0, atol=w["rtol"] + w["atol"])  # weights of mass 1
 
 
 @needs_kernel
@@ -105,8 +112,8 @@ def test_kernel_without_distances_or_classes_on_a_view_of_a_buffer():
     s.copy_(_tile(3, 4, 50, 46, seed=1))
     want = _softmax_entropy(s.clone(), torch.empty_like(s))
     ent, top, mass = native.softmax_stats(s, None)
-    torch.testing.assert_close(s, want[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(ent, want[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, want[0], **weights_tolerance(50))  # rows of 50 keys, as above
+    torch.testing.assert_close(ent, want[1], rtol=0, atol=softmax_bound(50))
     assert mass.shape == (3, 4, 0)
     assert torch.all(buf[3 * 4 * 50:] == 7.0)  # nothing past the tile is touched
 
@@ -214,6 +221,22 @@ def _layer_reference(q, k, v, n, causal, mask, cap, classes):
     return (p @ vr[:, :n]).transpose(0, 1), rows, buckets, np.asarray(empty)
 
 
+def _flash_bounds(q, k, v, n):
+    """The float32 bounds of the one-call kernel's statistics against float64 on ``_layer``'s
+    inputs: ``(weights, entropy, output)``. Its scores are float32 dot products of d terms, off
+    by sum_bound(d, scale |q| . |k|) (the cap's tanh shrinks errors); a weight moves by that much of
+    itself, the entropy ``L - sum p s`` by up to twice the largest |score| times it, on top of
+    its softmax_bound; an output row ``sum p v`` by the weights' error times the largest |v|."""
+    G, d = q.shape[0] // k.shape[0], q.shape[-1]
+    prods = q.double()[:, :n].abs() @ k.double()[:, :n].abs().repeat_interleave(G, 0).transpose(1, 2) / d ** 0.5
+    size = float(prods.max())  # the largest sum of |q_i k_i| terms, also at least the largest |score|
+    score_error = sum_bound(d, size)
+    w = weights_tolerance(n, score_error=score_error)
+    ent = softmax_bound(n, size) + 2 * size * score_error
+    out = (w["rtol"] + w["atol"]) * float(v[:, :n].abs().max())
+    return w, ent, out, score_error
+
+
 def _flash(q, k, v, n, causal, mask, cap, classes):
     from attnscope.analyses.longctx import NUM_BUCKETS
 
@@ -256,11 +279,13 @@ def test_flash_equals_the_definitions(Hq, Hkv, d, n, causal, mask, cap, blocks, 
     want_out, want_rows, want_dist, empty = _layer_reference(q, k, v, n, causal, m, cap, classes)
     assert empty.any() == (mask == "random")
     # measured largest differences to float64: 1.2e-6 (output), 1.9e-6 (entropy), 2.4e-7
-    # (weights), 1.5e-6 (distance buckets, sums over up to 700 rows)
-    torch.testing.assert_close(out[:n].double(), want_out, rtol=1e-5, atol=1e-5)
+    # (weights), 1.5e-6 (distance buckets, sums over up to 700 rows); bounds: _flash_bounds
+    w, ent, out_bound, score_error = _flash_bounds(q, k, v, n)
+    torch.testing.assert_close(out[:n].double(), want_out, rtol=0, atol=out_bound)
     assert torch.isnan(out[n:]).all()  # rows past n are not touched
-    torch.testing.assert_close(rowv.double(), want_rows, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(dist, want_dist, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rowv[0].double(), want_rows[0], rtol=0, atol=ent)
+    torch.testing.assert_close(rowv[1:].double(), want_rows[1:], **w)
+    torch.testing.assert_close(dist, want_dist, **weights_tolerance(n, n - 1, score_error))  # n - 1 rows' weights
     torch.testing.assert_close(dist[:, :-1].sum(-1), torch.full((Hq,), n - 1.0, dtype=torch.float64))
 
 
@@ -277,7 +302,8 @@ def test_flash_gives_the_same_values_on_any_number_of_threads():
         torch.set_num_threads(before)
     for out, rowv, dist in got[1:]:
         assert torch.equal(out, got[0][0]) and torch.equal(rowv, got[0][1])  # each row one thread's
-        torch.testing.assert_close(dist, got[0][2], rtol=1e-12, atol=1e-12)  # summed in any order
+        # the rows' float64 sums, in any order: eps64 n of the (non-negative) sum
+        torch.testing.assert_close(dist, got[0][2], rtol=torch.finfo(torch.float64).eps * 600, atol=0)
 
 
 @needs_flash
@@ -292,6 +318,8 @@ def test_flash_equals_the_definitions_on_any_blocks(G, Hkv, n, rows, keys, causa
         mp.setattr(native, "BLOCK_KEYS", keys)
         out, rowv, dist = _flash(q, k, v, n, causal, None, None, classes)
     want_out, want_rows, want_dist, _ = _layer_reference(q, k, v, n, causal, None, None, classes)
-    torch.testing.assert_close(out.double(), want_out, rtol=1e-5, atol=2e-5)
-    torch.testing.assert_close(rowv.double(), want_rows, rtol=1e-5, atol=2e-5)
-    torch.testing.assert_close(dist, want_dist, rtol=1e-5, atol=2e-5)
+    w, ent, out_bound, score_error = _flash_bounds(q, k, v, n)  # as above
+    torch.testing.assert_close(out.double(), want_out, rtol=0, atol=out_bound)
+    torch.testing.assert_close(rowv[0].double(), want_rows[0], rtol=0, atol=ent)
+    torch.testing.assert_close(rowv[1:].double(), want_rows[1:], **w)
+    torch.testing.assert_close(dist, want_dist, **weights_tolerance(n, n - 1, score_error))

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import line_saying, one_line, says
+from conftest import line_saying, one_line, says, softmax_bound
 
 from attnscope.cli.main import main
 from attnscope.data.records import Example
@@ -88,9 +88,10 @@ def test_store_input_gives_the_same_numbers(bert_run, tmp_path):
     sec2 = run_family("general", {"text": open_store(tmp_path / "maps")}, tmp_path / "out")
     a = json.loads((out / "tables" / "general_heads.json").read_text())
     b = json.loads((tmp_path / "out" / "tables" / "general_heads.json").read_text())
+    n = max(len(m.tokens) for m in open_store(tmp_path / "maps"))  # float32 rows, other batches
     for ra, rb in zip(a, b):
         for k in ("previous", "next", "separator", "first", "punct", "entropy", "entropy_first"):
-            assert ra[k] == pytest.approx(rb[k], abs=1e-5)
+            assert ra[k] == pytest.approx(rb[k], abs=softmax_bound(n))
     assert any("needs the model" in f for f in sec2.findings)
     assert not (tmp_path / "out" / "figures" / "figure3_gradients.png").exists()
 

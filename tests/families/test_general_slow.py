@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import js_bound, softmax_bound
 
 
 def _rss_mb() -> float:
@@ -36,12 +37,12 @@ def test_general_on_wikitext(shared_data, default_model, tmp_path):
     for r in rows:
         for k in ("current", "previous", "next", "first", "separator", "punct", "sep_to_sep",
                   "other_to_sep", "max_weight"):
-            assert 0.0 <= r[k] <= 1.0 + 1e-6, (r["name"], k)
+            assert 0.0 <= r[k] <= 1.0 + softmax_bound(128), (r["name"], k)  # masses of float32 rows
         assert 0.0 <= r["entropy"] <= np.log(128) and 0.0 <= r["entropy_first"] <= np.log(128)
-        assert r["first"] + r["separator"] + r["punct"] <= 1.0 + 1e-6
+        assert r["first"] + r["separator"] + r["punct"] <= 1.0 + softmax_bound(128)
     res = json.loads((tmp_path / "results" / "general.json").read_text())
     d = np.asarray(res["analyses"]["head-distances"]["arrays"]["distances"]["data"])
-    assert d.shape == (72, 72) and (np.diag(d) == 0).all() and (d <= np.log(2) + 1e-6).all()
+    assert d.shape == (72, 72) and (np.diag(d) == 0).all() and (d <= np.log(2) + js_bound(128)).all()
     assert res["run"]["examples"] + res["run"]["skipped"] == 500
     # memory stays flat: holding the maps of the second half would add ~250 x 6 x 12 x 100^2 x 4 B
     # (~0.7 GB); batches are sorted by length, so the last (longest) batches alone may add a

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import softmax_bound
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +38,8 @@ def test_smollm2_streaming_equals_eager_maps(smollm2, shared_data, n):
     got = LongContextStats(js_rows=2)
     stream_stats(smollm2, ids, got, chunk=200, reference=ref)
     a, b = got.means(), ref.means()
-    for k in b:
-        np.testing.assert_allclose(a[k], b[k], atol=1e-5, rtol=0, err_msg=k)
+    for k in b:  # float32 rows of n keys: the tiles' and the maps' (softmax_bound)
+        np.testing.assert_allclose(a[k], b[k], atol=softmax_bound(n), rtol=0, err_msg=k)
     assert (a["sink"] > 0.3).sum() > 0  # SmolLM2 has sink heads
     # a separate eager run (output from eager, not sdpa) differs only by the model's own
     # kernel rounding, amplified over 30 layers

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import line_saying, make_map, one_line, says
+from conftest import line_saying, make_map, one_line, says, softmax_bound
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -370,9 +370,12 @@ def test_family_text_input_and_store_agree(debug_bert, tmp_path):
     assert from_text["run"]["examples"] == from_store["run"]["examples"] == len(examples)
     a = from_text["analyses"]["vig-patterns"]["arrays"]
     b = from_store["analyses"]["vig-patterns"]["arrays"]
+    from attnscope.store import open_store
+
+    bound = softmax_bound(max(len(m.tokens) for m in open_store(tmp_path / "store")))  # float32 rows, two passes
     for k in STATS:
         np.testing.assert_allclose(np.array(b[k]["data"], dtype=float), np.array(a[k]["data"], dtype=float),
-                                   atol=1e-6, equal_nan=True)
+                                   atol=bound, rtol=0, equal_nan=True)
     assert from_store["keys"] is None
     line_saying(sec.findings, "key concentration", "model")  # skipped: a store has no forward pass
     assert all(i in sec.maps for _, _, i, _ in sec.best_heads)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import one_line, says
+from conftest import one_line, says, softmax_bound
 
 from attnscope.errors import ModelError, NoAttentionError
 from attnscope.notebook import _maps, head_view, model_view
@@ -78,7 +78,8 @@ def test_a_default_loaded_model_handed_over_gives_its_eager_attention(bert_token
     enc = bert_tokenizer("the cat sat on the mat", return_tensors="pt")
     eager = _bert(bert_tokenizer, attn_implementation="eager")
     expected = torch.stack(eager(**enc, output_attentions=True).attentions)[:, 0]  # [L H n n]
-    np.testing.assert_allclose(amap.attn, expected.detach().numpy(), atol=1e-6)
+    # float32 softmax rows of the same scores by two passes
+    np.testing.assert_allclose(amap.attn, expected.detach().numpy(), atol=softmax_bound(amap.attn.shape[-1]), rtol=0)
     assert amap.tokens == bert_tokenizer.convert_ids_to_tokens(enc["input_ids"][0])
     assert "the" in head_view(bert, "the cat sat", tokenizer=bert_tokenizer).html
 
@@ -100,7 +101,7 @@ def test_a_default_loaded_decoder_generates_without_a_warning(debug_llama):
                              min_new_tokens=0, pad_token_id=0)[0, len(prompt):].tolist()
     assert amap.example.fields["generated_ids"] == ref[:len(amap.example.fields["generated_ids"])]
     assert amap.generated == len(prompt)
-    np.testing.assert_allclose(amap.attn.sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(amap.attn.sum(-1), 1.0, atol=softmax_bound(amap.attn.shape[-1]), rtol=0)  # a row's weights
     assert llama.config._attn_implementation == "sdpa"
 
 

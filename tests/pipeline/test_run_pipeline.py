@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import one_line, says
+from conftest import one_line, says, weights_tolerance
 
 import attnscope.pipeline as pipeline
 from attnscope.errors import AttnscopeError, InputError
@@ -144,11 +144,13 @@ def test_numbers_match_an_independent_computation(tmp_path, fake, inputs, debug_
     out = tmp_path / "out"
     run_pipeline(RunConfig(model="debug:bert", text=inputs["text"]), out, model=debug_bert)
     exs = prepare_unlabeled(inputs["text"], debug_bert.tokenizer, max_seq_len=128, seed=0, num_examples=1000)
-    per_example = [np.diagonal(m.attn.astype(float), offset=-1, axis1=2, axis2=3).mean(-1)
-                   for b in extract(exs, debug_bert, max_seq_len=128) for m in b]  # [L H] each
+    maps = [m for b in extract(exs, debug_bert, max_seq_len=128) for m in b]
+    per_example = [np.diagonal(m.attn.astype(float), offset=-1, axis1=2, axis2=3).mean(-1) for m in maps]  # [L H] each
     assert len(per_example) == 2
     got = json.loads((out / "results.json").read_text())["results"]["general"]["tables"]["general_heads"]
-    np.testing.assert_allclose([r["previous"] for r in got], np.mean(per_example, axis=0).ravel(), rtol=1e-6)
+    # means of a weight of float32 softmax rows (the run's pass and this one) against float64
+    np.testing.assert_allclose([r["previous"] for r in got], np.mean(per_example, axis=0).ravel(),
+                               **weights_tolerance(max(m.attn.shape[-1] for m in maps)))
 
 
 @pytest.mark.heavy

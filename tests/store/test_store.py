@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import one_line, says
+from conftest import float16_row_bound, one_line, says, softmax_bound
 
 from attnscope.errors import InputError, StoreError
 from attnscope.extract import ExtractOptions, extract
@@ -41,7 +41,8 @@ def test_round_trip_random_access_and_streaming(tmp_path, debug_bert):
     for i in (0, 13, 39):
         m = store[i]
         assert m.index == i and m.example.fields == {"id": i}
-        np.testing.assert_allclose(m.attn, direct[i].attn, atol=1e-6)
+        n = len(debug_bert.tokenizer(" ".join(records[i].words))["input_ids"])  # token keys of the word rows
+        np.testing.assert_allclose(m.attn, direct[i].attn, atol=softmax_bound(n), rtol=0)  # float32, other batches
         assert m.tokens == direct[i].tokens
     streamed = sorted(m.index for m in store)
     assert streamed == list(range(40))
@@ -60,7 +61,8 @@ def test_float16_is_the_default_and_is_close(tmp_path, debug_bert):
     extract_to_store(records, tmp_path / "s", debug_bert)
     store = open_store(tmp_path / "s")
     assert store.manifest["dtype"] == "float16"
-    np.testing.assert_allclose(store[0].attn.sum(-1), 1.0, atol=5e-3)
+    n = store[0].attn.shape[-1]
+    np.testing.assert_allclose(store[0].attn.sum(-1), 1.0, atol=float16_row_bound(n), rtol=0)  # float16 weights
 
 
 def test_existing_store_is_refused_unless_resume_or_overwrite(tmp_path, debug_bert):

@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import softmax_bound, weights_tolerance
 
 from attnscope.cli.main import main
 from attnscope.models import capture
@@ -43,33 +44,40 @@ def test_rows_and_profiles_equal_the_eager_maps(view):
     n = len(ids)
     p = view.payload
     assert p["n"] == n == 600 and (p["layer"], p["head"]) == (1, 2)
+    # the page's rows are float32 softmax rows of n keys recomputed from the kept queries and keys:
+    # weights and sums of them (weights_tolerance), the entropy (softmax_bound), a row's mean
+    # distance (its weights times distances up to n)
+    wt = weights_tolerance(n)
+    weight = dict(rel=wt["rtol"], abs=wt["atol"])
     for r in p["rows"]:
         row = a[r["query"]]
-        assert r["max_weight"] == pytest.approx(row.max(), abs=1e-6)
-        assert r["sink"] == pytest.approx(row[0], abs=1e-6)
-        assert [w for _, w in r["top"][:5]] == pytest.approx(np.sort(row)[::-1][:5], abs=1e-6)
+        assert r["max_weight"] == pytest.approx(row.max(), **weight)
+        assert r["sink"] == pytest.approx(row[0], **weight)
+        assert [w for _, w in r["top"][:5]] == pytest.approx(np.sort(row)[::-1][:5], **weight)
         dist = np.abs(np.arange(n) - r["query"])
         for b in r["buckets"]:
-            assert b["mass"] == pytest.approx(row[(dist >= b["lo"]) & (dist <= b["hi"])].sum(), abs=1e-5)
+            assert b["mass"] == pytest.approx(row[(dist >= b["lo"]) & (dist <= b["hi"])].sum(), **weight)
     # the profiles: each row's value from the eager map, then the mean over each stretch
     ent = np.array([-(x[x > 0] * np.log(x[x > 0])).sum() for x in a])
     dist_mean = (a * np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])).sum(-1)
     edges = p["profile_edges"]
     assert edges[0] == 0 and edges[-1] == n
+    tolerance = {"entropy": dict(abs=softmax_bound(n)), "sink": weight, "max_weight": weight,
+                 "distance": dict(rel=wt["rtol"], abs=wt["atol"] * n)}
     for name, per_row in (("entropy", ent), ("sink", a[:, 0]), ("max_weight", a.max(-1)), ("distance", dist_mean)):
         want = [per_row[lo:hi].mean() for lo, hi in zip(edges[:-1], edges[1:])]
-        assert p["profiles"][name] == pytest.approx(want, rel=1e-4, abs=1e-5), name
+        assert p["profiles"][name] == pytest.approx(want, **tolerance[name]), name
     # any other row, on demand
     extra = view.row(0, 1, 123)
-    assert extra["max_weight"] == pytest.approx(float(layers[0][1][123].max()), abs=1e-6)
+    assert extra["max_weight"] == pytest.approx(float(layers[0][1][123].max()), **weight)
     # any other head, on demand: its profiles and the page's rows, from the same forward pass
     other = view.head(0, 1)
     b = layers[0][1].astype(np.float64)
     assert (other["layer"], other["head"], other["title"]) == (0, 1, "Head 1-2 over 600 tokens of debug:llama")
     assert [r["query"] for r in other["rows"]] == [5, 300, 599]
-    assert [r["max_weight"] for r in other["rows"]] == pytest.approx([b[q].max() for q in (5, 300, 599)], abs=1e-6)
+    assert [r["max_weight"] for r in other["rows"]] == pytest.approx([b[q].max() for q in (5, 300, 599)], **weight)
     want = [b[lo:hi, 0].mean() for lo, hi in zip(edges[:-1], edges[1:])]
-    assert other["profile_edges"] == edges and other["profiles"]["sink"] == pytest.approx(want, rel=1e-4, abs=1e-5)
+    assert other["profile_edges"] == edges and other["profiles"]["sink"] == pytest.approx(want, **weight)
 
 
 def test_a_head_or_query_past_the_model_or_the_document_is_one_line(view):
@@ -107,7 +115,7 @@ def test_the_notebook_shows_the_page_and_keeps_the_document(doc_file):
     v = notebook.long_document(doc_file, model="debug:llama", layer=1, head=2, queries=[5, 7], max_seq_len=100)
     assert v.caption == "attnscope long document \u00b7 head 2-3 \u00b7 100 tokens \u00b7 2 rows"
     row = v.document.row(1, 2, 50)  # any other row, from the kept queries and keys
-    assert row["query"] == 50 and sum(b["mass"] for b in row["buckets"]) == pytest.approx(1.0, abs=1e-5)
+    assert row["query"] == 50 and sum(b["mass"] for b in row["buckets"]) == pytest.approx(1.0, abs=softmax_bound(100))
     assert _payload(v.html)["rows"][1]["query"] == 7
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import one_line, says
+from conftest import one_line, says, softmax_bound, sum_bound, weights_tolerance
 
 from attnscope.errors import AttnscopeError
 from attnscope.viz.encoding import decode
@@ -55,6 +55,16 @@ def _extracted_attention(lm, layer):
     return next(iter(extract([{"text": TEXT}], lm))).items[0].attn[layer]  # [H n n]
 
 
+def _bound(qk) -> float:
+    """The float64 softmax of the captured float32 q and k against the model's float32 attention:
+    a softmax row of n keys (softmax_bound) of scores that the model sums over d products in
+    float32 (sum_bound, of the size of those products)."""
+    H, n, d = qk.query.shape
+    scale = qk.scaling if qk.scaling is not None else 1.0 / np.sqrt(d)
+    size = float((np.abs(qk.query.astype(np.float64)) @ np.abs(qk.key.astype(np.float64)).transpose(0, 2, 1)).max() * scale)
+    return softmax_bound(n, size) + sum_bound(d, size)
+
+
 @pytest.mark.parametrize("name", ["debug_bert", "debug_roberta", "debug_gpt2"])
 def test_softmax_of_captured_qk_is_the_models_attention(name, request):
     lm = request.getfixturevalue(name)
@@ -62,14 +72,14 @@ def test_softmax_of_captured_qk_is_the_models_attention(name, request):
         qk = capture_qk(lm, TEXT, layer)
         H, n, d = qk.query.shape
         assert (H, d) == (lm.num_heads, lm.model.config.hidden_size // lm.num_heads)
-        np.testing.assert_allclose(qk.softmax(), _extracted_attention(lm, layer), atol=2e-6)
+        np.testing.assert_allclose(qk.softmax(), _extracted_attention(lm, layer), atol=_bound(qk), rtol=0)
 
 
 @pytest.mark.parametrize("family", ["distilbert", "albert"])
 def test_other_families(family, tiny_models):
     lm = tiny_models[family]
     qk = capture_qk(lm, TEXT, 1)  # ALBERT shares its modules: the 2nd call is layer 1
-    np.testing.assert_allclose(qk.softmax(), _extracted_attention(lm, 1), atol=2e-6)
+    np.testing.assert_allclose(qk.softmax(), _extracted_attention(lm, 1), atol=_bound(qk), rtol=0)
     assert neuron_payload(qk)["softmax_matches_model"]
 
 
@@ -85,12 +95,15 @@ def test_mpnet_vectors_and_its_position_bias(tiny_models):
         attn_mod = lm.model.encoder.layer[1].attention.attn
         q = attn_mod.q(hs).numpy().reshape(len(hs), 2, 16).transpose(1, 0, 2)
         k = attn_mod.k(hs).numpy().reshape(len(hs), 2, 16).transpose(1, 0, 2)
-    np.testing.assert_allclose(qk.query, q, atol=1e-5)
-    np.testing.assert_allclose(qk.key, k, atol=1e-5)
+        # float32 projections: sums of 32 products (and the bias), summed in another order
+        size = max(float((hs.abs() @ m.weight.abs().T).max() + m.bias.abs().max()) for m in (attn_mod.q, attn_mod.k))
+    np.testing.assert_allclose(qk.query, q, atol=sum_bound(hs.shape[-1] + 1, size), rtol=0)
+    np.testing.assert_allclose(qk.key, k, atol=sum_bound(hs.shape[-1] + 1, size), rtol=0)
     p = neuron_payload(qk)
     # MPNet adds a relative-position bias before the softmax: measured, stated, model's kept
     assert not p["softmax_matches_model"] and "adds terms" in p["note"]
-    np.testing.assert_allclose(decode(p["model_attn"]), _extracted_attention(lm, 1), atol=2e-6)
+    # the model's float32 rows in two passes (the capture's and the extraction's)
+    np.testing.assert_allclose(decode(p["model_attn"]), _extracted_attention(lm, 1), atol=softmax_bound(qk.attn.shape[-1]), rtol=0)
 
 
 def test_gpt2_is_causal(debug_gpt2):
@@ -109,9 +122,11 @@ def test_selected_values_are_consistent(debug_bert):
     sel = p["selected"]
     d = p["head_dim"]
     prods = np.asarray(sel["products"])  # [n d]
-    np.testing.assert_allclose(prods.sum(-1) / np.sqrt(d), sel["dots"], rtol=1e-5, atol=1e-6)
+    # a dot product sums d products, in float32 at worst
+    np.testing.assert_allclose(prods.sum(-1) / np.sqrt(d), sel["dots"], rtol=0,
+                               atol=sum_bound(d, float(np.abs(prods).sum(-1).max())) / np.sqrt(d))
     e = np.exp(np.asarray(sel["dots"]) - max(sel["dots"]))
-    np.testing.assert_allclose(sel["softmax"], e / e.sum(), rtol=1e-6)
+    np.testing.assert_allclose(sel["softmax"], e / e.sum(), **weights_tolerance(len(e)))  # a softmax row
     np.testing.assert_array_equal(decode(p["query"]), qk.query)
     assert p["tokens"][0] == "[CLS]" and p["special"][0]
 
@@ -130,4 +145,4 @@ def test_errors(debug_bert):
     # hook points, and softmax(q.k * scaling) is still the model's attention.
     bare = replace(debug_bert, family=replace(debug_bert.family, query=None, key=None))
     qk = capture_qk(bare, TEXT, 0)
-    np.testing.assert_allclose(qk.softmax(), qk.attn, atol=1e-5)
+    np.testing.assert_allclose(qk.softmax(), qk.attn, atol=_bound(qk), rtol=0)
