@@ -336,10 +336,10 @@ def numbers(lm, objective, encoded, args, fit_note) -> None:
     from attnscope.analyses.ablation import PruningCurve, importance_order, random_order
     from attnscope.analyses.importance import HeadImportance
     from attnscope.analyses.norms import SHARE_CLASSES, NormShares
-    from attnscope.report.attribution import behaviour_labels
+    from attnscope.report.attribution import general_behaviours
     from attnscope.store.results import ResultsFolder
 
-    labels = behaviour_labels(ResultsFolder(args.numbers).get("general"))
+    labels = general_behaviours(ResultsFolder(args.numbers).get("general"))
     t0 = time.perf_counter()
     imp = HeadImportance(objective, batch_size=args.batch_size)
     imp.update(encoded)

@@ -30,7 +30,7 @@ from attnscope.store.results import HEADS_DIR, RESULTS_DIR, ResultsFolder, read_
 from attnscope.viz.export import export_html
 from attnscope.viz.generate import model_maps
 from attnscope.viz.head_page import head_page_payload
-from attnscope.viz.long_page import head_payload, long_page_payload
+from attnscope.viz.long_page import long_head_payload, long_page_payload
 from attnscope.viz.neuron import capture_qk, neuron_payload
 from attnscope.viz.pages import head_view_html, maps_html
 from attnscope.viz.render import render_head_page, render_long_page, render_results_page
@@ -406,7 +406,7 @@ class LongDocumentView:
         ``O(n^2 d)``, no ``[n n]`` map held)."""
         queries = self.queries if queries is None else list(queries)
         rows = [self.row(layer, head, q) for q in queries]  # the head and each query checked
-        return head_payload(layer=layer, head=head, n=self.doc.n, rows=rows,
+        return long_head_payload(layer=layer, head=head, n=self.doc.n, rows=rows,
                             profiles=self.doc.profiles(layer, head), model=self.lm.display_name)
 
     def row(self, layer: int, head: int, query: int) -> dict:

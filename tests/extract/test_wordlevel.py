@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnscope.extract.encode import word_units
+from attnscope.extract.encode import token_units
 from attnscope.extract.wordlevel import to_word_level
 
 # tokens: [CLS] the un ##able cat [SEP]  ->  units: [CLS] the unable cat [SEP]
@@ -42,10 +42,10 @@ def test_rejects_unknown_mode():
         to_word_level(A, UNITS, from_word="max")
 
 
-def test_word_units_keeps_specials_apart():
+def test_token_units_keeps_specials_apart():
     ids = np.array([-1, 0, 1, 1, 2, -1, 3, 3, -1])
     special = ids < 0
-    assert word_units(ids, special).tolist() == [0, 1, 2, 2, 3, 4, 5, 5, 6]
+    assert token_units(ids, special).tolist() == [0, 1, 2, 2, 3, 4, 5, 5, 6]
 
 
 @st.composite

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from attnscope.errors import AttnscopeError
-from attnscope.extract.encode import word_units
+from attnscope.extract.encode import token_units
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.maps import AttentionMap
 from attnscope.report.html import model_display_name
@@ -129,7 +129,7 @@ def _word_units_of(rec: dict) -> tuple[list[str], list[bool], list[int]]:
         return list(rec["tokens"]), [bool(x) for x in rec["special"]], [int(x) for x in rec["word_ids"]]
     special = np.asarray(rec["special"], dtype=bool)
     ids = np.asarray(rec["word_ids"], dtype=np.int64)
-    units = word_units(ids, special)
+    units = token_units(ids, special)
     first = np.searchsorted(units, np.arange(int(units[-1]) + 1)) if len(units) else np.array([], int)
     texts = list(_texts(rec["tokens"], special, units))
     return texts, [bool(special[t]) for t in first], [int(ids[t]) for t in first]
@@ -227,7 +227,7 @@ def to_words(m: AttentionMap) -> AttentionMap:
     """A token-level map converted to words (paper section 4.1); a word-level map as it is."""
     if m.level == "word":
         return m
-    units = word_units(m.word_ids, m.special)
+    units = token_units(m.word_ids, m.special)
     attn = to_word_level(m.attn, units, "mean")
     first = np.searchsorted(units, np.arange(int(units[-1]) + 1))
     texts = list(_texts(m.tokens, m.special, units))

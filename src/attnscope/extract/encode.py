@@ -209,10 +209,10 @@ def _disable_lowercase(tok) -> None:
         tok.do_lower_case = False
 
 
-def word_units(enc_word_ids: np.ndarray, special: np.ndarray) -> np.ndarray:
+def token_units(enc_word_ids: np.ndarray, special: np.ndarray) -> np.ndarray:
     """Unit id of each token: special tokens alone, the pieces of one word together.
 
-    >>> word_units(np.array([-1, 0, 0, 1, -1]), np.array([1, 0, 0, 0, 1], bool)).tolist()
+    >>> token_units(np.array([-1, 0, 0, 1, -1]), np.array([1, 0, 0, 0, 1], bool)).tolist()
     [0, 1, 1, 2, 3]
     """
     units = np.empty(len(enc_word_ids), dtype=np.int64)

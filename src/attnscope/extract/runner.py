@@ -17,7 +17,7 @@ import numpy as np
 from attnscope.data.io import example_from_dict
 from attnscope.data.records import Example
 from attnscope.errors import AttnscopeError, InputError
-from attnscope.extract.encode import Encoded, Encoder, word_units
+from attnscope.extract.encode import Encoded, Encoder, token_units
 from attnscope.extract.seq2seq import decoder_input, seq2seq_maps
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.maps import AttentionBatch, AttentionMap
@@ -169,7 +169,7 @@ class Extractor:
         if not self.options.word_level:
             return AttentionMap(e.index, np.ascontiguousarray(attn), list(e.tokens), special, segment,
                                 word_ids, "token", e.example, token_text=e.texts)
-        units = word_units(word_ids, special)
+        units = token_units(word_ids, special)
         wattn = to_word_level(attn, units, self.options.from_word)
         first = np.searchsorted(units, np.arange(int(units[-1]) + 1))
         words = _unit_texts(e, units, piece_decoder(self.lm.tokenizer))

@@ -37,7 +37,7 @@ METHODS = [
 ]
 
 
-def behaviour_labels(general: dict | None) -> dict[tuple[int, int], str]:
+def general_behaviours(general: dict | None) -> dict[tuple[int, int], str]:
     """``(layer, head) -> behaviour`` from the general family's results (its ``clustering``
     rows) when that family ran in the same job (else empty)."""
     rows = ((general or {}).get("clustering") or {}).get("rows") or []
@@ -91,7 +91,7 @@ def write_attribution(results: dict[str, Any], out_dir: Path, *, notes: list[str
     label), or None. ``params`` and ``extra`` (model, seed, methods, examples) go into the
     results file.
     """
-    sec = _section(results, Path(out_dir), notes, example, behaviour_labels(general))
+    sec = _section(results, Path(out_dir), notes, example, general_behaviours(general))
     write_results(out_dir, "attribution", family_results(
         "attribution", sec, params, family="attribution", **extra, notes=notes,
         findings=sec.findings, analyses={k: r.to_json() for k, r in results.items()},

@@ -58,7 +58,7 @@ def _num(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def head_stats(results: dict) -> tuple[dict[str, np.ndarray], dict[str, float | None]]:
+def pattern_stats(results: dict) -> tuple[dict[str, np.ndarray], dict[str, float | None]]:
     """``[L H]`` statistics by name and their chance levels, from the finalized results."""
     vig = results["vig-patterns"]
     special = results["special-tokens"].arrays
@@ -229,7 +229,7 @@ def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, 
     tables_dir, figures_dir, results_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
     for d in (tables_dir, figures_dir, results_dir):
         d.mkdir(parents=True, exist_ok=True)
-    stats, chance = head_stats(results)
+    stats, chance = pattern_stats(results)
     labels = pattern_labels(stats, chance, causal=causal, thresholds=thresholds)
     uniform = results["entropy"].meta.get("uniform_entropy") if "entropy" in results else None
     section6 = behaviour_labels({k: stats[k] for k in ("separator", "first", "punct", "previous", "next", "entropy")

@@ -32,7 +32,7 @@ def pooled(values: np.ndarray, bins: int = BINS) -> tuple[list[float], list[int]
     return [float(f"{x:.6g}") for x in sums / np.diff(edges)], edges
 
 
-def head_payload(*, layer: int, head: int, n: int, rows: list[dict], profiles: dict[str, np.ndarray],
+def long_head_payload(*, layer: int, head: int, n: int, rows: list[dict], profiles: dict[str, np.ndarray],
                  model: str | None) -> dict:
     """What the page draws of one head: its title, what it does on this document (``roles``:
     :func:`~attnscope.analyses.longctx.document_roles`), ``rows`` (one
@@ -51,9 +51,9 @@ def long_page_payload(*, labels: list[str], raw: list[str], layer: int, head: in
                       rows: list[dict], profiles: dict[str, np.ndarray], model: str | None,
                       source: str, num_layers: int, num_heads: int, seconds: dict) -> dict:
     """Everything the page draws: ``labels`` (each token as text), ``raw`` (its piece), and the
-    head's part (:func:`head_payload`)."""
+    head's part (:func:`long_head_payload`)."""
     return {
         "version": PAYLOAD_VERSION, "model": model, "source": source, "n": len(labels),
         "num_layers": num_layers, "num_heads": num_heads, "labels": labels, "raw": raw, "seconds": seconds,
-        **head_payload(layer=layer, head=head, n=len(labels), rows=rows, profiles=profiles, model=model),
+        **long_head_payload(layer=layer, head=head, n=len(labels), rows=rows, profiles=profiles, model=model),
     }
