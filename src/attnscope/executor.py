@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnscope.analyses.base import Analysis, Result, check_requirements
+from attnscope.engines.plan import Plan
 from attnscope.engines.streaming import stream_stats
 from attnscope.errors import AttnscopeError
 from attnscope.extract.encode import Encoder
@@ -103,16 +104,13 @@ class LocalExecutor:
 
     def stream(self, lm, sequences: Sequence[Sequence[int]], stats, *, chunk: int = 0,
                batch_size: int = 1, targets: Sequence | None = None, units=None,
-               progress: Callable[[int], None] | None = None, backend: str = "auto",
-               attention_dtype: str = "auto", maps_fit: bool = False) -> int:
+               progress: Callable[[int], None] | None = None, plan: Plan | None = None) -> int:
         """The long-context statistics of ``sequences`` folded into ``stats`` inside attention
-        (:func:`~attnscope.engines.streaming.stream_stats`: through ``backend``, from scores made
-        of ``attention_dtype`` values; ``maps_fit``: the pass's maps fit the caller's budget, so
-        ``auto`` folds each layer's eager map, the reference); returns the number of workers that
+        (:func:`~attnscope.engines.streaming.stream_stats`, as ``plan`` says: its engine, backend
+        and scores' dtype; None: the streaming engine's choice); returns the number of workers that
         ran them (0: this process)."""
         stream_stats(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets,
-                     progress=progress, units=units, backend=backend, attention_dtype=attention_dtype,
-                     maps_fit=maps_fit)
+                     progress=progress, units=units, plan=plan)
         return 0
 
     def call(self, lm, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -126,17 +124,7 @@ class LocalExecutor:
         prefill and answers, a document's pass): an item whose record ``log`` holds from an
         earlier run of the same job is not run again, and each new record is kept in ``log`` as
         soon as it is made. ``step`` is a picklable callable (it travels to Ray workers)."""
-        out = []
-        for i, item in enumerate(items):
-            record = log.done.get(i)
-            if record is None:
-                check_stop()
-                record = log.add(i, step(lm, item))
-            out.append(record)
-            if progress is not None:
-                progress(1)
-        return out
-
+        return _resumed(items, log, progress, lambda item, out: step(lm, item))
 
     def chain(self, lm, step: Callable[[Any, Any, dict | None], dict], items: Sequence, *, log: UnitLog,
               progress: Callable[[int], None] | None = None) -> list[dict]:
@@ -144,16 +132,23 @@ class LocalExecutor:
         item before (None for the first): one sequence (a training run in chunks), so it runs
         in this process on every executor. Resumes like :meth:`tasks`: the records ``log``
         holds are not made again."""
-        out: list[dict] = []
-        for i, item in enumerate(items):
-            record = log.done.get(i)
-            if record is None:
-                check_stop()
-                record = log.add(i, step(lm, item, out[-1] if out else None))
-            out.append(record)
-            if progress is not None:
-                progress(1)
-        return out
+        return _resumed(items, log, progress, lambda item, out: step(lm, item, out[-1] if out else None))
+
+
+def _resumed(items: Sequence, log: UnitLog, progress: Callable[[int], None] | None,
+             make: Callable[[Any, list[dict]], dict]) -> list[dict]:
+    """``make(item, records so far)`` for every item in order, but those whose record ``log``
+    holds from an earlier run of the same job; each new record kept in ``log`` as it is made."""
+    out: list[dict] = []
+    for i, item in enumerate(items):
+        record = log.done.get(i)
+        if record is None:
+            check_stop()
+            record = log.add(i, make(item, out))
+        out.append(record)
+        if progress is not None:
+            progress(1)
+    return out
 
 
 class RayExecutor(LocalExecutor):
@@ -182,13 +177,12 @@ class RayExecutor(LocalExecutor):
         self.runner.fold(extractor, examples, analyses, on_unit=on_unit)
 
     def stream(self, lm, sequences, stats, *, chunk: int = 0, batch_size: int = 1, targets=None,
-               units=None, progress: Callable[[int], None] | None = None,
-               backend: str = "auto", attention_dtype: str = "auto", maps_fit: bool = False) -> int:
-        if units is not None or maps_fit or backend != "auto" or attention_dtype == "bfloat16":
-            # word level, eager maps and a backend or attention dtype asked for fold here
+               units=None, progress: Callable[[int], None] | None = None, plan: Plan | None = None) -> int:
+        if units is not None or (plan is not None and plan.here):
+            # where the plan says so (word level, eager maps, a backend or scores' dtype asked
+            # for, autocast: plan.here_reason), the pass runs here
             return super().stream(lm, sequences, stats, chunk=chunk, batch_size=batch_size,
-                                  targets=targets, units=units, progress=progress, backend=backend,
-                                  attention_dtype=attention_dtype, maps_fit=maps_fit)
+                                  targets=targets, units=units, progress=progress, plan=plan)
         self.runner.stream(lm, sequences, stats, chunk=chunk, batch_size=batch_size, targets=targets)
         if progress is not None:
             progress(len(sequences))

@@ -86,7 +86,7 @@ def test_every_family_option_has_its_familys_prefix_in_run_and_analyze(capsys, m
     # and every other option of run is an input or a shared setting, none a family option
     inputs = {i.flag for fam in load_families() for i in fam.inputs}
     shared = {"--out", "--model", "--max-seq-len", "--batch-size", "--seed", "--device", "--save-maps",
-              "--resume", "--overwrite", "--ray", "--workers", "--quiet", "--help"}
+              "--resume", "--overwrite", "--ray", "--workers", "--explain", "--quiet", "--help"}
     assert run_flags == expected | inputs | shared
 
 

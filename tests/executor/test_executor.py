@@ -47,9 +47,11 @@ def test_a_pass_that_analyses_nothing_is_one_error_naming_the_parameter(debug_be
 
 
 def test_the_ray_executor_streams_a_named_backend_or_attention_dtype_here():
-    # the workers run the default engine only; a backend or attention dtype asked for runs in
-    # this process (what LocalExecutor does), never silently dropped on the way to the workers
+    # the workers run the default engine only; where the plan says here (a backend or attention
+    # dtype asked for), the pass runs in this process (what LocalExecutor does), never silently
+    # dropped on the way to the workers
     from attnscope.analyses.longctx import LongContextStats
+    from attnscope.engines.plan import plan
     from attnscope.engines.streaming import stream_stats
     from attnscope.executor import RayExecutor
     from attnscope.models import load_model
@@ -63,10 +65,15 @@ def test_the_ray_executor_streams_a_named_backend_or_attention_dtype_here():
     lm = load_model("debug:llama")
     ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
     ray = RayExecutor(Runner())
+    longest = max(map(len, ids))
     assert ray.stream(lm, ids, LongContextStats(js_rows=0)) == 2 and len(Runner.calls) == 1
+    default = plan(lm, longest=longest, engine="streaming")
+    assert not default.here and ray.stream(lm, ids, LongContextStats(js_rows=0), plan=default) == 2
     for asked in ({"backend": "tiles"}, {"attention_dtype": "bfloat16"}):
         got, want = LongContextStats(js_rows=0), LongContextStats(js_rows=0)
-        assert ray.stream(lm, ids, got, **asked) == 0 and len(Runner.calls) == 1
+        p = plan(lm, longest=longest, **asked)
+        assert p.here and p.here_reason in ("backend tiles", "bfloat16 scores")
+        assert ray.stream(lm, ids, got, plan=p) == 0 and len(Runner.calls) == 2
         stream_stats(lm, ids, want, **asked)
         for k, v in want.means().items():
             np.testing.assert_array_equal(got.means()[k], v, err_msg=f"{asked} {k}")

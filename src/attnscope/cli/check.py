@@ -47,6 +47,7 @@ def register(app: typer.Typer, analyze_app: typer.Typer) -> None:
                 t.add_row(r.what, _shown(r.difference), _shown(r.bound),
                           r.verdict + (f": {r.reason}" if r.reason else ""))
             results.print(t)
+            results.print("\n".join(report.plan_lines()), markup=False, highlight=False)
         bad = [r for r in report.rows if not r.ok]
         if bad:
             r = bad[0]

@@ -119,6 +119,10 @@ def shared_params(*, model_default: str | None, model_help: str,
 
 
 QUIET = _param("quiet", bool, quiet_option())
+EXPLAIN = _param("explain", bool, typer.Option(
+    False, "--explain", show_default=False, help="Say how the pass would run (engine, backend, and why "
+                                                  "each other backend was turned down) and stop: nothing "
+                                                  "runs or is written."))
 ATTENTION = _param("attention", str | None, typer.Option(
     None, "--attention", help="An encoder-decoder store (T5, BART): read it as its encoder "
                               "(default) or decoder self-attention.", metavar="KIND"))
@@ -153,6 +157,10 @@ def _analyze_command(fam):
         for i, inp in enumerate(fam.inputs):
             value = values.pop(inp.argument or inp.name if i == 0 else inp.name)
             inputs[inp.name] = list(value) if inp.multiple and value is not None else value
+        if values.pop("explain"):  # how the pass would run, and why; nothing runs or is written
+            for line in run_family(fam.key, inputs, out, save_maps=save_maps, explain=True, **shared, **values):
+                print(line)
+            return
         with step_progress(quiet) as progress:
             section = run_family(fam.key, inputs, out, save_maps=save_maps, progress=progress,
                                  **shared, **values)
@@ -163,7 +171,7 @@ def _analyze_command(fam):
               *shared_params(model_default=None, model_help=(
                   MODEL_HELP[:-1] + "; " + (f"default: {fam.default_model}; " if fam.default_model else "")
                   + "not needed when every input is a store."), family_max_seq_len=fam.default_max_seq_len),
-              *option_params(fam), *executor_params(), ATTENTION, QUIET]
+              *option_params(fam), *executor_params(), ATTENTION, EXPLAIN, QUIET]
     if fam.saves_maps:
         params.append(_param("save_maps", bool, save_maps_option()))
     command.__doc__ = fam.help

@@ -12,6 +12,7 @@ import typer
 
 from attnscope.cli.common import check_writable, command_line, console, step_progress
 from attnscope.cli.families import (
+    EXPLAIN,
     QUIET,
     _param,
     executor_params,
@@ -44,7 +45,14 @@ def _run_command(families):
         where = {"ray": values.pop("ray"), "workers": values.pop("workers")}  # the executor
         for inp in (i for fam in families for i in fam.inputs if i.multiple):
             values[inp.name] = list(values[inp.name] or [])
+        explain = values.pop("explain")
         cfg = RunConfig(families=families, **values)
+        if explain:  # how each family's pass would run, and why; nothing runs or is written
+            for key, lines in run_pipeline(cfg, out, resume=resume, overwrite=overwrite, explain=True,
+                                           **where).items():
+                for line in lines:
+                    print(f"{key}: {line}")
+            return
         with step_progress(quiet, overall=True) as progress:
             outcome = run_pipeline(cfg, out, resume=resume, overwrite=overwrite, progress=progress,
                                    command=command_line(), **where)
@@ -67,6 +75,7 @@ def _run_command(families):
         _param("overwrite", bool, typer.Option(False, "--overwrite", show_default=False,
                                                help="Replace a run already in OUT.")),
         *executor_params(),
+        EXPLAIN,
         QUIET,
     ]
     run_cli.__doc__ = "Run every analysis the inputs allow and write OUT/report.html."

@@ -123,6 +123,54 @@ def check(backend: str, device, needs: frozenset[str] = frozenset()) -> None:
                              params=("backend",))
 
 
+def verdicts(backend: str, device, *, token_level: bool, probe: bool, tokens: int = 2,
+             maps_fit: bool = False, usable: Callable[[str, Any], bool] = usable,
+             needs: frozenset[str] = frozenset(),
+             unfit: str = "the pass's maps do not fit the memory budget") -> list[tuple[str, str, str]]:
+    """What the choice of ``backend`` (a name, or ``"auto"``) makes of every backend for one
+    sequence on ``device``, in the order it tries them: ``(name, verdict, reason)``, the verdict
+    ``"chosen"`` for the one that runs (the first that passes), ``"declined"`` with why for each
+    before it (a name asked for, by name; ``auto``, by what each is made for) and ``"not tried"``
+    after it. ``token_level``: not word level; ``probe``: a sequence with targets; ``tokens``: its
+    length; ``maps_fit``: the pass's maps fit the caller's memory budget (the ``maps`` backend);
+    ``needs``: the model's mechanisms a backend must compute (:func:`needs`); ``unfit``: why the
+    maps do not fit where they do not. A backend that takes every input (``tiles``) is the last
+    resort, whatever was asked for.
+
+    >>> [v[:2] for v in verdicts("auto", "cpu", token_level=False, probe=False)][-2:]
+    [('compiled', 'declined'), ('tiles', 'chosen')]
+    >>> verdicts("auto", "cpu", token_level=False, probe=False)[3][2]
+    'takes token-level sequences only (a word-level pass sums each row per word)'
+    """
+    kind = _kind(device)
+    out: list[tuple[str, str, str]] = []
+    chosen = None
+    for b in BACKENDS:
+        if chosen is not None:
+            out.append((b.name, "not tried", f"{chosen} was chosen first"))
+            continue
+        why = b.refuses(token_level, probe, tokens)
+        if why is None and b.lacks(needs) and not b.fallback:
+            why = f"does not compute this model's {', '.join(b.lacks(needs))}"
+        if why is None and not b.fallback:
+            if backend not in ("auto", b.name):
+                why = f"{backend} was asked for"
+            elif backend == "auto" and b.budget and not maps_fit:
+                why = unfit
+            elif backend == "auto" and not b.budget and b.devices and kind not in b.devices:
+                why = f"made for {', '.join(b.devices)}, not {kind} (it runs there when asked for by name)"
+            elif not usable(b.name, device):
+                why = f"cannot run on {kind} here ({b.why})"
+        if why is None:
+            chosen = b.name
+            out.append((b.name, "chosen", "the one asked for" if backend == b.name else
+                        "takes every input, the last resort" if b.fallback else
+                        "the pass's maps fit the memory budget" if b.budget else f"made for {kind}"))
+        else:
+            out.append((b.name, "declined", why))
+    return out
+
+
 def choose(backend: str, device, *, token_level: bool, probe: bool, tokens: int = 2,
            maps_fit: bool = False, usable: Callable[[str, Any], bool] = usable,
            needs: frozenset[str] = frozenset()) -> str:
@@ -132,13 +180,8 @@ def choose(backend: str, device, *, token_level: bool, probe: bool, tokens: int 
     is made for the input: one held to a memory budget (``maps``) where the pass's maps fit the
     caller's (``maps_fit``), any other where it is made for ``device``'s type; what none of them
     takes goes to the fallback, ``tiles``. ``auto`` passes over a backend that does not compute
-    one of the model's mechanisms (``needs``, :func:`needs`)."""
-    kind = _kind(device)
-    for b in BACKENDS:
-        if not b.takes(token_level, probe, tokens) or (b.lacks(needs) and not b.fallback):
-            continue
-        made_for = maps_fit if b.budget else (not b.devices or kind in b.devices)
-        wanted = b.name == backend or (backend == "auto" and made_for)
-        if b.fallback or (wanted and usable(b.name, device)):
-            return b.name
-    raise AssertionError("the fallback backend takes every input")  # pragma: no cover
+    one of the model's mechanisms (``needs``, :func:`needs`). Why each other one was passed over:
+    :func:`verdicts`."""
+    return next(name for name, verdict, _ in verdicts(backend, device, token_level=token_level, probe=probe,
+                                                      tokens=tokens, maps_fit=maps_fit, usable=usable,
+                                                      needs=needs) if verdict == "chosen")

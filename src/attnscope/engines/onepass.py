@@ -194,4 +194,4 @@ BACKEND = Backend("onepass", devices=("cuda",), token_level=True, probes=True, r
                   usable=available,
                   why="it needs Triton (pip install triton) and a CUDA device, or TRITON_INTERPRET=1 to run "
                       "Triton's interpreter on the CPU",
-                  handles=frozenset({"softcap", "window", "chunk", "scale"}))
+                  handles=frozenset({"softcap", "window", "chunk", "scale"}), native_dtype=True)

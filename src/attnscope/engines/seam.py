@@ -74,11 +74,23 @@ class Backend:
     #: the model mechanisms (:data:`attnscope.models.facts.MECHANISMS`) it computes as the model
     #: does; ``auto`` never gives it a model with any other, and asking for it by name is refused
     handles: frozenset[str] = frozenset()
+    #: it reads the keys and values in the model's own dtype and writes the output in the
+    #: query's (the one-pass kernel); the others are handed them in float32
+    native_dtype: bool = False
 
     def lacks(self, needs) -> list[str]:
         """The mechanisms among ``needs`` that this backend does not compute."""
         return sorted(set(needs) - self.handles)
 
+    def refuses(self, token_level: bool, probe: bool, tokens: int) -> str | None:
+        """Why it does not take such a sequence (one line), or None where it does."""
+        if self.token_level and not token_level:
+            return "takes token-level sequences only (a word-level pass sums each row per word)"
+        if probe and not self.probes:
+            return "takes no sequences with targets (the induction probes)"
+        if tokens < self.min_tokens:
+            return f"takes sequences of {self.min_tokens} tokens or more"
+        return None
+
     def takes(self, token_level: bool, probe: bool, tokens: int) -> bool:
-        return ((token_level or not self.token_level) and (self.probes or not probe)
-                and tokens >= self.min_tokens)
+        return self.refuses(token_level, probe, tokens) is None

@@ -59,6 +59,8 @@ import numpy as np
 
 from attnscope.engines import backends
 from attnscope.engines.eager import fold_maps
+from attnscope.engines.plan import Plan
+from attnscope.engines.plan import plan as make_plan
 from attnscope.engines.rows import (
     RowStats,
     Sequence,
@@ -70,23 +72,6 @@ from attnscope.engines.rows import (
 from attnscope.engines.seam import LayerInput
 from attnscope.models.families import module_at
 from attnscope.models.forward import forward, model_device, pad_batch
-
-ENGINES = ("auto", "streaming", "maps")
-
-def maps_bytes(lm, n: int, batch_size: int = 1, bytes_per_value: int = 4) -> int:
-    """Memory the ``[L H n n]`` maps of ``batch_size`` sequences of ``n`` tokens would take."""
-    return lm.num_layers * lm.num_heads * n * n * bytes_per_value * batch_size
-
-
-def choose_engine(lm, n: int, batch_size: int = 1, budget_bytes: int = 2 << 30,
-                  engine: str = "auto") -> str:
-    """``"maps"`` when the maps fit in ``budget_bytes`` (and attention can be returned),
-    ``"streaming"`` otherwise; an explicit ``engine`` is returned as is."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
-    if engine != "auto":
-        return engine
-    return "maps" if maps_bytes(lm, n, batch_size) <= budget_bytes else "streaming"
 
 
 def _key_masks(lm, ids: Seq[int], device, cache: dict[int, bool]) -> tuple[Any, Any]:
@@ -165,22 +150,19 @@ def make_sequences(lm, sequences: Seq[Seq[int]], stats: RowStats,
     return out
 
 
-def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
-             backend: str = "auto", attention_dtype: str = "float32", maps_fit: bool = False,
-             needs: frozenset[str] = frozenset()) -> Callable:
+def attend_hook(stats: RowStats, seqs: list[Sequence], plan: Plan, chunk: int = 0,
+                attention_dtype: str = "float32") -> Callable:
     """The forward helper's ``"attend"`` hook of the streaming engine: for each layer, fold the
     statistics of every sequence of the batch (begun in ``stats``) and return the heads' outputs
     ``P V`` computed with them, so the layer's own attention does not run.
 
-    Each sequence goes through one backend (:mod:`attnscope.engines.backends`), chosen once for
-    the pass (:func:`~attnscope.engines.backends.choose`: ``backend``, or by memory, device and
-    input): where the pass's maps fit the caller's budget (``maps_fit``), each layer's eager map
-    (:mod:`~attnscope.engines.eager`, the reference); on CUDA the one-pass kernel
-    (:mod:`~attnscope.engines.onepass`), else FlexAttention (:mod:`~attnscope.engines.flex`); on
-    the CPU a sequence of token rows that is not a probe is one call of the compiled kernel; the
-    rest goes to the fallback, tiles of whole rows (``chunk`` query rows, 0: by the device;
-    :mod:`~attnscope.engines.tiled`). ``needs``: the model's mechanisms a backend must compute
-    (:func:`attnscope.engines.backends.needs`); ``auto`` passes over those that do not.
+    Each sequence goes through the backend ``plan`` gives it (:meth:`Plan.backend_for
+    <attnscope.engines.plan.Plan.backend_for>`, decided once for the pass): where the pass's maps
+    fit the caller's budget, each layer's eager map (:mod:`~attnscope.engines.eager`, the
+    reference); on CUDA the one-pass kernel (:mod:`~attnscope.engines.onepass`), else
+    FlexAttention (:mod:`~attnscope.engines.flex`); on the CPU a sequence of token rows that is not
+    a probe is one call of the compiled kernel; the rest goes to the fallback, tiles of whole rows
+    (``chunk`` query rows, 0: by the device; :mod:`~attnscope.engines.tiled`).
 
     ``attention_dtype="bfloat16"``: the queries, keys and values are rounded to bfloat16 first,
     as ``scaled_dot_product_attention`` rounds them under bfloat16 autocast (see
@@ -205,19 +187,18 @@ def one_pass(stats: RowStats, seqs: list[Sequence], chunk: int = 0,
         q = site.query
         seq_len = [seq.token_n if seq.units is not None else seq.n for seq in seqs]
         if not chosen:
-            chosen.extend(backends.get(backends.choose(backend, q.device, token_level=seq.units is None,
-                                                       probe=bool(seq.targets), tokens=seq_len[b],
-                                                       maps_fit=maps_fit, needs=needs))
+            chosen.extend(backends.get(plan.backend_for(token_level=seq.units is None, probe=bool(seq.targets),
+                                                        tokens=seq_len[b]))
                           for b, seq in enumerate(seqs))
         # the keys and values in float32, and the output, for the backends that take them so (the
         # one-pass kernel reads the model's own and writes the output in the query's dtype)
-        own = all(c.name == "onepass" for c in chosen)
+        own = all(c.native_dtype for c in chosen)
         v = site.value if own else site.value.float()
         k = site.key if own else site.key.float()  # [B Hkv T d], read transposed by Q K^T
         cap = site.softcap
         B, H, T = q.shape[:3]
         out = v.new_zeros(B, T, H, v.shape[-1], dtype=dtype if own else torch.float32)  # [B T Hq d]
-        layer = LayerInput(site, stats, k, v, out, cap, seq_len, chunk, scratch, sink_mass="sink-scale" not in needs)
+        layer = LayerInput(site, stats, k, v, out, cap, seq_len, chunk, scratch, sink_mass="sink-scale" not in plan.needs)
         for b, seq in enumerate(seqs):
             chosen[b].run(layer, b, seq)
         return out
@@ -280,7 +261,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 
                  reference: RowStats | None = None,
                  extras: Seq[dict[str, Any] | None] | None = None,
                  units: Seq[Any] | None = None, backend: str = "auto",
-                 attention_dtype: str = "auto", maps_fit: bool = False) -> None:
+                 attention_dtype: str = "auto", maps_fit: bool = False, plan: Plan | None = None) -> None:
     """Fold every layer and head of ``lm`` on token id ``sequences`` into ``stats``.
 
     ``chunk``: query rows per tile (0: :func:`~attnscope.engines.tiled.auto_tile` per sequence; the one-call CPU kernel
@@ -295,7 +276,10 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 
     input (``"maps"``, ``"onepass"``, ``"flex"``, ``"compiled"``, ``"tiles"``;
     :mod:`attnscope.engines.backends`); the statistics do not depend on it (up to float32
     rounding). ``maps_fit``: the caller's memory budget holds this pass's maps, so ``auto`` folds
-    each layer's eager map (the ``maps`` backend).
+    each layer's eager map (the ``maps`` backend). ``plan``: the pass's
+    :class:`~attnscope.engines.plan.Plan` where the caller made one (a family, from its options);
+    else it is made here from ``backend``, ``attention_dtype`` and ``maps_fit``, and what it
+    refuses is refused before the pass.
 
     ``attention_dtype``: what the scores are made of. ``"auto"`` (the default): the forward pass's
     dtype (:func:`forward_dtype`: bfloat16 under bfloat16 autocast or with bfloat16 weights, else
@@ -317,10 +301,12 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 
     if chunk < 0:
         raise ValueError(f"chunk must be at least 1 (or 0: automatic), not {chunk}")
     device = lm.model.device  # where the statistics' tensors live: the model's device
-    needs = backends.needs(lm.facts)
-    backends.check(backend, device, needs)
-    if attention_dtype not in ("auto", "float32", "bfloat16"):  # before any pass begins
-        raise ValueError(f"attention_dtype is auto, float32 or bfloat16, not {attention_dtype!r}")
+    if plan is None:
+        plan = make_plan(lm, longest=max((len(s) for s in sequences), default=2), batch_size=batch_size,
+                         engine="maps" if maps_fit else "streaming", backend=backend,
+                         attention_dtype=attention_dtype, token_level=units is None or all(u is None for u in units),
+                         probes=bool(targets) and any(targets))
+    attention_dtype = plan.attention_dtype
     if attention_dtype == "auto":
         attention_dtype = forward_dtype(lm)
     for start in range(0, len(sequences), batch_size):
@@ -333,7 +319,7 @@ def stream_stats(lm, sequences: Seq[Seq[int]], stats: RowStats, *, chunk: int = 
             stats.begin(lm.num_layers, lm.num_heads, seq)
         inputs = pad_batch(lm, batch)  # forward() moves it to the model's device
 
-        hooks = {"attend": one_pass(stats, seqs, chunk, backend, attention_dtype, maps_fit, needs)}
+        hooks = {"attend": attend_hook(stats, seqs, plan, chunk, attention_dtype)}
         if reference is not None:
             ref_seqs = make_sequences(lm, batch, reference, tg, device, ex, un)
             for seq in ref_seqs:

@@ -200,13 +200,14 @@ class Context:
                 extractor, [examples[i] for i in indices]) for m in batch]
         return [dataclasses.replace(m, index=indices[m.index]) for m in sorted(maps, key=lambda m: m.index)]
 
-    def stream(self, sequences, stats, *, step: str, here: bool = False, start: int = 0,
-               total: int | None = None, unit: str = "sequences", **kwargs: Any) -> int:
+    def stream(self, sequences, stats, *, step: str, start: int = 0, total: int | None = None,
+               unit: str = "sequences", **kwargs: Any) -> int:
         """Fold the streaming statistics of token id ``sequences`` into ``stats`` (no ``[n n]``
         maps) on the job's executor, with progress under ``step`` in ``unit`` (counting on from
-        ``start`` of ``total``, for a step made of several calls); ``here``: in this process
-        whatever the executor (e.g. under autocast). Returns how many workers ran it (0: here)."""
-        ex = LocalExecutor() if here or self.executor is None else self.executor
+        ``start`` of ``total``, for a step made of several calls); a ``plan``
+        (:func:`~attnscope.engines.plan.plan`) says how, and whether it must run in this process
+        whatever the executor. Returns how many workers ran it (0: here)."""
+        ex = self.executor or LocalExecutor()
         return ex.stream(self.model, sequences, stats,
                          progress=self.counter(step, total or len(sequences), start, unit=unit), **kwargs)
 
@@ -301,6 +302,9 @@ class Prepared:
     data: dict[str, Any]
     weight: int = 1
     counts: dict[str, int] = field(default_factory=dict)
+    #: how the family's pass will run where it chose (:class:`~attnscope.engines.plan.Plan`:
+    #: engine, backend and why), which ``--explain`` prints
+    plan: Any = None
 
 
 class Family(ABC):
@@ -335,6 +339,13 @@ class Family(ABC):
         """Read and check the inputs (``inputs[name]`` is a Path, a list of Paths for
         ``multiple``, or None); raise :class:`~attnscope.errors.InputError` naming the file and
         line. Must not write anything."""
+
+    def explain(self, prepared: Prepared, options: Any, ctx: Context) -> list[str]:
+        """How the family's pass would run on these inputs, and why (``--explain``): the lines of
+        its plan, where it made one."""
+        if prepared.plan is not None:
+            return prepared.plan.lines()
+        return ["reads the attention maps (no engine or backend to choose)"]
 
     @abstractmethod
     def run(self, prepared: Prepared, options: Any, ctx: Context) -> Any:

@@ -30,7 +30,7 @@ from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.streamed_general import STREAM_JS_ROWS, StreamedGeneral
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.unlabeled import PACKINGS, UnlabeledStats
-from attnscope.engines.streaming import ENGINES, choose_engine, maps_bytes
+from attnscope.engines.plan import ENGINES, choose_engine, maps_bytes
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import (
     Context,
@@ -160,12 +160,9 @@ def _general(source, options: "GeneralOptions", ctx: Context, text: "UnlabeledSt
     results = {a.name: out.results[a.name] for a in analyses if a is not keeper}
     return write_general(results, ctx.out_dir, model_desc=model_desc,
                          example_map=keeper.best, notes=notes, seed=ctx.seed, clusters=general_clusters(results),
-                         run={"examples": out.analysed, "seconds": out.seconds,
-                              "analysis_seconds": {k: v for k, v in out.analysis_seconds.items()
-                                                   if k != keeper.name},
-                              "skipped": out.skipped, "max_seq_len": ctx.max_seq_len,
-                              "batch_size": ctx.batch_size, "gradients": options.gradient_mode,
-                              "engine": "maps", **_text_run(text)})
+                         run=_run_record(out, ctx, options, "maps", text,
+                                         analysis_seconds={k: v for k, v in out.analysis_seconds.items()
+                                                           if k != keeper.name}))
 
 
 def _pick_engine(source, model, engine: str, ctx: Context, options: "GeneralOptions", *,
@@ -199,7 +196,7 @@ def _run_streaming(source: list, ctx: Context, options: "GeneralOptions", *, lin
                    note: str | None = None) -> Section:
     """The general statistics of a decoder from the streaming engine (no ``[n n]`` maps):
     :class:`~attnscope.analyses.streamed_general.StreamedGeneral` handed to the pass."""
-    model, max_seq_len, seed, gradients = ctx.model, ctx.max_seq_len, ctx.seed, options.gradient_mode
+    model, seed, gradients = ctx.model, ctx.seed, options.gradient_mode
     notes = ([note] if note else []) + [line]
     classer, classes_note = TokenClasser.for_model(model)
     notes += [classes_note] if classes_note else []
@@ -220,10 +217,15 @@ def _run_streaming(source: list, ctx: Context, options: "GeneralOptions", *, lin
     parts = streamed.finalized_parts
     return write_general(parts, ctx.out_dir, model_desc=model.describe(), example_map=None,
                          notes=notes, seed=seed, clusters=general_clusters(parts),
-                         run={"examples": out.analysed, "seconds": out.seconds, "analysis_seconds": {},
-                              "skipped": out.skipped, "max_seq_len": max_seq_len,
-                              "batch_size": ctx.batch_size, "gradients": gradients, "engine": "streaming",
-                              "js_rows": STREAM_JS_ROWS, "skipped_outputs": skipped, **_text_run(text)})
+                         run=_run_record(out, ctx, options, "streaming", text, analysis_seconds={},
+                                         js_rows=STREAM_JS_ROWS, skipped_outputs=skipped))
+
+
+def _run_record(out, ctx: Context, options: "GeneralOptions", engine: str, text, **extra) -> dict:
+    """How the pass ran, for the results' ``run``: the same record from either engine."""
+    return {"examples": out.analysed, "seconds": out.seconds, **extra, "skipped": out.skipped,
+            "max_seq_len": ctx.max_seq_len, "batch_size": ctx.batch_size, "gradients": options.gradient_mode,
+            "engine": engine, **_text_run(text)}
 
 
 def _text_run(text) -> dict:
@@ -286,6 +288,16 @@ class General(Family):
                              num_examples=options.num_text_examples, packing=options.packing,
                              keep_unk=options.keep_unk, require_model=True, attention=ctx.attention)
         return Prepared({"source": source}, weight=len(source), counts={"text examples": len(source)})
+
+    def explain(self, prepared: Prepared, options: GeneralOptions, ctx: Context) -> list[str]:
+        """The engine the pass would take (maps, or the streaming engine for a decoder whose
+        batch's maps would not fit) and why, as the run says it."""
+        data, engine = prepared.data["source"].data, options.general_engine
+        if isinstance(data, Store):
+            return ["Engine: maps (the store holds them)."]
+        if engine == "maps" or (engine == "auto" and not ctx.model.facts.causal):
+            return [f"Engine: maps ({'asked for' if engine == 'maps' else 'an encoder: the maps engine only'})."]
+        return [_pick_engine(list(data), ctx.model, engine, ctx, options, saving=ctx.save_maps is not None)[1]]
 
     def run(self, prepared: Prepared, options: GeneralOptions, ctx: Context) -> Section:
         source = prepared.data["source"]

@@ -18,9 +18,10 @@ import numpy as np
 from attnscope.analyses.longctx import LongContextStats, head_clusters
 from attnscope.data.unlabeled import prepare_documents
 from attnscope.engines import backends
-from attnscope.engines.streaming import choose_engine, induction_sequences, maps_bytes
+from attnscope.engines.plan import maps_bytes, plan
+from attnscope.engines.streaming import induction_sequences
 from attnscope.errors import AttnscopeError
-from attnscope.extract.encode import word_units
+from attnscope.extract.encode import token_units
 from attnscope.families.base import (
     Context,
     Family,
@@ -39,11 +40,11 @@ from attnscope.viz.results_views import head_scatter, profiles_from_result, sink
 BATCH_TOKENS = 8192
 
 
-def _plan(sequences: list, batch_size: int) -> tuple[int, int]:
-    """``(longest, batch size)`` of a group of sequences: at most ``batch_size``, about
-    :data:`BATCH_TOKENS` tokens, and no more than the group holds."""
-    longest = max(len(s) for s in sequences)
-    return longest, max(1, min(batch_size, BATCH_TOKENS // longest, len(sequences)))
+def _batching(lengths: list[int], batch_size: int) -> tuple[int, int]:
+    """``(longest, batch size)`` of a group of sequences of these lengths: at most
+    ``batch_size``, about :data:`BATCH_TOKENS` tokens, and no more than the group holds."""
+    longest = max(lengths)
+    return longest, max(1, min(batch_size, BATCH_TOKENS // longest, len(lengths)))
 
 
 @dataclass
@@ -99,12 +100,6 @@ def attention_dtype(options: Options) -> str:
     return options.dtype if options.attention_dtype == "auto" else options.attention_dtype
 
 
-def _streaming_only(options: Options) -> list[str]:
-    """The options whose values only the streaming engine takes (they run in this process, never
-    on Ray workers, and the maps engine refuses them): a backend by name, scores of bfloat16."""
-    return [name for name, ok in (("backend", options.backend == "auto"),
-                                  ("attention_dtype", attention_dtype(options) == "float32")) if not ok]
-
 
 @register_family
 class LongContext(Family):
@@ -144,12 +139,6 @@ class LongContext(Family):
         if options.generate and options.word_level:
             raise AttnscopeError("word_level with generate: generated tokens have no words from "
                                  "the text; use one or the other", params=("word_level", "generate"))
-        for name in _streaming_only(options):
-            if options.engine == "maps":
-                raise AttnscopeError(f"engine maps with {name} {getattr(options, name)}: {name} is the "
-                                     "streaming engine's; leave engine at auto or streaming",
-                                     params=("engine", name))
-        backends.check(options.backend, lm.model.device, backends.needs(lm.facts))
         if not lm.facts.causal and ctx.max_seq_len > lm.max_positions:
             raise AttnscopeError(f"max_seq_len {ctx.max_seq_len} is longer than {lm.name} allows "
                                  f"({lm.max_positions} positions)", params=("max_seq_len",))
@@ -159,37 +148,41 @@ class LongContext(Family):
         if options.word_level and any(d.word_ids is None for d in docs):
             raise AttnscopeError(f"{path}: word_level needs a fast tokenizer (word alignment); "
                                  f"{lm.name}'s has none", params=("word_level",))
-        return Prepared({"documents": docs}, weight=sum(len(d.ids) for d in docs) // 128 + 1,
+        notes: list[str] = []
+        probes = (induction_probes(lm, options.induction, options.induction_length, ctx.seed, notes)
+                  if options.induction and not options.word_level else ([], []))
+        # documents and induction sequences run in batches of their own; the widest decides
+        batches = [_batching([len(d.ids) + options.generate for d in docs], ctx.batch_size)] + (
+            [_batching([len(s) for s in probes[0]], ctx.batch_size)] if probes[0] else [])
+        widest = max(batches, key=lambda b: maps_bytes(lm, *b))
+        engine = plan(lm, longest=widest[0], batch_size=widest[1], budget_bytes=int(options.maps_budget_gb * 2 ** 30),
+                      engine=options.engine, backend=options.backend, attention_dtype=attention_dtype(options),
+                      token_level=not options.word_level, probes=bool(probes[0]),
+                      autocast=options.dtype == "bfloat16")
+        return Prepared({"documents": docs, "probes": probes, "batches": batches, "notes": notes},
+                        weight=sum(len(d.ids) for d in docs) // 128 + 1,
                         counts={"documents": len(docs), "tokens": sum(len(d.ids) for d in docs),
-                                "cut": sum(d.cut for d in docs)})
+                                "cut": sum(d.cut for d in docs)}, plan=engine)
 
     def run(self, prepared: Prepared, options: Options, ctx: Context):
         import contextlib
 
         import torch
 
-        lm, docs = ctx.model, prepared.data["documents"]
-        seqs, notes, generated = [d.ids for d in docs], [], []
+        lm, docs, engine = ctx.model, prepared.data["documents"], prepared.plan
+        seqs, notes, generated = [d.ids for d in docs], list(prepared.data["notes"]), []
         if options.generate:
             seqs, generated, line = self._continue(lm, seqs, options.generate, ctx)
             notes.append(line)
         units = _word_units(docs, options.induction, notes) if options.word_level else None
-        probes, probe_targets = (induction_probes(lm, options.induction, options.induction_length,
-                                                  ctx.seed, notes)
-                                 if options.induction and not options.word_level else ([], []))
-        # documents and induction sequences run in batches of their own; the sequences with
-        # targets (the probes) feed the induction and duplicate scores only, never the
-        # document statistics (LongContextStats keeps them apart)
+        probes, probe_targets = prepared.data["probes"]
+        # the sequences with targets (the probes) feed the induction and duplicate scores only,
+        # never the document statistics (LongContextStats keeps them apart)
         groups = [(seqs, [None] * len(seqs), "document")] + (
             [(probes, probe_targets, "induction sequence")] if probes else [])
-        plans = [_plan(g, ctx.batch_size) for g, _, _ in groups]
-        widest = max(range(len(plans)), key=lambda i: maps_bytes(lm, *plans[i]))
-        longest, batch_size = plans[widest]
-        engine = choose_engine(lm, longest, batch_size, int(options.maps_budget_gb * 2 ** 30),
-                               options.engine)
-        if engine == "maps" and (options.dtype == "bfloat16" or _streaming_only(options)):
-            # eager maps under autocast would not be the same computation
-            engine = "streaming"
+        batches = prepared.data["batches"]
+        widest = max(range(len(batches)), key=lambda i: maps_bytes(lm, *batches[i]))
+        longest, batch_size = batches[widest]
         stats = LongContextStats(js_rows=options.js_rows, seed=ctx.seed,
                                  sink_threshold=options.sink_threshold, causal=lm.facts.causal,
                                  sink_metric=options.sink_metric)
@@ -197,17 +190,15 @@ class LongContext(Family):
                     if options.dtype == "bfloat16" else contextlib.nullcontext())
         total, done, on_workers = sum(len(g) for g, _, _ in groups), 0, 0
         with autocast:
-            for (group, targets, _), (_, size) in zip(groups, plans):
-                # autocast applies in this process only: here
+            for (group, targets, _), (_, size) in zip(groups, batches):
                 on_workers = ctx.stream(group, stats, step="statistics", chunk=options.chunk,
                                         batch_size=size, targets=None if units else targets,
-                                        units=units, start=done, total=total, backend=options.backend,
-                                        maps_fit=engine == "maps", attention_dtype=attention_dtype(options),
-                                        here=options.dtype != "float32" or bool(_streaming_only(options)))
+                                        units=units, start=done, total=total, plan=engine)
                 done += len(group)
         res = stats.finalize()
-        extra = notes + run_findings(res, options, engine=engine, ray_workers=on_workers, model=lm,
-                                     documents=len(docs), doc_longest=plans[0][0], probes=probes,
+        res.meta["plan"] = engine.describe()
+        extra = notes + run_findings(res, options, engine=engine.engine, ray_workers=on_workers, model=lm,
+                                     documents=len(docs), doc_longest=batches[0][0], probes=probes,
                                      batch=(batch_size, longest, groups[widest][2]),
                                      maps_gb=maps_bytes(lm, longest, batch_size) / 2 ** 30,
                                      max_seq_len=ctx.max_seq_len, generated=generated,
@@ -240,7 +231,7 @@ class LongContext(Family):
 
 def _word_units(docs, induction: int, notes: list[str]) -> list:
     """Each document's word units (paper section 4.1), with one line for ``notes``."""
-    units = [word_units(np.asarray(d.word_ids), np.asarray(d.word_ids) < 0) for d in docs]
+    units = [token_units(np.asarray(d.word_ids), np.asarray(d.word_ids) < 0) for d in docs]
     notes.append("Word level: attention TO a word is the sum over its pieces, FROM a word the mean "
                  "of its pieces' rows (paper section 4.1); positions, distances and row lengths "
                  f"count words ({sum(int(u[-1]) + 1 for u in units)} words in "

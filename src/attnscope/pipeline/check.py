@@ -35,6 +35,8 @@ TEXT = ("The old man saw the red house on the hill. When he ran to it, the small
 INDUCTION = 12
 #: the first row: attnscope's maps against transformers' eager ``output_attentions``
 MAPS = "eager maps"
+#: the length of the long-context pass whose plan the report shows (``analyze longctx``'s default)
+LONG = 4096
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ class CheckReport:
     tokens: int
     rows: tuple[Row, ...] = field(default_factory=tuple)
     seed: int = 0
+    #: what ``analyze longctx`` would run at its default length (:func:`long_plan`), or why nothing
+    plan: Any = None  # attnscope.engines.plan.Plan
+    plan_refused: str = ""
 
     @property
     def ok(self) -> bool:
@@ -71,7 +76,14 @@ class CheckReport:
     def describe(self) -> dict[str, Any]:
         return {"model": self.model, "attention": self.facts.describe(), "tokens": self.tokens, "seed": self.seed,
                 "ok": self.ok, "rows": [{"what": r.what, "difference": r.difference, "bound": r.bound,
-                                         "verdict": r.verdict, "reason": r.reason} for r in self.rows]}
+                                         "verdict": r.verdict, "reason": r.reason} for r in self.rows],
+                "plan": self.plan.describe() if self.plan is not None else None, "plan_refused": self.plan_refused}
+
+    def plan_lines(self) -> list[str]:
+        """What ``analyze longctx`` would run on this model at its defaults, and why."""
+        if self.plan is None:
+            return [f"analyze longctx: refused: {self.plan_refused}"]
+        return [f"analyze longctx at {LONG:,} tokens (its defaults), automatically:", *self.plan.lines()]
 
     def summary(self) -> list[tuple[str, str]]:
         """The model's half of the table, ``(label, value)``."""
@@ -122,36 +134,27 @@ def _maps_row(lm, ids: list[int]) -> Row:
 
 
 def _backend_rows(lm, sequences, targets) -> list[Row]:
+    """Each backend asked for by name (its plan refuses what it cannot take, with the reason),
+    folding the statistics beside the eager maps' of the same pass."""
     from attnscope.analyses.longctx import LongContextStats
     from attnscope.engines import backends
+    from attnscope.engines.plan import plan
     from attnscope.engines.streaming import stream_stats
-    from attnscope.models.forward import supports_hooks
 
-    needs = backends.needs(lm.facts)
-    bound = _bound(max(len(s) for s in sequences))
+    longest = max(len(s) for s in sequences)
+    bound = _bound(longest)
     rows = []
     for b in backends.BACKENDS:
-        if lm.facts.encoder_decoder:
-            rows.append(Row(b.name, None, None, "refused", "an encoder-decoder model: the streaming engine "
-                                                            "reads one stack of self-attention"))
-            continue
-        if not supports_hooks(lm):
-            alibi = "; its ALiBi bias is added inside that code" if lm.facts.alibi else ""
-            rows.append(Row(b.name, None, None, "refused", "the model's code does not route attention through "
-                                                            f"transformers' AttentionInterface (maps only{alibi})"))
-            continue
         if not b.usable(lm.device.type):
             rows.append(Row(b.name, None, None, "unavailable", f"cannot run on {lm.device.type} here ({b.why})"))
             continue
-        if b.lacks(needs):
-            rows.append(Row(b.name, None, None, "refused", f"does not compute this model's {', '.join(b.lacks(needs))}"))
-            continue
-        got, ref = (LongContextStats(js_rows=2, causal=lm.facts.causal) for _ in range(2))
         try:
-            stream_stats(lm, sequences, got, targets=targets, backend=b.name, reference=ref)
+            p = plan(lm, longest=longest, engine="streaming", backend=b.name, probes=True)
         except AttnscopeError as err:
             rows.append(Row(b.name, None, None, "refused", str(err)))
             continue
+        got, ref = (LongContextStats(js_rows=2, causal=lm.facts.causal) for _ in range(2))
+        stream_stats(lm, sequences, got, targets=targets, plan=p, reference=ref)
         diff = _largest_difference(got.means(), ref.means())
         rows.append(Row(b.name, diff, bound, _verdict(diff, bound)))
     return rows
@@ -159,6 +162,7 @@ def _backend_rows(lm, sequences, targets) -> list[Row]:
 
 def check_loaded(lm, *, seed: int = 0) -> CheckReport:
     """:func:`check` of a loaded model (:class:`~attnscope.models.loaded.LoadedModel`)."""
+    from attnscope.engines.plan import plan
     from attnscope.engines.streaming import induction_sequences
 
     ids = list(lm.tokenizer(TEXT)["input_ids"])[: lm.max_positions]
@@ -166,7 +170,12 @@ def check_loaded(lm, *, seed: int = 0) -> CheckReport:
     if rows[0].ok:  # the statistics are compared with the maps': only once the maps are right
         repeated, targets = induction_sequences(lm, 1, INDUCTION, seed=seed)
         rows += _backend_rows(lm, [ids, *repeated], [None, *targets])
-    return CheckReport(lm.display_name, lm.facts, len(ids), tuple(rows), seed)
+    try:
+        long = plan(lm, longest=min(LONG, lm.max_positions), probes=lm.facts.causal)
+        refused = ""
+    except AttnscopeError as err:
+        long, refused = None, str(err)
+    return CheckReport(lm.display_name, lm.facts, len(ids), tuple(rows), seed, long, refused)
 
 
 def check(model: Any = "default", tokenizer: Any = None, *, seed: int = 0, device: str | None = "cpu") -> CheckReport:

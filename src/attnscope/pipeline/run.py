@@ -71,14 +71,16 @@ def run_order(families: Sequence[Family]) -> list[Family]:
 def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False,
                  overwrite: bool = False, progress: Progress | None = None,
                  command: str | None = None, model=None, ray: bool = False,
-                 workers: int = 1) -> RunOutcome:
+                 workers: int = 1, explain: bool = False) -> RunOutcome | dict[str, list[str]]:
     """Run every family the inputs allow and write the report; see the module docstring.
 
     ``progress(step, done, total)`` is called as work advances: ``step`` is ``"overall"``
     (in examples, for one ETA over the whole run), ``"load model"``, ``"prepare inputs"``,
     ``"report"`` or ``"<family>: <step>"``. ``model`` may be an already loaded
     :class:`~attnscope.models.LoadedModel` (then ``config.model`` only names it). ``ray``: run
-    the forward passes on ``workers`` Ray workers (``docs/scale.md``).
+    the forward passes on ``workers`` Ray workers (``docs/scale.md``). ``explain``: read and
+    check everything, then return each family's lines on how its pass would run
+    (:meth:`~attnscope.families.base.Family.explain`) instead of running; nothing is written.
     """
     t0 = time.perf_counter()
     started = now()
@@ -117,6 +119,8 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     for fam in families:
         prepared[fam.key] = fam.prepare(dict(cfg.inputs), cfg.options[fam.key], base)
     say("prepare inputs", 1, 1)
+    if explain:
+        return {fam.key: fam.explain(prepared[fam.key], cfg.options[fam.key], base) for fam in families}
 
     model_info = lm.describe()
     arguments = cfg.as_dict()
@@ -223,7 +227,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                seed: int = 0, max_seq_len: int | None = None, batch_size: int = 16,
                save_maps: str | Path | None = None, progress: Progress | None = None,
                device: str = "cpu", ray: bool = False, workers: int = 1, attention: str | None = None,
-               **options: Any) -> Section:
+               explain: bool = False, **options: Any) -> Section | list[str]:
     """One family on its own (``attnscope analyze <key>``), and the one entry from Python: read and
     check its ``inputs`` (by input name), load the model when one is needed, run it and return
     its Section.
@@ -236,6 +240,9 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
     ``default_model`` is loaded for files, and no model for stores). ``options`` are the
     fields of the family's ``Options``. ``max_seq_len``: None for the family's
     ``default_max_seq_len`` (128, long context 4096), at most the model's positions.
+    ``explain``: read and check everything, then return the lines that say how the family's pass
+    would run (its engine, backend and why: :meth:`~attnscope.families.base.Family.explain`)
+    instead of running it; nothing is written.
     ``device``: where a loaded model runs (see
     :func:`attnscope.models.loading.resolve_device`). ``ray``: run the forward passes on
     ``workers`` Ray workers. ``save_maps``: a folder for the family's stores; stores already
@@ -305,6 +312,8 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
                   save_maps=Path(save_maps) if save_maps is not None else None, attention=attention,
                   family=key, job=job)
     prepared = fam.prepare(inputs, opts, ctx)
+    if explain:
+        return fam.explain(prepared, opts, ctx)
     if ctx.save_maps is not None:
         replace_stores(ctx.save_maps)
     # out of GPU memory: one line naming max_seq_len, before anything is written
