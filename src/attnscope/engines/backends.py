@@ -125,17 +125,17 @@ def check(backend: str, device, needs: frozenset[str] = frozenset()) -> None:
 
 def verdicts(backend: str, device, *, token_level: bool, probe: bool, tokens: int = 2,
              maps_fit: bool = False, usable: Callable[[str, Any], bool] = usable,
-             needs: frozenset[str] = frozenset(),
-             unfit: str = "the pass's maps do not fit the memory budget") -> list[tuple[str, str, str]]:
+             needs: frozenset[str] = frozenset(), budget: str = "") -> list[tuple[str, str, str]]:
     """What the choice of ``backend`` (a name, or ``"auto"``) makes of every backend for one
     sequence on ``device``, in the order it tries them: ``(name, verdict, reason)``, the verdict
     ``"chosen"`` for the one that runs (the first that passes), ``"declined"`` with why for each
     before it (a name asked for, by name; ``auto``, by what each is made for) and ``"not tried"``
     after it. ``token_level``: not word level; ``probe``: a sequence with targets; ``tokens``: its
     length; ``maps_fit``: the pass's maps fit the caller's memory budget (the ``maps`` backend);
-    ``needs``: the model's mechanisms a backend must compute (:func:`needs`); ``unfit``: why the
-    maps do not fit where they do not. A backend that takes every input (``tiles``) is the last
-    resort, whatever was asked for.
+    ``needs``: the model's mechanisms a backend must compute (:func:`needs`); ``budget``: what to
+    say of the backend held to the memory budget (``maps``), taken or not (default: whether the
+    maps fit). A backend that takes every input (``tiles``) is the last resort, whatever was asked
+    for.
 
     >>> [v[:2] for v in verdicts("auto", "cpu", token_level=False, probe=False)][-2:]
     [('compiled', 'declined'), ('tiles', 'chosen')]
@@ -156,7 +156,7 @@ def verdicts(backend: str, device, *, token_level: bool, probe: bool, tokens: in
             if backend not in ("auto", b.name):
                 why = f"{backend} was asked for"
             elif backend == "auto" and b.budget and not maps_fit:
-                why = unfit
+                why = budget or "the pass's maps do not fit the memory budget"
             elif backend == "auto" and not b.budget and b.devices and kind not in b.devices:
                 why = f"made for {', '.join(b.devices)}, not {kind} (it runs there when asked for by name)"
             elif not usable(b.name, device):
@@ -165,7 +165,7 @@ def verdicts(backend: str, device, *, token_level: bool, probe: bool, tokens: in
             chosen = b.name
             out.append((b.name, "chosen", "the one asked for" if backend == b.name else
                         "takes every input, the last resort" if b.fallback else
-                        "the pass's maps fit the memory budget" if b.budget else f"made for {kind}"))
+                        (budget or "the pass's maps fit the memory budget") if b.budget else f"made for {kind}"))
         else:
             out.append((b.name, "declined", why))
     return out

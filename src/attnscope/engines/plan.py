@@ -22,7 +22,7 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from attnscope.engines import backends
 from attnscope.errors import AttnscopeError
@@ -68,7 +68,6 @@ class Plan:
     here: bool = False
     here_reason: str = ""
     probe_backend: str | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     @classmethod
     def of(cls, backend: str = "auto", *, device="cpu", maps_fit: bool = False,
@@ -92,8 +91,7 @@ class Plan:
                 "requested": self.requested, "probe_backend": self.probe_backend, "device": self.device,
                 "attention_dtype": self.attention_dtype, "maps_fit": self.maps_fit,
                 "mechanisms": sorted(self.needs), "here": self.here, "here_reason": self.here_reason,
-                "backends": [{"name": n, "verdict": v, "reason": r} for n, v, r in self.verdicts],
-                "notes": list(self.notes)}
+                "backends": [{"name": n, "verdict": v, "reason": r} for n, v, r in self.verdicts]}
 
     def lines(self) -> list[str]:
         """The plan as the lines ``--explain`` and ``attnscope check`` print."""
@@ -104,17 +102,16 @@ class Plan:
         out.append(f"scores: {self.attention_dtype}; runs "
                    + ("in this process" if self.here else "where the job's executor runs it")
                    + (f" ({self.here_reason})" if self.here_reason else ""))
-        return out + list(self.notes)
+        return out
 
 
 def plan(lm, *, longest: int, batch_size: int = 1, budget_bytes: int = 2 << 30, engine: str = "auto",
          backend: str = "auto", attention_dtype: str = "auto", token_level: bool = True,
-         probes: bool = False, autocast: bool = False, options: tuple[str, str, str] = ("engine", "backend",
-                                                                                        "attention_dtype")) -> Plan:
+         probes: bool = False, autocast: bool = False) -> Plan:
     """The plan of a pass over sequences of up to ``longest`` tokens in batches of ``batch_size``
     with ``lm`` (module docstring). ``engine``, ``backend``, ``attention_dtype`` and
-    ``budget_bytes`` are what the caller asked for; ``options`` the names they go by in a refusal
-    (``longctx_engine``, ...); ``token_level``: the sequences are tokens (not words);
+    ``budget_bytes`` are what the caller asked for (a refusal names them by these names, which the
+    command line shows as the family's flags); ``token_level``: the sequences are tokens (not words);
     ``probes``: the pass also has sequences with targets; ``autocast``: the pass runs under
     bfloat16 autocast (eager maps there would not be the same computation).
 
@@ -125,7 +122,7 @@ def plan(lm, *, longest: int, batch_size: int = 1, budget_bytes: int = 2 << 30, 
     beside ``engine maps``."""
     from attnscope.models.forward import supports_hooks
 
-    engine_opt, backend_opt, dtype_opt = options
+    engine_opt, backend_opt, dtype_opt = "engine", "backend", "attention_dtype"
     if engine not in ENGINES:
         raise AttnscopeError(f"{engine_opt} {engine}: not one of {', '.join(ENGINES)}", params=(engine_opt,))
     if attention_dtype not in DTYPES:
@@ -165,10 +162,15 @@ def plan(lm, *, longest: int, batch_size: int = 1, budget_bytes: int = 2 << 30, 
         chosen = choose_engine(lm, longest, batch_size, budget_bytes)
         why = size + ("" if chosen == "maps" else ": no n x n maps")
     maps_fit = chosen == "maps"
-    unfit = ("the pass's maps do not fit the memory budget" if why.startswith("the maps of") else
-             "the streaming engine was asked for" if why == "asked for" else f"the streaming engine: {why}")
+    # what is said of the maps backend: why the maps were taken, or not
+    if maps_fit:
+        budget = "the maps engine was asked for" if engine == "maps" else "the pass's maps fit the memory budget"
+    elif engine == "streaming":
+        budget = "the streaming engine was asked for"
+    else:
+        budget = "the pass's maps do not fit the memory budget" if why.startswith("the maps of") else             f"the streaming engine: {why}"
     verdicts = tuple(backends.verdicts(backend, device, token_level=token_level, probe=False, tokens=max(2, longest),
-                                       maps_fit=maps_fit, needs=needs, unfit=unfit))
+                                       maps_fit=maps_fit, needs=needs, budget=budget))
     main = next(n for n, v, _ in verdicts if v == "chosen")
     probe = (backends.choose(backend, device, token_level=token_level, probe=True, tokens=max(2, longest),
                              maps_fit=maps_fit, needs=needs) if probes else None)
