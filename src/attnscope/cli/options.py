@@ -46,7 +46,6 @@ SHARED_HELP: dict[str, str] = {
 }
 
 
-
 def max_seq_len_option(default: int = 128, help: str = SHARED_HELP["--max-seq-len"]) -> int:
     """``--max-seq-len``, checked the same way by every command (a value below
     :data:`attnscope.pipeline.MIN_MAX_SEQ_LEN`, the library's own bound, is a usage error,

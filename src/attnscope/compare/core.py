@@ -46,6 +46,7 @@ from attnscope.store.results import ResultsFolder
 
 Progress = Callable[[str, int, "int | None"], None]
 
+
 @dataclass
 class Comparison:
     """Everything compared. Heads are 0-indexed; flat head indices are layer-major."""

@@ -100,7 +100,6 @@ def attention_dtype(options: Options) -> str:
     return options.dtype if options.attention_dtype == "auto" else options.attention_dtype
 
 
-
 @register_family
 class LongContext(Family):
     key = "longctx"

@@ -111,8 +111,6 @@ class RunOutcome:
     results_json: dict[str, Any] = field(default_factory=dict)
 
 
-
-
 def check_config(cfg: RunConfig) -> None:
     """Refuse arguments that cannot work, with one line naming the argument or file."""
     for fam in cfg.families:

@@ -40,6 +40,7 @@ PAPER_TABLE1 = [("det", "det", 94.3, 51.7), ("dobj", "obj", 86.8, 40.0),
 PAPER_TABLE3 = {"right-branching": 26, "distance+glove": 58, "random-init attn+glove": 30,
                 "attn": 61, "attn+glove": 77}
 
+
 # -- Table 1 --------------------------------------------------------------------------------
 def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "_", s)

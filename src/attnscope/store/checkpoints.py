@@ -30,7 +30,6 @@ import numpy as np
 STATE_DIR = "run"
 
 
-
 class UnitLog:
     """Finished units of a step, keyed by their index. :attr:`done` holds the records of an
     earlier run with the same ``fingerprint``; a file of another job is replaced. Lines are
