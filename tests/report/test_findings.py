@@ -181,7 +181,6 @@ def test_atlas_findings_agree_with_the_areas_table(tmp_path, debug_llama):
 def test_compare_findings_cite_the_largest_change_outside_its_interval(tmp_path):
     from attnscope.compare import compare
     from attnscope.compare.report import findings
-    from attnscope.compare.stats import STAT_NAMES, STAT_WORDS
     from attnscope.models import load_model
     from tests.compare.test_compare import _store
 
@@ -197,6 +196,6 @@ def test_compare_findings_cite_the_largest_change_outside_its_interval(tmp_path)
         assert m is None
         return
     s, layer, head = np.unravel_index(np.argmax(np.where(changed, np.abs(st["diff"]), -1)), changed.shape)
-    assert m[1] == str(HeadId(int(layer), int(head))) and m[2] == STAT_WORDS[STAT_NAMES[s]]
+    assert m[1] == str(HeadId(int(layer), int(head))) and m[2] == st["what"][s]
     assert float(m[5]) == pytest.approx(st["diff"][s, layer, head], abs=5e-4)
     assert float(m[6]) > 0 or float(m[7]) < 0  # the interval it quotes excludes 0

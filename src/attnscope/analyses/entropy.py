@@ -20,10 +20,23 @@ import numpy as np
 
 from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.analyses.relative_position import PerExampleMeans, per_head_rows
+from attnscope.analyses.stat import Stat, declare
 from attnscope.analyses.top_examples import TopExamples, units_of
 from attnscope.maps import AttentionBatch, AttentionMap
 
-STATS = ("entropy", "entropy_first", "max_weight", "rows_max_below", "uniform")
+_SOURCE = "Clark et al. 2019, section 3.3"
+HEAD_STATS = declare(
+    Stat("entropy", "row entropy (nats; higher is broader)", "mean_i -sum_j a[i,j] ln a[i,j]", _SOURCE,
+         "entropy", higher="broader attention", unit="nats", per_layer=True),
+    Stat("entropy_first", "entropy of the first token's row (nats)", "-sum_j a[0,j] ln a[0,j]", _SOURCE,
+         "entropy", higher="broader attention from the first token", unit="nats", per_layer=True),
+    Stat("max_weight", "largest weight of a row", "mean_i max_j a[i,j]", _SOURCE, "entropy",
+         higher="sharper attention"),
+    Stat("rows_max_below", "share of rows with no weight above 0.1", "mean_i [max_j a[i,j] <= 0.1]",
+         _SOURCE, "entropy", higher="more rows spread thin", unit="share of rows", families=("general",)),
+)
+#: what the accumulator keeps per example: the statistics, then the uniform reference
+STATS = HEAD_STATS + ("uniform",)
 
 
 def row_entropy(attn: np.ndarray) -> np.ndarray:

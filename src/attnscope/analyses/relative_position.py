@@ -23,11 +23,19 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.base import MapsAnalysis, Result, register
+from attnscope.analyses.stat import Stat, declare
 from attnscope.analyses.top_examples import TopExamples, units_of
 from attnscope.data.records import HeadId
 from attnscope.maps import AttentionBatch, AttentionMap
 
-STATS = ("current", "previous", "next")
+STATS = declare(
+    Stat("current", "attention to the token itself", "sum_i a[i,i] / n", "Clark et al. 2019, section 3.1",
+         "relative-position"),
+    Stat("previous", "attention to the previous token", "sum_{i>=1} a[i,i-1] / (n-1)",
+         "Clark et al. 2019, section 3.1", "relative-position", per_layer=True),
+    Stat("next", "attention to the next token", "sum_{i<=n-2} a[i,i+1] / (n-1)",
+         "Clark et al. 2019, section 3.1", "relative-position", per_layer=True),
+)
 DENOMINATORS = ("valid", "paper-code")
 
 

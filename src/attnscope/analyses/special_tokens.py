@@ -22,12 +22,31 @@ import numpy as np
 
 from attnscope.analyses.base import MapsAnalysis, Result, register
 from attnscope.analyses.relative_position import DENOMINATORS, PerExampleMeans, per_head_rows
+from attnscope.analyses.stat import Stat, declare, key_class_stats
 from attnscope.analyses.token_classes import TokenClasser, UnitClasses
 from attnscope.analyses.top_examples import TopExamples, units_of
 from attnscope.maps import AttentionBatch, AttentionMap
 
-TO_CLASSES = ("first", "separator", "period", "comma", "punct")
-STATS = TO_CLASSES + ("sep_to_sep", "other_to_sep")
+_SOURCE = "Clark et al. 2019, section 3.2"
+TO_CLASSES = declare(
+    Stat("first", "attention to the first special token ([CLS], <s>)", "sum_i sum_{j first} a[i,j] / n",
+         _SOURCE, "special-tokens", per_layer=True),
+    Stat("separator", "attention to separators ([SEP], </s>)", "sum_i sum_{j separator} a[i,j] / n",
+         _SOURCE, "special-tokens", per_layer=True),
+    Stat("period", "attention to periods", "sum_i sum_{j period} a[i,j] / n", _SOURCE, "special-tokens",
+         families=("general",)),
+    Stat("comma", "attention to commas", "sum_i sum_{j comma} a[i,j] / n", _SOURCE, "special-tokens",
+         families=("general",)),
+    Stat("punct", "attention to periods or commas", "sum_i sum_{j period or comma} a[i,j] / n",
+         _SOURCE, "special-tokens", per_layer=True),
+)
+FROM_SEPARATORS = declare(
+    Stat("sep_to_sep", "separators' attention to separators", "sum_{i sep} sum_{j sep} a[i,j] / |S|",
+         _SOURCE, "special-tokens"),
+    Stat("other_to_sep", "other tokens' attention to separators",
+         "sum_{i not sep} sum_{j sep} a[i,j] / (n - |S|)", _SOURCE, "special-tokens", families=("general",)),
+)
+STATS = TO_CLASSES + FROM_SEPARATORS  # and, after them, the declared key classes (Stat.keys)
 
 
 @register
@@ -47,14 +66,19 @@ class SpecialTokens(MapsAnalysis):
             raise ValueError(f"denominator must be one of {DENOMINATORS}, not {denominator!r}")
         self.classer = classer or TokenClasser.positional()
         self.denominator = denominator
-        self.acc = PerExampleMeans(STATS)
+        #: the declared key classes (:attr:`Stat.keys`) as of construction, computed after :data:`STATS`
+        self.keys = tuple(s.name for s in key_class_stats())
+        self.to_names = TO_CLASSES + self.keys  # every mass on a class of keys
+        self.stats = STATS + self.keys
+        self.acc = PerExampleMeans(self.stats)
         self.examples = 0
         self.class_counts = {k: 0 for k in ("first", "separator", "period", "comma", "units")}
-        self.top = TopExamples(TO_CLASSES, seed=seed)  # where each head looks at a class most
+        self.top = TopExamples(self.to_names, seed=seed)  # where each head looks at a class most
 
     def params(self) -> dict[str, Any]:
         return {"denominator": self.denominator, "token_classes": self.classer.params(),
-                "average": "mean over examples of per-example means", "seed": self.top.seed}
+                "average": "mean over examples of per-example means", "seed": self.top.seed,
+                **({"declared_key_classes": list(self.keys)} if self.keys else {})}
 
     def _add(self, attn: np.ndarray, tokens: list[str], special: np.ndarray,
              m: "AttentionMap | None" = None) -> None:
@@ -62,10 +86,12 @@ class SpecialTokens(MapsAnalysis):
         rows are kept)."""
         n = len(tokens)
         k = self.classer.classify(tokens, special)
-        cols = np.stack([k.first, k.separator, k.period, k.comma, k.punct]).astype(attn.dtype)  # [5 n]
-        to_class = np.moveaxis(attn @ cols.T, -1, 0).astype(np.float64)  # [5 L H q]
-        values = np.empty((len(STATS),) + attn.shape[:2], dtype=np.float64)  # [S L H]
-        values[:5] = to_class.sum(-1) / n
+        cols = np.stack([k.mask(name) for name in self.to_names]).astype(attn.dtype)  # [T n]
+        to_class = np.moveaxis(attn @ cols.T, -1, 0).astype(np.float64)  # [T L H q]
+        T = len(TO_CLASSES)
+        values = np.empty((len(self.stats),) + attn.shape[:2], dtype=np.float64)  # [S L H]
+        values[:T] = to_class[:T].sum(-1) / n
+        values[len(STATS):] = to_class[T:].sum(-1) / n
         sep = k.separator
         n_sep = int(sep.sum())
         to_sep = to_class[1]  # [L H q]
@@ -73,17 +99,26 @@ class SpecialTokens(MapsAnalysis):
             d_ss, d_os = 2, n - 2
         else:
             d_ss, d_os = n_sep, n - n_sep
-        values[5] = to_sep[:, :, sep].sum(-1) / max(d_ss, 1)
-        values[6] = to_sep[:, :, ~sep].sum(-1) / max(d_os, 1)
-        defined = np.array([True] * 5 + [n_sep > 0, n_sep > 0 and n - n_sep > 0])
+        values[T] = to_sep[:, :, sep].sum(-1) / max(d_ss, 1)
+        values[T + 1] = to_sep[:, :, ~sep].sum(-1) / max(d_os, 1)
+        defined = self.defined(n, n_sep)
         self.add_means(values, defined, k)
         if m is not None:
-            self.top.offer(m.index, units_of(m), values[:5], defined[:5], to_class, attn)
+            to = np.r_[:T, len(STATS):len(self.stats)]  # the statistics of to_class, in its order
+            self.top.offer(m.index, units_of(m), values[to], defined[to], to_class, attn)
+
+    def defined(self, n: int, n_sep: int) -> np.ndarray:
+        """``[S]``: which statistics an example of ``n`` units, ``n_sep`` of them separators,
+        defines (separator rows need a separator, other rows a unit that is not one)."""
+        out = np.ones(len(self.stats), dtype=bool)
+        out[len(TO_CLASSES):len(STATS)] = [n_sep > 0, n_sep > 0 and n - n_sep > 0]
+        return out
 
     def add_means(self, values: np.ndarray, defined: np.ndarray, classes: UnitClasses) -> None:
-        """One example's per-head means ``[7 L H]`` (:data:`STATS` order), which of them it
-        defines ``[7]``, and its units' classes: what :meth:`update` computes from a map, and
-        what the streaming engine hands over from its sums (no map)."""
+        """One example's per-head means ``[S L H]`` (:attr:`stats` order: :data:`STATS`, then the
+        declared key classes), which of them it defines ``[S]``, and its units' classes: what
+        :meth:`update` computes from a map, and what the streaming engine hands over from its
+        sums (no map)."""
         self.acc.add(values, np.asarray(defined, dtype=bool))
         self.examples += 1
         for name in ("first", "separator", "period", "comma"):
@@ -98,7 +133,7 @@ class SpecialTokens(MapsAnalysis):
         means = self.acc.means()
         res = Result(self.name, params=self.params(),
                      meta={"examples": self.examples, "class_counts": dict(self.class_counts),
-                           "examples_with_separators": int(self.acc.counts[STATS.index("sep_to_sep")])})
+                           "examples_with_separators": int(self.acc.counts[self.stats.index("sep_to_sep")])})
         if not means:
             res.summary.append("no examples")
             return res

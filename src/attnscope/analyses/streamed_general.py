@@ -22,15 +22,13 @@ from attnscope.analyses.distances import HeadDistances
 from attnscope.analyses.entropy import Entropy
 from attnscope.analyses.longctx import LongContextStats
 from attnscope.analyses.relative_position import RelativePosition
-from attnscope.analyses.special_tokens import SpecialTokens
+from attnscope.analyses.special_tokens import TO_CLASSES, SpecialTokens
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.engines.streaming import stream_stats
 from attnscope.errors import AttnscopeError
 
 #: Query rows sampled per example (seeded) for the head distances when no maps are made.
 STREAM_JS_ROWS = 16
-#: Token classes whose received attention is summed inside attention.
-CLASSES = ("first", "separator", "period", "comma", "punct")
 
 
 @register
@@ -70,7 +68,8 @@ class StreamedGeneral(EncodedAnalysis):
         n = len(e)
         self.longest = max(self.longest, n)
         k = self.classer.classify(list(e.tokens), np.asarray(e.special, dtype=bool))
-        cls = {name: k.mask(name).astype(np.float32) for name in CLASSES}
+        names = self.spec.to_names  # the paper's classes, then the declared key classes
+        cls = {name: k.mask(name).astype(np.float32) for name in names}
         sep = k.separator
         doc = LongContextStats(js_rows=self.js_rows, seed=self.seed, causal=True, js_width="sequence")
         stream_stats(self.model, [e.input_ids], doc, extras=[{
@@ -82,12 +81,13 @@ class StreamedGeneral(EncodedAnalysis):
         # row 0 sees only key 0, with weight 1: it adds 1 to current, max and key 0's classes
         cur, prev = (get("current") + 1.0) / n, get("previous") / max(n - 1, 1)
         self.rel.add_means(np.stack([cur, prev, np.zeros((L, H))]), np.array([n > 0, n > 1, n > 1]))
-        to = {name: get(f"to_{name}") + float(cls[name][0]) for name in CLASSES}
+        to = {name: get(f"to_{name}") + float(cls[name][0]) for name in names}
         n_sep = int(sep.sum())
         sep_sep = get("from_separator_to_separator") + float(sep[0])
-        values = np.stack([to[name] / n for name in CLASSES]
-                          + [sep_sep / max(n_sep, 1), (to["separator"] - sep_sep) / max(n - n_sep, 1)])
-        self.spec.add_means(values, np.array([True] * 5 + [n_sep > 0, n_sep > 0 and n - n_sep > 0]), k)
+        values = np.stack([to[name] / n for name in TO_CLASSES]
+                          + [sep_sep / max(n_sep, 1), (to["separator"] - sep_sep) / max(n - n_sep, 1)]
+                          + [to[name] / n for name in self.spec.keys])  # SpecialTokens.stats order
+        self.spec.add_means(values, self.spec.defined(n, n_sep), k)
         uniform = np.full((L, H), np.log(np.arange(1, n + 1)).mean())
         self.ent.add_means(np.stack([get("entropy") / n, np.zeros((L, H)), (get("max") + 1.0) / n,
                                      get("rows_max_below") / n, uniform]), n)

@@ -26,17 +26,21 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.analyses.stat import key_class_stats
 from attnscope.extract.encode import WORD_MARKERS
 
 
 @dataclass(frozen=True)
 class UnitClasses:
-    """Boolean masks ``[n]`` over the units of one map; every unit is in exactly one class."""
+    """Boolean masks ``[n]`` over the units of one map; every unit is in exactly one of the four
+    classes. ``declared``: the masks of the declared key classes (:func:`attnscope.analyses.stat.key_class_stats`),
+    by statistic, which may overlap anything."""
 
     first: np.ndarray
     separator: np.ndarray
     period: np.ndarray
     comma: np.ndarray
+    declared: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def other(self) -> np.ndarray:
@@ -47,7 +51,7 @@ class UnitClasses:
         return self.period | self.comma
 
     def mask(self, name: str) -> np.ndarray:
-        return getattr(self, name)
+        return self.declared[name] if name in self.declared else getattr(self, name)
 
 
 #: What the report says when token classes come from positions.
@@ -132,7 +136,9 @@ class TokenClasser:
         bare = [self.bare(t) for t in tokens]
         period = ~special & np.array([b in self.period for b in bare], dtype=bool) if n else pos0
         comma = ~special & np.array([b in self.comma for b in bare], dtype=bool) if n else pos0
-        return UnitClasses(first=first, separator=sep, period=period, comma=comma)
+        declared = {st.name: np.array([bool(st.keys(b, bool(sp))) for b, sp in zip(bare, special)], dtype=bool)
+                    for st in key_class_stats()}
+        return UnitClasses(first=first, separator=sep, period=period, comma=comma, declared=declared)
 
     def classify_map(self, m) -> UnitClasses:
         """Masks for an :class:`~attnscope.maps.AttentionMap`."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.compare.stats import JS_ROUNDING, ROUNDING, STAT_NAMES, STAT_WORDS
+from attnscope.compare.stats import JS_ROUNDING, ROUNDING
 from attnscope.data.io import atomic_write_text
 from attnscope.data.records import HeadId, layer_number
 from attnscope.report.figures import new_figure, save_figure
@@ -45,7 +45,7 @@ def head_rows(cmp) -> list[dict]:
         for layer in range(L):
             for head in range(H):
                 rows.append({"head": str(HeadId(layer, head)), "layer": layer, "head_index": head,
-                             "statistic": STAT_NAMES[s], "a": float(st["a"][s, layer, head]),
+                             "statistic": st["statistics"][s], "a": float(st["a"][s, layer, head]),
                              "b": float(st["b"][s, layer, head]),
                              "change": float(st["diff"][s, layer, head]),
                              "ci_low": float(st["low"][s, layer, head]),
@@ -133,7 +133,7 @@ def findings(cmp) -> list[str]:
             s, layer_i, head = np.unravel_index(f, diff.shape)
             if diff[s, layer_i, head] <= 0:
                 break
-            largest.append(f"head {HeadId(layer_i, head)}'s {STAT_WORDS[STAT_NAMES[s]]} went from "
+            largest.append(f"head {HeadId(layer_i, head)}'s {st['what'][s]} went from "
                            f"{st['a'][s, layer_i, head]:.3f} to {st['b'][s, layer_i, head]:.3f} "
                            f"(change {st['diff'][s, layer_i, head]:+.3f}, 95% interval "
                            f"{st['low'][s, layer_i, head]:+.3f} to {st['high'][s, layer_i, head]:+.3f})")
@@ -166,7 +166,7 @@ def _heatmap_grid(cmp, stem: Path) -> list[Path]:
         im = ax.imshow(d, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
         ys, xs = np.nonzero(changed[s])
         ax.scatter(xs, ys, s=6, c="black", marker="o")
-        ax.set_title(STAT_NAMES[s], fontsize=9)
+        ax.set_title(st["statistics"][s], fontsize=9)
         ax.set_xticks(range(0, H, step))
         ax.set_xticklabels([str(h + 1) for h in range(0, H, step)], fontsize=7)
         ax.set_yticks(range(L))
@@ -350,7 +350,7 @@ def results_json(cmp) -> dict[str, Any]:
         "sources": {"A": str(cmp.a.path), "B": str(cmp.b.path), "maps": cmp.a.which or None},
         "level": cmp.pairing.level, "units": cmp.pairing.layout,
         "examples": cmp.pairing.indices, "only_a": cmp.pairing.only_a, "only_b": cmp.pairing.only_b,
-        "statistics": list(STAT_NAMES) if st else [],
+        "statistics": st["statistics"] if st else [],
         "arrays": {**({k: st[k] for k in ("a", "b", "diff", "low", "high")} if st else {}),
                    "distances": cmp.distances,
                    **({"same_head": cmp.same_head(), "layer_distance": cmp.layer_distance()}

@@ -27,16 +27,19 @@ from attnscope.analyses.distances import LN2, smooth
 from attnscope.analyses.entropy import Entropy
 from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
+from attnscope.analyses.stat import Stat, declared
 from attnscope.maps import AttentionBatch, AttentionMap
 
-#: (statistic, the registered analysis whose per-example maths computes it)
-HEAD_STATS = (
-    ("current", RelativePosition), ("previous", RelativePosition), ("next", RelativePosition),
-    ("first", SpecialTokens), ("separator", SpecialTokens), ("punct", SpecialTokens),
-    ("sep_to_sep", SpecialTokens),
-    ("entropy", Entropy), ("entropy_first", Entropy), ("max_weight", Entropy),
-)
-STAT_NAMES = tuple(name for name, _ in HEAD_STATS)
+#: The registered analyses whose per-example maths the comparison reuses; it compares every
+#: statistic they declare for ``compare`` (:func:`compared_stats`).
+ANALYSES = (RelativePosition, SpecialTokens, Entropy)
+
+
+def compared_stats() -> list[Stat]:
+    """The declared statistics the comparison tests, in its analyses' order."""
+    return [s for cls in ANALYSES for s in declared(family="compare", analysis=cls.name)]
+
+
 #: Differences of attention weights or of per-head statistics at most this large are float
 #: rounding, not change (a store compared with itself differs by exactly 0; statistics are
 #: means of float32 values of at most ln n).
@@ -46,19 +49,8 @@ ROUNDING = 1e-6
 #: 1e-8 per unit where two heads are identical and at most ``eps32 * ln(units)``, about 1e-6,
 #: on rows of thousands of units.
 JS_ROUNDING = 1e-5
-#: What each statistic measures, in plain words (the report's summary uses them).
-STAT_WORDS = {
-    "current": "attention to the unit itself", "previous": "attention to the previous unit",
-    "next": "attention to the next unit", "first": "attention to the first special token",
-    "separator": "attention to separator tokens", "punct": "attention to periods and commas",
-    "sep_to_sep": "attention from separators to separators", "entropy": "entropy (nats)",
-    "entropy_first": "entropy of the first unit's attention (nats)",
-    "max_weight": "largest weight per row",
-}
-
-
-def example_head_stats(m: AttentionMap) -> tuple[np.ndarray, np.ndarray]:
-    """One example's per-head statistics: ``values`` ``[S L H]`` and ``defined`` ``[S]``.
+def example_head_stats(m: AttentionMap, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """One example's per-head statistics ``names``: ``values`` ``[S L H]`` and ``defined`` ``[S]``.
 
     Each registered analysis is fed this one example; with one example its sums are the
     example's own values (the analysis divides only in ``finalize``). Special tokens are
@@ -67,7 +59,7 @@ def example_head_stats(m: AttentionMap) -> tuple[np.ndarray, np.ndarray]:
     """
     one = AttentionBatch([m])
     found: dict[str, tuple[np.ndarray, bool]] = {}
-    for cls in (RelativePosition, SpecialTokens, Entropy):
+    for cls in ANALYSES:
         analysis = cls()
         analysis.update(one)
         acc = analysis.acc
@@ -77,8 +69,8 @@ def example_head_stats(m: AttentionMap) -> tuple[np.ndarray, np.ndarray]:
                 found[name] = (np.zeros((L, H)), False)
             else:
                 found[name] = (acc.sums[s], bool(acc.counts[s] > 0))
-    values = np.stack([found[name][0] for name in STAT_NAMES])
-    defined = np.array([found[name][1] for name in STAT_NAMES])
+    values = np.stack([found[name][0] for name in names])
+    defined = np.array([found[name][1] for name in names])
     return values, defined
 
 
@@ -88,16 +80,18 @@ class PairedHeadStats:
 
     def __init__(self, n_boot: int = 1000, seed: int = 0, level: float = 0.95):
         self.n_boot, self.seed, self.level = int(n_boot), int(seed), float(level)
+        declared_now = compared_stats()  # as declared when the comparison began
+        self.names, self.words = tuple(s.name for s in declared_now), [s.what for s in declared_now]
         self.rows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # index -> (a, b, defined)
 
     def params(self) -> dict[str, Any]:
         return {"n_boot": self.n_boot, "seed": self.seed, "level": self.level,
                 "resampling": "paired: the same examples for both models",
-                "interval": "percentile", "statistics": list(STAT_NAMES)}
+                "interval": "percentile", "statistics": list(self.names)}
 
     def add(self, index: int, map_a: AttentionMap, map_b: AttentionMap) -> None:
-        va, da = example_head_stats(map_a)
-        vb, db = example_head_stats(map_b)
+        va, da = example_head_stats(map_a, self.names)
+        vb, db = example_head_stats(map_b, self.names)
         self.rows[int(index)] = (va, vb, da & db)
 
     def merge(self, other: "PairedHeadStats") -> "PairedHeadStats":
@@ -107,8 +101,9 @@ class PairedHeadStats:
         return self
 
     def finalize(self) -> dict[str, Any]:
-        """``{"a", "b", "diff", "low", "high", "n"}``: ``[S La Ha]`` arrays (means over the
-        examples where both models define the statistic; ``diff`` = B - A) and ``[S]`` counts."""
+        """``{"a", "b", "diff", "low", "high", "n", "statistics"}``: ``[S La Ha]`` arrays (means
+        over the examples where both models define the statistic; ``diff`` = B - A), ``[S]``
+        counts, and the ``S`` statistics' names and what each measures."""
         order = sorted(self.rows)  # the result does not depend on the order pairs came in
         a = np.stack([self.rows[i][0] for i in order])  # [N S L H]
         b = np.stack([self.rows[i][1] for i in order])
@@ -118,6 +113,7 @@ class PairedHeadStats:
         defined = np.broadcast_to(defined[:, :, None, None], a.shape)
         out = paired_bootstrap(a, b, defined, n_boot=self.n_boot, seed=self.seed, level=self.level)
         out["n"] = defined[:, :, 0, 0].sum(0)
+        out["statistics"], out["what"] = list(self.names), list(self.words)
         return out
 
 

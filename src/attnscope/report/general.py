@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.clustering import LABELS, head_stats
+from attnscope.analyses.stat import of_results, records
 from attnscope.data.records import HeadId, layer_number
 from attnscope.maps import AttentionMap
 from attnscope.models.pieces import readable, visible
@@ -312,24 +313,23 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
     L, H = labels.shape
     sec = Section(key="general", title="What do the heads attend to? (paper sections 3 and 6)")
 
-    # per-head table
-    cols = ["layer", "head", "name", "current", "previous", "next", "first", "separator", "period",
-            "comma", "punct", "sep_to_sep", "other_to_sep", "entropy", "entropy_first", "max_weight",
-            "rows_max_below", "behaviour", "mds_x", "mds_y"]
+    # per-head table: every declared statistic of the family that the analyses made
+    declared = of_results(results)
+    names = [s.name for s in declared]
+    cols = ["layer", "head", "name", *names, "behaviour", "mds_x", "mds_y"]
     rows = []
     for r in clusters["rows"]:
         row = {"layer": r["layer"], "head": r["head"], "name": r["name"]}
-        for k in cols[3:17]:
+        for k in names:
             v = stats[k][r["layer"], r["head"]]
             row[k] = float(v) if np.isfinite(v) else None
         row.update(behaviour=r["behaviour"], mds_x=r["x"], mds_y=r["y"])
         rows.append(row)
-    cap = ("Per head (layer and head 0-indexed; name is the paper's 1-indexed layer-head): mean "
-           "attention to the current/previous/next unit and to token classes, entropy in nats, "
-           "and the behaviour label of Figure 6.")
+    cap = ("Per head (layer and head 0-indexed; name is the paper's 1-indexed layer-head): "
+           + "; ".join(f"{s.name}: {s.what}" for s in declared) + "; and the behaviour label of Figure 6.")
     sec.tables.append(TableArtifact("general_heads", cap, rows, cols,
                                     write_table(rows, tables_dir / "general_heads", columns=cols, caption=cap)))
-    lcols = ["layer", "name", "previous", "next", "first", "separator", "punct", "entropy", "entropy_first"]
+    lcols = ["layer", "name", *(s.name for s in declared if s.per_layer)]
     lrows = [{"layer": i, "name": str(layer_number(i)),
               **{k: float(np.nanmean(stats[k][i])) for k in lcols[2:]}} for i in range(L)]
     lcap = "Per layer (0-indexed layer; name 1-indexed): the mean over its heads."
@@ -400,7 +400,8 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
                              family="general", model=model_desc, seed=seed, run=run, notes=notes,
                              findings=sec.findings, paper=sec.paper,
                              clustering={"params": clusters["params"], "rows": clusters["rows"]},
-                             analyses={k: r.to_json() for k, r in results.items()})
+                             analyses={k: r.to_json() for k, r in results.items()},
+                             stats=records(declared))
     write_results(out_dir, "general", payload)
     write_head_examples(out_dir / HEADS_DIR, results, model=model_desc)
     return sec

@@ -15,45 +15,32 @@ import math
 
 import numpy as np
 
+from attnscope.analyses.stat import read_records
 from attnscope.data.records import HeadId
 from attnscope.models.loaded import display_name
 from attnscope.models.pieces import running_text, visible
 
 PAYLOAD_VERSION = 1
 
-#: The general statistics a page shows, in order, with what each value is (per example: the
-#: mean over its query rows; the page's number: the mean over examples).
-STATS = {
-    "previous": ("attention to the previous token", "relative-position"),
-    "current": ("attention to the token itself", "relative-position"),
-    "next": ("attention to the next token", "relative-position"),
-    "first": ("attention to the first special token ([CLS], <s>)", "special-tokens"),
-    "separator": ("attention to separators ([SEP], </s>)", "special-tokens"),
-    "period": ("attention to periods", "special-tokens"),
-    "comma": ("attention to commas", "special-tokens"),
-    "punct": ("attention to periods or commas", "special-tokens"),
-    "sep_to_sep": ("separators' attention to separators", "special-tokens"),
-    "other_to_sep": ("other tokens' attention to separators", "special-tokens"),
-    "entropy": ("row entropy (nats; higher is broader)", "entropy"),
-    "entropy_first": ("entropy of the first token's row (nats)", "entropy"),
-    "max_weight": ("largest weight of a row", "entropy"),
-    "rows_max_below": ("share of rows with no weight above 0.1", "entropy"),
-}
 Z95 = 1.959963984540054
 
 
-def rank_of(values: np.ndarray, layer: int, head: int) -> int | None:
-    """1 + how many heads have a strictly higher value (NaN heads are not ranked).
+def rank_of(values: np.ndarray, layer: int, head: int, higher_is_more: bool = True) -> int | None:
+    """1 + how many heads have a strictly higher value (strictly lower where a lower value
+    ranks first); NaN heads are not ranked.
 
     >>> rank_of(np.array([[0.1, 0.5], [0.5, 0.2]]), 1, 0)
     1
     >>> rank_of(np.array([[0.1, 0.5], [0.5, 0.2]]), 0, 0)
     4
+    >>> rank_of(np.array([[0.1, 0.5], [0.5, 0.2]]), 0, 0, higher_is_more=False)
+    1
     """
     v = values[layer, head]
     if not np.isfinite(v):
         return None
-    return int(np.sum(values[np.isfinite(values)] > v)) + 1
+    others = values[np.isfinite(values)]
+    return int(np.sum(others > v if higher_is_more else others < v)) + 1
 
 
 def _grid(rows: list[dict], key: str, L: int, H: int) -> np.ndarray:
@@ -70,25 +57,27 @@ def _pct(x: float) -> str:
 
 
 def general_stats(general: dict, layer: int, head: int) -> list[dict]:
-    """The head's general statistics: value, 95% interval (mean +- 1.96 standard errors of the
-    per-example values, cut at 0 below: no statistic here is negative), rank among the heads
-    and how many examples."""
+    """The head's general statistics, one per record the results file carries
+    (:func:`attnscope.analyses.stat.read_records`): value, 95% interval (mean +- 1.96 standard
+    errors of the per-example values, cut at 0 below: no statistic here is negative), rank
+    among the heads (as the record ranks) and how many examples."""
     rows = general["tables"]["general_heads"]
     L, H = 1 + max(r["layer"] for r in rows), 1 + max(r["head"] for r in rows)
     analyses = general.get("analyses", {})
     out = []
-    for key, (what, analysis) in STATS.items():
+    for stat in read_records(general):
+        key = stat["name"]
         grid = _grid(rows, key, L, H)
         v = grid[layer, head]
         if not np.isfinite(v):
             continue
-        part = analyses.get(analysis, {})
+        part = analyses.get(stat["analysis"], {})
         se = ((part.get("meta") or {}).get("standard_error") or {}).get(key)
         se = se[layer][head] if se else None
-        out.append({"key": key, "what": what, "value": float(v),
+        out.append({"key": key, "what": stat["what"], "value": float(v), "digits": stat["digits"],
                     "low": None if se is None else float(max(v - Z95 * se, 0.0)),  # none is negative
                     "high": None if se is None else float(v + Z95 * se),
-                    "rank": rank_of(grid, layer, head), "of": int(np.isfinite(grid).sum()),
+                    "rank": rank_of(grid, layer, head, stat["higher_is_more"]), "of": int(np.isfinite(grid).sum()),
                     "examples": (part.get("meta") or {}).get("examples")})
     return out
 
@@ -244,7 +233,7 @@ def head_page_payload(results: dict[str, dict], head_examples: dict | None, name
     model_name = display_name(model) if model else None
     examples, units = {}, {}
     if head_examples:
-        for stat in STATS:
+        for stat in (s["key"] for s in stats):
             got = head_examples["heads"].get(stat)
             if got is None:
                 continue

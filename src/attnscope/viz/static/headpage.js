@@ -93,7 +93,7 @@
       var st = el("section", { "class": "hp-stats" }, root);
       el("h3", null, st, "Statistics (mean over examples of each example's mean over its rows)");
       table(st, ["statistic", "value", "95% interval", "rank", "examples"], p.stats.map(function (s) {
-        return [s.what, fmt(s.value), s.low === null ? "" : "[" + fmt(s.low) + ", " + fmt(s.high) + "]",
+        return [s.what, fmt(s.value, s.digits), s.low === null ? "" : "[" + fmt(s.low, s.digits) + ", " + fmt(s.high, s.digits) + "]",
                 s.rank === null ? "" : s.rank + " of " + s.of, s.examples === null ? "" : String(s.examples)];
       }));
       el("div", { "class": "as-muted" }, st, "Rank 1 is the highest value among all heads. The interval is the " +
