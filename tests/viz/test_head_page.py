@@ -12,12 +12,13 @@ import pytest
 from conftest import softmax_bound
 
 from attnscope.analyses.relative_position import RelativePosition
+from attnscope.analyses.stat import rank_of
 from attnscope.analyses.top_examples import TopExamples, priority
 from attnscope.cli.main import main
 from attnscope.data.records import Example
 from attnscope.extract.runner import extract
 from attnscope.pipeline import run_family
-from attnscope.viz.head_page import head_page_payload, rank_of
+from attnscope.viz.head_page import head_page_payload
 
 SENTENCES = ["the cat sat on the mat .", "she said it was old , and then she left .",
              "a man ran to the big house .", "it was red .", "we saw the dog , the cat and a bird .",

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 #: How every statistic here merges: each example gives one value per head; the analysis keeps
 #: their sums, the sums of their squares (for the intervals) and how many examples defined it,
 #: which add across batches, shards and machines (:class:`~attnscope.analyses.relative_position.PerExampleMeans`).
@@ -106,10 +108,6 @@ def declared(*, family: str | None = None, analysis: str | None = None) -> list[
             if (family is None or family in s.families) and (analysis is None or s.analysis == analysis)]
 
 
-def get(name: str) -> Stat:
-    return _DECLARED[name]
-
-
 def key_class_stats() -> tuple[Stat, ...]:
     """The declared statistics that are a row's mass on a class of keys (a ``keys`` predicate)."""
     return tuple(s for s in _DECLARED.values() if s.keys is not None)
@@ -131,3 +129,38 @@ def read_records(results: dict, family: str = "general") -> list[dict[str, Any]]
     """The records a results file carries (``results["stats"]``); a file written before the
     records existed gets today's declarations."""
     return list(results.get("stats") or records(declared(family=family)))
+
+
+#: The two-sided 95% quantile of the standard normal.
+Z95 = 1.959963984540054
+
+
+def rank_of(values: np.ndarray, layer: int, head: int, higher_is_more: bool = True) -> int | None:
+    """1 + how many heads have a strictly higher value (strictly lower where a lower value
+    ranks first); NaN heads are not ranked.
+
+    >>> rank_of(np.array([[0.1, 0.5], [0.5, 0.2]]), 1, 0)
+    1
+    >>> rank_of(np.array([[0.1, 0.5], [0.5, 0.2]]), 0, 0)
+    4
+    >>> rank_of(np.array([[0.1, 0.5], [0.5, 0.2]]), 0, 0, higher_is_more=False)
+    1
+    """
+    v = values[layer, head]
+    if not np.isfinite(v):
+        return None
+    others = values[np.isfinite(values)]
+    return int(np.sum(others > v if higher_is_more else others < v)) + 1
+
+
+def interval95(value: float, standard_error: float | None, floor: float | None = None) -> tuple:
+    """``(low, high)``: ``value -+ 1.96`` standard errors (the per-example values' spread), ``low``
+    cut at ``floor``; ``(None, None)`` without a standard error.
+
+    >>> [round(x, 3) for x in interval95(0.5, 0.1)], interval95(0.1, 0.1, floor=0.0)[0]
+    ([0.304, 0.696], 0.0)
+    """
+    if standard_error is None:
+        return None, None
+    low = value - Z95 * standard_error
+    return (low if floor is None else max(low, floor)), value + Z95 * standard_error

@@ -15,32 +15,13 @@ import math
 
 import numpy as np
 
-from attnscope.analyses.stat import read_records
+from attnscope.analyses.stat import interval95, rank_of, read_records
 from attnscope.data.records import HeadId
 from attnscope.models.loaded import display_name
 from attnscope.models.pieces import running_text, visible
 
 PAYLOAD_VERSION = 1
 
-Z95 = 1.959963984540054
-
-
-def rank_of(values: np.ndarray, layer: int, head: int, higher_is_more: bool = True) -> int | None:
-    """1 + how many heads have a strictly higher value (strictly lower where a lower value
-    ranks first); NaN heads are not ranked.
-
-    >>> rank_of(np.array([[0.1, 0.5], [0.5, 0.2]]), 1, 0)
-    1
-    >>> rank_of(np.array([[0.1, 0.5], [0.5, 0.2]]), 0, 0)
-    4
-    >>> rank_of(np.array([[0.1, 0.5], [0.5, 0.2]]), 0, 0, higher_is_more=False)
-    1
-    """
-    v = values[layer, head]
-    if not np.isfinite(v):
-        return None
-    others = values[np.isfinite(values)]
-    return int(np.sum(others > v if higher_is_more else others < v)) + 1
 
 
 def _grid(rows: list[dict], key: str, L: int, H: int) -> np.ndarray:
@@ -74,9 +55,9 @@ def general_stats(general: dict, layer: int, head: int) -> list[dict]:
         part = analyses.get(stat["analysis"], {})
         se = ((part.get("meta") or {}).get("standard_error") or {}).get(key)
         se = se[layer][head] if se else None
+        low, high = interval95(float(v), se, floor=0.0)  # no statistic here is negative
         out.append({"key": key, "what": stat["what"], "value": float(v), "digits": stat["digits"],
-                    "low": None if se is None else float(max(v - Z95 * se, 0.0)),  # none is negative
-                    "high": None if se is None else float(v + Z95 * se),
+                    "low": low, "high": high,
                     "rank": rank_of(grid, layer, head, stat["higher_is_more"]), "of": int(np.isfinite(grid).sum()),
                     "examples": (part.get("meta") or {}).get("examples")})
     return out
@@ -151,7 +132,7 @@ def coref_evidence(coref: dict, name: str) -> tuple[list, list]:
         if mine is None or not np.isfinite(vals[mine]) or (counts.get(key) or 0) < MIN_ITEMS:
             continue
         rows.append({"what": f"antecedent accuracy, {key} mentions", "value": 100 * float(vals[mine]),
-                     "rank": int(np.sum(vals[np.isfinite(vals)] > vals[mine])) + 1,
+                     "rank": rank_of(vals[None], 0, mine),
                      "of": int(np.isfinite(vals).sum()), "count": int(counts[key])})
     labels = []
     for r in coref.get("tables", {}).get("table2", []):
