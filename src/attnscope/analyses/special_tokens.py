@@ -66,8 +66,10 @@ class SpecialTokens(MapsAnalysis):
             raise ValueError(f"denominator must be one of {DENOMINATORS}, not {denominator!r}")
         self.classer = classer or TokenClasser.positional()
         self.denominator = denominator
-        #: the declared key classes (:attr:`Stat.keys`) as of construction, computed after :data:`STATS`
-        self.keys = tuple(s.name for s in key_class_stats())
+        #: the declared key classes (:attr:`Stat.keys`) as of construction, computed after
+        #: :data:`STATS`; their predicates travel with the analysis (to Ray workers too)
+        self.key_stats = key_class_stats()
+        self.keys = tuple(s.name for s in self.key_stats)
         self.to_names = TO_CLASSES + self.keys  # every mass on a class of keys
         self.stats = STATS + self.keys
         self.acc = PerExampleMeans(self.stats)
@@ -85,7 +87,7 @@ class SpecialTokens(MapsAnalysis):
         """One example's ``attn`` ``[L H n n]`` over ``tokens`` (and its map ``m``, whose top
         rows are kept)."""
         n = len(tokens)
-        k = self.classer.classify(tokens, special)
+        k = self.classer.classify(tokens, special, self.key_stats)
         cols = np.stack([k.mask(name) for name in self.to_names]).astype(attn.dtype)  # [T n]
         to_class = np.moveaxis(attn @ cols.T, -1, 0).astype(np.float64)  # [T L H q]
         T = len(TO_CLASSES)

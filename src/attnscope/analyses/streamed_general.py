@@ -67,7 +67,7 @@ class StreamedGeneral(EncodedAnalysis):
         L, H = self.model.num_layers, self.model.num_heads
         n = len(e)
         self.longest = max(self.longest, n)
-        k = self.classer.classify(list(e.tokens), np.asarray(e.special, dtype=bool))
+        k = self.classer.classify(list(e.tokens), np.asarray(e.special, dtype=bool), self.spec.key_stats)
         names = self.spec.to_names  # the paper's classes, then the declared key classes
         cls = {name: k.mask(name).astype(np.float32) for name in names}
         sep = k.separator

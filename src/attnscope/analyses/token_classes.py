@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.stat import key_class_stats
 from attnscope.extract.encode import WORD_MARKERS
 
 
@@ -117,8 +116,10 @@ class TokenClasser:
                 return token[len(m):]
         return token
 
-    def classify(self, tokens: list[str], special: np.ndarray) -> UnitClasses:
-        """Masks for one map's units. ``special`` is the map's ``[n]`` bool flags."""
+    def classify(self, tokens: list[str], special: np.ndarray, declared: tuple = ()) -> UnitClasses:
+        """Masks for one map's units. ``special`` is the map's ``[n]`` bool flags; ``declared``:
+        key-class statistics (:class:`~attnscope.analyses.stat.Stat` with ``keys``) whose masks
+        to add, from each unit's text without its word marker and its special flag."""
         special = np.asarray(special, dtype=bool)
         n = len(tokens)
         pos0 = np.zeros(n, dtype=bool)
@@ -137,7 +138,7 @@ class TokenClasser:
         period = ~special & np.array([b in self.period for b in bare], dtype=bool) if n else pos0
         comma = ~special & np.array([b in self.comma for b in bare], dtype=bool) if n else pos0
         declared = {st.name: np.array([bool(st.keys(b, bool(sp))) for b, sp in zip(bare, special)], dtype=bool)
-                    for st in key_class_stats()}
+                    for st in declared}
         return UnitClasses(first=first, separator=sep, period=period, comma=comma, declared=declared)
 
     def classify_map(self, m) -> UnitClasses:
