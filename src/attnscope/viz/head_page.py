@@ -23,7 +23,6 @@ from attnscope.models.pieces import running_text, visible
 PAYLOAD_VERSION = 1
 
 
-
 def _grid(rows: list[dict], key: str, L: int, H: int) -> np.ndarray:
     out = np.full((L, H), np.nan)
     for r in rows:
