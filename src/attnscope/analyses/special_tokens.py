@@ -90,24 +90,27 @@ class SpecialTokens(MapsAnalysis):
         k = self.classer.classify(tokens, special, self.key_stats)
         cols = np.stack([k.mask(name) for name in self.to_names]).astype(attn.dtype)  # [T n]
         to_class = np.moveaxis(attn @ cols.T, -1, 0).astype(np.float64)  # [T L H q]
-        T = len(TO_CLASSES)
-        values = np.empty((len(self.stats),) + attn.shape[:2], dtype=np.float64)  # [S L H]
-        values[:T] = to_class[:T].sum(-1) / n
-        values[len(STATS):] = to_class[T:].sum(-1) / n
         sep = k.separator
         n_sep = int(sep.sum())
         to_sep = to_class[1]  # [L H q]
-        if self.denominator == "paper-code":
-            d_ss, d_os = 2, n - 2
-        else:
-            d_ss, d_os = n_sep, n - n_sep
-        values[T] = to_sep[:, :, sep].sum(-1) / max(d_ss, 1)
-        values[T + 1] = to_sep[:, :, ~sep].sum(-1) / max(d_os, 1)
+        values = self.example_values(dict(zip(self.to_names, to_class.sum(-1))), to_sep[:, :, sep].sum(-1),
+                                     to_sep[:, :, ~sep].sum(-1), n, n_sep)
         defined = self.defined(n, n_sep)
         self.add_means(values, defined, k)
         if m is not None:
-            to = np.r_[:T, len(STATS):len(self.stats)]  # the statistics of to_class, in its order
+            to = [self.stats.index(name) for name in self.to_names]  # to_class's order
             self.top.offer(m.index, units_of(m), values[to], defined[to], to_class, attn)
+
+    def example_values(self, to: dict[str, np.ndarray], sep_to_sep: np.ndarray, other_to_sep: np.ndarray,
+                       n: int, n_sep: int) -> np.ndarray:
+        """One example's ``[S L H]`` means (:attr:`stats` order) from its sums over rows: each
+        key class's mass ``to`` (by name), the separator rows' and the other rows' mass on
+        separators, over its ``n`` units, ``n_sep`` of them separators (the maps path and the
+        streaming engine's sums both come here)."""
+        d_ss, d_os = (2, n - 2) if self.denominator == "paper-code" else (n_sep, n - n_sep)
+        return np.stack([to[name] / n for name in TO_CLASSES]
+                        + [sep_to_sep / max(d_ss, 1), other_to_sep / max(d_os, 1)]
+                        + [to[name] / n for name in self.keys])
 
     def defined(self, n: int, n_sep: int) -> np.ndarray:
         """``[S]``: which statistics an example of ``n`` units, ``n_sep`` of them separators,

@@ -63,9 +63,6 @@ class Stat:
     per_layer: bool = False
     keys: Callable[[str, bool], bool] | None = field(default=None, compare=False)
 
-    def format(self, value: float) -> str:
-        return f"{value:.{self.digits}f}"
-
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["families"] = list(self.families)

@@ -22,7 +22,7 @@ from attnscope.analyses.distances import HeadDistances
 from attnscope.analyses.entropy import Entropy
 from attnscope.analyses.longctx import LongContextStats
 from attnscope.analyses.relative_position import RelativePosition
-from attnscope.analyses.special_tokens import TO_CLASSES, SpecialTokens
+from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.engines.streaming import stream_stats
 from attnscope.errors import AttnscopeError
@@ -84,9 +84,7 @@ class StreamedGeneral(EncodedAnalysis):
         to = {name: get(f"to_{name}") + float(cls[name][0]) for name in names}
         n_sep = int(sep.sum())
         sep_sep = get("from_separator_to_separator") + float(sep[0])
-        values = np.stack([to[name] / n for name in TO_CLASSES]
-                          + [sep_sep / max(n_sep, 1), (to["separator"] - sep_sep) / max(n - n_sep, 1)]
-                          + [to[name] / n for name in self.spec.keys])  # SpecialTokens.stats order
+        values = self.spec.example_values(to, sep_sep, to["separator"] - sep_sep, n, n_sep)
         self.spec.add_means(values, self.spec.defined(n, n_sep), k)
         uniform = np.full((L, H), np.log(np.arange(1, n + 1)).mean())
         self.ent.add_means(np.stack([get("entropy") / n, np.zeros((L, H)), (get("max") + 1.0) / n,

@@ -80,8 +80,8 @@ class PairedHeadStats:
 
     def __init__(self, n_boot: int = 1000, seed: int = 0, level: float = 0.95):
         self.n_boot, self.seed, self.level = int(n_boot), int(seed), float(level)
-        declared_now = compared_stats()  # as declared when the comparison began
-        self.names, self.words = tuple(s.name for s in declared_now), [s.what for s in declared_now]
+        self.compared = compared_stats()  # as declared when the comparison began
+        self.names = tuple(s.name for s in self.compared)
         self.rows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # index -> (a, b, defined)
 
     def params(self) -> dict[str, Any]:
@@ -113,7 +113,7 @@ class PairedHeadStats:
         defined = np.broadcast_to(defined[:, :, None, None], a.shape)
         out = paired_bootstrap(a, b, defined, n_boot=self.n_boot, seed=self.seed, level=self.level)
         out["n"] = defined[:, :, 0, 0].sum(0)
-        out["statistics"], out["what"] = list(self.names), list(self.words)
+        out["statistics"], out["what"] = list(self.names), [s.what for s in self.compared]
         return out
 
 
