@@ -337,6 +337,9 @@ def test_the_kvpress_export_is_duo_attentions_pattern_with_the_sweeps_tasks(atla
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "debug:bert"], "is an encoder"),
+    # the press's attention is its own: a mechanism it does not compute is named, never dropped
+    (["--model", "debug:bloom"], "does not compute this model's alibi; analyze longctx does"),
+    (["--model", "debug:gpt_oss"], "this model's sinks, window (window 4 tokens, sequences of 64)"),
     (["--atlas-fractions", "0.5,1"], "--atlas-fractions must hold 0, 1"),
     (["--atlas-scores", "retrieval,psychic"], "--atlas-scores must list names from retrieval"),
     (["--atlas-depth", "2"], "--atlas-depth must be at most 1"),

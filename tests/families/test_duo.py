@@ -189,3 +189,19 @@ def test_cli_refuses_a_pattern_of_another_shape_in_one_line(duo_run, tmp_path, c
     assert code == 2 and len(err) == 1, err
     says(err[0], f"error: {bad}:1: ", "3 values", "2 key/value heads")  # the line, what it has, what fits
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("model, lacks", [("debug:gemma2", "softcap, window"), ("debug:bloom", "alibi")])
+def test_a_model_whose_mechanism_the_mixed_attention_does_not_compute_is_refused_naming_it(
+        model, lacks, tmp_path, capsys):
+    # the gates mix attention the hook computes itself (sdpa with its own masks): soft-capping, a
+    # model's window shorter than the sequences, ALiBi would be dropped without a word
+    from attnscope.cli.main import main
+
+    hay = tmp_path / "hay.txt"
+    hay.write_text("the grass is green and the sky is blue.\n" * 4)
+    code = main(["analyze", "duo", str(hay), "--model", model, "--max-seq-len", "64", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    says(err[0], "DuoAttention's gates are a decoder's", f"does not compute this model's {lacks}")
+    assert not (tmp_path / "o").exists()

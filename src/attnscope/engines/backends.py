@@ -98,9 +98,9 @@ def usable(name: str, device) -> bool:
     return get(name).usable(_kind(device))
 
 
-#: the mechanisms that change how a backend computes attention (the others -- a hybrid's layers,
-#: ALiBi outside AttentionInterface -- are the engine's or the model's business)
-COMPUTED = frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale"})
+#: the mechanisms that change how a backend computes attention (the other, a hybrid's layers, is
+#: the engine's business)
+COMPUTED = frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale", "alibi"})
 
 
 def needs(facts) -> frozenset[str]:

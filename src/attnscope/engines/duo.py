@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from attnscope.errors import AttnscopeError
 
+#: the model mechanisms the mixed attention computes as the model does (torch's sdpa on the
+#: head's queries, keys and values, with its own masks)
+COMPUTES = frozenset({"scale", "value-size"})
+
 
 class GateMix:
     """The ``"attend"`` hook (:func:`attnscope.models.forward.hooked`) of the mixed attention,

@@ -233,31 +233,37 @@ def attend(q, k, v, mask: Mask, scale: float, score_mod=None, max_scores: bool =
     return out[..., :e], aux.lse, aux.max_scores
 
 
-def softcap(cap: float | None):
-    """The score modification of logit soft-capping, ``cap tanh(s / cap)`` (None without)."""
-    if not cap:
+def softcap(cap: float | None, bias=None):
+    """The score modification of logit soft-capping, ``cap tanh(s / cap)``, then of a bias per
+    head and key (ALiBi: ``bias`` ``[Hq n]`` float32, added after the cap as :mod:`.tiled` adds
+    it); None without either."""
+    if not cap and bias is None:
         return None
 
     def mod(score, b, h, q, k):
-        return cap * (score / cap).tanh()
+        if cap:
+            score = cap * (score / cap).tanh()
+        return score if bias is None else score + bias[h, k]
 
     return mod
 
 
-def scores(q, k, rows, scale: float, cap: float | None):
+def scores(q, k, rows, scale: float, cap: float | None, bias=None):
     """``[Hq c n]`` float32 scores of ``rows`` (a slice) against every key (``k`` float32; ``q``
     any float dtype), the ``G`` query heads of a key head stacked into one product (query head
-    ``h`` reads key head ``h // G``)."""
+    ``h`` reads key head ``h // G``); capped, then biased (:func:`softcap`)."""
     Hq, Hkv = q.shape[1], k.shape[1]
     qr = q[0, :, rows].to(k.dtype)  # [Hq c d] (the rows only, in the keys' float32)
     c = qr.shape[1]
     s = (qr.reshape(Hkv, (Hq // Hkv) * c, -1) @ k[0].transpose(-1, -2)).view(Hq, c, -1).mul_(scale)
     if cap:
         s.div_(cap).tanh_().mul_(cap)
+    if bias is not None:
+        s.add_(bias[:, None, :s.shape[-1]])
     return s
 
 
-def row_max(q, k, mask: Mask, scale: float, cap: float | None, rows: int):
+def row_max(q, k, mask: Mask, scale: float, cap: float | None, rows: int, bias=None):
     """``[Hq n]``: each row's largest score over the keys ``mask`` allows, exactly, from blocks
     of ``rows`` rows (``Hq rows n`` floats at a time): FlexAttention off CUDA does not return it."""
     import torch
@@ -266,12 +272,12 @@ def row_max(q, k, mask: Mask, scale: float, cap: float | None, rows: int):
     out = q.new_empty(q.shape[1], n)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        s = scores(q, k, slice(r0, r1), scale, cap)
+        s = scores(q, k, slice(r0, r1), scale, cap, bias)
         out[:, r0:r1] = s.masked_fill_(~mask.rows(r0, r1, q.device), -torch.inf).amax(-1)
     return out
 
 
-def key_weight(q, k, lse, mask: Mask, j, scale: float, cap: float | None):
+def key_weight(q, k, lse, mask: Mask, j, scale: float, cap: float | None, bias=None):
     """``[Hq n]``: each row ``i``'s weight on one key ``j[i]`` (long ``[n]``; outside the keys the
     row sees: 0), ``exp(s_ij - L_i)``, in ``O(n d)``."""
     import torch
@@ -282,18 +288,27 @@ def key_weight(q, k, lse, mask: Mask, j, scale: float, cap: float | None):
     s = (q[0].view(Hkv, Hq // Hkv, n, -1) * kj[:, None]).sum(-1).view(Hq, n) * scale
     if cap:
         s = cap * torch.tanh(s / cap)
+    if bias is not None:
+        s = s + bias[:, j.clamp(0, n - 1)]
     ok = mask.allows(i, j)
     return torch.where(ok, torch.exp(s - lse), torch.zeros((), device=q.device))
 
 
-def probe_targets(layer, seq, q, k, lse, mask: Mask) -> None:
+def _bias(layer, b: int):
+    """Sequence ``b``'s bias on the scores (ALiBi) ``[Hq n]`` in float32, or None."""
+    bias = layer.site.bias
+    return None if bias is None else bias[b, :, :layer.lengths[b]].float().contiguous()
+
+
+def probe_targets(layer, seq, q, k, lse, mask: Mask, b: int) -> None:
     """A probe's rows' weights on their targets, ``exp(s_ij - L_i)`` from the rows' log-sum-exps
     ``lse`` ``[Hq n]`` (``q`` ``[1 Hq n d]``, ``k`` ``[1 Hkv n d]``, float32), into ``layer.stats``."""
     layer.stats.target_weights(layer.site.layer, seq, {
-        name: key_weight(q, k, lse, mask, t, layer.site.scaling, layer.cap) for name, t in seq.targets.items()})
+        name: key_weight(q, k, lse, mask, t, layer.site.scaling, layer.cap, _bias(layer, b))
+        for name, t in seq.targets.items()})
 
 
-def sampled_rows(layer, seq, q, k, mask: Mask) -> None:
+def sampled_rows(layer, seq, q, k, mask: Mask, b: int) -> None:
     """The rows sampled for the head distances: every weight of each row from its scores, O(n)
     each, into ``layer.stats``."""
     import torch
@@ -301,7 +316,7 @@ def sampled_rows(layer, seq, q, k, mask: Mask) -> None:
     n = mask.n
     for r in seq.js_rows:
         width = r + 1 if layer.causal else n
-        s = scores(q, k, slice(r, r + 1), layer.site.scaling, layer.cap)[:, 0, :width]
+        s = scores(q, k, slice(r, r + 1), layer.site.scaling, layer.cap, _bias(layer, b))[:, 0, :width]
         ok = mask.rows(r, r + 1, q.device)[0, :width]
         s = s.masked_fill(~ok, LOW)
         if layer.site.sinks is not None and layer.sink_mass:  # the sink joins the softmax and is dropped
@@ -316,7 +331,7 @@ def run_layer(layer, b: int, seq) -> None:
     import torch
 
     site, stats = layer.site, layer.stats
-    n, cap, scale = seq.n, layer.cap, site.scaling
+    n, cap, scale, bias = seq.n, layer.cap, site.scaling, _bias(layer, b)
     # [1 H n d]: the sequence alone, its padding cut off, in one layout whatever the batch
     q = site.query[b:b + 1, :, :n].float().contiguous()
     k, v = layer.key[b:b + 1, :, :n].contiguous(), layer.value[b:b + 1, :, :n].contiguous()
@@ -326,7 +341,7 @@ def run_layer(layer, b: int, seq) -> None:
     full = n > 1 and not seq.targets  # every statistic (else the output, and a probe's targets)
     # the values are [V | K] in every main call (one kind of call to compile; P K is used where
     # the scores are linear in the keys)
-    o, lse, top_score = attend(q, k, torch.cat([v, k], -1), mask, scale, softcap(cap),
+    o, lse, top_score = attend(q, k, torch.cat([v, k], -1), mask, scale, softcap(cap, bias),
                                max_scores=q.device.type == "cuda", blocks=whole)
     L = lse[0]  # [Hq n]
     keep = 1.0  # the share of each row's mass on its keys: 1, but a / (z + e^sink) with learned sinks
@@ -339,18 +354,20 @@ def run_layer(layer, b: int, seq) -> None:
             keep, L, o = share, with_sink, o * share[None, :, :, None]
     layer.out[b, :n] = scaled.transpose(0, 1)
     if seq.targets:
-        probe_targets(layer, seq, q, k, L, mask)
+        probe_targets(layer, seq, q, k, L, mask, b)
     if not full:
         stats.layer_end(seq)
         return
     if top_score is not None:
         m = top_score[0]
     else:  # blocks of rows whose scores take what a tile of the device may
-        m = row_max(q, k, mask, scale, cap, max(1, tile_budget(q.device)[0] // (4 * Hq * n)))
+        m = row_max(q, k, mask, scale, cap, max(1, tile_budget(q.device)[0] // (4 * Hq * n)), bias)
     # (with sinks p_ij = exp(s_ij - L) sum to keep_i, so H = keep L - sum p s)
-    if cap:  # H = keep (L - m) + exp(L' - L), L' = ln sum_j exp(s_ij) (m_i - s_ij)
+    if cap or bias is not None:  # H = keep (L - m) + exp(L' - L), L' = ln sum_j exp(s_ij) (m_i - s_ij)
+        modified = softcap(cap, bias)
+
         def shifted(score, b, h, qi, ki):
-            s = cap * (score / cap).tanh()
+            s = modified(score, b, h, qi, ki)
             return s + torch.log(torch.clamp(m[h, qi] - s, min=0.0))
 
         _, lse2, _ = attend(q, k, v[..., :1], mask, scale, shifted, blocks=whole, kind="shifted")
@@ -363,19 +380,20 @@ def run_layer(layer, b: int, seq) -> None:
     values = cls[None, None].expand(1, k.shape[1], n, F).contiguous()
     masses = q.new_zeros(Hq, n, F)
     for bucket, lo, hi in bands(n):
-        ob, lb, _ = attend(q, k, values, mask.band(lo, hi), scale, softcap(cap), kind="band")
+        ob, lb, _ = attend(q, k, values, mask.band(lo, hi), scale, softcap(cap, bias), kind="band")
         w = torch.where(torch.isfinite(lb[0]), torch.exp(lb[0] - L), torch.zeros((), device=q.device))
         masses += w[..., None] * ob[0].nan_to_num(0.0)
         dist[:, bucket] += w[:, 1:].double().sum(-1)
     i = torch.arange(n, device=q.device)
-    dist[:, NUM_BUCKETS] += key_weight(q, k, L, mask, i - 1, scale, cap)[:, 1:].double().sum(-1)
+    dist[:, NUM_BUCKETS] += key_weight(q, k, L, mask, i - 1, scale, cap, bias)[:, 1:].double().sum(-1)
     rowv[0] = ent
     rowv[1] = torch.exp(m - L)
     rowv[2:] = masses.permute(2, 0, 1)
-    sampled_rows(layer, seq, q, k, mask)
+    sampled_rows(layer, seq, q, k, mask, b)
     stats.layer_end(seq)
 
 
 BACKEND = Backend("flex", devices=("cuda",), token_level=True, probes=True, run=run_layer,
                   usable=lambda kind: available(), why="this torch has no torch.nn.attention.flex_attention",
-                  handles=frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale"}))
+                  handles=frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale",
+                                     "alibi"}))

@@ -179,14 +179,14 @@ def run_layer(layer, b: int, seq) -> None:
     # rows); the queries are taken a row at a time
     kf = k[None].float() if seq.targets or (n > 1 and seq.js_rows) else None
     if seq.targets:
-        flex.probe_targets(layer, seq, q[None].float(), kf, lse, mask)
+        flex.probe_targets(layer, seq, q[None].float(), kf, lse, mask, b)
     if n <= 1 or seq.targets:
         stats.layer_end(seq)
         return
     buffers, sums = stats.row_buffers(site.layer, seq, q.device)
     buffers.copy_(rowv)
     sums += dist
-    flex.sampled_rows(layer, seq, q[None], kf, mask)
+    flex.sampled_rows(layer, seq, q[None], kf, mask, b)
     stats.layer_end(seq)
 
 

@@ -36,6 +36,10 @@ from attnscope.engines import flex
 from attnscope.extract.tasks import Encoded
 from attnscope.models.forward import hooked
 
+#: the model mechanisms (:data:`attnscope.models.facts.MECHANISMS`) the press computes as the model
+#: does (its masks are its own: full causal attention with the evicted keys out; no sinks, no ALiBi)
+COMPUTES = frozenset({"softcap", "scale", "value-size"})
+
 
 @dataclass
 class Recorder:

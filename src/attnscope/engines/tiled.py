@@ -97,7 +97,7 @@ def _buffer(layer: LayerInput, i: int, shape):
 
 
 def scores(layer: LayerInput, b: int, block, r0: int, r1: int, k1: int, out=None):
-    """The scaled, capped and masked scores of rows r0 .. r1-1 of sequence b over keys
+    """The scaled, capped, biased (ALiBi) and masked scores of rows r0 .. r1-1 of sequence b over keys
     0 .. k1-1, for a block of key heads and their query heads (two slices): [h c k1].
 
     Grouped-query attention without copies of the keys: the G query heads that share a
@@ -114,6 +114,8 @@ def scores(layer: LayerInput, b: int, block, r0: int, r1: int, k1: int, out=None
     s = torch.matmul(qr, k[b, kv, :k1].transpose(-1, -2), out=out).view(nk * G, c, k1)
     if cap:
         s.div_(cap).tanh_().mul_(cap)
+    if site.bias is not None:  # ALiBi: each head's bias on each key, the same for every row
+        s.add_(site.bias[b, hq, None, :k1].float())
     if site.mask is None and layer.causal:  # keys < r0 are all visible; mask the upper triangle of the last block
         s[:, :, r0:r1].masked_fill_(_upper(c, s.device), LOW)
     else:
@@ -259,4 +261,5 @@ COMPILED = Backend(
         "library exports sgemm_",
     handles=frozenset({"softcap", "window", "chunk", "scale"}))
 TILES = Backend("tiles", devices=(), token_level=False, probes=True, run=tile_layer,
-                usable=lambda kind: True, fallback=True, handles=frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale"}))
+                usable=lambda kind: True, fallback=True,
+                handles=frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale", "alibi"}))

@@ -33,6 +33,7 @@ from attnscope.data.tasks import (
     haystack_sentences,
     read_tasks,
 )
+from attnscope.engines import press
 from attnscope.errors import AttnscopeError, ModelError
 from attnscope.extract.tasks import encode_task
 from attnscope.families.base import (
@@ -153,11 +154,7 @@ class Atlas(Family):
         if path is None:
             raise AttnscopeError("atlas: no file given", params=("atlas",))
         lm = ctx.model
-        hookable_decoder(lm, "the atlas compresses a decoder's KV cache")
-        if getattr(lm.model.config, "sliding_window", None) and lm.model.config.sliding_window < ctx.max_seq_len:
-            raise AttnscopeError(f"{lm.name} attends within a sliding window of "
-                                 f"{lm.model.config.sliding_window} tokens; the atlas's press assumes "
-                                 "full attention", params=("model",))
+        hookable_decoder(lm, "the atlas compresses a decoder's KV cache", press.COMPUTES, ctx.max_seq_len)
         _names(options.atlas_scores, SCORES, "atlas_scores")
         _names(options.atlas_reversed, SCORES, "atlas_reversed", allow_none=True)
         _fractions(options.atlas_fractions)

@@ -381,15 +381,27 @@ class Family(ABC):
 FAMILIES: dict[str, type[Family]] = {}
 
 
-def hookable_decoder(lm, what: str) -> None:
+def hookable_decoder(lm, what: str, computes: frozenset[str], length: int) -> None:
     """Refuse, in one line naming ``--model``, a model that is not a decoder whose attention
-    attnscope computes itself (the KV-cache families); ``what`` says why a decoder is needed."""
+    attnscope computes itself (the KV-cache families); ``what`` says why a decoder is needed.
+    ``computes``: the mechanisms (:data:`attnscope.models.facts.MECHANISMS`) that family's own
+    attention computes as the model does; a model with another is refused, naming it, but for a
+    sliding window or chunk of at least ``length`` tokens (the longest sequence), which every row
+    sees whole."""
+    from attnscope.engines.backends import needs
+
     if not lm.facts.causal:
         raise AttnscopeError(f"{lm.name} is an encoder; {what} (give a decoder, e.g. --model smollm2)",
                              params=("model",))
     if not supports_hooks(lm):
         raise AttnscopeError(f"{lm.name}: attnscope cannot compute its attention itself "
                              "(its transformers code bypasses AttentionInterface)", params=("model",))
+    reach = {"window": lm.facts.window, "chunk": lm.facts.chunk}
+    lacks = sorted(m for m in needs(lm.facts) - computes if not (reach.get(m) or 0) >= length > 0)
+    if lacks:
+        sizes = "".join(f" ({m} {reach[m]} tokens, sequences of {length})" for m in lacks if reach.get(m))
+        raise AttnscopeError(f"{lm.name}: {what}, and attnscope's own attention there does not compute "
+                             f"this model's {', '.join(lacks)}{sizes}; analyze longctx does", params=("model",))
 
 
 def register_family(cls: type[Family]) -> type[Family]:

@@ -17,6 +17,7 @@ import numpy as np
 from attnscope.analyses.duo import GateTraining, chunks, summarise
 from attnscope.data.io import read_text
 from attnscope.data.tasks import ORDINALS, haystack_sentences, passkey_training
+from attnscope.engines import duo as duo_engine
 from attnscope.errors import AttnscopeError
 from attnscope.families.base import (
     Context,
@@ -63,7 +64,8 @@ class Duo(Family):
         if path is None:
             raise AttnscopeError("duo: no file given", params=("duo",))
         lm = ctx.model
-        hookable_decoder(lm, "DuoAttention's gates are a decoder's")
+        hookable_decoder(lm, "DuoAttention's gates are a decoder's", duo_engine.COMPUTES,
+                         min(ctx.max_seq_len, lm.max_positions))
         if options.duo_passkeys > len(ORDINALS):
             raise AttnscopeError(f"duo_passkeys must be at most {len(ORDINALS)}, not {options.duo_passkeys}",
                                  params=("duo_passkeys",))

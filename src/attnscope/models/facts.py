@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnscope.errors import ModelError
+from attnscope.models import adapters
 
 KINDS = ("causal", "bidirectional", "encoder-decoder")
 #: the mechanisms a model can have that change how attention is computed, as :attr:`ModelFacts.mechanisms` names them
@@ -58,7 +59,10 @@ class ModelFacts:
     window: int | None = None  # sliding window (keys), in some or all layers
     chunk: int | None = None  # chunked attention (Llama 4): keys in the query's chunk only
     alibi: bool = False  # a linear bias on the scores by distance
-    hooks: bool = True  # attention runs through transformers' AttentionInterface (hook points)
+    hooks: bool = True  # attention runs through attnscope's attention function (hook points)
+    #: it gets there by an adapter of the family's own attention code (:mod:`attnscope.models.adapters`:
+    #: Bloom, MPT), not by transformers' AttentionInterface
+    adapted: bool = False
 
     @property
     def causal(self) -> bool:
@@ -87,7 +91,7 @@ class ModelFacts:
                 "heads": self.heads, "kv_heads": self.kv_heads, "qk_head_size": self.qk_size,
                 "v_head_size": self.v_size, "scale": self.scale, "softcap": self.softcap,
                 "window": self.window, "chunk": self.chunk, "mechanisms": list(self.mechanisms),
-                "hooks": self.hooks}
+                "hooks": self.hooks, "adapted": self.adapted}
 
 
 def config_layers(config) -> int:
@@ -137,8 +141,8 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
         raise ModelError(f"{name}: the model returned no attention maps for a short probe "
                          f"({type(model).__name__}); attnscope reads attention from output_attentions")
     kind = "encoder-decoder" if encdec else _kind_of([m[0] for m in maps], name)
-    alibi = callable(getattr(model, "build_alibi_tensor", None)) or bool(getattr(text, "alibi", False)) or \
-        bool(getattr(getattr(text, "attn_config", None), "alibi", False))
+    alibi = any(s["bias"] for s in sites) or callable(getattr(model, "build_alibi_tensor", None)) or \
+        bool(getattr(text, "alibi", False)) or bool(getattr(getattr(text, "attn_config", None), "alibi", False))
     chunk = getattr(text, "attention_chunk_size", None)
     layers = max(layers, len(maps))
     if not sites:  # outside AttentionInterface: the maps and the config only
@@ -159,4 +163,5 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
         kind, layers, tuple(attention_layers), heads, kv_heads, qk, v, float(first["scaling"]),
         sinks=bool(sinks), sink_mass=sink_mass or not sinks, softcap=float(caps[0]) if caps else None,
         window=int(windows[0]) if windows else None,
-        chunk=int(chunk) if isinstance(chunk, int) and chunk > 0 else None, alibi=alibi)
+        chunk=int(chunk) if isinstance(chunk, int) and chunk > 0 else None, alibi=alibi,
+        adapted=adapters.adapted(model))

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnscope.errors import AttnscopeError, ModelError
+from attnscope.models import adapters
 
 #: The name attnscope's attention function is registered under in transformers.
 ATTN_IMPLEMENTATION = "attnscope"
@@ -88,6 +89,9 @@ class Site:
     sinks: Any = None
     softcap: float | None = None
     window: int | None = None
+    #: a bias on the scores per head and key, ``[B Hq K]``, added after the scaling: ALiBi, which
+    #: :mod:`attnscope.models.adapters` hands over for the families that compute it inline (Bloom, MPT)
+    bias: Any = None
 
     @property
     def model_layer(self) -> int:
@@ -208,7 +212,7 @@ def probe_attention(model, ids, encoder_decoder: bool = False) -> tuple[list[dic
         kwargs["decoder_input_ids"] = ids[:, :2]
     if "use_cache" in inspect.signature(model.forward).parameters:
         kwargs["use_cache"] = False
-    hooked_model = getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+    hooked_model = _hooked(model)
     state = _Pass(hooks={}, attentions=[], probe=[])
     token = _ACTIVE.set(state)
     order: list[int] = []  # the layer_idx of each module that returned attention weights, in call order
@@ -233,7 +237,7 @@ def probe_attention(model, ids, encoder_decoder: bool = False) -> tuple[list[dic
     if hooked_model and not encoder_decoder:
         maps = state.attentions or maps
     sites = [{"query": s.query, "key": s.key, "value": s.value, "scaling": s.scaling,
-              "sinks": s.sinks is not None, "softcap": s.softcap, "window": s.window,
+              "sinks": s.sinks is not None, "softcap": s.softcap, "window": s.window, "bias": s.bias is not None,
               "layer_idx": s.model_layer} for s in state.probe]
     if encoder_decoder:  # the encoder's calls only: as many as its maps
         return sites[:len(maps)], maps, list(range(len(maps)))
@@ -258,19 +262,25 @@ def model_device(model) -> Any:
     return torch.device("cpu")
 
 
+def _hooked(model) -> bool:
+    return getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION or adapters.adapted(model)
+
+
 def supports_hooks(lm) -> bool:
-    """Whether the model's attention runs through attnscope's attention function."""
-    return getattr(lm.model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+    """Whether the model's attention runs through attnscope's attention function (transformers'
+    ``AttentionInterface``, or an adapter of :mod:`attnscope.models.adapters`)."""
+    return _hooked(lm.model)
 
 
 def install(model) -> bool:
     """Route ``model``'s self-attention through attnscope's function, if its family allows.
 
-    Called once by the model loader. Returns False (and leaves the model on eager attention)
-    for families whose transformers code does not use ``AttentionInterface`` (e.g. MPNet).
+    Called once by the model loader. A family whose transformers code does not use
+    ``AttentionInterface`` gets an adapter where :mod:`attnscope.models.adapters` has one (Bloom,
+    MPT); otherwise False, and the model is left on eager attention (e.g. MPNet).
     """
     if not getattr(type(model), "_supports_attention_backend", False):
-        return False
+        return adapters.install(model, _attention, lambda: _ACTIVE.get() is not None)
     _register()
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return True
@@ -390,6 +400,32 @@ def layer_modules(lm) -> list:
     return found
 
 
+#: layer class -> whether its forward returns a tuple (its hidden states first; Bloom, MPT) rather
+#: than the hidden states alone (most of transformers 5)
+_TUPLE_LAYERS: dict[type, bool] = {}
+
+
+def _layers_return_tuples(lm, layer) -> bool:
+    """Whether ``layer`` (one of :func:`layer_modules`) returns a tuple, from one call of the model
+    on two tokens (once per layer class)."""
+    import torch
+
+    kind = type(layer)
+    if kind not in _TUPLE_LAYERS:
+        seen = []
+        handle = layer.register_forward_hook(lambda _m, _i, out: seen.append(isinstance(out, tuple)))
+        ids = torch.zeros(1, 2, dtype=torch.long, device=model_device(lm.model))
+        token = _ACTIVE.set(None)  # (outside the pass being set up: no hook sees this call)
+        try:
+            with torch.inference_mode():
+                lm.model(input_ids=ids, **({"decoder_input_ids": ids} if lm.facts.encoder_decoder else {}))
+        finally:
+            _ACTIVE.reset(token)
+            handle.remove()
+        _TUPLE_LAYERS[kind] = bool(seen and seen[0])
+    return _TUPLE_LAYERS[kind]
+
+
 @contextlib.contextmanager
 def _only_layers(lm, first: int, last: int, hidden):
     """Within the block, layers outside ``first .. last-1`` pass their input through and layer
@@ -402,9 +438,10 @@ def _only_layers(lm, first: int, last: int, hidden):
         raise ValueError(f"layers must be 0 <= first < last <= {lm.num_layers} with the hidden "
                          f"states entering layer first; got {(first, last)}")
     modules = layer_modules(lm)
+    as_tuple = _layers_return_tuples(lm, modules[0])
 
     def skip(hidden_states, *args, **kwargs):
-        return hidden_states
+        return (hidden_states, None) if as_tuple else hidden_states
 
     def enter(hidden_states, *args, _run=modules[first].forward, **kwargs):
         return _run(hidden.to(hidden_states.device, hidden_states.dtype), *args, **kwargs)
@@ -421,8 +458,10 @@ def _only_layers(lm, first: int, last: int, hidden):
 
 # -- the attention function ----------------------------------------------------------------
 def family_eager(module) -> Callable:
-    """The family's own eager attention (exact per-family maths: scaling, soft-capping, GQA)."""
-    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    """The family's own eager attention (exact per-family maths: scaling, soft-capping, GQA; an
+    adapted family's, :mod:`attnscope.models.adapters`)."""
+    fn = adapters.eager_for(module) or getattr(sys.modules.get(type(module).__module__),
+                                               "eager_attention_forward", None)
     if fn is None:
         from transformers.models.llama.modeling_llama import eager_attention_forward as fn
     return fn
@@ -438,7 +477,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
         scaling = query.shape[-1] ** -0.5
     layer = state.layer % state.wrap if state.wrap else state.layer
     site = Site(layer, module, query, key, value, attention_mask, float(scaling), sinks=kwargs.get("s_aux"),
-                softcap=kwargs.get("softcap") or None, window=kwargs.get("sliding_window") or None)
+                softcap=kwargs.get("softcap") or None, window=kwargs.get("sliding_window") or None,
+                bias=kwargs.get("key_bias"))
     if state.probe is not None:
         state.probe.append(site)
     for point, tensor in (("q", query), ("k", key), ("v", value)):
@@ -456,7 +496,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
             hook(site, probs)
         if state.attentions is not None:
             state.attentions.append(probs)
-    elif out is None and (site.sinks is not None or site.softcap):  # mechanisms sdpa would drop
+    elif out is None and (site.sinks is not None or site.softcap or site.bias is not None):  # what sdpa would drop
         out, probs = family_eager(module)(module, query, key, value, attention_mask, scaling=scaling,
                                            dropout=dropout, **kwargs)
     elif out is None:

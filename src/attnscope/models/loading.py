@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 from attnscope.data.io import file_fingerprint
 from attnscope.errors import ModelError
+from attnscope.models import adapters
 from attnscope.models.debug import build_debug_model
 from attnscope.models.families import family_for
 from attnscope.models.forward import install
@@ -202,6 +203,7 @@ def borrowed(model, tokenizer, *, name: str | None = None):
                           name=name or getattr(config, "_name_or_path", "") or type(model).__name__,
                           source="the caller's model object", weights_hash="unknown")
     finally:
+        adapters.uninstall(model)
         model.set_attn_implementation(implementation)
         model.train(training)
 

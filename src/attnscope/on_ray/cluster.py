@@ -196,6 +196,7 @@ class ModelParcel:
         if getattr(self.config, "_attn_implementation", None) == fw.ATTN_IMPLEMENTATION:
             fw._register()  # the attention function is registered per process
         model = self.model_class(self.config).to(self.dtype)
+        fw.install(model)  # (an adapted family's modules are adapted per process too)
         model.load_state_dict(self.state)
         model.to(self.device)
         model.eval()

@@ -95,7 +95,8 @@ class CheckReport:
                 ("heads", str(f.heads)), ("key/value heads", str(f.kv_heads)),
                 ("head size (q/k, v)", f"{f.qk_size}, {f.v_size}"),
                 ("mechanisms", ", ".join(f.mechanisms) or "none"),
-                ("hooks", "AttentionInterface" if f.hooks else "maps only (outside AttentionInterface)"),
+                ("hooks", "attnscope's adapter of its own attention code" if f.adapted else
+                 "AttentionInterface" if f.hooks else "maps only (outside AttentionInterface)"),
                 ("tokens checked", str(self.tokens))]
 
 

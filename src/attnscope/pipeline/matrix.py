@@ -146,8 +146,11 @@ def models_doc(rows: list[dict], versions: dict[str, str]) -> str:
         "~~struck~~ ones do not compute a mechanism the model has and are refused for it (`auto` "
         "never picks them). `onepass` needs CUDA (or Triton's interpreter) and is not in these rows. "
         "Models outside transformers' AttentionInterface (their own attention code) get the maps "
-        "only: hook points, the streaming engine and the neuron view need the interface. Where one "
-        "of those uses ALiBi (Bloom, MPT), the refusal names it.",
+        "only: hook points and the streaming engine need attnscope's attention function. Bloom and "
+        "MPT, whose ALiBi is a bias on the scores, reach it through an adapter of their own code "
+        "(`attnscope.models.adapters`: the maps stay the model's own exactly) and are verified like "
+        "the others; the compiled CPU kernel and the one-pass Triton kernel do not add the bias and "
+        "are struck for them.",
         "",
         "**Hybrids** (Qwen3-Next, Jamba, Bamba, Nemotron-H, Granite-MoE-hybrid, Kimi-Linear, "
         "OLMo-hybrid, ...) have attention in only some layers. attnscope reads which from the "

@@ -1,0 +1,117 @@
+"""ALiBi models (Bloom, MPT), whose transformers code computes attention inline, routed through
+attnscope's attention function by an adapter (``attnscope.models.adapters``; issue 56, deliver 4):
+their maps stay the model's own exactly, the bias is ALiBi by its definition, and the streaming
+engine's statistics equal the maps' where before it refused the model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import one_line, says, softmax_bound
+
+from attnscope.analyses.longctx import LongContextStats
+from attnscope.engines.plan import plan
+from attnscope.engines.streaming import stream_stats
+from attnscope.errors import AttnscopeError
+from attnscope.models import adapters, load_model
+from attnscope.models.forward import forward, pad_batch, supports_hooks
+from attnscope.models.loading import borrowed
+from tests.engines.test_longctx import TEXTS, _docs, assert_close, reference, stats_bound
+
+
+@pytest.fixture(scope="module", params=["bloom", "mpt"])
+def alibi_lm(request):
+    return load_model(f"debug:{request.param}")
+
+
+def _batch(lm):
+    ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS[:2]]
+    return pad_batch(lm, [ids[0], ids[1][:7]])  # a padded batch: Bloom's positions come from its mask
+
+
+def test_the_adapted_maps_and_outputs_are_the_models_own_exactly(alibi_lm):
+    lm = alibi_lm
+    assert supports_hooks(lm) and lm.facts.adapted and lm.facts.mechanisms == ("alibi",) and lm.facts.causal
+    batch = _batch(lm)
+    ours = forward(lm, batch, attentions=True)
+    with torch.inference_mode():  # outside a pass: the model's own attention code
+        own = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True,
+                       use_cache=False)
+    assert len(ours.attentions) == len(own.attentions) == lm.num_layers
+    for a, b in zip(ours.attentions, own.attentions):  # the same operations on the same tensors
+        assert torch.equal(a, b)
+    assert torch.equal(ours.output.last_hidden_state, own.last_hidden_state)
+
+
+def test_the_bias_is_alibi_by_its_definition(alibi_lm):
+    # softmax(q.k / sqrt(d) + m_h (j - i)) over the keys j <= i, in float64 from the hooks' q and k,
+    # with the slopes of Press et al. for 2^k heads, m_h = 2^(-8 (h + 1) / H) (both models' code
+    # computes them its own way, and shifts each row by its own constant)
+    lm = alibi_lm
+    ids = lm.tokenizer(TEXTS[0])["input_ids"]
+    got = {}
+    out = forward(lm, pad_batch(lm, [ids]), attentions=True,
+                  hooks={"k": lambda site, k: got.setdefault(site.layer, [site.query, k])})
+    H, n = lm.num_heads, len(ids)
+    assert H & (H - 1) == 0  # (the slopes' closed form holds for a power of two)
+    slopes = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)
+    distance = np.arange(n)[None, :] - np.arange(n)[:, None]  # j - i
+    for layer, (q, k) in got.items():
+        q, k = q[0].double().numpy(), k[0].double().numpy()
+        qk = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])
+        s = np.where(distance <= 0, qk + slopes[:, None, None] * distance, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        # float32 rows of unshifted scores up to max|q.k| / sqrt(d) + m_0 (n - 1) (Bloom adds m_h j)
+        bound = softmax_bound(n, float(np.abs(qk).max()) + slopes[0] * (n - 1))
+        np.testing.assert_allclose(out.attentions[layer][0].double().numpy(), p, atol=bound, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["tiles", "maps", "flex"])
+def test_the_streaming_statistics_equal_the_maps(alibi_lm, backend):
+    # before the adapter the streaming engine refused these models (outside AttentionInterface)
+    lm = alibi_lm
+    seqs, targets = _docs(lm)
+    st = LongContextStats(js_rows=3)
+    stream_stats(lm, seqs, st, chunk=4, batch_size=2, targets=targets, backend=backend)
+    assert_close(st.means(), reference(lm, seqs, targets, js_rows=3), stats_bound(seqs))
+
+
+def test_auto_passes_over_the_backends_without_alibi_and_a_named_one_is_refused(alibi_lm):
+    lm = alibi_lm
+    p = plan(lm, longest=64, engine="streaming")
+    assert p.backend == "tiles" and "alibi" in p.needs
+    reasons = {name: reason for name, verdict, reason in p.verdicts if verdict == "declined"}
+    says(reasons["compiled"], "alibi")
+    with pytest.raises(AttnscopeError) as err:
+        plan(lm, longest=64, engine="streaming", backend="compiled")
+    says(one_line(err.value), "backend compiled", "alibi", "maps, flex, tiles")
+
+
+def test_a_callers_bloom_is_adapted_inside_the_block_and_handed_back_as_it_was():
+    import transformers
+
+    lm = load_model("debug:bloom")
+    model = transformers.BloomModel(lm.model.config)  # the caller's own, never adapted
+    attention = model.h[0].self_attention
+    assert "forward" not in vars(attention)
+    with borrowed(model, lm.tokenizer) as inside:
+        assert supports_hooks(inside) and "forward" in vars(attention)
+    assert "forward" not in vars(attention) and not adapters.adapted(model)
+
+
+def test_a_run_of_some_layers_from_a_cached_input_is_the_whole_models(alibi_lm):
+    # Bloom's and MPT's layers return tuples: the layers skipped must too (value zeroing and
+    # ablation run one layer from its cached input); the same operations on the same input
+    lm = alibi_lm
+    batch = pad_batch(lm, [lm.tokenizer(TEXTS[0])["input_ids"]])
+    whole = forward(lm, batch, output_hidden_states=True).output.hidden_states
+    for first in range(lm.num_layers):
+        part = forward(lm, batch, output_hidden_states=True, layers=(first, first + 1),
+                       hidden=whole[first]).output.hidden_states
+        assert torch.equal(part[first + 1], whole[first + 1])
+        # a skipped layer passes its input through whole, batch axis and all
+        assert all(h.shape == whole[0].shape for h in part), [h.shape for h in part]
