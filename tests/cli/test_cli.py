@@ -89,9 +89,9 @@ def test_existing_output_and_corrupt_store(tmp_path, good, capsys):
 
 
 def test_unknown_debug_family_and_unreadable_file(tmp_path, good, capsys):
-    code, _, err = run(capsys, "extract", good, "--model", "debug:xlnet", "--out", tmp_path / "s")
+    code, _, err = run(capsys, "extract", good, "--model", "debug:no_such_type", "--out", tmp_path / "s")
     assert code == 2
-    says(err, "xlnet", "debug")
+    says(err, "no_such_type", "debug")
     code, _, err = run(capsys, "extract", tmp_path / "missing.json", "--model", "debug", "--out", tmp_path / "s")
     assert code == 2
     says(err, str(tmp_path / "missing.json"), "no such file")

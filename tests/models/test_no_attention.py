@@ -108,3 +108,32 @@ def test_a_default_loaded_decoder_generates_without_a_warning(debug_llama):
 def test_a_model_without_its_tokenizer_is_refused(bert_tokenizer):
     with pytest.raises(ModelError, match="tokenizer="):
         head_view(_bert(bert_tokenizer), "the cat sat")
+
+
+@pytest.mark.parametrize("model_type", ["rwkv", "yoso"])
+def test_output_attentions_that_are_not_maps_are_refused_as_no_attention(model_type):
+    # RWKV's and YOSO's output_attentions are [1 n D] tensors, not [1 H n keys] maps: read as maps
+    # they gave a "bidirectional" model and a head view that failed on a numpy IndexError
+    from attnscope.models import load_model
+
+    with pytest.raises(ModelError) as err:
+        load_model(f"debug:{model_type}")
+    says(one_line(err.value), f"debug:{model_type}", "returned no attention maps", "shaped [1, ",
+         "not [batch, heads, n, keys]")
+
+
+def test_layers_with_different_numbers_of_heads_are_refused_naming_them():
+    from attnscope.models import load_model
+
+    with pytest.raises(ModelError) as err:
+        load_model("debug:inkling2")
+    says(one_line(err.value), "debug:inkling2", "different numbers of heads (48, 4)")
+
+
+def test_a_model_without_a_position_table_reads_512_tokens_and_its_head_view_renders():
+    # XLNet's max_position_embeddings is -1 (relative positions): read as a limit it left no token
+    from attnscope.models import load_model
+
+    lm = load_model("debug:xlnet")
+    assert lm.model.config.max_position_embeddings == -1 and lm.max_positions == 512
+    assert "sat" in head_view(lm, "the cat sat on the mat").html

@@ -140,6 +140,17 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
     if not maps:
         raise ModelError(f"{name}: the model returned no attention maps for a short probe "
                          f"({type(model).__name__}); attnscope reads attention from output_attentions")
+    n = int(ids.shape[-1])
+    shapes = [tuple(m.shape) for m in maps]
+    if not encdec and any(len(s) != 4 or s[-2] != n for s in shapes):
+        # (RWKV and YOSO fill output_attentions with something else: [1 n D]; Longformer's local
+        # attention is [1 H n w], a row per query, which the maps path reads)
+        raise ModelError(f"{name}: the model returned no attention maps for a short probe of {n} tokens "
+                         f"({type(model).__name__}: its output_attentions are shaped {list(shapes[0])}, "
+                         "not [batch, heads, n, keys])")
+    if not encdec and len({s[1] for s in shapes}) > 1:
+        raise ModelError(f"{name}: its attention layers have different numbers of heads "
+                         f"({', '.join(str(s[1]) for s in shapes)}); attnscope holds one [layers heads n n] map")
     kind = "encoder-decoder" if encdec else _kind_of([m[0] for m in maps], name)
     alibi = any(s["bias"] for s in sites) or callable(getattr(model, "build_alibi_tensor", None)) or \
         bool(getattr(text, "alibi", False)) or bool(getattr(getattr(text, "attn_config", None), "alibi", False))

@@ -73,7 +73,7 @@ class LoadedModel:
         """The longest input, in tokens, that the model's position table allows."""
         cfg = self.model.config
         limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-        if limit is None:
+        if limit is None or limit <= 0:  # (XLNet's relative positions: -1, no table)
             limit = 512
         if self.family.name in ("roberta", "xlm-roberta", "camembert"):
             limit -= cfg.pad_token_id + 1  # positions start after the padding index
