@@ -61,6 +61,16 @@ class AttentionMap:
     #: :func:`attnscope.models.pieces.piece_texts`; None otherwise (WordPiece, words).
     token_text: list[str] | None = None
     key_token_text: list[str] | None = None
+    #: The model's own index of each of ``attn``'s layers, where it has attention in only some
+    #: (a hybrid: Jamba's layer 1 is Mamba, so ``attn[1]`` is its layer 2); None: layer ``i`` is
+    #: the model's layer ``i``. Not part of :meth:`record`: a store keeps it with its model.
+    layers: tuple[int, ...] | None = None
+
+    @property
+    def layer_numbers(self) -> list[int]:
+        """The 1-based number pages show for each of ``attn``'s layers (the model's own)."""
+        own = self.layers if self.layers is not None else range(self.attn.shape[0])
+        return [int(i) + 1 for i in own]
 
     @property
     def num_units(self) -> int:

@@ -87,16 +87,19 @@ class View:
         parts = [f"attnscope {names.get(kind, kind + ' view')}"]
         state = p.get("state") if isinstance(p.get("state"), dict) else {}
         layer, heads, head = state.get("layer"), state.get("heads"), state.get("head")
+        own = p.get("layer_numbers")  # the model's own numbers (a hybrid's attention layers)
+        number = (own[layer] if isinstance(own, list) and isinstance(layer, int) and 0 <= layer < len(own)
+                  else layer_number(layer) if isinstance(layer, int) else None)
         if kind == "head" and isinstance(layer, int):
-            parts.append(f"layer {layer_number(layer)}")
+            parts.append(f"layer {number}")
             total = p.get("num_heads")
             if isinstance(heads, list) and isinstance(total, int) and 0 < len(heads) < total:
-                shown = ", ".join(f"{HeadId(layer, h)}" for h in heads)  # which, when not all
+                shown = ", ".join(f"{number}-{h + 1}" for h in heads)  # which, when not all
                 parts.append(f"head{'s' * (len(heads) != 1)} {shown} of {total}")
             elif isinstance(heads, list):
                 parts.append(f"{len(heads)} head{'s' * (len(heads) != 1)}")
         elif kind in ("heatmap", "neuron") and isinstance(layer, int) and isinstance(head, int):
-            parts.append(f"head {HeadId(layer, head)}")
+            parts.append(f"head {number}-{head + 1}")
         elif kind == "model" and isinstance(p.get("num_layers"), int) and isinstance(p.get("num_heads"), int):
             parts.append(f"{p['num_layers']} layers x {p['num_heads']} heads")
         elif kind == "head page" and isinstance(p.get("head"), str):

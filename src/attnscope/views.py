@@ -226,14 +226,16 @@ def results_payload(folder: str | Path) -> dict:
     found = ResultsFolder(folder)
     shown = []
     for key, _, results, panels in family_views(found):
+        model = model or (results.get("meta") or {}).get("model") or results.get("model")
         if any(panels.get(k) for k in ("profiles", "sinks", "attribution")):
             shown.append(FAMILIES[key].title)
-            model = model or (results.get("meta") or {}).get("model") or results.get("model")
         out["profiles"] += panels.get("profiles", [])
         out["sinks"] += panels.get("sinks", [])
         if out["attribution"] is None:
             out["attribution"] = panels.get("attribution")
     out["problems"] = found.problems  # a file that cannot be read, or a malformed part, is named
+    own = recorded_layers(model) if isinstance(model, dict) else None  # a hybrid's attention layers
+    out["layer_numbers"] = [i + 1 for i in own] if own is not None else None
     if shown:  # what the page is: the families, the model, the folder
         name = f" of {display_name(model)}" if isinstance(model, dict) else ""
         out["title"] = f"{' and '.join(shown)}{name} ({folder.name})"
@@ -385,7 +387,8 @@ class LongDocumentView:
         labels = [visible(t) for t in readable(tokens, special, piece_texts(lm.tokenizer, tokens, special), "token")]
         self.payload = long_page_payload(labels=labels, raw=list(tokens), layer=layer, head=head, rows=rows,
                                          profiles=profiles, model=lm.display_name, source=document.source,
-                                         num_layers=L, num_heads=H, seconds=seconds)
+                                         num_layers=L, num_heads=H, seconds=seconds,
+                                         layer_numbers=[i + 1 for i in lm.facts.attention_layers])
 
     def _check_head(self, layer: int, head: int) -> None:
         L, H = self.lm.num_layers, self.lm.num_heads

@@ -82,6 +82,9 @@ def test_heads_are_named_by_the_models_own_layer_everywhere_a_run_names_them(tmp
     assert [r["name"] for r in results["tables"]["general_layers"]] == ["2"]
     payload, _ = head_page(tmp_path / "out", "2-3", example_pages=False)
     assert "2-3" in json.dumps(payload)
+    from attnscope.views import results_payload
+
+    assert results_payload(tmp_path / "out")["layer_numbers"] == [2]  # the results pages' menus and grids
     with pytest.raises(AttnscopeError, match=r"layer 1 has no attention \(the layers with attention are 2\)"):
         head_page(tmp_path / "out", "1-1", example_pages=False)
 

@@ -170,3 +170,30 @@ def test_the_head_view_has_a_legend_of_its_head_colours_in_its_drawing(browser, 
     assert got == want and want[0][0] != want[1][0]
     assert o.js("() => window.attnscope.exportSVG()").count('class="as-swatch"') == 2
     o.close()
+
+
+def test_a_hybrids_pages_name_its_layers_as_the_model_does(browser, tmp_path):
+    # debug:granitemoehybrid: Mamba in layer 1, attention in layer 2 only; the maps hold that one
+    # layer, which every menu, caption and thumbnail used to call layer 1
+    from attnscope.data.records import Example
+    from attnscope.jobs import extract_to_store
+    from attnscope.models import load_model
+    from attnscope.notebook import View, head_view, model_view
+    from attnscope.store import open_store
+
+    lm = load_model("debug:granitemoehybrid")
+    assert lm.facts.attention_layers == (1,)
+    view = head_view(lm, "the cat sat on the mat")
+    assert View._payload(view.html)["layer_numbers"] == [2]
+    assert "layer 2 " in view.caption  # the notebook's one line under the frame
+    o = Opened(browser, view.html, tmp_path)
+    assert o.page.locator("select.as-layer option").all_text_contents() == ["2"]
+    assert "Layer 2, heads 2-1" in o.page.text_content("svg.as-head-view .as-caption")
+    o.close()
+    o = Opened(browser, model_view(lm, "the cat sat on the mat").html, tmp_path)
+    assert o.page.text_content('.as-thumb[data-layer="0"][data-head="2"] title') == "head 2-3"
+    o.close()
+    # a store keeps the numbering with its model: the maps read back carry it to their pages
+    extract_to_store([Example(text="the cat sat on the mat")], tmp_path / "store", lm)
+    amap = next(iter(open_store(tmp_path / "store")))
+    assert amap.layers == (1,) and amap.layer_numbers == [2]

@@ -234,7 +234,7 @@ def to_words(m: AttentionMap) -> AttentionMap:
     if m.example.all_words is not None:
         texts = [t if m.special[f] else m.example.all_words[m.word_ids[f]] for t, f in zip(texts, first)]
     return AttentionMap(m.index, attn, texts, m.special[first], m.segment[first], m.word_ids[first],
-                        "word", m.example)
+                        "word", m.example, layers=m.layers)
 
 
 def word_rows(m: AttentionMap) -> np.ndarray:

@@ -166,15 +166,16 @@ class Extractor:
         special = np.asarray(e.special, dtype=bool)
         word_ids = np.asarray(e.word_ids, dtype=np.int64)
         segment = np.asarray(e.segment, dtype=np.int64)
+        layers = self.lm.facts.attention_layers
         if not self.options.word_level:
             return AttentionMap(e.index, np.ascontiguousarray(attn), list(e.tokens), special, segment,
-                                word_ids, "token", e.example, token_text=e.texts)
+                                word_ids, "token", e.example, token_text=e.texts, layers=layers)
         units = token_units(word_ids, special)
         wattn = to_word_level(attn, units, self.options.from_word)
         first = np.searchsorted(units, np.arange(int(units[-1]) + 1))
         words = _unit_texts(e, units, piece_decoder(self.lm.tokenizer))
         return AttentionMap(e.index, wattn, words, special[first], segment[first], word_ids[first],
-                            "word", e.example)
+                            "word", e.example, layers=layers)
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnscope.data.records import recorded_layers
 from attnscope.errors import AttnscopeError, StoreError
 from attnscope.maps import AttentionBatch, AttentionMap
 from attnscope.store.format import FORMAT_NAME, INDEX, MANIFEST, SHARDS, array_key
@@ -221,9 +222,11 @@ class Store:
             raise StoreError(f"{shard}: corrupt shard, the record at position {rec['pos']} does not "
                              f"match its {n} x {n} map")
         try:
-            return AttentionMap.from_record(rec, attn)
+            amap = AttentionMap.from_record(rec, attn)
         except (AttnscopeError, KeyError, TypeError, ValueError, AttributeError, OverflowError):
             raise StoreError(f"{shard}: corrupt shard, bad record at position {rec['pos']}") from None
+        amap.layers = recorded_layers(self.manifest.get("model"))
+        return amap
 
     def shards(self) -> list[Path]:
         names = sorted({e["shard"] for e in self._entries})

@@ -69,7 +69,8 @@ def continuation_map(lm, prompt: str, new_tokens: int, *, seed: int = 0, index: 
         return AttentionMap(index, attn, tokens, np.array(special, dtype=bool),
                             np.zeros(len(ids), dtype=np.int64),
                             np.array(list(enc.word_ids) + [-1] * len(new), dtype=np.int64),
-                            "token", example, generated=len(enc), token_text=texts)
+                            "token", example, generated=len(enc), token_text=texts,
+                            layers=lm.facts.attention_layers)
 
     if long_input is None or len(ids) <= long_input:
         return as_map(attention(lm, ids))  # [L H n n]

@@ -49,11 +49,13 @@ def long_head_payload(*, layer: int, head: int, n: int, rows: list[dict], profil
 
 def long_page_payload(*, labels: list[str], raw: list[str], layer: int, head: int,
                       rows: list[dict], profiles: dict[str, np.ndarray], model: str | None,
-                      source: str, num_layers: int, num_heads: int, seconds: dict) -> dict:
+                      source: str, num_layers: int, num_heads: int, seconds: dict,
+                      layer_numbers: list[int] | None = None) -> dict:
     """Everything the page draws: ``labels`` (each token as text), ``raw`` (its piece), and the
     head's part (:func:`long_head_payload`)."""
     return {
         "version": PAYLOAD_VERSION, "model": model, "source": source, "n": len(labels),
-        "num_layers": num_layers, "num_heads": num_heads, "labels": labels, "raw": raw, "seconds": seconds,
+        "num_layers": num_layers, "num_heads": num_heads, "layer_numbers": layer_numbers, "labels": labels,
+        "raw": raw, "seconds": seconds,
         **long_head_payload(layer=layer, head=head, n=len(labels), rows=rows, profiles=profiles, model=model),
     }

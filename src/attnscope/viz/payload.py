@@ -255,7 +255,7 @@ def _window_part(amap: AttentionMap, units: np.ndarray, sub: np.ndarray) -> Atte
     return AttentionMap(amap.index, sub, [amap.tokens[i] for i in units],
                         np.asarray(amap.special)[units], np.asarray(amap.segment)[units],
                         np.asarray(amap.word_ids)[units], amap.level, amap.example, kind=amap.kind,
-                        generated=generated, token_text=[text[i] for i in units])
+                        generated=generated, token_text=[text[i] for i in units], layers=amap.layers)
 
 
 @dataclass
@@ -417,6 +417,7 @@ def page_payload(amap: AttentionMap, view: str = "head", *, layer: int = 0, head
         **_units(amap),
         "num_layers": num_layers,
         "num_heads": num_heads,
+        "layer_numbers": full.layer_numbers,  # the model's own (a hybrid's attention layers)
         "state": {"view": view, "layer": layer, "heads": heads, "head": head,
                   "pair_filter": pair_filter, "hide_special": bool(hide_special)},
         "renorm_note": RENORM_NOTE,

@@ -260,7 +260,7 @@
 
     var lab = el("label", null, bar, "layer ");
     var ls = this.layerSelect = el("select", { "class": "as-layer" }, lab);
-    for (var l = 0; l < this.L; l++) el("option", { value: l }, ls, String(l + 1));
+    for (var l = 0; l < this.L; l++) el("option", { value: l }, ls, this.layerName(l));
     ls.addEventListener("change", function () { self.setState({ layer: +ls.value }); });
 
     var hs = this.headBoxes = el("span", { "class": "as-heads" }, bar);
@@ -323,8 +323,8 @@
 
   Viewer.prototype.fileStem = function () {
     var s = this.state;
-    var which = s.view === "model" ? "model" : s.view === "head" ? "L" + (s.layer + 1) :
-                "L" + (s.layer + 1) + "-H" + (s.head + 1);
+    var which = s.view === "model" ? "model" : s.view === "head" ? "L" + this.layerName(s.layer) :
+                "L" + this.layerName(s.layer) + "-H" + (s.head + 1);
     return "attnscope-" + this.p.index + "-" + s.view + "-" + which;
   };
 
@@ -368,6 +368,14 @@
   };
 
   // a caption line; widens the SVG (and its white background) when the text needs it
+  // the number a page shows for layer l of the maps: the model's own (a hybrid has attention in
+  // only some of its layers: a payload's layer_numbers), else l + 1
+  function layerName(numbers, l) {
+    return String(numbers && numbers[l] != null ? numbers[l] : l + 1);
+  }
+
+  Viewer.prototype.layerName = function (l) { return layerName(this.p.layer_numbers, l); };
+
   Viewer.prototype.caption = function (root, x, y, text) {
     var t = svg("text", { x: x, y: y, "class": "as-caption" }, root, text);
     var need = Math.ceil(x + textWidth(text) + 8), w = +root.getAttribute("width");
@@ -408,8 +416,9 @@
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
                             "class": "as-svg as-head-view" }, this.stage);
     svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
-    var names = M.heads.map(function (h) { return (s.layer + 1) + "-" + (h + 1); });
-    var head = "Layer " + (s.layer + 1) + ", heads ";
+    var layer = this.layerName(s.layer);
+    var names = M.heads.map(function (h) { return layer + "-" + (h + 1); });
+    var head = "Layer " + layer + ", heads ";
     this.caption(root, 4, 14, head + (names.join(", ") || "(none)") +
                  (s.pair_filter !== "all" ? ", " + s.pair_filter : ""));
     this.legend(root, 4, 14, head, names, M.heads.map(headColour));
@@ -493,9 +502,10 @@
   Viewer.prototype.renderProfile = function () {
     var s = this.state, prof = this.p.profile, H = this.H;
     var root = svg("svg", { xmlns: SVGNS, width: 10, height: 10, "class": "as-svg as-profile-view" }, this.stage);
-    drawProfile(root, prof.buckets, prof.values[s.layer], "Layer " + (s.layer + 1) +
+    var layer = this.layerName(s.layer);
+    drawProfile(root, prof.buckets, prof.values[s.layer], "Layer " + layer +
                 ": attention mass against distance |i \u2212 j| (mean over query rows \u2265 1, whole input)",
-                function (h) { return (s.layer + 1) + "-" + (h + 1); });
+                function (h) { return layer + "-" + (h + 1); });
     this.status("profile", H + " heads");
   };
 
@@ -560,7 +570,7 @@
                                                "text-anchor": "middle", "class": "as-axis" }, root, String(h + 1));
     for (var l = 0; l < L; l++) {
       svg("text", { x: left - 6, y: top + l * (cell + pad) + cell / 2 + 4, "text-anchor": "end",
-                    "class": "as-axis" }, root, String(l + 1));
+                    "class": "as-axis" }, root, this.layerName(l));
       for (h = 0; h < H; h++) {
         (function (l, h) {
           var base = (l * H + h) * tq * tk;
@@ -571,7 +581,7 @@
           var g = svg("g", { "class": "as-thumb", "data-layer": l, "data-head": h, cursor: "pointer" }, root);
           pixelImage(g, url, x, y, cell, cell);
           svg("rect", { x: x, y: y, width: cell, height: cell, fill: "none", stroke: "#999" }, g);
-          svg("title", null, g, "head " + (l + 1) + "-" + (h + 1));
+          svg("title", null, g, "head " + self.layerName(l) + "-" + (h + 1));
           g.addEventListener("click", function () {
             self.setState({ view: "head", layer: l, heads: [h], head: h });
           });
@@ -594,7 +604,7 @@
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
                             "class": "as-svg as-heatmap-view" }, this.stage);
     svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
-    this.caption(root, 4, 14, "Head " + (s.layer + 1) + "-" + (s.head + 1) + ": rows attend (query), columns are attended (key)");
+    this.caption(root, 4, 14, "Head " + this.layerName(s.layer) + "-" + (s.head + 1) + ": rows attend (query), columns are attended (key)");
     this.caption(root, 4, 30, (s.hide_special ? "special tokens hidden, rows renormalised; " : "") +
                  (labels ? "" : "labels hidden at this size; hover for values"));
     var top1 = 0;
@@ -700,7 +710,7 @@
     var root = svg("svg", { xmlns: SVGNS, width: width, height: height, viewBox: "0 0 " + width + " " + height,
                             "class": "as-svg as-neuron-view" }, this.stage);
     svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
-    this.caption(root, 4, 14, "Head " + (N.layer + 1) + "-" + (s.head + 1) + " (" + meta.family +
+    this.caption(root, 4, 14, "Head " + this.layerName(N.layer) + "-" + (s.head + 1) + " (" + meta.family +
                  "), query: \u201c" + toks[query] + "\u201d; click a token on the left to change it");
     if (meta.note) this.caption(root, 4, 30, meta.note);
     var maxQ = 1e-9, maxP = 1e-9, maxK = 1e-9;
@@ -835,5 +845,5 @@
 
   global.AttnScope = { mount: mount, mountKinds: mountKinds, decodeBlob: decodeBlob, headColour: headColour, el: el, svg: svg,
                        drawProfile: drawProfile, stageWidth: stageWidth, gridImage: gridImage, blues: blues, pixelImage: pixelImage,
-                       shorten: shorten, textWidth: textWidth, SVGNS: SVGNS };
+                       shorten: shorten, textWidth: textWidth, layerName: layerName, SVGNS: SVGNS };
 })(window);

@@ -76,7 +76,7 @@
     root.textContent = "";
     root.classList.add("attnscope", "hp-page");
     el("h2", { "class": "rs-title" }, root, p.title);
-    el("div", { "class": "as-muted" }, root, "Layer " + (p.layer + 1) + ", head " + (p.index + 1) +
+    el("div", { "class": "as-muted" }, root, "Layer " + p.head.split("-")[0] + ", head " + (p.index + 1) +
        " (1-indexed, as every page names heads)" + (p.model ? " \u00b7 model " + p.model : ""));
 
     var lab = el("section", { "class": "hp-labels" }, root);

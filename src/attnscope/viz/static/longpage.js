@@ -43,11 +43,11 @@
 
   Page.prototype.build = function () {
     var p = this.p, root = this.root, self = this;
-    root.setAttribute("data-head", (p.layer + 1) + "-" + (p.head + 1));
+    root.setAttribute("data-head", A.layerName(p.layer_numbers, p.layer) + "-" + (p.head + 1));
     el("h2", { "class": "rs-title" }, root, p.title);
     el("div", { "class": "as-muted" }, root, p.n.toLocaleString() + " tokens from " + p.source +
        (p.seconds && p.seconds.forward ? " \u00b7 one forward pass: " + fmt(p.seconds.forward, 1) + " s" : "") +
-       " \u00b7 head " + (p.layer + 1) + "-" + (p.head + 1) + " of " + p.num_layers + " x " + p.num_heads +
+       " \u00b7 head " + A.layerName(p.layer_numbers, p.layer) + "-" + (p.head + 1) + " of " + p.num_layers + " x " + p.num_heads +
        " (1-indexed) \u00b7 no n x n map was made");
     var held = (p.roles || []).filter(function (r) { return r.holds; });
     el("div", { "class": "lp-roles" }, root, "What it does here: " + (held.length
@@ -81,21 +81,21 @@
   // served: another head of the same forward pass, its profiles and the rows of the queries shown
   Page.prototype.headPicker = function () {
     var p = this.p, self = this, bar = el("div", { "class": "as-toolbar lp-heads" }, this.root);
-    var pick = function (label, count, value) {
+    var pick = function (label, count, value, name) {
       var sel = el("select", { "class": "lp-" + label }, el("label", null, bar, label + " "));
-      for (var i = 1; i <= count; i++) el("option", { value: i - 1 }, sel, String(i));
+      for (var i = 0; i < count; i++) el("option", { value: i }, sel, name(i));
       sel.value = value;
       sel.addEventListener("change", function () { self.switchHead(+self.layerPick.value, +self.headPick.value); });
       return sel;
     };
-    this.layerPick = pick("layer", p.num_layers, p.layer);
-    this.headPick = pick("head", p.num_heads, p.head);
+    this.layerPick = pick("layer", p.num_layers, p.layer, function (l) { return A.layerName(p.layer_numbers, l); });
+    this.headPick = pick("head", p.num_heads, p.head, function (h) { return String(h + 1); });
   };
 
   Page.prototype.switchHead = function (layer, head) {
     var self = this, p = this.p, shown = this.root.getAttribute("data-query");
     var queries = Object.keys(this.rows).join(","), t0 = performance.now();
-    this.status.textContent = "computing head " + (layer + 1) + "-" + (head + 1) + "\u2026";
+    this.status.textContent = "computing head " + A.layerName(p.layer_numbers, layer) + "-" + (head + 1) + "\u2026";
     return fetch(p.head_api + "?layer=" + layer + "&head=" + head + "&queries=" + queries)
       .then(function (r) { return r.json().then(function (j) { if (!r.ok) throw new Error(j.error || r.status); return j; }); })
       .then(function (part) {
@@ -104,7 +104,7 @@
         page.build();
         global.attnscopeLong = page;
         if (shown !== null && page.rows[shown]) page.draw(page.rows[shown]);
-        page.status.textContent = "head " + (layer + 1) + "-" + (head + 1) + " in " +
+        page.status.textContent = "head " + A.layerName(p.layer_numbers, layer) + "-" + (head + 1) + " in " +
           fmt((performance.now() - t0) / 1000, 2) + " s";
         return page;
       }, function (err) { self.status.textContent = "could not compute the head: " + err.message; });

@@ -7,6 +7,8 @@
   "use strict";
 
   var A = global.AttnScope, el = A.el, svg = A.svg, SVGNS = A.SVGNS;
+  var numbers = null;  // the model's own layer numbers (payload.layer_numbers: a hybrid's), set by mountResults
+  function layerName(l) { return A.layerName(numbers, l); }
 
   // ---- attribution maps -----------------------------------------------------------------
   function Attribution(box, ap, maps) {
@@ -32,7 +34,7 @@
     if (ap.methods.some(function (m) { return m.per_layer; })) {
       var ll = el("label", null, bar, "layer ");
       var ls = this.layerSelect = el("select", { "class": "rs-layer" }, ll);
-      for (var l = 0; l < ap.num_layers; l++) el("option", { value: l }, ls, String(l + 1));
+      for (var l = 0; l < ap.num_layers; l++) el("option", { value: l }, ls, layerName(l));
       ls.value = this.layer;
       ls.addEventListener("change", function () { self.layer = +ls.value; self.render(); });
     }
@@ -65,7 +67,7 @@
                               "class": "as-svg rs-attr-map", "data-method": m.key }, self.stage);
       svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
       svg("text", { x: 4, y: 14, "class": "as-caption" }, root, A.shorten(m.title, 48));
-      svg("text", { x: 4, y: 28, "class": "as-axis" }, root, (m.per_layer ? "layer " + (self.layer + 1) + ", " : "") +
+      svg("text", { x: 4, y: 28, "class": "as-axis" }, root, (m.per_layer ? "layer " + layerName(self.layer) + ", " : "") +
           "max " + top1.toPrecision(3));
       var im = A.pixelImage(root, A.gridImage(n, n, function (r, c) { return top1 > 0 ? f(r, c) / top1 : 0; }, A.blues),
                             lm, top, n * cell, n * cell);
@@ -104,7 +106,7 @@
     ps.addEventListener("change", function () { self.which = +ps.value; self.render(); });
     var ll = el("label", null, bar, "layer ");
     var ls = el("select", { "class": "rs-profile-layer" }, ll);
-    for (var l = 0; l < profiles[0].values.length; l++) el("option", { value: l }, ls, String(l + 1));
+    for (var l = 0; l < profiles[0].values.length; l++) el("option", { value: l }, ls, layerName(l));
     ls.addEventListener("change", function () { self.layer = +ls.value; self.render(); });
     this.stage = el("div", null, box);
   }
@@ -113,8 +115,8 @@
     var p = this.profiles[this.which], layer = this.layer;
     this.stage.textContent = "";
     var root = svg("svg", { xmlns: SVGNS, width: 10, height: 10, "class": "as-svg rs-profile-chart" }, this.stage);
-    A.drawProfile(root, p.buckets, p.values[layer], "Layer " + (layer + 1) + ": " + p.title + " (" + p.source + ")",
-                  function (h) { return (layer + 1) + "-" + (h + 1); }, p.axis, A.stageWidth(this.stage));
+    A.drawProfile(root, p.buckets, p.values[layer], "Layer " + layerName(layer) + ": " + p.title + " (" + p.source + ")",
+                  function (h) { return layerName(layer) + "-" + (h + 1); }, p.axis, A.stageWidth(this.stage));
     this.box.setAttribute("data-profile", p.name);
   };
 
@@ -126,12 +128,12 @@
     svg("rect", { x: 0, y: 0, width: width, height: height, fill: "#fff" }, root);
     for (var h = 0; h < H; h++) svg("text", { x: 30 + h * c + c / 2, y: 14, "text-anchor": "middle", "class": "as-axis" }, root, String(h + 1));
     for (var l = 0; l < L; l++) {
-      svg("text", { x: 26, y: 22 + l * c + c * 0.7, "text-anchor": "end", "class": "as-axis" }, root, String(l + 1));
+      svg("text", { x: 26, y: 22 + l * c + c * 0.7, "text-anchor": "end", "class": "as-axis" }, root, layerName(l));
       for (h = 0; h < H; h++) {
         var v = sink.values[l][h], rgb = A.blues(v === null ? 0 : v);
         var r = svg("rect", { x: 30 + h * c, y: 22 + l * c, width: c - 1, height: c - 1, "class": "rs-sink-cell",
                               fill: v === null ? "#eee" : "rgb(" + rgb.join(",") + ")" }, root);
-        svg("title", null, r, "head " + (l + 1) + "-" + (h + 1) + ": " + (v === null ? "n/a" : v.toFixed(3)) +
+        svg("title", null, r, "head " + layerName(l) + "-" + (h + 1) + ": " + (v === null ? "n/a" : v.toFixed(3)) +
             (sink.threshold !== null && v !== null && v > sink.threshold ? " (sink head)" : ""));
       }
     }
@@ -144,6 +146,7 @@
     root.setAttribute("data-ready", "false");
     root.textContent = "";
     root.classList.add("attnscope");
+    numbers = payload.layer_numbers || null;
     el("h2", { "class": "rs-title" }, root, payload.title || ("Results in " + payload.folder));
     var jobs = [];
     if (payload.attribution) {

@@ -4,6 +4,8 @@
 (function () {
   "use strict";
   var info = JSON.parse(document.getElementById("viewer-info").textContent);
+  // the model's own layer numbers (a hybrid's attention layers: the store's record of them)
+  function layerName(l) { return AttnScope.layerName(info.summary && info.summary.layer_numbers, l); }
   var $ = function (id) { return document.getElementById(id); };
   var current = { pos: null, viewer: null, listNext: null, query: "" };
 
@@ -91,7 +93,7 @@
 
   function openHead(layer, head) {
     var st = { view: "head", layer: layer, heads: [head], head: head };
-    var link = $("vw-head-link"), name = (layer + 1) + "-" + (head + 1);
+    var link = $("vw-head-link"), name = layerName(layer) + "-" + (head + 1);
     if (info.head_pages) {  // the head's own page: its statistics, labels and top examples
       link.href = "/head/" + name;
       link.textContent = "Open head " + name + "'s page (its top examples over the corpus)";
@@ -114,14 +116,14 @@
     stat.values.forEach(function (r) { r.forEach(function (v) { if (v !== null) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }); });
     var s = svgNode("svg", { width: 24 + H * c, height: 18 + L * c, "class": "vw-grid" }, box);
     for (var l = 0; l < L; l++) {
-      svgNode("text", { x: 20, y: 18 + l * c + c * 0.7, "text-anchor": "end", "font-size": 10 }, s, String(l + 1));
+      svgNode("text", { x: 20, y: 18 + l * c + c * 0.7, "text-anchor": "end", "font-size": 10 }, s, layerName(l));
       for (var h = 0; h < H; h++) {
         (function (l, h) {
           var v = stat.values[l][h];
           var r = svgNode("rect", { x: 24 + h * c, y: 18 + l * c, width: c - 1, height: c - 1,
                                     fill: v === null ? "#eee" : colour(v, lo, hi), "class": "vw-cell",
                                     "data-layer": l, "data-head": h }, s);
-          svgNode("title", null, r, "head " + (l + 1) + "-" + (h + 1) + ": " + (v === null ? "n/a" : v.toPrecision(4)));
+          svgNode("title", null, r, "head " + layerName(l) + "-" + (h + 1) + ": " + (v === null ? "n/a" : v.toPrecision(4)));
           r.addEventListener("click", function () { openHead(l, h); });
         })(l, h);
       }
@@ -152,7 +154,7 @@
     sc.points.forEach(function (p) {
       var c = svgNode("circle", { cx: sx(p.x), cy: sy(p.y), r: 5, fill: AttnScope.headColour(labels.indexOf(p.label)),
                                   "fill-opacity": 0.8, "class": "vw-point", "data-layer": p.layer, "data-head": p.head }, s);
-      svgNode("title", null, c, (p.layer + 1) + "-" + (p.head + 1) + (p.label ? " (" + p.label + ")" : ""));
+      svgNode("title", null, c, layerName(p.layer) + "-" + (p.head + 1) + (p.label ? " (" + p.label + ")" : ""));
       c.addEventListener("click", function () { openHead(p.layer, p.head); });
     });
     var legend = node("div", { "class": "vw-legend" }, box);
