@@ -126,8 +126,8 @@ def test_layers_with_different_numbers_of_heads_are_refused_naming_them():
     from attnscope.models import load_model
 
     with pytest.raises(ModelError) as err:
-        load_model("debug:inkling2")
-    says(one_line(err.value), "debug:inkling2", "different numbers of heads (48, 4)")
+        load_model("debug:inkling_text")
+    says(one_line(err.value), "debug:inkling_text", "different numbers of heads (64, 4)")
 
 
 def test_a_model_without_a_position_table_reads_512_tokens_and_its_head_view_renders():

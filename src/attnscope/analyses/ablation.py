@@ -207,7 +207,7 @@ class AblationEffect(EncodedAnalysis):
         L, H = lm.num_layers, lm.num_heads
         ref = self.objective.run(chunk, output_hidden_states=True)
         base = ref.loss.double().cpu().numpy()
-        hidden = ref.output.hidden_states  # L+1 of [B T D]; hidden[l] enters layer l
+        hidden = ref.output.hidden_states  # one per model layer and one more: lm.layer_input(hidden, l) enters layer l
         dev = lm.device
         means = torch.as_tensor(self.means, device=dev) if self.mode == "mean" else None
         variants = [(head, b) for head in range(H) for b in range(len(chunk))]
@@ -219,7 +219,8 @@ class AblationEffect(EncodedAnalysis):
                 width = max(len(chunk[b]) for b in bs)
                 out = self.objective.run([chunk[b] for b in bs],
                                          hooks={"head_out": _head_ablation_hook(layer, heads, values)},
-                                         layers=(layer, L), hidden=hidden[layer][torch.tensor(bs, device=dev), :width])
+                                         layers=(layer, L),
+                                         hidden=lm.layer_input(hidden, layer)[torch.tensor(bs, device=dev), :width])
                 np.add.at(self.delta[layer], hs, out.loss.double().cpu().numpy() - base[bs])
         self.base += float(base.sum())
         self.examples += len(chunk)
@@ -339,7 +340,8 @@ class PruningCurve(EncodedAnalysis):
                     for layer, head in heads:
                         gates[layer, head] = 0
                     first = firsts[heads]
-                    start = {} if not first else dict(layers=(first, L), hidden=full.output.hidden_states[first])
+                    start = {} if not first else dict(layers=(first, L),
+                                                      hidden=lm.layer_input(full.output.hidden_states, first))
                     out = self.objective.run(chunk, gates=gates, **start)
                 loss, correct, scored = float(out.loss.double().sum()), int(out.correct.sum()), int(out.scored.sum())
                 for o, f in points:

@@ -76,11 +76,12 @@ def value_zeroing(lm, encoded, *, layers: list[int] | None = None,
                 pj = p[b, :, :, zeroed]  # [c Hq T]: every query's weight on it
                 return head_out - torch.einsum("bht,bhd->bthd", pj, vj).to(head_out.dtype)
 
-            start = {"layers": (target, target + 1), "hidden": ref[target].expand(c, -1, -1)} if batched else {}
+            start = ({"layers": (target, target + 1), "hidden": lm.layer_input(ref, target).expand(c, -1, -1)}
+                     if batched else {})
             res = forward(lm, batch, hooks={"attn": grab, "head_out": zero}, output_hidden_states=True,
                           **start)
-            h = res.output.hidden_states[target + 1].double()  # [c T D]
-            cos = torch.nn.functional.cosine_similarity(h, ref[target + 1].double(), dim=-1)  # [c(j) T(i)]
+            h = lm.layer_output(res.output.hidden_states, target).double()  # [c T D]
+            cos = torch.nn.functional.cosine_similarity(h, lm.layer_output(ref, target).double(), dim=-1)  # [c(j) T(i)]
             out[li, :, j0:j0 + c] = (1 - cos).clamp_min(0).T.cpu().numpy()  # [i j]
     tot = out.sum(-1, keepdims=True)
     return np.divide(out, tot, out=np.zeros_like(out), where=tot > 0)

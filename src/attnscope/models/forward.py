@@ -35,10 +35,13 @@ give each sequence of the batch its own gates, so one backward pass yields every
 own ``dL_b/d gate`` (head importance needs per-example gradient magnitudes).
 
 ``layers=(a, b)`` with ``hidden`` ``[B T D]`` runs only layers ``a .. b-1``, the first of them on
-``hidden`` (the input of layer ``a``, e.g. ``hidden_states[a]`` of an earlier pass); the other
-layers are skipped (their input is passed through). So ``hidden_states[b]`` (and, when
-``b = L``, the model's final output) are those of the full model, at the cost of ``b - a``
-layers: many variants of one example (ablations, value zeroing) start from its cached input.
+``hidden`` (the input of layer ``a``: ``lm.layer_input(hidden_states, a)`` of an earlier pass);
+the other layers are skipped (their input is passed through). So layer ``b - 1``'s output
+(``lm.layer_output``; when ``b = L``, the model's final output) is that of the full model, at
+the cost of ``b - a`` layers: many variants of one example (ablations, value zeroing) start
+from its cached input. ``a`` and ``b`` count the layers with attention, as every array does; a
+hybrid's Mamba or linear-attention layers among them run too (after the last, to the model's
+end when ``b = L``).
 
 When no hook needs the probabilities, the layer's output comes from torch's fused
 ``scaled_dot_product_attention``; otherwise from the family's own eager code.
@@ -59,6 +62,7 @@ import inspect
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from attnscope.errors import AttnscopeError, ModelError
@@ -268,8 +272,9 @@ def _hooked(model) -> bool:
 
 def supports_hooks(lm) -> bool:
     """Whether the model's attention runs through attnscope's attention function (transformers'
-    ``AttentionInterface``, or an adapter of :mod:`attnscope.models.adapters`)."""
-    return _hooked(lm.model)
+    ``AttentionInterface``, or an adapter of :mod:`attnscope.models.adapters`): the model is set
+    up for it and its facts' probe saw its layers call it (:attr:`ModelFacts.hooks`)."""
+    return _hooked(lm.model) and lm.facts.hooks
 
 
 def install(model) -> bool:
@@ -280,10 +285,31 @@ def install(model) -> bool:
     MPT); otherwise False, and the model is left on eager attention (e.g. MPNet).
     """
     if not getattr(type(model), "_supports_attention_backend", False):
-        return adapters.install(model, _attention, lambda: _ACTIVE.get() is not None)
+        if adapters.install(model, _attention, lambda: _ACTIVE.get() is not None):
+            return True
+        if not _dispatches(model):
+            return False
+        # a model whose attention modules look their function up in transformers' registry by
+        # the config's name, but whose class turns custom functions down (the hybrids: Qwen3-Next,
+        # Jamba, Bamba, OLMo-hybrid, Nemotron-H ... for their linear-attention kernels): the
+        # config names attnscope's; whether every layer's attention then reaches it is read by
+        # the facts' probe (ModelFacts.hooks), and supports_hooks asks that
+        _register()
+        model.config._attn_implementation = ATTN_IMPLEMENTATION
+        return True
     _register()
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return True
+
+
+def _dispatches(model) -> bool:
+    """Whether the code of ``model``'s family looks attention functions up in transformers'
+    ``ALL_ATTENTION_FUNCTIONS`` (the registry ``AttentionInterface`` fills)."""
+    module = sys.modules.get(type(model).__module__)
+    try:
+        return module is not None and "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(module)
+    except (OSError, TypeError):
+        return False
 
 
 def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
@@ -390,12 +416,13 @@ def hidden_states(lm, ids: Any, hooks: dict[str, Hook | Sequence[Hook]] | None =
 
 
 def layer_modules(lm) -> list:
-    """The model's ``L`` transformer layers in order (transformers' ``GradientCheckpointingLayer``)."""
+    """The model's transformer layers in order (transformers' ``GradientCheckpointingLayer``):
+    every one of them, a hybrid's Mamba and linear-attention layers too (``lm.facts.layers``)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     found = [m for m in lm.model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    if len(found) != lm.num_layers:
-        raise AttnscopeError(f"{lm.name}: found {len(found)} transformer layers for {lm.num_layers}; "
+    if len(found) != lm.facts.layers:
+        raise AttnscopeError(f"{lm.name}: found {len(found)} transformer layers for {lm.facts.layers}; "
                              "running only some layers needs one module per layer")
     return found
 
@@ -417,8 +444,11 @@ def _layers_return_tuples(lm, layer) -> bool:
         ids = torch.zeros(1, 2, dtype=torch.long, device=model_device(lm.model))
         token = _ACTIVE.set(None)  # (outside the pass being set up: no hook sees this call)
         try:
+            kwargs = {"decoder_input_ids": ids} if lm.facts.encoder_decoder else {}
+            if "use_cache" in inspect.signature(lm.model.forward).parameters:
+                kwargs["use_cache"] = False  # (a hybrid's cache of Mamba states is refused without a cache object)
             with torch.inference_mode():
-                lm.model(input_ids=ids, **({"decoder_input_ids": ids} if lm.facts.encoder_decoder else {}))
+                lm.model(input_ids=ids, **kwargs)
         finally:
             _ACTIVE.reset(token)
             handle.remove()
@@ -428,9 +458,9 @@ def _layers_return_tuples(lm, layer) -> bool:
 
 @contextlib.contextmanager
 def _only_layers(lm, first: int, last: int, hidden):
-    """Within the block, layers outside ``first .. last-1`` pass their input through and layer
-    ``first`` reads ``hidden`` instead of its input (all layers run when ``first .. last`` is
-    all of them)."""
+    """Within the block, layers outside ``first .. last-1`` (counting those with attention; a
+    hybrid's other layers between them run) pass their input through and layer ``first`` reads
+    ``hidden`` instead of its input (all layers run when ``first .. last`` is all of them)."""
     if (first, last) == (0, lm.num_layers):
         yield
         return
@@ -438,18 +468,20 @@ def _only_layers(lm, first: int, last: int, hidden):
         raise ValueError(f"layers must be 0 <= first < last <= {lm.num_layers} with the hidden "
                          f"states entering layer first; got {(first, last)}")
     modules = layer_modules(lm)
-    as_tuple = _layers_return_tuples(lm, modules[0])
+    own = lm.facts.attention_layers  # array layer -> the model's own layer
+    start, stop = own[first], (own[last - 1] + 1 if last < lm.num_layers else len(modules))
 
-    def skip(hidden_states, *args, **kwargs):
-        return (hidden_states, None) if as_tuple else hidden_states
+    def skip(hidden_states, *args, _as_tuple=False, **kwargs):
+        return (hidden_states, None) if _as_tuple else hidden_states
 
-    def enter(hidden_states, *args, _run=modules[first].forward, **kwargs):
+    def enter(hidden_states, *args, _run=modules[start].forward, **kwargs):
         return _run(hidden.to(hidden_states.device, hidden_states.dtype), *args, **kwargs)
 
-    patched = [i for i in range(lm.num_layers) if not first < i < last]
+    patched = [i for i in range(len(modules)) if not start < i < stop]
+    as_tuple = {i: _layers_return_tuples(lm, modules[i]) for i in patched if i != start}
     try:
         for i in patched:  # an instance attribute shadows the class's forward
-            modules[i].forward = enter if i == first else skip
+            modules[i].forward = enter if i == start else partial(skip, _as_tuple=as_tuple[i])
         yield
     finally:
         for i in patched:

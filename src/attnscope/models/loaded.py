@@ -59,6 +59,17 @@ class LoadedModel:
         """The 1-based number pages give array layer ``layer``: the model's own layer index + 1."""
         return self.facts.attention_layers[layer] + 1
 
+    def layer_input(self, hidden_states, layer: int):
+        """What enters array layer ``layer`` among a pass's ``hidden_states`` (transformers' tuple,
+        one per model layer and one more): ``hidden_states[i]`` with ``i`` the model's own index
+        of that layer (a hybrid's Mamba layers have theirs). Its output is
+        ``hidden_states[i + 1]`` (:meth:`layer_output`)."""
+        return hidden_states[self.facts.attention_layers[layer]]
+
+    def layer_output(self, hidden_states, layer: int):
+        """What array layer ``layer`` hands the next model layer (:meth:`layer_input`)."""
+        return hidden_states[self.facts.attention_layers[layer] + 1]
+
     @property
     def num_heads(self) -> int:
         return self.facts.heads

@@ -159,7 +159,12 @@ def models_doc(rows: list[dict], versions: dict[str, str]) -> str:
         "attention modules' own `layer_idx`; every array holds the layers with attention only, "
         "and every page, table, head page and compare names a head by the model's own layer "
         "(a tiny Jamba's heads are 2-1 .. 2-4: its layer 1 is Mamba). The results file records "
-        "the layers in `model.attention.attention_layers`; `attnscope check` prints them.",
+        "the layers in `model.attention.attention_layers`; `attnscope check` prints them. Their "
+        "classes turn custom attention functions down (for their linear-attention kernels), but "
+        "their attention modules look the function up by the config's name, so attnscope names its "
+        "own there, and the facts' probe checks that every attention layer then calls it: they get "
+        "hook points, the streaming engine and layer-by-layer runs (value zeroing, ablation) like "
+        "any other model.",
         "",
         "| model type | kind | mechanisms | maps | streaming | head view | status |",
         "|---|---|---|---|---|---|---|",
