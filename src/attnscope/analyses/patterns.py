@@ -451,3 +451,100 @@ class KeyConcentration(EncodedAnalysis):
             rows.append(row)
         res.tables["key_concentration"] = rows
         return res
+
+
+# -- what the statistics say: the best head of each pattern (the report lays it out) ----------
+#: The rows of the best-heads table: (pattern, statistic ranked, what it is).
+PATTERNS = (
+    ("1 next word", "next", "attention to the next token"),
+    ("2 previous word", "previous", "attention to the previous token"),
+    ("3 same token, same segment", "repeat_same", "mass on other occurrences of the token in its segment"),
+    ("4 same token, other segment", "repeat_other", "mass on occurrences of the token in the other segment"),
+    ("5 other pieces of the word", "pieces", "mass on the other pieces of the token's word"),
+    ("5a earlier pieces", "pieces_earlier", "mass on the word's earlier pieces"),
+    ("5b later pieces", "pieces_later", "mass on the word's later pieces"),
+    ("5c pieces both ways", "pieces_both", "the smaller of the earlier- and later-pieces masses "
+     "(what the label tests: a previous/next-token head reaches only one side)"),
+    ("6 delimiters", "delimiter", "attention to [CLS]/[SEP] (special-tokens analysis)"),
+    ("bag of words", "bag", "within-segment mass x evenness of the within-segment part"),
+)
+
+
+def finite(x) -> float | None:
+    """``x`` as a float, None where it is None or not finite (a table's empty cell)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def pattern_stats(results: dict) -> tuple[dict[str, np.ndarray], dict[str, float | None]]:
+    """``[L H]`` statistics by name and their chance levels, from the finalized results of the
+    patterns family's analyses (``vig-patterns``, ``special-tokens``, ``relative-position``,
+    ``entropy``)."""
+    vig = results["vig-patterns"]
+    special = results["special-tokens"].arrays
+    stats = {s: vig.arrays[s] for s in STATS}
+    stats["delimiter"] = special["first"] + special["separator"]
+    for k in ("first", "separator", "punct"):
+        stats[k] = special[k]
+    for k in ("previous", "next"):
+        stats[k] = results["relative-position"].arrays[k]
+    if "entropy" in results and results["entropy"].arrays:
+        stats["entropy"] = results["entropy"].arrays["entropy"]
+    chance = dict(vig.meta["chance"])
+    stats["pieces_both"] = np.minimum(stats["pieces_earlier"], stats["pieces_later"])
+    ce, cl = chance.get("pieces_earlier"), chance.get("pieces_later")
+    chance["pieces_both"] = None if ce is None or cl is None else min(ce, cl)
+    chance["delimiter"] = vig.meta.get("delimiter_chance")
+    chance["previous"] = vig.meta.get("previous_chance")
+    chance["next"] = vig.meta.get("next_chance")
+    return stats, chance
+
+
+def best_heads(stats: dict[str, np.ndarray], chance: dict[str, float | None], results: dict,
+               labels: np.ndarray, causal: bool) -> list[dict]:
+    """One row per pattern (:data:`PATTERNS`): the head with the highest value of its statistic,
+    the value, its chance level and their ratio (``lift``), the example where the head scores
+    highest, the head's label, or a note saying why the pattern has no head."""
+    vig = results["vig-patterns"]
+    rows = []
+    first_index = vig.meta.get("first_index")
+    ce = chance.get("within_entropy")
+    for pattern, key, what in PATTERNS:
+        row: dict[str, Any] = {"pattern": pattern, "statistic": key, "what": what}
+        if causal and key in CAUSAL_NOT_APPLICABLE:
+            row.update(head=None, value=None, chance=None, lift=None, example=None,
+                       note=f"not applicable: {CAUSAL_NOT_APPLICABLE[key]}")
+            rows.append(row)
+            continue
+        if key == "bag":
+            within = stats["within"]
+            even = stats["within_entropy"] / ce if ce else np.full(within.shape, np.nan)
+            score, value_key = within * even, "within"
+        else:
+            score, value_key = stats[key], key
+        if key == "delimiter" and not chance.get("delimiter"):
+            row.update(head=None, value=None, chance=None, lift=None, example=None,
+                       note="the inputs have no first-special or separator tokens")
+            rows.append(row)
+            continue
+        if not np.isfinite(score).any():
+            row.update(head=None, value=None, chance=None, lift=None, example=None,
+                       note="no rows where the pattern can occur")
+            rows.append(row)
+            continue
+        layer, head = (int(x) for x in np.unravel_index(int(np.nanargmax(score)), score.shape))
+        value = finite(stats[value_key][layer, head])
+        c = finite(chance.get(value_key))
+        best_key = {"bag": "within_entropy", "pieces_both": "pieces"}.get(key, key)
+        arr = vig.arrays.get(f"best_example_{best_key}")
+        example = int(arr[layer, head]) if arr is not None and arr[layer, head] >= 0 else first_index
+        note = ""
+        if key == "bag" and ce:
+            note = f"within-segment entropy {stats['within_entropy'][layer, head] / ce:.0%} of uniform"
+        row.update(head=str(HeadId(layer, head)), layer=layer, head_index=head, value=value, chance=c,
+                   lift=(value / c) if value is not None and c else None, example=example,
+                   label=str(labels[layer, head]), note=note)
+        rows.append(row)
+    return rows

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.clustering import LABELS, head_stats
+from attnscope.analyses.findings import NEARLY_ALL, GeneralFindings, general_findings
 from attnscope.analyses.stat import of_results, records
 from attnscope.data.records import HeadId, layer_number
 from attnscope.maps import AttentionMap
@@ -33,22 +34,6 @@ LABEL_COLOURS = {"[SEP]": "#d62728", "[CLS]": "#9467bd", "punctuation": "#8c564b
 
 
 # -- outputs --------------------------------------------------------------------------------
-def choose_heads(stats: dict[str, np.ndarray]) -> list[tuple[int, int, str]]:
-    """Heads drawn in Figure 1: the strongest previous, next, first-special, separator and
-    broadest head (each head once)."""
-    picks = []
-    for key, label in (("previous", "attends to the previous token"), ("next", "attends to the next token"),
-                       ("first", "attends to the first special token"),
-                       ("separator", "attends to separators"), ("entropy", "attends broadly")):
-        arr = stats.get(key)
-        if arr is None or not np.isfinite(arr).any():
-            continue
-        layer, head = np.unravel_index(int(np.nanargmax(arr)), arr.shape)
-        if (layer, head) not in [(p[0], p[1]) for p in picks]:
-            picks.append((int(layer), int(head), label))
-    return picks
-
-
 def _tex_safe(s: str) -> str:
     return s.replace("\\", "\\\\").replace("$", r"\$")
 
@@ -202,68 +187,51 @@ def plot_figure6(coords: np.ndarray, labels: np.ndarray):
     return fig
 
 
-def _fmt_heads(mask: np.ndarray) -> list[str]:
-    return [str(HeadId(int(a), int(b))) for a, b in zip(*np.nonzero(mask))]
-
-
 #: Fewer examples than this, and the report says the averages are only an illustration.
 FEW_EXAMPLES = 100
-
-#: The paper's section 3 cut-offs: "more than half" of a head's (or a layer's) attention.
-MOSTLY = 0.5
 
 
 def _heads(n: int) -> str:
     return f"{n} head" if n == 1 else f"{n} heads"
 
 
-def mostly_heads(stats: dict[str, np.ndarray], key: str) -> list[str]:
-    """Heads (1-indexed names) that put more than half their attention on ``key``."""
-    return _fmt_heads(np.nan_to_num(stats[key], nan=0) > MOSTLY)
+def _names(heads) -> list[str]:
+    return [str(HeadId(layer, head)) for layer, head in heads]
 
 
-def separator_layers(stats: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
-    """Each layer's mean attention to separators, and the layers (1-indexed) above one half."""
-    sep_layer = np.nanmean(stats["separator"], axis=1)
-    return sep_layer, [str(layer_number(i)) for i in np.nonzero(sep_layer > MOSTLY)[0]]
-
-
-def findings(stats: dict[str, np.ndarray], uniform: float, labels: np.ndarray, model_name: str,
-             examples: int, grad=None) -> list[str]:
-    """The paper's findings, stated for this model (plain sentences)."""
+def findings(f: GeneralFindings, uniform: float, model_name: str, examples: int, grad=None) -> list[str]:
+    """The paper's findings, stated for this model (plain sentences) from what
+    :func:`attnscope.analyses.findings.general_findings` found."""
     out = [f"{model_name} over {examples} examples:"]
     if examples < FEW_EXAMPLES:
         out.append(f"Caution: only {examples} examples (the paper used 1000): per-head averages over "
                    "so few examples change from sample to sample; read them as an illustration.")
     for key in ("previous", "next"):
-        heads = mostly_heads(stats, key)
+        heads = _names(f.mostly[key])
         out.append(f"{_heads(len(heads))} put more than half their attention on the {key} token"
                    + (f" ({', '.join(heads)})" if heads else "") + ".")
-    sep_layer, mostly = separator_layers(stats)
-    if np.nanmax(sep_layer) > 0:
+    if f.separator_peak is not None:
+        layer, share = f.separator_peak
         out.append("Layers where over half of the attention goes to separator tokens: "
-                   + (", ".join(mostly) if mostly else "none")
-                   + f" (the most: layer {int(np.nanargmax(sep_layer)) + 1}, {np.nanmax(sep_layer):.0%}).")
-        ss = stats.get("sep_to_sep")
-        if ss is not None and np.isfinite(ss).any():
-            heads90 = _fmt_heads(np.nan_to_num(ss, nan=0) > 0.9)
-            out.append(f"{_heads(len(heads90))} put over 90% of a separator's attention on separators.")
+                   + (", ".join(str(layer_number(i)) for i in f.separator_layers) or "none")
+                   + f" (the most: layer {layer_number(layer)}, {share:.0%}).")
+        if f.separators_to_separators is not None:
+            out.append(f"{_heads(len(f.separators_to_separators))} put over {NEARLY_ALL:.0%} of a "
+                       "separator's attention on separators.")
     else:
         out.append("The inputs have no separator tokens.")
-    first_layer = np.nanmean(stats["first"], axis=1)
-    if np.nanmax(first_layer) > 0:
-        out.append(f"Attention to the first special token peaks at layer {int(np.nanargmax(first_layer)) + 1} "
-                   f"({np.nanmax(first_layer):.0%} on average over its heads).")
-    punct_layer = np.nanmean(stats["punct"], axis=1)
-    out.append(f"Attention to periods and commas peaks at layer {int(np.nanargmax(punct_layer)) + 1} "
-               f"({np.nanmax(punct_layer):.0%}).")
-    ent_layer = np.nanmean(stats["entropy"], axis=1)
-    out.append(f"Mean attention entropy per layer ranges from {ent_layer.min():.2f} to "
-               f"{ent_layer.max():.2f} nats (uniform attention: {uniform:.2f}); the last layer's "
-               f"attention from the first token has {np.nanmean(stats['entropy_first'][-1]):.2f} nats.")
-    counts = {lab: int((labels == lab).sum()) for lab in LABELS}
+    if f.first_peak is not None:
+        layer, share = f.first_peak
+        out.append(f"Attention to the first special token peaks at layer {layer_number(layer)} "
+                   f"({share:.0%} on average over its heads).")
+    layer, share = f.punct_peak
+    out.append(f"Attention to periods and commas peaks at layer {layer_number(layer)} ({share:.0%}).")
+    low, high = f.entropy_range
+    out.append(f"Mean attention entropy per layer ranges from {low:.2f} to {high:.2f} nats (uniform "
+               f"attention: {uniform:.2f}); the last layer's attention from the first token has "
+               f"{f.last_first_entropy:.2f} nats.")
     out.append("Head behaviours (paper thresholds): "
-               + ", ".join(f"{lab} {c}" for lab, c in counts.items() if c) + ".")
+               + ", ".join(f"{lab} {c}" for lab, c in f.behaviours.items() if c) + ".")
     if grad is not None and "layer_separator" in grad.arrays:
         s, o = grad.arrays["layer_separator"], grad.arrays["layer_other"]
         lower = [str(layer_number(i)) for i in np.nonzero(s < o)[0]]
@@ -351,7 +319,8 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
                                                     columns=gcols, caption=gcap)))
 
     # figures
-    picks = choose_heads(stats)
+    found = general_findings(stats, labels)
+    picks = found.figure1
     if example_map is not None and picks:
         fig = plot_token_lines(example_map, picks)
         sec.figures.append(FigureArtifact("figure1_examples", "Figure 1 style: example heads on "
@@ -379,12 +348,12 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
     # words
 
     model_name = model_display_name(model_desc)
-    sec.findings = findings(stats, uniform, labels, model_name, run["examples"], grad) + notes
+    sec.findings = findings(found, uniform, model_name, run["examples"], grad) + notes
     if "text" in run:  # how the pairs were built from sentence-per-line text
         sec.findings.append(f"Pairs from the text: {run['text']['summary']}.")
     sec.methods = list(METHODS)
-    prev_heads, next_heads = mostly_heads(stats, "previous"), mostly_heads(stats, "next")
-    sep_mostly = separator_layers(stats)[1]
+    prev_heads, next_heads = _names(found.mostly["previous"]), _names(found.mostly["next"])
+    sep_mostly = [str(layer_number(i)) for i in found.separator_layers]
     sec.paper = [
         {"what": "heads with >50% attention on the previous token", "paper": "4 (layers 2, 4, 7, 8)",
          "ours": f"{len(prev_heads)}" + (f" ({', '.join(prev_heads)})" if prev_heads else "")},
@@ -393,7 +362,7 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
         {"what": "layers where over half the attention goes to [SEP]", "paper": "6-10",
          "ours": ", ".join(sep_mostly) or "none"},
         {"what": "entropy of the last layer's attention from [CLS] (nats)", "paper": 3.89,
-         "ours": round(float(np.nanmean(stats["entropy_first"][-1])), 2)},
+         "ours": round(found.last_first_entropy, 2)},
     ]
     payload = family_results("general", sec, {"seed": seed, **{k: run[k] for k in (
                                  "max_seq_len", "batch_size", "gradients") if k in run}},

@@ -7,7 +7,6 @@ and writes what the report, the viewer and ``--resume`` read.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict
@@ -23,7 +22,10 @@ from attnscope.analyses.patterns import (
     PATTERN_LABELS,
     STATS,
     PatternThresholds,
+    best_heads,
+    finite,
     pattern_labels,
+    pattern_stats,
 )
 from attnscope.data.records import HeadId
 from attnscope.report.figures import new_figure, save_figure
@@ -32,98 +34,9 @@ from attnscope.report.section import FigureArtifact, Section, TableArtifact
 from attnscope.report.tables import write_table
 from attnscope.store.results import family_results, write_results
 
-#: The rows of the best-heads table: (pattern, statistic ranked, what it is).
-PATTERNS = (
-    ("1 next word", "next", "attention to the next token"),
-    ("2 previous word", "previous", "attention to the previous token"),
-    ("3 same token, same segment", "repeat_same", "mass on other occurrences of the token in its segment"),
-    ("4 same token, other segment", "repeat_other", "mass on occurrences of the token in the other segment"),
-    ("5 other pieces of the word", "pieces", "mass on the other pieces of the token's word"),
-    ("5a earlier pieces", "pieces_earlier", "mass on the word's earlier pieces"),
-    ("5b later pieces", "pieces_later", "mass on the word's later pieces"),
-    ("5c pieces both ways", "pieces_both", "the smaller of the earlier- and later-pieces masses "
-     "(what the label tests: a previous/next-token head reaches only one side)"),
-    ("6 delimiters", "delimiter", "attention to [CLS]/[SEP] (special-tokens analysis)"),
-    ("bag of words", "bag", "within-segment mass x evenness of the within-segment part"),
-)
 KEY_COLOURS = {"first": "#9467bd", "separator": "#d62728", "punct": "#8c564b", "other": "#7f7f7f"}
 KEY_NAMES = {"first": "first special ([CLS]/BOS)", "separator": "separators ([SEP])",
              "punct": "periods/commas", "other": "other tokens"}
-
-
-def _num(x) -> float | None:
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-def pattern_stats(results: dict) -> tuple[dict[str, np.ndarray], dict[str, float | None]]:
-    """``[L H]`` statistics by name and their chance levels, from the finalized results."""
-    vig = results["vig-patterns"]
-    special = results["special-tokens"].arrays
-    stats = {s: vig.arrays[s] for s in STATS}
-    stats["delimiter"] = special["first"] + special["separator"]
-    for k in ("first", "separator", "punct"):
-        stats[k] = special[k]
-    for k in ("previous", "next"):
-        stats[k] = results["relative-position"].arrays[k]
-    if "entropy" in results and results["entropy"].arrays:
-        stats["entropy"] = results["entropy"].arrays["entropy"]
-    chance = dict(vig.meta["chance"])
-    stats["pieces_both"] = np.minimum(stats["pieces_earlier"], stats["pieces_later"])
-    ce, cl = chance.get("pieces_earlier"), chance.get("pieces_later")
-    chance["pieces_both"] = None if ce is None or cl is None else min(ce, cl)
-    chance["delimiter"] = vig.meta.get("delimiter_chance")
-    chance["previous"] = vig.meta.get("previous_chance")
-    chance["next"] = vig.meta.get("next_chance")
-    return stats, chance
-
-
-def best_heads(stats: dict[str, np.ndarray], chance: dict[str, float | None], results: dict,
-               labels: np.ndarray, causal: bool) -> list[dict]:
-    """One row per pattern: the head with the highest value of its statistic."""
-    vig = results["vig-patterns"]
-    rows = []
-    first_index = vig.meta.get("first_index")
-    ce = chance.get("within_entropy")
-    for pattern, key, what in PATTERNS:
-        row: dict[str, Any] = {"pattern": pattern, "statistic": key, "what": what}
-        if causal and key in CAUSAL_NOT_APPLICABLE:
-            row.update(head=None, value=None, chance=None, lift=None, example=None,
-                       note=f"not applicable: {CAUSAL_NOT_APPLICABLE[key]}")
-            rows.append(row)
-            continue
-        if key == "bag":
-            within = stats["within"]
-            even = stats["within_entropy"] / ce if ce else np.full(within.shape, np.nan)
-            score, value_key = within * even, "within"
-        else:
-            score, value_key = stats[key], key
-        if key == "delimiter" and not chance.get("delimiter"):
-            row.update(head=None, value=None, chance=None, lift=None, example=None,
-                       note="the inputs have no first-special or separator tokens")
-            rows.append(row)
-            continue
-        if not np.isfinite(score).any():
-            row.update(head=None, value=None, chance=None, lift=None, example=None,
-                       note="no rows where the pattern can occur")
-            rows.append(row)
-            continue
-        layer, head = (int(x) for x in np.unravel_index(int(np.nanargmax(score)), score.shape))
-        value = _num(stats[value_key][layer, head])
-        c = _num(chance.get(value_key))
-        best_key = {"bag": "within_entropy", "pieces_both": "pieces"}.get(key, key)
-        arr = vig.arrays.get(f"best_example_{best_key}")
-        example = int(arr[layer, head]) if arr is not None and arr[layer, head] >= 0 else first_index
-        note = ""
-        if key == "bag" and ce:
-            note = f"within-segment entropy {stats['within_entropy'][layer, head] / ce:.0%} of uniform"
-        row.update(head=str(HeadId(layer, head)), layer=layer, head_index=head, value=value, chance=c,
-                   lift=(value / c) if value is not None and c else None, example=example,
-                   label=str(labels[layer, head]), note=note)
-        rows.append(row)
-    return rows
 
 
 def plot_patterns(stats: dict[str, np.ndarray], chance: dict[str, float | None], causal: bool):
@@ -246,7 +159,7 @@ def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, 
         for head in range(H):
             row: dict[str, Any] = {"layer": layer, "head": head, "name": str(HeadId(layer, head))}
             for k in keys_cols:
-                row[k] = None if k in na else _num(stats[k][layer, head])
+                row[k] = None if k in na else finite(stats[k][layer, head])
             row.update(pattern=str(labels[layer, head]), behaviour=str(section6[layer, head]))
             rows.append(row)
     cap = ("Per head (layer and head 0-indexed; name is the paper's 1-indexed layer-head): pooled row "
@@ -257,7 +170,7 @@ def _write(results, keys, out_dir, model_desc, causal, thresholds, notes, seed, 
     sec.tables.append(TableArtifact("patterns_heads", cap, rows, cols,
                                     write_table(rows, tables_dir / "patterns_heads", columns=cols, caption=cap)))
     vig = results["vig-patterns"]
-    crow = [{"statistic": k, "chance": None if k in na else _num(chance.get(k)),
+    crow = [{"statistic": k, "chance": None if k in na else finite(chance.get(k)),
              "rows": vig.meta["rows"].get(k), "applicable": k not in na} for k in keys_cols]
     ccols = ["statistic", "chance", "rows", "applicable"]
     ccap = ("Chance level of each statistic (uniform attention over each counted row; for "
