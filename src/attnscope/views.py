@@ -36,6 +36,14 @@ from attnscope.viz.pages import head_view_html, maps_html
 from attnscope.viz.render import render_head_page, render_long_page, render_results_page
 
 
+def stored_layers(path: str | Path) -> tuple[int, ...] | None:
+    """The model's own index of each layer a store's maps hold (a hybrid's layers with
+    attention), from its manifest; None for a store of every layer, or a folder that is not a
+    store (its own reader names what is wrong with it)."""
+    manifest = read_json(Path(path) / MANIFEST) if Path(path).is_dir() else None
+    return recorded_layers(manifest.get("model")) if isinstance(manifest, dict) else None
+
+
 def load_example(store, example: int):
     """The map of input example ``example`` from an open store, with a one-line error if absent."""
     try:

@@ -230,3 +230,24 @@ def test_errors_name_parameters_in_the_library_and_flags_on_the_command_line(tmp
         assert main(argv) == 2
         assert capsys.readouterr().err.strip() == shown
     assert not (tmp_path / "o").exists() and not (tmp_path / "c").exists()
+
+
+def test_view_sets_its_options_out_in_named_groups(capsys):
+    # 24 options in one list before (issue 57): now under what they are for, every one once
+    assert main(["view", "--help"]) == 0
+    out = capsys.readouterr().out
+    sections = {}
+    current = None
+    for line in out.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            current = line[:-1]
+            sections[current] = []
+        elif current and line.startswith("  -"):  # an option's own line (not its help's)
+            sections[current].append(line.split()[0].rstrip(","))
+    assert list(sections) == ["Arguments", "Options", "What to draw", "Running the model", "PNG and SVG",
+                              "Long inputs", "Head pages and long documents"], list(sections)
+    assert {"-e", "--layer", "--heads", "--head", "--kind"} <= set(sections["What to draw"])
+    assert "--png" in sections["PNG and SVG"] and "--generate" in sections["Running the model"]
+    assert "--max-seq-len" in sections["Head pages and long documents"]
+    flags = [f for fs in sections.values() for f in fs]
+    assert len(flags) == len(set(flags))  # each option in one group

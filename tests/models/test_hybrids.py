@@ -204,3 +204,21 @@ def test_a_hybrids_streaming_statistics_equal_its_maps(name):
     st = LongContextStats(js_rows=3)
     stream_stats(lm, seqs, st, chunk=4, batch_size=2, targets=targets, backend="tiles")
     assert_close(st.means(), reference(lm, seqs, targets, js_rows=3), stats_bound(seqs))
+
+
+def test_view_layer_is_the_models_own_layer_on_a_hybrids_store(tmp_path, capsys):
+    # the store holds the one attention layer, the model's layer 2: --layer 2 drew it (before:
+    # "out of range", --layer 1 drew it), --layer 1 is Mamba, --layer 3 past the model's layers
+    from attnscope.cli.main import main
+
+    data = tmp_path / "one.jsonl"
+    data.write_text('{"text": "the cat sat on the mat"}\n')
+    assert main(["extract", str(data), "--model", "debug:granitemoehybrid", "--out", str(tmp_path / "s")]) == 0
+    assert main(["view", str(tmp_path / "s"), "--layer", "2", "--out", str(tmp_path / "v.html")]) == 0
+    assert '"layer_numbers":[2]' in (tmp_path / "v.html").read_text()  # (compact JSON)
+    capsys.readouterr()
+    for layer, why in (("1", "--layer 1: has no attention (the layers with attention are 2)"),
+                       ("3", "--layer 3: out of range (the model's layers with attention are 2)")):
+        assert main(["view", str(tmp_path / "s"), "--layer", layer, "--out", str(tmp_path / "w.html")]) == 2
+        assert capsys.readouterr().err.strip() == f"error: {why}"
+        assert not (tmp_path / "w.html").exists()

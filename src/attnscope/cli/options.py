@@ -14,6 +14,8 @@ Two ways to use it:
 
 from __future__ import annotations
 
+from functools import partial
+
 import typer
 
 from attnscope.errors import AttnscopeError
@@ -46,11 +48,12 @@ SHARED_HELP: dict[str, str] = {
 }
 
 
-def max_seq_len_option(default: int = 128, help: str = SHARED_HELP["--max-seq-len"]) -> int:
+def max_seq_len_option(default: int = 128, help: str = SHARED_HELP["--max-seq-len"],
+                       panel: str | None = None) -> int:
     """``--max-seq-len``, checked the same way by every command (a value below
     :data:`attnscope.pipeline.MIN_MAX_SEQ_LEN`, the library's own bound, is a usage error,
     before anything is read)."""
-    return typer.Option(default, "--max-seq-len", min=MIN_MAX_SEQ_LEN, help=help)
+    return typer.Option(default, "--max-seq-len", min=MIN_MAX_SEQ_LEN, help=help, rich_help_panel=panel)
 
 
 def quiet_option() -> bool:
@@ -111,6 +114,21 @@ def polish_param(param) -> None:
                 break
 
 
+def _grouped_options(command, ctx, formatter) -> None:
+    """A command's options under the named groups their ``rich_help_panel`` gives (in the order
+    the options come; the ungrouped first, as "Options"), in click's plain layout."""
+    sections: dict[str, list] = {}
+    for param in command.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is not None:
+            name = "Arguments" if param.param_type_name == "argument" else \
+                getattr(param, "rich_help_panel", None) or "Options"
+            sections.setdefault(name, []).append(record)
+    for name in sorted(sections, key=lambda k: (k != "Arguments", k != "Options")):
+        with formatter.section(name):
+            formatter.write_dl(sections[name])
+
+
 def polish_help(command) -> None:
     """Apply :func:`polish_param` to every parameter of ``command`` and its subcommands, and
     render their help in click's plain layout.
@@ -124,6 +142,8 @@ def polish_help(command) -> None:
     """
     if hasattr(command, "rich_markup_mode"):
         command.rich_markup_mode = None
+    if any(getattr(p, "rich_help_panel", None) for p in getattr(command, "params", ())):
+        command.format_options = partial(_grouped_options, command)
     if getattr(command, "help", None) and not getattr(command, "short_help", None):
         command.short_help = " ".join(command.help.split("\n\n")[0].split())
     for param in getattr(command, "params", ()):
