@@ -91,8 +91,8 @@ def test_general_findings_name_exactly_the_heads_of_their_rows(tmp_path):
 # -- patterns: the strongest head of each pattern is the top of its column --------------------
 
 def test_patterns_findings_cite_the_top_head_of_each_column(tmp_path):
-    from attnscope.pipeline import run_family
     from attnscope.analyses.patterns import PATTERNS
+    from attnscope.pipeline import run_family
 
     sec = run_family("patterns", {"patterns": DEMO_TEXT}, tmp_path, model="debug:bert", max_seq_len=64)
     heads, best = table(sec, "patterns_heads"), table(sec, "patterns_best")
