@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.data.io import atomic_write_bytes, atomic_write_text
 from attnscope.data.records import Example, HeadId, layer_numbering, recorded_layers
 from attnscope.data.unlabeled import prepare_documents
@@ -257,8 +258,8 @@ MAX_EXAMPLE_PAGES = 40
 
 def head_page(folder: str | Path, name: str, *, model: str | None = None, example_pages: bool = True):
     """:func:`_head_page`, its heads named by the layers with attention the results record."""
-    general = ResultsFolder(Path(folder)).get("general") or {}
-    with layer_numbering(recorded_layers(general.get("model"))):
+    general = FamilyResult.read(folder, "general")
+    with layer_numbering(general.layers if general is not None else None):
         return _head_page(folder, name, model=model, example_pages=example_pages)
 
 

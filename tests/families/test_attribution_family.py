@@ -28,7 +28,7 @@ def _run(key, lm, out, inputs, results=None, **opts):
     fam = FAMILIES[key]()
     options = fam.Options(**opts)
     ctx = Context(model=lm, out_dir=out, seed=0, max_seq_len=64, batch_size=4, results=results or {})
-    return fam.run(fam.prepare(inputs, options, ctx), options, ctx)
+    return fam.run(fam.prepare(inputs, options, ctx), options, ctx).section
 
 
 def _strict(path: Path):

@@ -179,3 +179,39 @@ def test_an_unfinished_store_is_refused(tmp_path, capsys, debug_bert):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "unfinished store" in err and str(store) in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("model", ["debug:bert", "debug:granitemoehybrid"])
+def test_a_family_returns_its_results_file_typed_and_a_reader_gets_the_same(tmp_path, model):
+    # issue 57: Family.run returned Any (a Section); now a FamilyResult read back from the file
+    # the family wrote, the same object any reader of the folder gets
+    from importlib.resources import files
+
+    from attnscope.analyses.base import Result
+    from attnscope.analyses.family_result import FamilyResult
+    from attnscope.families import FAMILIES, Context, load_families
+    from attnscope.models import load_model
+
+    load_families()
+    lm = load_model(model)
+    fam = FAMILIES["general"]()
+    options = fam.Options()
+    ctx = Context(model=lm, out_dir=tmp_path, seed=3, max_seq_len=64, batch_size=4)
+    text = files("attnscope") / "demo_data" / "text.txt"
+    made = fam.run(fam.prepare({"text": text}, options, ctx), options, ctx)
+    assert isinstance(made, FamilyResult) and made.section.key == "general"
+    path = tmp_path / "results" / "general.json"
+    assert made.path == path and made.family == "general"
+    d = json.loads(path.read_text())
+    assert set(made.analyses) == set(d["analyses"]) >= {"relative-position", "special-tokens", "entropy"}
+    for name, part in d["analyses"].items():
+        for k, v in Result.from_json(part).arrays.items():
+            np.testing.assert_array_equal(made.array(k, name), v)
+    assert made.stats == tuple(d["stats"]) and {s["name"] for s in made.stats} >= {"previous", "entropy"}
+    assert made.tables["general_heads"] == d["tables"]["general_heads"]
+    assert made.model["name"] == model and made.provenance["seed"] == 3
+    assert made.layers == ((1,) if "hybrid" in model else (0, 1))  # the model's own layers with attention
+    again = FamilyResult.read(tmp_path, "general")
+    assert again.section is None and again.body == made.body
+    with pytest.raises(Exception, match=r"general.json \(entropy\): no array 'nope' \(it has .*entropy"):
+        made.array("nope", "entropy")

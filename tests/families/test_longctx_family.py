@@ -31,7 +31,7 @@ def _run(tmp_path, lm, text=DOCS, suffix=".txt", max_seq_len=64, **opts):
     options = Options(**{"induction": 2, "induction_length": 10, "js_rows": 3, **opts})
     ctx = Context(model=lm, out_dir=tmp_path / "out", max_seq_len=max_seq_len, batch_size=2)
     prepared = fam.prepare({"documents": path}, options, ctx)
-    return prepared, fam.run(prepared, options, ctx), ctx
+    return prepared, fam.run(prepared, options, ctx).section, ctx
 
 
 def test_sink_is_the_pooled_mass_on_the_first_token(tmp_path, llama):

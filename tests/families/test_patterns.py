@@ -314,7 +314,7 @@ def _run(model, path, out, options=None, **ctx_kw):
     fam = _family()
     opts = options or fam.Options()
     ctx = Context(model=model, out_dir=out, **ctx_kw)
-    return fam.run(fam.prepare({"patterns": path}, opts, ctx), opts, ctx)
+    return fam.run(fam.prepare({"patterns": path}, opts, ctx), opts, ctx).section
 
 
 def _write_jsonl(path, rows):

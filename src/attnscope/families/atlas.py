@@ -23,6 +23,7 @@ from attnscope.analyses import atlas as A
 from attnscope.analyses.atlas import COMBINED, REDUCTIONS, SCORES
 from attnscope.analyses.duo import order as gate_order
 from attnscope.analyses.duo import read_gates
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.analyses.lm_objective import Objective
 from attnscope.analyses.longctx import LongContextStats
 from attnscope.data.io import read_text
@@ -221,7 +222,7 @@ class Atlas(Family):
         pick = set(np.random.default_rng(seed).permutation(len(pool))[:calibration].tolist())
         return ([t for i, t in enumerate(pool) if i in pick], [t for i, t in enumerate(pool) if i not in pick])
 
-    def run(self, prepared: Prepared, options: Options, ctx: Context):
+    def run(self, prepared: Prepared, options: Options, ctx: Context) -> FamilyResult:
         lm = ctx.model
         encs, calib = prepared.data["tasks"], prepared.data["calibration"]
         notes = list(prepared.data["notes"])
@@ -288,7 +289,7 @@ class Atlas(Family):
                           eos=ctx.call(step.eos))
         res = summary.result
         write_results(ctx.out_dir, self.key, res)
-        return sec
+        return ctx.result(sec)
 
     @staticmethod
     def _importance_possible(lm, notes: list[str]) -> bool:

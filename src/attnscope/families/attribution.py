@@ -33,6 +33,7 @@ import numpy as np
 from attnscope.analyses.ablation import importance_order, random_order
 from attnscope.analyses.base import get_analysis
 from attnscope.analyses.example_maps import example_maps, seconds_per_token
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.analyses.gradients import FitOptions, fit_mlm_head
 from attnscope.analyses.lm_objective import Objective, encode_examples
 from attnscope.errors import AttnscopeError
@@ -248,7 +249,7 @@ class Attribution(Family):
         return Prepared({"examples": examples}, weight=len(examples),
                         counts={"attribution examples": len(examples)})
 
-    def run(self, prepared: Prepared, options: AttributionOptions, ctx: Context):
+    def run(self, prepared: Prepared, options: AttributionOptions, ctx: Context) -> FamilyResult:
         """Hand the chosen methods' analyses to the pipeline's passes, draw one example's maps,
         and write tables, figures and ``results/attribution.json``."""
         lm, examples = ctx.model, prepared.data["examples"]
@@ -278,7 +279,7 @@ class Attribution(Family):
         results = _run_passes(examples, examples[: last + 1], methods, objective, options, ctx, encoded)
         example = ctx.call(example_maps, encoded[pick], methods, flow_max_tokens=options.flow_max_tokens,
                            notes=notes, announce=_announce)
-        return write_attribution(results, ctx.out_dir, notes=notes, example=example,
+        return ctx.result(write_attribution(results, ctx.out_dir, notes=notes, example=example,
                                  general=ctx.results.get("general"),
                                  params={"seed": ctx.seed, **dataclasses.asdict(options)},
-                                 model=lm.describe(), seed=ctx.seed, methods=methods, examples=len(encoded))
+                                 model=lm.describe(), seed=ctx.seed, methods=methods, examples=len(encoded)))

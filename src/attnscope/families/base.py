@@ -1,4 +1,5 @@
-"""The unit of a job: a family reads its inputs, runs its analyses and returns a :class:`Section`.
+"""The unit of a job: a family reads its inputs, runs its analyses and returns a
+:class:`~attnscope.analyses.family_result.FamilyResult` (its results file, typed, and the report's section).
 
 A family is the one plug-in path from analyses to every output. Register a subclass of
 :class:`Family` with :func:`register_family` and
@@ -6,7 +7,7 @@ A family is the one plug-in path from analyses to every output. Register a subcl
 - ``attnscope run`` gets a switch for each of its :attr:`Family.inputs` and an option for each
   field of its :attr:`Family.Options` dataclass, and runs it whenever its first input is given;
 - ``attnscope analyze <key>`` is built from the same inputs and options;
-- the HTML report shows the :class:`Section` it returns, ``results.json`` and ``--resume`` read
+- the HTML report shows the section of the result it returns, ``results.json`` and ``--resume`` read
   its ``results/<key>.json`` through :mod:`attnscope.store.results`, and the viewer finds it
   there too.
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.data.io import fingerprint
 from attnscope.errors import AttnscopeError
 from attnscope.executor import LocalExecutor, run_pass
@@ -43,6 +45,7 @@ from attnscope.models.forward import supports_hooks
 from attnscope.progress import Progress, check_stop, with_unit
 from attnscope.store import Store, open_store
 from attnscope.store.checkpoints import StateFile, UnitLog, unit_log_path, unit_path
+from attnscope.store.results import results_path
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,16 @@ class Context:
     #: under them
     family: str = ""
     job: str = ""
+
+    def result(self, section: Any) -> FamilyResult:
+        """What the family just made, as :meth:`Family.run` returns it: the results file it wrote
+        (``results/<section.key>.json``), read back as every reader reads it, with the report's
+        ``section``."""
+        made = FamilyResult.read(self.out_dir, section.key, section)
+        if made is None:
+            raise AttnscopeError(f"{section.key}: the family wrote no readable "
+                                 f"{results_path(self.out_dir, section.key)}")
+        return made
 
     def step(self, name: str, done: int, total: int | None, unit: str | None = None) -> None:
         """Report ``done`` of ``total`` ``unit`` ("examples", "documents") of step ``name`` (and
@@ -348,9 +361,10 @@ class Family(ABC):
         return ["reads the attention maps (no engine or backend to choose)"]
 
     @abstractmethod
-    def run(self, prepared: Prepared, options: Any, ctx: Context) -> Any:
+    def run(self, prepared: Prepared, options: Any, ctx: Context) -> FamilyResult:
         """Run the analyses and write tables, figures and ``results/<key>.json`` under
-        ``ctx.out_dir``; return the report's :class:`~attnscope.report.section.Section`."""
+        ``ctx.out_dir``; return what it made (:meth:`Context.result` of the report's
+        :class:`~attnscope.report.section.Section`)."""
 
     def view(self, results: dict, source: str, problems: list[str]) -> dict:
         """The panels of the viewers that this family's ``results`` (its results file, named

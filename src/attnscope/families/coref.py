@@ -17,6 +17,7 @@ from attnscope.analyses.coref import (
     best_head_examples,
     coref_windows,
 )
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.analyses.units import TIE_RULES
 from attnscope.data.coref import Document, read_coref
 from attnscope.errors import AttnscopeError, InputError
@@ -104,5 +105,5 @@ class Coref(Family):
         return Prepared({"paths": paths, "documents": docs}, weight=sentences,
                         counts={"coreference sentences": sentences})
 
-    def run(self, prepared: Prepared, options: CorefOptions, ctx: Context) -> Section:
-        return _coref(prepared.data["paths"], prepared.data["documents"], options, ctx)
+    def run(self, prepared: Prepared, options: CorefOptions, ctx: Context) -> FamilyResult:
+        return ctx.result(_coref(prepared.data["paths"], prepared.data["documents"], options, ctx))

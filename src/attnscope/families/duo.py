@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.duo import GateTraining, chunks, summarise
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.data.io import read_text
 from attnscope.data.tasks import ORDINALS, haystack_sentences, passkey_training
 from attnscope.engines import duo as duo_engine
@@ -85,7 +86,7 @@ class Duo(Family):
                         weight=options.duo_steps * length // 32 + 1,
                         counts={"steps": options.duo_steps, "tokens_per_step": length})
 
-    def run(self, prepared: Prepared, options: Options, ctx: Context):
+    def run(self, prepared: Prepared, options: Options, ctx: Context) -> FamilyResult:
         lm = ctx.model
         samples = prepared.data["samples"]
         train = GateTraining(samples, options.duo_steps, options.duo_sink, options.duo_window,
@@ -100,4 +101,4 @@ class Duo(Family):
                         source=prepared.data["source"])
         sec = write_duo(ctx.out_dir, res, model_name=lm.display_name, title=self.title, key=self.key)
         write_results(ctx.out_dir, self.key, res)
-        return sec
+        return ctx.result(sec)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from attnscope.analyses.clustering import general_clusters
 from attnscope.analyses.distances import HeadDistances
 from attnscope.analyses.entropy import Entropy
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.analyses.figure_example import Figure1Example
 from attnscope.analyses.gradients import (
     FitOptions,
@@ -299,7 +300,7 @@ class General(Family):
             return [f"Engine: maps ({'asked for' if engine == 'maps' else 'an encoder: the maps engine only'})."]
         return [_pick_engine(list(data), ctx.model, engine, ctx, options, saving=ctx.save_maps is not None)[1]]
 
-    def run(self, prepared: Prepared, options: GeneralOptions, ctx: Context) -> Section:
+    def run(self, prepared: Prepared, options: GeneralOptions, ctx: Context) -> FamilyResult:
         source = prepared.data["source"]
-        return _general(source.data, options, ctx, source.text if source.text and source.text.examples else None,
-                        source.note)
+        return ctx.result(_general(source.data, options, ctx, source.text if source.text and source.text.examples else None,
+                        source.note))

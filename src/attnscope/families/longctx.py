@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.analyses.longctx import LongContextStats, head_clusters
 from attnscope.data.unlabeled import prepare_documents
 from attnscope.engines import backends
@@ -163,7 +164,7 @@ class LongContext(Family):
                         counts={"documents": len(docs), "tokens": sum(len(d.ids) for d in docs),
                                 "cut": sum(d.cut for d in docs)}, plan=engine)
 
-    def run(self, prepared: Prepared, options: Options, ctx: Context):
+    def run(self, prepared: Prepared, options: Options, ctx: Context) -> FamilyResult:
         import contextlib
 
         import torch
@@ -208,7 +209,7 @@ class LongContext(Family):
         sec = write_section(res, ctx.out_dir, title=self.title, key=self.key, extra_findings=extra,
                             clusters=clusters)
         write_results(ctx.out_dir, self.key, res)  # strict JSON (store.results)
-        return sec
+        return ctx.result(sec)
 
     @staticmethod
     def _continue(lm, seqs: list[list[int]], new_tokens: int, ctx: Context):

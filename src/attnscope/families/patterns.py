@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.analyses.entropy import Entropy
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.analyses.patterns import KeyConcentration, PatternThresholds, VigPatterns
 from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.special_tokens import SpecialTokens
@@ -84,7 +85,7 @@ class PatternsFamily(Family):
         what = "stored examples" if source.is_store else f"{source.kind} examples"
         return Prepared({"source": source}, weight=len(source), counts={what: len(source)})
 
-    def run(self, prepared: Prepared, options: Any, ctx: Context):
+    def run(self, prepared: Prepared, options: Any, ctx: Context) -> FamilyResult:
         seed_everything(ctx.seed)
         source = prepared.data["source"]
         model = ctx.model
@@ -109,10 +110,10 @@ class PatternsFamily(Family):
                          if k.startswith("best_example_") for i in arr.ravel() if i >= 0})
         run_info = {"examples": out.analysed, "skipped": out.skipped, "seconds": out.seconds,
                     "max_seq_len": ctx.max_seq_len, "batch_size": ctx.batch_size, "input": source.kind}
-        return write_patterns(results, out.results.get(KeyConcentration.name), Path(ctx.out_dir),
+        return ctx.result(write_patterns(results, out.results.get(KeyConcentration.name), Path(ctx.out_dir),
                               model_desc=model_desc, causal=causal, thresholds=options.thresholds(),
                               notes=notes, seed=ctx.seed, run=run_info,
-                              get_map=_map_getter(source, model, ctx, wanted))
+                              get_map=_map_getter(source, model, ctx, wanted)))
 
 
 def _map_getter(source, model, ctx: Context, wanted: list[int]):

@@ -13,6 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.analyses.probes.features import SentenceSource
 from attnscope.analyses.probes.random_init import random_init_model
 from attnscope.analyses.syntax import ALL, DependencyHeads, figure5_picks, syntax_tables, table3_row
@@ -288,5 +289,5 @@ class Syntax(Family):
             weight += 2 * len(train)  # extraction plus the probes' training
         return Prepared({"dev": dev, "train": train}, weight=weight, counts=counts)
 
-    def run(self, prepared: Prepared, options: SyntaxOptions, ctx: Context) -> Section:
-        return _syntax(prepared.data["dev"], prepared.data["train"], options, ctx)
+    def run(self, prepared: Prepared, options: SyntaxOptions, ctx: Context) -> FamilyResult:
+        return ctx.result(_syntax(prepared.data["dev"], prepared.data["train"], options, ctx))

@@ -169,7 +169,7 @@ def run_pipeline(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                                           save_maps=out_dir / "maps" / fam.key if cfg.save_maps else None,
                                           results={k: written[k] for k in fam.uses if written.get(k) is not None})
                 with layer_numbering(lm.facts.attention_layers):
-                    section = fam.run(prepared[fam.key], cfg.options[fam.key], ctx)
+                    section = fam.run(prepared[fam.key], cfg.options[fam.key], ctx).section
                     views = write_head_views(section, out_dir)
                 times[fam.key] = time.perf_counter() - tf
                 write_json(ckpt_path, {"fingerprint": family_fp, "status": "done", "elapsed_s": times[fam.key],
@@ -321,7 +321,7 @@ def run_family(key: str, inputs: dict[str, Any], out_dir: str | Path, *, model: 
             executor(ray, workers) as ex:
         try:
             with layer_numbering(lm.facts.attention_layers if lm is not None else _stores_layers(given)):
-                section = fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex))
+                section = fam.run(prepared, opts, dataclasses.replace(ctx, executor=ex)).section
         except KeyboardInterrupt:
             raise interrupted(Path(out_dir), finished=[], current=key, then="run the same command again") from None
     drop_unit_logs(Path(out_dir), key)  # the results are written: nothing is left to resume
