@@ -2,7 +2,7 @@
 
 A family never loops over a corpus: it hands the pipeline a *pass* (a source, the analyses to
 feed, how the maps are made) and gets back the finalized results (:func:`run_pass`, reached as
-:meth:`attnscope.families.base.Context.run_pass`). The pipeline owns everything else:
+:meth:`attnscope.families.base.Passes.run`). The pipeline owns everything else:
 
 - the executor (:class:`LocalExecutor`, or :class:`RayExecutor` behind ``--ray``), handed to
   the family in its context, decides where the forward passes run; no family asks which one

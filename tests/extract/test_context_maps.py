@@ -19,7 +19,7 @@ def test_maps_of_chosen_examples_in_the_asked_order_with_their_own_indices(tmp_p
                                "it", "was", "sold"]),
                 Example(words=["she", "saw", "him", "there"])]
     ctx = Context(model=debug_bert, out_dir=tmp_path, max_seq_len=12, batch_size=2)
-    maps = ctx.maps(examples, [3, 0, 2], word_level=True)
+    maps = ctx.passes.maps(examples, [3, 0, 2], word_level=True)
     assert [m.index for m in maps] == [3, 0]
     made = {a.index: a for b in extract([examples[i] for i in (3, 0, 2)], debug_bert,
                                         options=ExtractOptions(max_seq_len=12, batch_size=2,
@@ -28,4 +28,4 @@ def test_maps_of_chosen_examples_in_the_asked_order_with_their_own_indices(tmp_p
     for m, expected in zip(maps, (made[0], made[1])):
         assert m.level == "word" and m.tokens == expected.tokens and m.example is expected.example
         np.testing.assert_array_equal(m.attn, expected.attn)
-    assert ctx.maps(examples, []) == []
+    assert ctx.passes.maps(examples, []) == []

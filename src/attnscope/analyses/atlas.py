@@ -22,7 +22,7 @@ press (:mod:`attnscope.engines.press`). Here:
   bootstrap intervals over tasks.
 
 A step is a picklable callable ``step(lm, task) -> record`` (plain JSON), run task by task by
-the executor (:meth:`attnscope.families.base.Context.tasks`: here or on Ray workers, each
+the executor (:meth:`attnscope.families.base.Units.tasks`: here or on Ray workers, each
 finished task kept for a killed run to resume); the folds turn the records into arrays.
 """
 

@@ -2,7 +2,7 @@
 draws one (:func:`example_maps`: raw attention, rollout and flow, norms, value zeroing), and the
 measured cost per token of a forward and a loss pass (:func:`seconds_per_token`), which says how
 long a long method will take before it starts. Run through the executor
-(:meth:`attnscope.families.base.Context.call`).
+(:meth:`attnscope.families.base.Passes.call`).
 """
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ class Atlas(Family):
         sink, window = options.atlas_sink, options.atlas_window
 
         t0 = time.perf_counter()
-        records = ctx.tasks(A.CalibrationStep(sink, window, importance, seed=ctx.seed), calib,
+        records = ctx.units.tasks(A.CalibrationStep(sink, window, importance, seed=ctx.seed), calib,
                             name="calibration", label="calibration")
         cal = A.calibration(records, (lm.num_layers, lm.num_heads), importance=importance)
         if {"echo", "induction"} & set(use) and options.atlas_probes:
@@ -261,7 +261,7 @@ class Atlas(Family):
             if answered:
                 until = int(round(max(f for f in fractions if f < 1) * total))
                 order, greedy = A.greedy_order(
-                    lambda base, cand, it: ctx.tasks(
+                    lambda base, cand, it: ctx.units.tasks(
                         A.GreedyStep(base, cand, sink, window, batch=options.atlas_batch, seed=ctx.seed),
                         answered, name=f"greedy-{it}", label=f"greedy ranking, {len(base)} of {until} heads"),
                     total, until, options.atlas_greedy)
@@ -272,13 +272,13 @@ class Atlas(Family):
         configs, masks = A.configs_for(rankings, fractions, (lm.num_layers, kv_heads))
         step = A.SweepStep(masks, configs, sink, window, batch=options.atlas_batch, seed=ctx.seed)
         label = "sweep"
-        left = len(encs) - ctx.finished("sweep", encs)  # a resumed run: only what is left
+        left = len(encs) - ctx.units.finished("sweep", encs)  # a resumed run: only what is left
         if left >= ESTIMATE_FROM:
-            estimate = ctx.call(A.sweep_seconds, step, encs[0], left)
+            estimate = ctx.passes.call(A.sweep_seconds, step, encs[0], left)
             timing["sweep_estimate_seconds"] = estimate
             label = f"sweep (about {duration(estimate)})"
         t2 = time.perf_counter()
-        sw = A.sweep(configs, ctx.tasks(step, encs, name="sweep", label=label))
+        sw = A.sweep(configs, ctx.units.tasks(step, encs, name="sweep", label=label))
         timing["sweep_seconds"] = time.perf_counter() - t2
         summary = A.summarise(cal, sw, rankings, fractions, kv_heads=kv_heads, reduce=options.atlas_reduce,
                               resamples=options.atlas_bootstrap, seed=ctx.seed, tasks=encs,
@@ -286,7 +286,7 @@ class Atlas(Family):
                               greedy=greedy, timing=timing)
         sec = write_atlas(ctx.out_dir, summary, model_name=lm.display_name, cal=cal, sweep=sw, options=options,
                           notes=notes, source=prepared.data["source"], tasks=encs, title=self.title, key=self.key,
-                          eos=ctx.call(step.eos))
+                          eos=ctx.passes.call(step.eos))
         res = summary.result
         write_results(ctx.out_dir, self.key, res)
         return ctx.result(sec)
@@ -306,7 +306,7 @@ class Atlas(Family):
         token after it) scores on repeated random tokens, a pass of their own."""
         seqs, targets = induction_probes(lm, options.atlas_probes, options.atlas_probe_length, ctx.seed, notes)
         stats = LongContextStats(seed=ctx.seed, causal=True)
-        ctx.stream(seqs, stats, step="echo and induction", targets=targets)
+        ctx.passes.stream(seqs, stats, step="echo and induction", targets=targets)
         a = stats.finalize().arrays
         return {"echo": a["target_duplicate"], "induction": a["target_induction"]}
 

@@ -115,7 +115,7 @@ def _objective(ctx: Context, options: AttributionOptions, encoded, notes: list[s
                      "were skipped (--attribution-fit-head trains an output layer on the frozen encoder)")
         return None
     fit_inputs = [(e.tokens, np.asarray(e.special), np.asarray(e.segment), e.index) for e in encoded]
-    head = ctx.call(fit_mlm_head, fit_inputs, FitOptions(seed=seed), progress=ctx.progress)
+    head = ctx.passes.call(fit_mlm_head, fit_inputs, FitOptions(seed=seed), progress=ctx.progress)
     rep = head.report
     notes.append(f"{lm.name} has no masked-LM head: the loss is that of an output layer fitted on the "
                  f"frozen encoder ({rep['steps']} steps, seed {seed}, held-out masked-token accuracy "
@@ -201,11 +201,11 @@ def _run_passes(examples, agreement: list, methods: list[str], objective, option
         for key, a in built:
             if key in ANNOUNCED:
                 if per_token is None:
-                    per_token = ctx.call(seconds_per_token, encoded, ctx.batch_size, objective)
+                    per_token = ctx.passes.call(seconds_per_token, encoded, ctx.batch_size, objective)
                 _announce(*ANNOUNCED[key], a.cost(), tokens, per_token)
         if built:
             step = " and ".join(STEPS[key] for key, _ in built)
-            out = ctx.run_pass(source, [a for _, a in built], step=step)
+            out = ctx.passes.run(source, [a for _, a in built], step=step)
             results.update({key: out.results[a.name] for key, a in built})
     return {k: r for k, r in results.items() if k not in INTERMEDIATE}
 
@@ -277,7 +277,7 @@ class Attribution(Family):
         # the agreement pass: the examples up to the attribution_map_examples-th that fits
         last = encoded[min(options.attribution_map_examples, len(encoded)) - 1].index
         results = _run_passes(examples, examples[: last + 1], methods, objective, options, ctx, encoded)
-        example = ctx.call(example_maps, encoded[pick], methods, flow_max_tokens=options.flow_max_tokens,
+        example = ctx.passes.call(example_maps, encoded[pick], methods, flow_max_tokens=options.flow_max_tokens,
                            notes=notes, announce=_announce)
         return ctx.result(write_attribution(results, ctx.out_dir, notes=notes, example=example,
                                  general=ctx.results.get("general"),

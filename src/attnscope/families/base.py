@@ -131,8 +131,11 @@ class Context:
     """What every family gets from the job: the loaded model (None when a family runs on a store
     alone), the output folder (``tables/``, ``figures/``, ``results/`` go under it), the shared
     settings, a ``progress(step, done, total)`` callback, and the executor that runs its passes
-    (:mod:`attnscope.executor`: here, or on Ray workers). A family runs its analyses through
-    :meth:`run_pass` and :meth:`stream`, never in a loop of its own."""
+    (:mod:`attnscope.executor`: here, or on Ray workers). Split by who uses it: the job's
+    settings and the family's provenance and progress here (:meth:`made_by`, :meth:`skipped`,
+    :meth:`step`, :meth:`result`); what runs the model in :attr:`passes` (a family runs its
+    analyses through ``ctx.passes.run`` and ``ctx.passes.stream``, never in a loop of its own);
+    the work that outlives a killed run in :attr:`units`."""
 
     model: Any
     out_dir: Path
@@ -150,7 +153,7 @@ class Context:
     #: the store's default, its encoder), see :class:`attnscope.store.reader.Store`
     attention: str | None = None
     #: the family this context runs, and the fingerprint of what decides its numbers (model,
-    #: options, seed, data), set by the pipeline: the resumable steps of :meth:`tasks` are kept
+    #: options, seed, data), set by the pipeline: the resumable steps of :meth:`Units.tasks` are kept
     #: under them
     family: str = ""
     job: str = ""
@@ -185,115 +188,15 @@ class Context:
         (none when ``count`` is 0): every family says it the same way."""
         return [f"{count} {what} longer than {self.max_seq_len} tokens were skipped"] if count else []
 
-    def extract_options(self, **overrides: Any):
-        """The job's :class:`~attnscope.extract.runner.ExtractOptions` (maximum length, batch
-        size, seed), with ``overrides`` (e.g. ``word_level=True``)."""
-        return ExtractOptions(max_seq_len=self.max_seq_len, batch_size=self.batch_size, seed=self.seed,
-                              **overrides)
+    @property
+    def passes(self) -> "Passes":
+        """What runs the model for the family (:class:`Passes`)."""
+        return Passes(self)
 
-    def run_pass(self, source: Any, analyses: list, *, step: str, note: str | None = None,
-                 **overrides: Any):
-        """Feed ``analyses`` once from ``source`` (examples, run through the model with the job's
-        options and ``overrides``, or a store) on the job's executor; returns a
-        :class:`~attnscope.executor.PassOutcome` (:func:`attnscope.executor.run_pass`; ``note``
-        goes into its error when no example fits)."""
-        return run_pass(source, analyses, model=self.model, options=self.extract_options(**overrides),
-                        executor=self.executor, step=step, progress=self.progress, note=note,
-                        family=self.family)
-
-    def maps(self, examples: Sequence, indices: Sequence[int], **overrides: Any) -> list:
-        """The maps of the few ``examples[i]`` for ``i`` in ``indices`` that a figure draws, made
-        on the job's executor with the job's options and ``overrides``, in the order of
-        ``indices``; each map's ``index`` is its ``i``. Examples over the maximum length have no
-        map."""
-        indices = list(indices)
-        extractor = Extractor(self.model, self.extract_options(**overrides))
-        with small_matrix_threads():
-            maps = [m for _, batch in (self.executor or LocalExecutor()).batches(
-                extractor, [examples[i] for i in indices]) for m in batch]
-        return [dataclasses.replace(m, index=indices[m.index]) for m in sorted(maps, key=lambda m: m.index)]
-
-    def stream(self, sequences, stats, *, step: str, start: int = 0, total: int | None = None,
-               unit: str = "sequences", **kwargs: Any) -> int:
-        """Fold the streaming statistics of token id ``sequences`` into ``stats`` (no ``[n n]``
-        maps) on the job's executor, with progress under ``step`` in ``unit`` (counting on from
-        ``start`` of ``total``, for a step made of several calls); a ``plan``
-        (:func:`~attnscope.engines.plan.plan`) says how, and whether it must run in this process
-        whatever the executor. Returns how many workers ran it (0: here)."""
-        ex = self.executor or LocalExecutor()
-        return ex.stream(self.model, sequences, stats,
-                         progress=self.counter(step, total or len(sequences), start, unit=unit), **kwargs)
-
-    def encoded(self, examples: Sequence, **overrides: Any) -> list:
-        """``examples`` encoded with the job's options and ``overrides`` (token ids, word
-        alignment; no forward pass), those over the maximum length left out."""
-        return list(Extractor(self.model, self.extract_options(**overrides)).encode_all(examples))
-
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(model, *args, **kwargs)`` for one small pass (one example's maps, a timing
-        probe) through the job's executor, which runs it here."""
-        return (self.executor or LocalExecutor()).call(self.model, fn, *args, **kwargs)
-
-    def save_store(self, examples: Sequence, path: Path, *, step: str, dtype: str = "float16",
-                   resume: bool = False, **overrides: Any):
-        """Extract ``examples`` into a store at ``path`` on the job's executor, with the job's
-        options and ``overrides`` (e.g. ``word_level=True``) and progress under ``step``, and
-        return it opened (:func:`attnscope.jobs.extract_to_store`). ``resume``: a store a killed
-        run left at ``path`` (under :meth:`scratch`) keeps its whole shards, of four batches each,
-        so that a kill costs at most four batches' forward passes."""
-        total = len(examples)
-        extract_to_store(examples, path, self.model, options=self.extract_options(**overrides), dtype=dtype,
-                         executor=self.executor, resume=resume, shard_size=4 * self.batch_size if resume else 128,
-                         progress=lambda done, tokens: self.step(step, done, total, "examples"))
-        self.step(step, total, total, "examples")  # every one read (the too long ones skipped)
-        return open_store(path)
-
-    def tasks(self, step: Callable[[Any, Any], dict], items: Sequence, *, name: str, label: str,
-              unit: str = "tasks") -> list[dict]:
-        """``step(model, item)`` -> a JSON-able record for each item (a task, a document), run on
-        the job's executor with progress under ``label`` in ``unit``; returns the records in
-        item order.
-        Each finished item's record is kept in ``run/<family>-<name>.jsonl`` of the output
-        folder under the job's fingerprint, so a killed run picks up where it stopped (the
-        pipeline removes the log once the family's results are written). ``step`` is a
-        picklable callable: on Ray it runs on the workers."""
-        return (self.executor or LocalExecutor()).tasks(self.model, step, items, log=self._log(name, items),
-                                                        progress=self.counter(label, len(items), unit=unit))
-
-    def chain(self, step: Callable[[Any, Any, dict | None], dict], items: Sequence, *, name: str, label: str,
-              unit: str = "chunks") -> list[dict]:
-        """``step(model, item, previous)`` for each item in order, each from the record of the
-        one before (a training run in chunks; :meth:`attnscope.executor.LocalExecutor.chain`):
-        kept and resumed as :meth:`tasks` keeps them, always in this process."""
-        return (self.executor or LocalExecutor()).chain(self.model, step, items, log=self._log(name, items),
-                                                        progress=self.counter(label, len(items), unit=unit))
-
-    def finished(self, name: str, items: Sequence) -> int:
-        """How many of ``items`` an earlier, killed run of this job already finished in the step
-        ``name`` of :meth:`tasks` (they will not run again)."""
-        return len(self._log(name, items).done)
-
-    def scratch(self, name: str) -> Path:
-        """A folder for the work in progress called ``name`` (the stores a family extracts for
-        itself) that outlives a killed run of this job: ``run/<family>-<name>`` of the output
-        folder, emptied first when another job left it. The pipeline removes it with the unit
-        logs once the family's results are written."""
-        folder = unit_path(self.out_dir, self.family or "family", name)
-        stamp = folder / "job"
-        if folder.exists() and not (stamp.is_file() and stamp.read_text(encoding="utf-8") == self.job):
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(self.job, encoding="utf-8")
-        return folder
-
-    def state_file(self, name: str) -> StateFile:
-        """The state of this job's step ``name`` that runs in rounds (a training run's epochs),
-        kept in ``run/<family>-<name>.safetensors`` until the family's results are written."""
-        return StateFile(unit_path(self.out_dir, self.family or "family", f"{name}.safetensors"),
-                         fingerprint(self.job, name))
-
-    def _log(self, name: str, items: Sequence) -> UnitLog:
-        return UnitLog(unit_log_path(self.out_dir, self.family, name), fingerprint(self.job, name, len(items)))
+    @property
+    def units(self) -> "Units":
+        """The family's resumable work (:class:`Units`)."""
+        return Units(self)
 
     def counter(self, step: str, total: int, start: int = 0, *, unit: str = "items") -> Callable[[int], None]:
         """A ``tick(k)`` that counts ``k`` more ``unit`` done of ``total`` (from ``start``) and
@@ -305,6 +208,135 @@ class Context:
             done += k
             self.step(step, done, total, unit)
         return tick
+
+@dataclass(frozen=True)
+class Passes:
+    """What runs the model for a family: its passes over examples or a store, a few maps for a
+    figure, the streaming statistics, one small call, a store of its own, all on the job's
+    executor with the job's options (``ctx.passes``). The pipeline and the executor are behind
+    these; a family never runs the model itself."""
+
+    ctx: Context
+
+    def options(self, **overrides: Any):
+        """The job's :class:`~attnscope.extract.runner.ExtractOptions` (maximum length, batch
+        size, seed), with ``overrides`` (e.g. ``word_level=True``)."""
+        return ExtractOptions(max_seq_len=self.ctx.max_seq_len, batch_size=self.ctx.batch_size, seed=self.ctx.seed,
+                              **overrides)
+
+    def run(self, source: Any, analyses: list, *, step: str, note: str | None = None,
+                 **overrides: Any):
+        """Feed ``analyses`` once from ``source`` (examples, run through the model with the job's
+        options and ``overrides``, or a store) on the job's executor; returns a
+        :class:`~attnscope.executor.PassOutcome` (:func:`attnscope.executor.run_pass`; ``note``
+        goes into its error when no example fits)."""
+        return run_pass(source, analyses, model=self.ctx.model, options=self.options(**overrides),
+                        executor=self.ctx.executor, step=step, progress=self.ctx.progress, note=note,
+                        family=self.ctx.family)
+
+    def maps(self, examples: Sequence, indices: Sequence[int], **overrides: Any) -> list:
+        """The maps of the few ``examples[i]`` for ``i`` in ``indices`` that a figure draws, made
+        on the job's executor with the job's options and ``overrides``, in the order of
+        ``indices``; each map's ``index`` is its ``i``. Examples over the maximum length have no
+        map."""
+        indices = list(indices)
+        extractor = Extractor(self.ctx.model, self.options(**overrides))
+        with small_matrix_threads():
+            maps = [m for _, batch in (self.ctx.executor or LocalExecutor()).batches(
+                extractor, [examples[i] for i in indices]) for m in batch]
+        return [dataclasses.replace(m, index=indices[m.index]) for m in sorted(maps, key=lambda m: m.index)]
+
+    def stream(self, sequences, stats, *, step: str, start: int = 0, total: int | None = None,
+               unit: str = "sequences", **kwargs: Any) -> int:
+        """Fold the streaming statistics of token id ``sequences`` into ``stats`` (no ``[n n]``
+        maps) on the job's executor, with progress under ``step`` in ``unit`` (counting on from
+        ``start`` of ``total``, for a step made of several calls); a ``plan``
+        (:func:`~attnscope.engines.plan.plan`) says how, and whether it must run in this process
+        whatever the executor. Returns how many workers ran it (0: here)."""
+        ex = self.ctx.executor or LocalExecutor()
+        return ex.stream(self.ctx.model, sequences, stats,
+                         progress=self.ctx.counter(step, total or len(sequences), start, unit=unit), **kwargs)
+
+    def encoded(self, examples: Sequence, **overrides: Any) -> list:
+        """``examples`` encoded with the job's options and ``overrides`` (token ids, word
+        alignment; no forward pass), those over the maximum length left out."""
+        return list(Extractor(self.ctx.model, self.options(**overrides)).encode_all(examples))
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(model, *args, **kwargs)`` for one small pass (one example's maps, a timing
+        probe) through the job's executor, which runs it here."""
+        return (self.ctx.executor or LocalExecutor()).call(self.ctx.model, fn, *args, **kwargs)
+
+    def save_store(self, examples: Sequence, path: Path, *, step: str, dtype: str = "float16",
+                   resume: bool = False, **overrides: Any):
+        """Extract ``examples`` into a store at ``path`` on the job's executor, with the job's
+        options and ``overrides`` (e.g. ``word_level=True``) and progress under ``step``, and
+        return it opened (:func:`attnscope.jobs.extract_to_store`). ``resume``: a store a killed
+        run left at ``path`` (under :meth:`Units.scratch`) keeps its whole shards, of four batches each,
+        so that a kill costs at most four batches' forward passes."""
+        total = len(examples)
+        extract_to_store(examples, path, self.ctx.model, options=self.options(**overrides), dtype=dtype,
+                         executor=self.ctx.executor, resume=resume, shard_size=4 * self.ctx.batch_size if resume else 128,
+                         progress=lambda done, tokens: self.ctx.step(step, done, total, "examples"))
+        self.ctx.step(step, total, total, "examples")  # every one read (the too long ones skipped)
+        return open_store(path)
+
+
+
+@dataclass(frozen=True)
+class Units:
+    """A family's work that outlives a killed run (``ctx.units``): records of finished tasks and
+    chunks kept under the job's fingerprint, folders and state for work in progress; the
+    pipeline removes them once the family's results are written."""
+
+    ctx: Context
+
+    def tasks(self, step: Callable[[Any, Any], dict], items: Sequence, *, name: str, label: str,
+              unit: str = "tasks") -> list[dict]:
+        """``step(model, item)`` -> a JSON-able record for each item (a task, a document), run on
+        the job's executor with progress under ``label`` in ``unit``; returns the records in
+        item order.
+        Each finished item's record is kept in ``run/<family>-<name>.jsonl`` of the output
+        folder under the job's fingerprint, so a killed run picks up where it stopped (the
+        pipeline removes the log once the family's results are written). ``step`` is a
+        picklable callable: on Ray it runs on the workers."""
+        return (self.ctx.executor or LocalExecutor()).tasks(self.ctx.model, step, items, log=self._log(name, items),
+                                                        progress=self.ctx.counter(label, len(items), unit=unit))
+
+    def chain(self, step: Callable[[Any, Any, dict | None], dict], items: Sequence, *, name: str, label: str,
+              unit: str = "chunks") -> list[dict]:
+        """``step(model, item, previous)`` for each item in order, each from the record of the
+        one before (a training run in chunks; :meth:`attnscope.executor.LocalExecutor.chain`):
+        kept and resumed as :meth:`tasks` keeps them, always in this process."""
+        return (self.ctx.executor or LocalExecutor()).chain(self.ctx.model, step, items, log=self._log(name, items),
+                                                        progress=self.ctx.counter(label, len(items), unit=unit))
+
+    def finished(self, name: str, items: Sequence) -> int:
+        """How many of ``items`` an earlier, killed run of this job already finished in the step
+        ``name`` of :meth:`tasks` (they will not run again)."""
+        return len(self._log(name, items).done)
+
+    def scratch(self, name: str) -> Path:
+        """A folder for the work in progress called ``name`` (the stores a family extracts for
+        itself) that outlives a killed run of this job: ``run/<family>-<name>`` of the output
+        folder, emptied first when another job left it. The pipeline removes it with the unit
+        logs once the family's results are written."""
+        folder = unit_path(self.ctx.out_dir, self.ctx.family or "family", name)
+        stamp = folder / "job"
+        if folder.exists() and not (stamp.is_file() and stamp.read_text(encoding="utf-8") == self.ctx.job):
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(self.ctx.job, encoding="utf-8")
+        return folder
+
+    def state_file(self, name: str) -> StateFile:
+        """The state of this job's step ``name`` that runs in rounds (a training run's epochs),
+        kept in ``run/<family>-<name>.safetensors`` until the family's results are written."""
+        return StateFile(unit_path(self.ctx.out_dir, self.ctx.family or "family", f"{name}.safetensors"),
+                         fingerprint(self.ctx.job, name))
+
+    def _log(self, name: str, items: Sequence) -> UnitLog:
+        return UnitLog(unit_log_path(self.ctx.out_dir, self.ctx.family, name), fingerprint(self.ctx.job, name, len(items)))
 
 
 @dataclass

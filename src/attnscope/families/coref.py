@@ -46,14 +46,14 @@ def _coref(paths: list[Path], docs: list[Document], options: "CorefOptions", ctx
     examples, wstats = coref_windows(docs, ctx.model, mode=options.window, max_seq_len=ctx.max_seq_len)
     analysis = CorefAntecedents(options.candidates, seed=ctx.seed, n_boot=options.n_boot, top_k=3,
                                 ties=options.coref_ties)
-    out = ctx.run_pass(examples, [analysis], step="extract", word_level=True)
+    out = ctx.passes.run(examples, [analysis], step="extract", word_level=True)
     result = out.results[analysis.name]
     result.meta.update({"windows": wstats.as_dict(), "model": ctx.model.describe(),
                         "sources": [str(p) for p in paths],
                         "extract": {"examples_out": out.stats.examples_out, "skipped": out.stats.skipped}})
     result.params.update({"window": options.window, "max_seq_len": ctx.max_seq_len,
                           "batch_size": ctx.batch_size})
-    picks = best_head_examples(result, examples, lambda indices: ctx.maps(examples, indices, word_level=True), n=3)
+    picks = best_head_examples(result, examples, lambda indices: ctx.passes.maps(examples, indices, word_level=True), n=3)
     return write_coref(result, ctx.out_dir, wstats=wstats, examples=examples, picks=picks)
 
 

@@ -91,7 +91,7 @@ class Duo(Family):
         samples = prepared.data["samples"]
         train = GateTraining(samples, options.duo_steps, options.duo_sink, options.duo_window,
                              lr=options.duo_lr, reg=options.duo_reg)
-        records = ctx.chain(train, chunks(options.duo_steps, options.duo_chunk), name="training",
+        records = ctx.units.chain(train, chunks(options.duo_steps, options.duo_chunk), name="training",
                             label="training", unit="chunks")
         snapshots = [np.asarray(r["gates"]) for r in records]
         losses = [row for r in records for row in r["losses"]]

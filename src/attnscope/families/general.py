@@ -94,7 +94,7 @@ def _scorer_for(ctx: Context, gradients: str, classer_examples, notes: list[str]
     if gradients == "on":
         raise AttnscopeError(f"{model.name}: the model has no masked-LM head; gradients fit-head "
                              "trains one on the frozen encoder", params=("gradients",))
-    head = ctx.call(fit_mlm_head, classer_examples(), FitOptions(seed=seed), progress=ctx.progress)
+    head = ctx.passes.call(fit_mlm_head, classer_examples(), FitOptions(seed=seed), progress=ctx.progress)
     rep = head.report
     notes.append(f"{model.name} has no masked-LM head: an output layer was trained on the frozen "
                  f"encoder ({rep['steps']} steps, {rep['masked_tokens']} masked tokens from "
@@ -146,7 +146,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text: "UnlabeledSt
                 return _run_streaming(source, ctx, options, line=line, text=text, note=note)
             notes.append(line)
         if ctx.save_maps is not None:
-            source, is_store = ctx.save_store(source, ctx.save_maps, step="extract"), True
+            source, is_store = ctx.passes.save_store(source, ctx.save_maps, step="extract"), True
             notes.append(f"maps saved to {ctx.save_maps}; the analyses read them back from there")
     if is_store and source.level != "token":
         notes.append("the store holds word-level maps: statistics are per word, not per token")
@@ -156,7 +156,7 @@ def _general(source, options: "GeneralOptions", ctx: Context, text: "UnlabeledSt
     scorer = _scorer_for(ctx, options.gradient_mode, fit_inputs(source, model, ctx.max_seq_len, 512), notes)
     keeper = Figure1Example()
     analyses = general_analyses(classer=classer, causal=causal, scorer=scorer, seed=ctx.seed) + [keeper]
-    out = ctx.run_pass(source, analyses, step="maps and statistics", note=note)
+    out = ctx.passes.run(source, analyses, step="maps and statistics", note=note)
     notes += ctx.skipped(out.skipped)
     results = {a.name: out.results[a.name] for a in analyses if a is not keeper}
     return write_general(results, ctx.out_dir, model_desc=model_desc,
@@ -170,7 +170,7 @@ def _pick_engine(source, model, engine: str, ctx: Context, options: "GeneralOpti
                  saving: bool) -> tuple[str, str]:
     """``(engine, one line saying which and why)`` for ``engine`` auto or streaming."""
     batch_size, budget_gb = ctx.batch_size, options.general_maps_budget_gb
-    lengths = [len(e) for e in ctx.encoded(source)]
+    lengths = [len(e) for e in ctx.passes.encoded(source)]
     longest = max(lengths, default=0)
     bs = max(1, min(batch_size, len(lengths)))
     gb = maps_bytes(model, longest, bs) / 2 ** 30
@@ -203,7 +203,7 @@ def _run_streaming(source: list, ctx: Context, options: "GeneralOptions", *, lin
     notes += [classes_note] if classes_note else []
     _scorer_for(ctx, gradients, lambda: [], notes)
     streamed = StreamedGeneral(model, classer, seed=seed, js_rows=STREAM_JS_ROWS)
-    out = ctx.run_pass(source, [streamed], step="maps and statistics", note=note)
+    out = ctx.passes.run(source, [streamed], step="maps and statistics", note=note)
     skipped = list(NEEDS_MAPS) + [
         f"head distances over every row (here: {STREAM_JS_ROWS} seeded rows per example, scaled to "
         "the example's rows)"]

@@ -191,7 +191,7 @@ class LongContext(Family):
         total, done, on_workers = sum(len(g) for g, _, _ in groups), 0, 0
         with autocast:
             for (group, targets, _), (_, size) in zip(groups, batches):
-                on_workers = ctx.stream(group, stats, step="statistics", chunk=options.chunk,
+                on_workers = ctx.passes.stream(group, stats, step="statistics", chunk=options.chunk,
                                         batch_size=size, targets=None if units else targets,
                                         units=units, start=done, total=total, plan=engine)
                 done += len(group)
@@ -214,7 +214,7 @@ class LongContext(Family):
     @staticmethod
     def _continue(lm, seqs: list[list[int]], new_tokens: int, ctx: Context):
         """Each prompt plus its greedy continuation, a record per document, and one line."""
-        conts = [r["ids"] for r in ctx.tasks(ContinueStep(new_tokens, seed=ctx.seed), seqs, name="generate",
+        conts = [r["ids"] for r in ctx.units.tasks(ContinueStep(new_tokens, seed=ctx.seed), seqs, name="generate",
                                              label="generate", unit="documents")]
         out = [list(ids) + cont for ids, cont in zip(seqs, conts)]
         records = [{"document": i, "generated_from": len(ids), "length": len(ids) + len(cont),

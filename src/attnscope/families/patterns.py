@@ -103,7 +103,7 @@ class PatternsFamily(Family):
                          "come from its attention maps)")
         else:
             analyses.append(KeyConcentration(lm=model, classer=classer))
-        out = ctx.run_pass(source.data, analyses, step="maps and patterns", note=source.note)
+        out = ctx.passes.run(source.data, analyses, step="maps and patterns", note=source.note)
         notes += ctx.skipped(out.skipped)
         results = {a.name: out.results[a.name] for a in analyses[:4]}
         wanted = sorted({int(i) for k, arr in results["vig-patterns"].arrays.items()
@@ -127,4 +127,4 @@ def _map_getter(source, model, ctx: Context, wanted: list[int]):
                 return None
         return get
     valid = [i for i in wanted if 0 <= i < len(source)]
-    return {m.index: m for m in ctx.maps(source.data, valid)}.get
+    return {m.index: m for m in ctx.passes.maps(source.data, valid)}.get

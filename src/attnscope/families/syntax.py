@@ -151,13 +151,13 @@ def _syntax(dev, train, options: "SyntaxOptions", ctx: Context) -> Section:
     notes: list[str] = []
     # the maps it extracts for itself outlive a kill: whole shards are not extracted again
     keep = ctx.save_maps is None
-    maps_root = ctx.save_maps if not keep else ctx.scratch("maps") if train is not None else None
+    maps_root = ctx.save_maps if not keep else ctx.units.scratch("maps") if train is not None else None
     # dev maps: a store when they are read more than once (the probes, or kept maps)
     dev_store = dev if _is_store(dev) else None
     if dev_store is None and (train is not None or ctx.save_maps is not None):
-        dev_store = ctx.save_store(dev, maps_root / "dev", dtype="float32", step="extract dev",
+        dev_store = ctx.passes.save_store(dev, maps_root / "dev", dtype="float32", step="extract dev",
                                    word_level=True, resume=keep)
-    ctx.run_pass(dev if dev_store is None else dev_store, [heads_dev], step="score heads (dev)",
+    ctx.passes.run(dev if dev_store is None else dev_store, [heads_dev], step="score heads (dev)",
                  word_level=True)
     skipped = (len(dev.manifest.get("summary", {}).get("skipped", [])) if _is_store(dev)
                else len(dev) - heads_dev.examples)
@@ -165,17 +165,17 @@ def _syntax(dev, train, options: "SyntaxOptions", ctx: Context) -> Section:
     rows3: list[dict] = []
     probe_details: dict = {}
     if train is not None:
-        train_store = train if _is_store(train) else ctx.save_store(
+        train_store = train if _is_store(train) else ctx.passes.save_store(
             train, maps_root / "train", dtype="float16", step="extract train", word_level=True,
             resume=keep)
-        ctx.run_pass(train_store, [heads_train], step="score heads (train)")
+        ctx.passes.run(train_store, [heads_train], step="score heads (train)")
         rows3, probe_details = _probes(dev, train, dev_store, train_store, options, ctx, maps_root,
                                        notes, resume=keep)
 
     def maps_of(indices: list[int]) -> list:
         if dev_store is not None:
             return [dev_store.by_index(i) for i in indices]
-        return ctx.maps(dev, indices, word_level=True)
+        return ctx.passes.maps(dev, indices, word_level=True)
 
     tables = syntax_tables(heads_dev, heads_train if train is not None else None, min_count=options.min_count,
                            n_boot=options.syntax_bootstrap, seed=ctx.seed)
@@ -190,7 +190,7 @@ def _probes(dev, train, dev_store, train_store, options: "SyntaxOptions", ctx: C
             notes: list[str], *, resume: bool) -> tuple[list[dict], dict]:
     """Table 3: the probes on the dev and train maps, and the random-init baseline's maps
     (extracted with a copy of the model whose weights are random but the embeddings). Each
-    training run keeps its state after every epoch (:meth:`Context.state_file`)."""
+    training run keeps its state after every epoch (:meth:`Units.state_file`)."""
     from attnscope.analyses.probes.training import TrainConfig
 
     config = TrainConfig(epochs=options.epochs, patience=options.patience, lr=options.lr,
@@ -198,7 +198,7 @@ def _probes(dev, train, dev_store, train_store, options: "SyntaxOptions", ctx: C
     rtrain = rdev = None
     if ctx.model is not None:
         rctx = dataclasses.replace(ctx, model=random_init_model(ctx.model, ctx.seed))
-        rtrain, rdev = (rctx.save_store(split if not _is_store(split) else [ex for _, ex in _store_examples(split)],
+        rtrain, rdev = (rctx.passes.save_store(split if not _is_store(split) else [ex for _, ex in _store_examples(split)],
                                         maps_root / f"{name}-random-init", dtype="float16",
                                         step=f"extract {name} (random init)", word_level=True,
                                         resume=resume)
@@ -207,7 +207,7 @@ def _probes(dev, train, dev_store, train_store, options: "SyntaxOptions", ctx: C
         notes.append("random-init baseline skipped: it needs the model, and only stores were given")
     rows3, details = run_probes(train_store, dev_store, glove=options.glove, random_train=rtrain,
                                 random_dev=rdev, config=config, root=PROBE_ROOT, n_boot=options.syntax_bootstrap,
-                                progress=ctx.progress, state=ctx.state_file)
+                                progress=ctx.progress, state=ctx.units.state_file)
     return rows3, {**details, "config": config.as_dict(), "root": PROBE_ROOT}
 
 

@@ -51,7 +51,7 @@ def causal_lm_for(lm, *, seed: int = 0):
 
 
 class DecoderStep:
-    """Base of a picklable per-item step (:meth:`attnscope.families.base.Context.tasks`) that
+    """Base of a picklable per-item step (:meth:`attnscope.families.base.Units.tasks`) that
     needs the model's decoder with its language-model head: :meth:`decoder` makes it once per
     process that runs the step (:func:`causal_lm_for`, head seeded by ``seed``), and it is never
     pickled with the step."""

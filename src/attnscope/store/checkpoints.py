@@ -2,7 +2,7 @@
 finished unit after a fingerprint line, so that a killed run picks up where it stopped.
 
 The pipeline owns resuming (:mod:`attnscope.pipeline`): it checkpoints each finished family,
-and a family's long step runs through :meth:`attnscope.families.base.Context.tasks`, whose
+and a family's long step runs through :meth:`attnscope.families.base.Units.tasks`, whose
 executor keeps each finished unit's record here (``run/<family>-<step>.jsonl`` in the output
 folder) and reads back what an earlier run of the same job finished. The pipeline removes the
 logs once the family's results are written.
