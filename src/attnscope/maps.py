@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attnscope.data.records import Example
+from attnscope.data.records import Example, numbers_of
 
 
 def token_word_ids(special: np.ndarray) -> np.ndarray:
@@ -69,8 +69,7 @@ class AttentionMap:
     @property
     def layer_numbers(self) -> list[int]:
         """The 1-based number pages show for each of ``attn``'s layers (the model's own)."""
-        own = self.layers if self.layers is not None else range(self.attn.shape[0])
-        return [int(i) + 1 for i in own]
+        return numbers_of(self.layers if self.layers is not None else range(self.attn.shape[0]))
 
     @property
     def num_units(self) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 
 from attnscope.analyses.family_result import FamilyResult
 from attnscope.data.io import atomic_write_bytes, atomic_write_text
-from attnscope.data.records import Example, HeadId, layer_numbering, recorded_layers
+from attnscope.data.records import Example, HeadId, layer_numbering, numbers_of, recorded_layers
 from attnscope.data.unlabeled import prepare_documents
 from attnscope.engines.document import DocumentRows, row_summary
 from attnscope.errors import AttnscopeError
@@ -244,7 +244,7 @@ def results_payload(folder: str | Path) -> dict:
             out["attribution"] = panels.get("attribution")
     out["problems"] = found.problems  # a file that cannot be read, or a malformed part, is named
     own = recorded_layers(model) if isinstance(model, dict) else None  # a hybrid's attention layers
-    out["layer_numbers"] = [i + 1 for i in own] if own is not None else None
+    out["layer_numbers"] = numbers_of(own)
     if shown:  # what the page is: the families, the model, the folder
         name = f" of {display_name(model)}" if isinstance(model, dict) else ""
         out["title"] = f"{' and '.join(shown)}{name} ({folder.name})"
@@ -397,7 +397,7 @@ class LongDocumentView:
         self.payload = long_page_payload(labels=labels, raw=list(tokens), layer=layer, head=head, rows=rows,
                                          profiles=profiles, model=lm.display_name, source=document.source,
                                          num_layers=L, num_heads=H, seconds=seconds,
-                                         layer_numbers=[i + 1 for i in lm.facts.attention_layers])
+                                         layer_numbers=numbers_of(lm.facts.attention_layers))
 
     def _check_head(self, layer: int, head: int) -> None:
         L, H = self.lm.num_layers, self.lm.num_heads

@@ -222,3 +222,32 @@ def test_view_layer_is_the_models_own_layer_on_a_hybrids_store(tmp_path, capsys)
         assert main(["view", str(tmp_path / "s"), "--layer", layer, "--out", str(tmp_path / "w.html")]) == 2
         assert capsys.readouterr().err.strip() == f"error: {why}"
         assert not (tmp_path / "w.html").exists()
+
+
+def test_a_model_routed_by_its_configs_name_with_a_one_row_mask_streams_as_its_maps():
+    # LayoutLM: its class turns custom attention functions down, its modules look them up by
+    # name (so attnscope's is named there, after a probe shows the maps stay exact), and it hands
+    # a [B 1 1 T] padding mask: the tiles sliced its row dimension to nothing and flex indexed
+    # past it (both "not built" in the matrix before)
+    from attnscope.analyses.longctx import LongContextStats
+    from attnscope.engines.streaming import maps_update, stream_stats
+    from attnscope.models.forward import supports_hooks
+    from tests.engines.test_longctx import TEXTS, assert_close, stats_bound
+
+    lm = load_model("debug:layoutlm")
+    assert supports_hooks(lm) and not type(lm.model)._supports_attention_backend
+    ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
+    assert len({len(i) for i in ids}) > 1  # a padded batch
+    want = LongContextStats(js_rows=2, causal=False)
+    maps_update(lm, ids, want, batch_size=3)
+    for backend in ("tiles", "flex"):
+        got = LongContextStats(js_rows=2, causal=False)
+        stream_stats(lm, ids, got, batch_size=2, backend=backend)
+        assert_close(got.means(), want.means(), stats_bound(ids))
+
+
+def test_an_encoder_decoder_is_not_routed_by_its_configs_name():
+    # T5's modules look the function up by name too, but its encoder, decoder and cross calls
+    # are no one stack of layers: it keeps eager attention (hooks refused in one line)
+    lm = load_model("debug:t5")
+    assert lm.model.config._attn_implementation == "eager" and not lm.facts.hooks

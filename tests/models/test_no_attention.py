@@ -118,7 +118,7 @@ def test_output_attentions_that_are_not_maps_are_refused_as_no_attention(model_t
 
     with pytest.raises(ModelError) as err:
         load_model(f"debug:{model_type}")
-    says(one_line(err.value), f"debug:{model_type}", "returned no attention maps", "shaped [1, ",
+    says(one_line(err.value), f"debug:{model_type}", "returned no attention maps", "entry is shaped [1, ",
          "not [batch, heads, n, keys]")
 
 

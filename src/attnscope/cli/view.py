@@ -64,6 +64,8 @@ def _layer_index(store: Path | None, layer: int) -> int:
     """``--layer`` (the model's own layer, from 1, as the pages name it) as the array layer of the
     store's maps: a hybrid's store holds only its layers with attention."""
     own = stored_layers(store) if store is not None else None
+    if own is not None and own == tuple(range(len(own))):
+        own = None  # every layer has attention: the page's range check names the layers
     with layer_numbering(own):
         try:
             index = layer_of_number(layer)

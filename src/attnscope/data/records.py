@@ -100,6 +100,12 @@ def recorded_layers(model: Any) -> tuple[int, ...] | None:
     return tuple(int(i) for i in layers) if isinstance(layers, list) else None
 
 
+def numbers_of(layers: Sequence[int] | None) -> list[int] | None:
+    """The 1-based numbers pages show for the model's layers ``layers`` (its own indices of the
+    layers an array holds, a hybrid's layers with attention); None stays None."""
+    return None if layers is None else [int(i) + 1 for i in layers]
+
+
 def layer_number(layer: int) -> int:
     """The 1-based number pages show for array layer ``layer`` (see :func:`layer_numbering`)."""
     own = _ATTENTION_LAYERS.get()

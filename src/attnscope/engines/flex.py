@@ -91,6 +91,8 @@ class Mask:
     row sees in the main call)."""
 
     def __init__(self, n: int, causal: bool, model=None, b: int = 0, lo: int = 0, hi: int | None = None):
+        if model is not None and model.shape[2] == 1:  # one row for every query (LayoutLM's
+            model = model.expand(-1, -1, model.shape[3], -1)  # [B 1 1 T] padding mask): a view
         self.n, self.causal, self.model, self.b, self.lo = n, causal, model, b, lo
         self.hi = n if hi is None else hi
 
@@ -233,7 +235,7 @@ def attend(q, k, v, mask: Mask, scale: float, score_mod=None, max_scores: bool =
     return out[..., :e], aux.lse, aux.max_scores
 
 
-def softcap(cap: float | None, bias=None):
+def score_mod(cap: float | None, bias=None):
     """The score modification of logit soft-capping, ``cap tanh(s / cap)``, then of a bias per
     head and key (ALiBi: ``bias`` ``[Hq n]`` float32, added after the cap as :mod:`.tiled` adds
     it); None without either."""
@@ -251,7 +253,7 @@ def softcap(cap: float | None, bias=None):
 def scores(q, k, rows, scale: float, cap: float | None, bias=None):
     """``[Hq c n]`` float32 scores of ``rows`` (a slice) against every key (``k`` float32; ``q``
     any float dtype), the ``G`` query heads of a key head stacked into one product (query head
-    ``h`` reads key head ``h // G``); capped, then biased (:func:`softcap`)."""
+    ``h`` reads key head ``h // G``); capped, then biased (:func:`score_mod`)."""
     Hq, Hkv = q.shape[1], k.shape[1]
     qr = q[0, :, rows].to(k.dtype)  # [Hq c d] (the rows only, in the keys' float32)
     c = qr.shape[1]
@@ -341,7 +343,7 @@ def run_layer(layer, b: int, seq) -> None:
     full = n > 1 and not seq.targets  # every statistic (else the output, and a probe's targets)
     # the values are [V | K] in every main call (one kind of call to compile; P K is used where
     # the scores are linear in the keys)
-    o, lse, top_score = attend(q, k, torch.cat([v, k], -1), mask, scale, softcap(cap, bias),
+    o, lse, top_score = attend(q, k, torch.cat([v, k], -1), mask, scale, score_mod(cap, bias),
                                max_scores=q.device.type == "cuda", blocks=whole)
     L = lse[0]  # [Hq n]
     keep = 1.0  # the share of each row's mass on its keys: 1, but a / (z + e^sink) with learned sinks
@@ -364,7 +366,7 @@ def run_layer(layer, b: int, seq) -> None:
         m = row_max(q, k, mask, scale, cap, max(1, tile_budget(q.device)[0] // (4 * Hq * n)), bias)
     # (with sinks p_ij = exp(s_ij - L) sum to keep_i, so H = keep L - sum p s)
     if cap or bias is not None:  # H = keep (L - m) + exp(L' - L), L' = ln sum_j exp(s_ij) (m_i - s_ij)
-        modified = softcap(cap, bias)
+        modified = score_mod(cap, bias)
 
         def shifted(score, b, h, qi, ki):
             s = modified(score, b, h, qi, ki)
@@ -380,7 +382,7 @@ def run_layer(layer, b: int, seq) -> None:
     values = cls[None, None].expand(1, k.shape[1], n, F).contiguous()
     masses = q.new_zeros(Hq, n, F)
     for bucket, lo, hi in bands(n):
-        ob, lb, _ = attend(q, k, values, mask.band(lo, hi), scale, softcap(cap, bias), kind="band")
+        ob, lb, _ = attend(q, k, values, mask.band(lo, hi), scale, score_mod(cap, bias), kind="band")
         w = torch.where(torch.isfinite(lb[0]), torch.exp(lb[0] - L), torch.zeros((), device=q.device))
         masses += w[..., None] * ob[0].nan_to_num(0.0)
         dist[:, bucket] += w[:, 1:].double().sum(-1)

@@ -142,7 +142,7 @@ class Press:
         k, v, cap, scale = site.key.float(), site.value.float(), self._capping(site), site.scaling
         n = q.shape[2]
         mask = flex.Mask(n, causal=True)
-        out, lse, _ = flex.attend(q, k, v, mask, scale, flex.softcap(cap))
+        out, lse, _ = flex.attend(q, k, v, mask, scale, flex.score_mod(cap))
         rec, sink, w = self.recorder, self.sink, self.window
         if n > sink + w:  # rows past sink + window to fold
             L, i = lse[0], torch.arange(n, device=q.device)  # [Hq n]
@@ -150,7 +150,7 @@ class Press:
             def weight(j):  # every row's weight on key j[i]
                 return flex.key_weight(q, k, L, mask, j, scale, cap)
 
-            _, band, _ = flex.attend(q, k, v[..., :1], mask.band(0, w - 1), scale, flex.softcap(cap),
+            _, band, _ = flex.attend(q, k, v[..., :1], mask.band(0, w - 1), scale, flex.score_mod(cap),
                                      kind="band")
             local = torch.exp(band[0] - L) + sum(weight(torch.full_like(i, j)) for j in range(sink))
             rows = slice(sink + w, n)
@@ -189,7 +189,7 @@ class Press:
             def mod(b, h, qi, kj):
                 return keep[qi // per, h // heads] | (kj < sink) | (kj >= edge)
 
-        oc, lc, _ = flex.attend(rows, kc, vc, None, scale, flex.softcap(cap),
+        oc, lc, _ = flex.attend(rows, kc, vc, None, scale, flex.score_mod(cap),
                                 blocks=self._every_block(B * T, n, q.device, mod))
         oc = oc[0].view(Hq, B, T, d).transpose(0, 1)  # [B Hq T d]
         lc = lc[0].view(Hq, B, T).transpose(0, 1)

@@ -65,8 +65,8 @@ class Duo(Family):
         if path is None:
             raise AttnscopeError("duo: no file given", params=("duo",))
         lm = ctx.model
-        hookable_decoder(lm, "DuoAttention's gates are a decoder's", duo_engine.COMPUTES,
-                         min(ctx.max_seq_len, lm.max_positions))
+        length = min(ctx.max_seq_len, lm.max_positions)  # the training sequences' tokens
+        hookable_decoder(lm, "DuoAttention's gates are a decoder's", duo_engine.COMPUTES, length)
         if options.duo_passkeys > len(ORDINALS):
             raise AttnscopeError(f"duo_passkeys must be at most {len(ORDINALS)}, not {options.duo_passkeys}",
                                  params=("duo_passkeys",))
@@ -74,7 +74,6 @@ class Duo(Family):
         if not hay:
             raise AttnscopeError(f"{path}: no text for the haystack (the file has no non-blank line)",
                                  params=("duo",))
-        length = min(ctx.max_seq_len, lm.max_positions)
         try:
             samples = passkey_training(lm.tokenizer, count=options.duo_steps, length=length,
                                        passkeys=options.duo_passkeys, words=options.duo_words,

@@ -39,16 +39,16 @@ from typing import Any
 EAGER = "_attnscope_eager"
 
 
-def _masked(scores, mask):
+def _masked(scores, mask, low: float):
     """``scores`` with ``mask`` applied: an additive float mask (0 = attend) is added, a boolean
     one (True = attend, :meth:`~attnscope.models.forward.Site.allowed`'s sense) fills the rest
-    with the dtype's lowest value, as transformers' masks do."""
+    with ``low``, as the model's own code does."""
     import torch
 
     if mask is None:
         return scores
     if mask.dtype == torch.bool:
-        return scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        return scores.masked_fill(~mask, low)
     return scores + mask
 
 
@@ -63,7 +63,7 @@ def bloom_eager(module, query, key, value, attention_mask, scaling: float, dropo
     scores = key_bias.reshape(B * H, 1, K).to(query.dtype).baddbmm(
         batch1=query.reshape(B * H, T, d), batch2=key.reshape(B * H, K, d).transpose(-1, -2),
         beta=module.beta, alpha=scaling)
-    weights = _masked(scores.view(B, H, T, K), attention_mask)
+    weights = _masked(scores.view(B, H, T, K), attention_mask, torch.finfo(scores.dtype).min)
     probs = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.bmm(probs.view(B * H, T, K), value.reshape(B * H, K, value.shape[-1]))
     return out.view(B, H, T, -1).transpose(1, 2), probs
@@ -74,8 +74,10 @@ def mpt_eager(module, query, key, value, attention_mask, scaling: float, dropout
     """MPT's attention, its operations one for one (shapes as :func:`bloom_eager`'s)."""
     import torch
 
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + key_bias[:, :, None, :].to(query.dtype)
-    probs = torch.softmax(_masked(scores, attention_mask).float(), dim=-1).to(value.dtype)
+    # (MPT adds its float32 bias to scores of the forward's dtype: torch promotes them to float32)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + key_bias[:, :, None, :]
+    probs = torch.softmax(_masked(scores, attention_mask, torch.finfo(query.dtype).min).float(), dim=-1)
+    probs = probs.to(value.dtype)
     return torch.matmul(probs, value).transpose(1, 2), probs
 
 
@@ -142,12 +144,13 @@ def install(model, attend: Callable, active: Callable[[], bool]) -> bool:
         if getattr(m, EAGER, None) is not None:
             continue
         eager, adapter = ADAPTERS[type(m).__name__]
-        own = m.forward  # the class's, bound
+        own = m.forward  # the module's (an instance's own, e.g. accelerate's device hook, or the class's)
         inside = adapter(m, attend)
 
         def forward(*args, _own=own, _inside=inside, **kwargs):
             return (_inside if active() else _own)(*args, **kwargs)
 
+        m._attnscope_own_forward = vars(m).get("forward")  # restored by uninstall
         m.forward = forward  # an instance attribute shadows the class's forward
         setattr(m, EAGER, eager)
     model._attnscope_adapted = True
@@ -165,7 +168,10 @@ def uninstall(model) -> None:
         return
     for m in model.modules():
         if getattr(m, EAGER, None) is not None:
-            del m.forward
+            before = m._attnscope_own_forward
+            del m.forward, m._attnscope_own_forward
+            if before is not None:
+                m.forward = before
             delattr(m, EAGER)
     del model._attnscope_adapted
 

@@ -142,11 +142,13 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
                          f"({type(model).__name__}); attnscope reads attention from output_attentions")
     n = int(ids.shape[-1])
     shapes = [tuple(m.shape) for m in maps]
-    if not encdec and any(len(s) != 4 or s[-2] != n for s in shapes):
-        # (RWKV and YOSO fill output_attentions with something else: [1 n D]; Longformer's local
-        # attention is [1 H n w], a row per query, which the maps path reads)
-        raise ModelError(f"{name}: the model returned no attention maps for a short probe of {n} tokens "
-                         f"({type(model).__name__}: its output_attentions are shaped {list(shapes[0])}, "
+    bad = [s for s in shapes if len(s) != 4 or s[-2] != n]
+    if not encdec and bad:
+        # (RWKV and YOSO fill output_attentions with something else: [1 n D]; Canine's deep
+        # layers read a downsampled sequence; Longformer's local attention is [1 H n w], a row
+        # per query, which the maps path reads)
+        raise ModelError(f"{name}: the model returned no attention maps of its {n} tokens for a short probe "
+                         f"({type(model).__name__}: an output_attentions entry is shaped {list(bad[0])}, "
                          "not [batch, heads, n, keys])")
     if not encdec and len({s[1] for s in shapes}) > 1:
         raise ModelError(f"{name}: its attention layers have different numbers of heads "

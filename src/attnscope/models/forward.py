@@ -121,7 +121,8 @@ class Site:
             cols = torch.arange(k1, device=self.key.device)[None, :]
             ok = cols <= rows if getattr(self.module, "is_causal", False) else torch.ones_like(cols <= rows)
             return ok[None, None].expand(self.query.shape[0], 1, q1 - q0, k1)
-        tile = m[:, :, q0:q1, :k1]
+        # (a mask of one row for every query, [B 1 1 T] as BERT-style code makes it, broadcasts)
+        tile = m[:, :, :1, :k1].expand(-1, -1, q1 - q0, -1) if m.shape[2] == 1 else m[:, :, q0:q1, :k1]
         if tile.dtype == torch.bool:
             return tile
         return tile > torch.finfo(tile.dtype).min / 2
@@ -287,19 +288,55 @@ def install(model) -> bool:
     if not getattr(type(model), "_supports_attention_backend", False):
         if adapters.install(model, _attention, lambda: _ACTIVE.get() is not None):
             return True
-        if not _dispatches(model):
+        if getattr(model.config, "is_encoder_decoder", False) or not _dispatches(model):
             return False
         # a model whose attention modules look their function up in transformers' registry by
         # the config's name, but whose class turns custom functions down (the hybrids: Qwen3-Next,
         # Jamba, Bamba, OLMo-hybrid, Nemotron-H ... for their linear-attention kernels): the
-        # config names attnscope's; whether every layer's attention then reaches it is read by
-        # the facts' probe (ModelFacts.hooks), and supports_hooks asks that
+        # config names attnscope's where a probe shows every layer's attention then reaches it,
+        # once each, and gives the eager maps exactly; elsewhere the model stays on eager
         _register()
         model.config._attn_implementation = ATTN_IMPLEMENTATION
-        return True
+        if _routes_exactly(model):
+            return True
+        model.config._attn_implementation = "eager"
+        return False
     _register()
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return True
+
+
+def _routes_exactly(model) -> bool:
+    """Whether ``model`` (its config naming attnscope's function) calls it once per layer that
+    reports a map, and its maps then equal the model's eager ones exactly (a probe of six
+    tokens each way)."""
+    import torch
+
+    text = getattr(model.config, "text_config", None) or model.config
+    vocab = getattr(text, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 8:
+        return False
+    kwargs = {"input_ids": torch.arange(1, 7, device=model_device(model))[None]}
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs["use_cache"] = False
+    state = _Pass(hooks={}, attentions=[], probe=[])
+    try:
+        with torch.inference_mode():
+            token = _ACTIVE.set(state)
+            try:
+                model(**kwargs)
+            finally:
+                _ACTIVE.reset(token)
+            model.config._attn_implementation = "eager"
+            try:
+                theirs = [a for a in (model(**kwargs, output_attentions=True).attentions or ()) if a is not None]
+            finally:
+                model.config._attn_implementation = ATTN_IMPLEMENTATION
+    except Exception:  # a model that needs other inputs (pixels, boxes): not routed
+        return False
+    ours = state.attentions
+    return bool(state.probe) and len(state.probe) == len(ours) == len(theirs) and \
+        all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
 def _dispatches(model) -> bool:
@@ -350,6 +387,9 @@ def forward(lm, inputs: ModelInputs, *, attentions: bool = False,
     if unknown:
         raise ValueError(f"unknown hook points {sorted(unknown)}; known: {', '.join(HOOK_POINTS)}")
     context = torch.enable_grad() if grad else torch.inference_mode()
+    if layers is not None and tuple(layers) != (0, lm.num_layers):
+        for module in layer_modules(lm):  # (what a skipped layer returns, probed before the
+            _layers_return_tuples(lm, module)  # caller's module hooks can see the probe)
     handles = [module.register_forward_hook(fn) for module, fn in module_hooks]
     try:
         return _forward(lm, kwargs, context, hooks=hooks, gates=gates, attentions=attentions,

@@ -36,7 +36,7 @@ import re
 import threading
 from pathlib import Path
 
-from attnscope.data.records import recorded_layers
+from attnscope.data.records import numbers_of, recorded_layers
 from attnscope.errors import AttnscopeError, StoreError
 from attnscope.serve.catalog import Catalog
 from attnscope.serve.head_stats import load_results, results_shape
@@ -318,7 +318,7 @@ def _summary(store) -> dict:
     m = store.manifest
     own = recorded_layers(m.get("model"))  # a hybrid's attention layers, by the model's own index
     return {"model": m.get("model", {}).get("name"), "layers": store.num_layers,
-            "layer_numbers": [i + 1 for i in own] if own is not None else None,
+            "layer_numbers": numbers_of(own),
             "heads": store.num_heads, "level": store.level, "status": m.get("status")}
 
 

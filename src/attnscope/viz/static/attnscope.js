@@ -367,7 +367,6 @@
     });
   };
 
-  // a caption line; widens the SVG (and its white background) when the text needs it
   // the number a page shows for layer l of the maps: the model's own (a hybrid has attention in
   // only some of its layers: a payload's layer_numbers), else l + 1
   function layerName(numbers, l) {
@@ -376,6 +375,7 @@
 
   Viewer.prototype.layerName = function (l) { return layerName(this.p.layer_numbers, l); };
 
+  // a caption line; widens the SVG (and its white background) when the text needs it
   Viewer.prototype.caption = function (root, x, y, text) {
     var t = svg("text", { x: x, y: y, "class": "as-caption" }, root, text);
     var need = Math.ceil(x + textWidth(text) + 8), w = +root.getAttribute("width");
