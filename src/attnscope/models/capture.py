@@ -20,6 +20,7 @@ import numpy as np
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import module_at
 from attnscope.models.forward import forward, pad_batch, supports_hooks
+from attnscope.models.local_maps import token_maps
 
 
 def attention(lm, ids: Sequence[int], *, each_layer: Callable[[np.ndarray], None] | None = None,
@@ -115,7 +116,8 @@ def seq2seq_attention(lm, source_ids: Sequence[int], decoder_ids: Sequence[int])
     def stack(layers):
         return np.stack([a[0].float().cpu().numpy() for a in layers])
 
-    return stack(res.encoder_attentions), stack(res.decoder_attentions), stack(res.cross_attentions)
+    encoder = token_maps(res.encoder_attentions, lm.facts.local, src.shape[-1])
+    return stack(encoder), stack(res.decoder_attentions), stack(res.cross_attentions)
 
 
 def beside_eager(lm, ids: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -144,8 +146,8 @@ def beside_eager(lm, ids: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndar
     finally:
         if hooked:
             install(model)
-    kinds = ((out.encoder_attentions, out.decoder_attentions, out.cross_attentions) if lm.facts.encoder_decoder
-             else (out.attentions,))
+    own = token_maps(out.encoder_attentions if lm.facts.encoder_decoder else out.attentions, lm.facts.local, len(ids))
+    kinds = (own, out.decoder_attentions, out.cross_attentions) if lm.facts.encoder_decoder else (own,)
     theirs = [a[0].float().cpu().numpy() for kind in kinds for a in kind if a is not None]
     if not lm.facts.encoder_decoder and len(theirs) != len(ours):
         # a linear-attention layer's "weights" are no map over the tokens (MiniMax): not attention

@@ -15,6 +15,10 @@ Nothing here is looked up by name. The facts come from one short forward pass ov
 - the mechanisms: learned sinks (GPT-OSS's ``s_aux``), logit soft-capping, sliding windows and
   chunks, a score scale other than ``1/sqrt(d)``, and ALiBi.
 
+Longformer, LED and LongT5 report local attention in a layout of their own (a column per offset,
+or blocks: :mod:`attnscope.models.local_maps`); the probe names it (:attr:`ModelFacts.local`) and
+every later pass lays their maps out over the tokens.
+
 Where a model does not route attention through transformers' ``AttentionInterface`` the pass
 returns only the maps: the kind, the layers and the heads come from them, the head sizes from the
 config.
@@ -27,6 +31,7 @@ from typing import Any
 
 from attnscope.errors import ModelError
 from attnscope.models import adapters
+from attnscope.models.local_maps import layout_of, token_maps
 
 KINDS = ("causal", "bidirectional", "encoder-decoder")
 #: the mechanisms a model can have that change how attention is computed, as :attr:`ModelFacts.mechanisms` names them
@@ -63,6 +68,9 @@ class ModelFacts:
     #: it gets there by an adapter of the family's own attention code (:mod:`attnscope.models.adapters`:
     #: Bloom, MPT), not by transformers' AttentionInterface
     adapted: bool = False
+    #: its ``output_attentions`` are in a local layout of its own (:mod:`attnscope.models.local_maps`:
+    #: ``window``, Longformer and LED; ``blocks``, LongT5), laid out as token maps on the way out
+    local: str = ""
 
     @property
     def causal(self) -> bool:
@@ -91,7 +99,7 @@ class ModelFacts:
                 "heads": self.heads, "kv_heads": self.kv_heads, "qk_head_size": self.qk_size,
                 "v_head_size": self.v_size, "scale": self.scale, "softcap": self.softcap,
                 "window": self.window, "chunk": self.chunk, "mechanisms": list(self.mechanisms),
-                "hooks": self.hooks, "adapted": self.adapted}
+                "hooks": self.hooks, "adapted": self.adapted, "local": self.local}
 
 
 def config_layers(config) -> int:
@@ -141,6 +149,11 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
         raise ModelError(f"{name}: the model returned no attention maps for a short probe "
                          f"({type(model).__name__}); attnscope reads attention from output_attentions")
     n = int(ids.shape[-1])
+    local = layout_of(maps, n, text, name)
+    # (keys a query reads: Longformer's 2r + 1 columns; LongT5's keys within b - 1 of it, its
+    # local radius)
+    reach = {"window": int(maps[0].shape[-1]), "blocks": 2 * int(maps[0].shape[-2]) - 1}.get(local)
+    maps = token_maps(maps, local, n)
     shapes = [tuple(m.shape) for m in maps]
     bad = [s for s in shapes if len(s) != 4 or s[-2] != n]
     if not encdec and bad:
@@ -162,7 +175,7 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
         heads = int(maps[0].shape[1])
         size = int(getattr(text, "head_dim", None) or getattr(text, "hidden_size", heads) // heads)
         return ModelFacts(kind, layers, tuple(attention_layers), heads, heads, size, size, size ** -0.5,
-                          alibi=alibi, hooks=False)
+                          window=reach, alibi=alibi, hooks=False, local=local)
     first = sites[0]
     heads, kv_heads = int(first["query"].shape[1]), int(first["key"].shape[1])
     qk, v = int(first["query"].shape[-1]), int(first["value"].shape[-1])

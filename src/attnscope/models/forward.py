@@ -67,6 +67,7 @@ from typing import Any
 
 from attnscope.errors import AttnscopeError, ModelError
 from attnscope.models import adapters
+from attnscope.models.local_maps import token_maps
 
 #: The name attnscope's attention function is registered under in transformers.
 ATTN_IMPLEMENTATION = "attnscope"
@@ -408,7 +409,8 @@ def _forward(lm, kwargs: dict, context, *, hooks, gates, attentions: bool, lean_
                                  "attention maps are available)")
         with context, _only_layers(lm, *(layers or (0, lm.num_layers)), hidden):
             out = lm.model(**kwargs, output_attentions=attentions)
-        return ForwardOutput(out, list(out.attentions) if attentions else None)
+        maps = token_maps(out.attentions, lm.facts.local, kwargs["input_ids"].shape[-1]) if attentions else None
+        return ForwardOutput(out, maps)
     first, last = (0, lm.num_layers) if layers is None else layers
     state = _Pass(hooks=hooks, gates=gates, attentions=[] if attentions else None, lean_mask=lean_mask,
                   layer=first)

@@ -154,6 +154,14 @@ def models_doc(rows: list[dict], versions: dict[str, str]) -> str:
         "the others; the compiled CPU kernel and the one-pass Triton kernel do not add the bias and "
         "are struck for them.",
         "",
+        "**Local attention in a layout of its own.** Longformer and LED's encoder report sliding-window "
+        "attention as a column per offset (`[B H n 2r+1]`), LongT5 its local attention in blocks "
+        "(`[B blocks H b 3b]`). attnscope lays each out as maps over the tokens "
+        "(`attnscope.models.local_maps`: every weight moved unchanged to the key it was read for, 0 "
+        "outside the window), so stores, analyses and views read them like any other model's; the "
+        "test multiplies the maps by the values and gets the heads' own outputs. LongT5's "
+        "transient-global attention, whose keys include summaries of blocks, is refused.",
+        "",
         "**Hybrids** (Qwen3-Next, Jamba, Bamba, Nemotron-H, Granite-MoE-hybrid, Kimi-Linear, "
         "OLMo-hybrid, ...) have attention in only some layers. attnscope reads which from the "
         "attention modules' own `layer_idx`; every array holds the layers with attention only, "
