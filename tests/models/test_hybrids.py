@@ -251,3 +251,22 @@ def test_an_encoder_decoder_is_not_routed_by_its_configs_name():
     # are no one stack of layers: it keeps eager attention (hooks refused in one line)
     lm = load_model("debug:t5")
     assert lm.model.config._attn_implementation == "eager" and not lm.facts.hooks
+
+
+def test_a_callers_hybrid_in_training_mode_is_hooked_and_given_back_in_training_mode():
+    """``borrowed`` puts the model in eval mode before the routing probe: with dropout on, the
+    probe's two passes would differ and a caller's hybrid fresh from training would get maps only."""
+    from attnscope.models.forward import supports_hooks
+    from attnscope.models.loading import borrowed
+    from attnscope.models.tiny import build_tiny
+
+    tokenizer = load_model("debug:jamba").tokenizer
+    model = build_tiny("jamba", tokenizer)
+    model.config.attention_dropout = 0.5
+    for module in model.modules():  # (the dropout rate each attention module read at build)
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.5
+    model.train()
+    with borrowed(model, tokenizer) as lm:
+        assert supports_hooks(lm) and not model.training
+    assert model.training

@@ -282,9 +282,13 @@ def supports_hooks(lm) -> bool:
 def install(model) -> bool:
     """Route ``model``'s self-attention through attnscope's function, if its family allows.
 
-    Called once by the model loader. A family whose transformers code does not use
-    ``AttentionInterface`` gets an adapter where :mod:`attnscope.models.adapters` has one (Bloom,
-    MPT); otherwise False, and the model is left on eager attention (e.g. MPNet).
+    Called once by the model loader (the model in eval mode). A family whose class does not take
+    custom attention functions gets, in this order: an adapter where :mod:`attnscope.models.adapters`
+    has one (Bloom, MPT); else, where its attention modules look their function up in transformers'
+    registry by the config's name (the hybrids), attnscope's name in the config, kept only when a
+    six-token probe shows each attention layer calls it once and the maps equal eager's exactly
+    (:func:`_routes_exactly`; never for an encoder-decoder); otherwise False, and the model is left
+    on eager attention (e.g. MPNet).
     """
     if not getattr(type(model), "_supports_attention_backend", False):
         if adapters.install(model, _attention, lambda: _ACTIVE.get() is not None):

@@ -195,9 +195,9 @@ def borrowed(model, tokenizer, *, name: str | None = None):
         raise ModelError("pass the model's fast tokenizer with its model (tokenizer=...): attnscope "
                          "reads the text with it and aligns words with its offsets")
     implementation, training = config._attn_implementation, model.training
+    model.eval()  # (first: the routing probe of install() compares two passes, which dropout would part)
     if not install(model):
         model.set_attn_implementation("eager")
-    model.eval()
     try:
         yield LoadedModel(model=model, tokenizer=tokenizer, family=family_for(config.model_type),
                           name=name or getattr(config, "_name_or_path", "") or type(model).__name__,
