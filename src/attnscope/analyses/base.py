@@ -42,6 +42,12 @@ def check_requirements(analyses: Iterable["Analysis"], available: set[str], who:
             raise AttnscopeError(f"{who + ': ' if who else ''}analysis '{a.name}' needs {need}")
 
 
+def arrays_from_json(arrays: dict[str, Any] | None) -> dict[str, np.ndarray]:
+    """A results file's ``arrays`` (name -> ``{shape, dtype, data}``, what :meth:`Result.to_json`
+    writes) as numpy arrays; null (NaN in strict JSON) reads back as NaN in float arrays."""
+    return {k: np.asarray(v["data"], dtype=v["dtype"]).reshape(v["shape"]) for k, v in (arrays or {}).items()}
+
+
 @dataclass
 class Result:
     """What an analysis returns.
@@ -74,11 +80,8 @@ class Result:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Result":
-        # null (NaN in strict JSON) reads back as NaN in float arrays
-        arrays = {k: np.asarray(v["data"], dtype=v["dtype"]).reshape(v["shape"])
-                  for k, v in d.get("arrays", {}).items()}
         return cls(analysis=d["analysis"], params=d.get("params", {}), tables=d.get("tables", {}),
-                   arrays=arrays, summary=d.get("summary", []), meta=d.get("meta", {}))
+                   arrays=arrays_from_json(d.get("arrays")), summary=d.get("summary", []), meta=d.get("meta", {}))
 
     def save(self, path: str | Path) -> None:
         """Write as strict JSON (NaN as null) with :func:`attnscope.store.results.write_json`."""

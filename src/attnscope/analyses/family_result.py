@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Result
+from attnscope.analyses.base import Result, arrays_from_json
 from attnscope.data.records import recorded_layers
 from attnscope.errors import AttnscopeError
 from attnscope.store.results import SCHEMA_KEY, ResultsFolder
@@ -62,8 +62,7 @@ class FamilyResult:
         line naming the file."""
         where = str(path) if path is not None else "results"
         try:  # (null, NaN in strict JSON, reads back as NaN in float arrays)
-            arrays = {k: np.asarray(v["data"], dtype=v["dtype"]).reshape(v["shape"])
-                      for k, v in (d.get("arrays") or {}).items()}
+            arrays = arrays_from_json(d.get("arrays"))
             analyses = {k: Result.from_json(v) for k, v in (d.get("analyses") or {}).items()}
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise AttnscopeError(f"{where}: a malformed array ({type(err).__name__}: {err})") from None
