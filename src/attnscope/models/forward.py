@@ -62,7 +62,7 @@ import inspect
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from attnscope.errors import AttnscopeError, ModelError
@@ -268,8 +268,21 @@ def model_device(model) -> Any:
     return torch.device("cpu")
 
 
+def model_configs(model) -> list:
+    """``model``'s config and its sub-models' own (a composite's language model reads its
+    ``text_config``; DPR's BERT shares its wrapper's), each once."""
+    found: list = []
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if hasattr(config, "_attn_implementation") and all(config is not c for c in found):
+            found.append(config)
+    return found
+
+
 def _hooked(model) -> bool:
-    return getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION or adapters.adapted(model)
+    text = getattr(model.config, "text_config", None)
+    return ATTN_IMPLEMENTATION in (getattr(model.config, "_attn_implementation", None),
+                                   getattr(text, "_attn_implementation", None)) or adapters.adapted(model)
 
 
 def supports_hooks(lm) -> bool:
@@ -301,10 +314,14 @@ def install(model) -> bool:
         # config names attnscope's where a probe shows every layer's attention then reaches it,
         # once each, and gives the eager maps exactly; elsewhere the model stays on eager
         _register()
-        model.config._attn_implementation = ATTN_IMPLEMENTATION
+        configs = model_configs(model)
+        names = [c._attn_implementation for c in configs]
+        for config in configs:
+            config._attn_implementation = ATTN_IMPLEMENTATION
         if _routes_exactly(model):
             return True
-        model.config._attn_implementation = "eager"
+        for config, name in zip(configs, names):
+            config._attn_implementation = name
         return False
     _register()
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
@@ -345,9 +362,15 @@ def _routes_exactly(model) -> bool:
 
 
 def _dispatches(model) -> bool:
-    """Whether the code of ``model``'s family looks attention functions up in transformers'
-    ``ALL_ATTENTION_FUNCTIONS`` (the registry ``AttentionInterface`` fills)."""
-    module = sys.modules.get(type(model).__module__)
+    """Whether the code of any of ``model``'s modules (a wrapper's BERT, a composite's language
+    model) looks attention functions up in transformers' ``ALL_ATTENTION_FUNCTIONS`` (the registry
+    ``AttentionInterface`` fills)."""
+    return any(_source_dispatches(type(m).__module__) for m in model.modules())
+
+
+@lru_cache(maxsize=None)
+def _source_dispatches(name: str) -> bool:
+    module = sys.modules.get(name)
     try:
         return module is not None and "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(module)
     except (OSError, TypeError):

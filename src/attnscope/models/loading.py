@@ -22,7 +22,7 @@ from attnscope.errors import ModelError
 from attnscope.models import adapters
 from attnscope.models.debug import build_debug_model
 from attnscope.models.families import family_for
-from attnscope.models.forward import install
+from attnscope.models.forward import install, model_configs
 from attnscope.models.gguf import dequantized_folder, resolve_gguf
 from attnscope.models.loaded import LoadedModel, seed_everything
 
@@ -195,6 +195,7 @@ def borrowed(model, tokenizer, *, name: str | None = None):
         raise ModelError("pass the model's fast tokenizer with its model (tokenizer=...): attnscope "
                          "reads the text with it and aligns words with its offsets")
     implementation, training = config._attn_implementation, model.training
+    names = [(c, c._attn_implementation) for c in model_configs(model)]  # (a sub-model's own too)
     model.eval()  # (first: the routing probe of install() compares two passes, which dropout would part)
     if not install(model):
         model.set_attn_implementation("eager")
@@ -205,6 +206,8 @@ def borrowed(model, tokenizer, *, name: str | None = None):
     finally:
         adapters.uninstall(model)
         model.set_attn_implementation(implementation)
+        for c, name in names:
+            c._attn_implementation = name
         model.train(training)
 
 
