@@ -115,3 +115,66 @@ def test_a_run_of_some_layers_from_a_cached_input_is_the_whole_models(alibi_lm):
         assert torch.equal(part[first + 1], whole[first + 1])
         # a skipped layer passes its input through whole, batch axis and all
         assert all(h.shape == whole[0].shape for h in part), [h.shape for h in part]
+
+
+# -- GPT-Neo (and the TinyStories models): unscaled scores, alternating global and local layers --
+
+@pytest.fixture(scope="module")
+def neo_lm():
+    """A tiny GPT-Neo whose local layers read 3 keys (the packaged one reads 256, more than any
+    test text), adapted inside ``borrowed``."""
+    from attnscope.models.tiny import build_tiny
+
+    tokenizer = load_model("debug:gpt_neo").tokenizer
+    model = build_tiny("gpt_neo", tokenizer)
+    config = model.config
+    config.window_size = 3
+    model = type(model)(config).eval()  # (the local layers build their band from the config)
+    with borrowed(model, tokenizer, name="debug:gpt_neo") as lm:
+        yield lm
+
+
+def test_gpt_neos_adapted_maps_and_outputs_are_its_own_and_its_local_layers_read_three_keys(neo_lm):
+    lm = neo_lm
+    assert supports_hooks(lm) and lm.facts.adapted and lm.facts.window == 3
+    assert set(lm.facts.mechanisms) == {"window", "scale"} and lm.facts.scale == 1.0
+    batch = _batch(lm)
+    ours = forward(lm, batch, attentions=True)
+    with torch.inference_mode():
+        own = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True,
+                       use_cache=False)
+    for a, b in zip(ours.attentions, own.attentions):
+        assert torch.equal(a, b)
+    assert torch.equal(ours.output.last_hidden_state, own.last_hidden_state)
+    n = int(batch.lengths[0])
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    for layer, kind in enumerate(lm.model.config.attention_layers[:lm.num_layers]):
+        far = (j > i) | ((i - j >= 3) if kind == "local" else False)
+        assert float(ours.attentions[layer][0, :, :n, :n][:, torch.as_tensor(far)].abs().max()) == 0.0
+
+
+def test_gpt_neos_maps_are_the_unscaled_softmax_of_its_band(neo_lm):
+    lm = neo_lm
+    ids = lm.tokenizer(TEXTS[0])["input_ids"]
+    got = {}
+    out = forward(lm, pad_batch(lm, [ids]), attentions=True,
+                  hooks={"k": lambda site, k: got.setdefault(site.layer, [site.query, k])})
+    n = len(ids)
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    for layer, (q, k) in got.items():
+        local = lm.model.config.attention_layers[layer] == "local"
+        qk = q[0].double().numpy() @ k[0].double().numpy().transpose(0, 2, 1)  # no 1/sqrt(d)
+        s = np.where((j <= i) & ((i - j < 3) | (not local)), qk, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        bound = softmax_bound(n, float(np.abs(qk).max()))  # float32 rows of unshifted scores
+        np.testing.assert_allclose(out.attentions[layer][0].double().numpy(), p, atol=bound, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["tiles", "maps", "flex", "compiled"])
+def test_gpt_neos_streaming_statistics_equal_the_maps(neo_lm, backend):
+    lm = neo_lm
+    seqs, targets = _docs(lm)
+    st = LongContextStats(js_rows=3)
+    stream_stats(lm, seqs, st, chunk=4, batch_size=2, targets=targets, backend=backend)
+    assert_close(st.means(), reference(lm, seqs, targets, js_rows=3), stats_bound(seqs))

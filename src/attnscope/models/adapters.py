@@ -10,6 +10,11 @@ the maps equal the model's ``output_attentions`` exactly. Outside a pass of
 :func:`attnscope.models.forward.forward` (``model(**inputs)`` as the caller runs it) the
 module's own ``forward`` runs, untouched.
 
+GPT-Neo (and the TinyStories models, which are GPT-Neo) computes its own attention for its
+alternating global and local layers; the adapter hands attnscope's function its band (a local
+layer reads the ``window_size`` keys up to the query) as the mask, with ``sliding_window`` set on
+the local layers, and a score scale of 1 (GPT-Neo scales nothing).
+
 ALiBi (Press et al. 2022) is a bias on the scores, per head and key: Bloom adds
 ``slope_h * j`` (``j`` the key's position), MPT ``slope_h * (j - (n - 1))``; each differs from
 ``slope_h * (j - i)`` by a constant per row, which the softmax does not see. The adapters hand
@@ -24,6 +29,9 @@ bloom     ``BloomAttention``           fused q/k/v, ``alibi.baddbmm(q, k^T, beta
                                        and the residual dropout-add
 mpt       ``MptAttention``             ``Wqkv`` (clipped), ``q k^T * scale + position_bias``,
                                        the boolean mask (True: masked), ``out_proj``
+gpt_neo   ``GPTNeoSelfAttention``      ``q_proj`` / ``k_proj`` / ``v_proj``, float32 scores unscaled,
+                                       its causal or local band (``bias``) then the model's mask,
+                                       ``out_proj`` and the residual dropout
 ========  ===========================  ====================================================
 
 Bloom under tensor-parallel pretraining (``pretraining_tp > 1`` with ``slow_but_exact``) splits
@@ -81,6 +89,50 @@ def mpt_eager(module, query, key, value, attention_mask, scaling: float, dropout
     return torch.matmul(probs, value).transpose(1, 2), probs
 
 
+def gpt_neo_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                  model_mask=None, **_):
+    """GPT-Neo's attention, its operations one for one (shapes as :func:`bloom_eager`'s): float32
+    scores, unscaled (GPT-Neo multiplies ``q.k`` by nothing: ``scaling`` is 1), its causal or local
+    (sliding-window) mask from the module's ``bias`` buffer, then the model's own additive mask
+    ``model_mask`` (``attention_mask`` is the two in one, for the hooks and the backends)."""
+    import torch
+
+    scores = torch.matmul(query.to(torch.float32), key.to(torch.float32).transpose(-1, -2))
+    T, K = query.shape[-2], key.shape[-2]
+    low = torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype, device=scores.device)
+    scores = torch.where(module.bias[:, :, K - T:K, :K], scores, low)
+    if model_mask is not None:
+        scores = scores + model_mask
+    probs = module.attn_dropout(torch.softmax(scores, dim=-1).to(value.dtype))
+    return torch.matmul(probs, value).transpose(1, 2), probs
+
+
+def _gpt_neo(module, attend: Callable) -> Callable:
+    import torch
+
+    def forward(hidden_states, attention_mask=None, layer_past=None, use_cache=False, output_attentions=False,
+                **kwargs):
+        B, T, _ = hidden_states.shape
+        query, key, value = (module._split_heads(proj(hidden_states), module.num_heads, module.head_dim)
+                             for proj in (module.q_proj, module.k_proj, module.v_proj))
+        if layer_past is not None:
+            key, value = layer_past.update(key, value, module.layer_id)
+        K = key.shape[2]
+        local = module.attention_type == "local"
+        # (the keys a query may read: its causal or local band and the model's mask, in one
+        # additive mask the hooks and the backends read; the eager repeats the model's two steps)
+        low = torch.finfo(torch.float32).min
+        band = module.bias[:, :, K - T:K, :K]
+        given = torch.zeros((), device=hidden_states.device) if attention_mask is None else \
+            attention_mask[:, :, :, :K].to(torch.float32)
+        mask = torch.where(band, given, torch.tensor(low, device=hidden_states.device)).expand(B, 1, T, K)
+        out, probs = attend(module, query, key, value, mask, scaling=1.0, model_mask=attention_mask,
+                            sliding_window=module.config.window_size if local else None)
+        return module.resid_dropout(module.out_proj(out.reshape(B, T, -1))), probs
+
+    return forward
+
+
 def _bloom(module, attend: Callable) -> Callable:
     from transformers.models.bloom.modeling_bloom import dropout_add
 
@@ -122,6 +174,7 @@ def _mpt(module, attend: Callable) -> Callable:
 ADAPTERS: dict[str, tuple[Callable, Callable]] = {
     "BloomAttention": (bloom_eager, _bloom),
     "MptAttention": (mpt_eager, _mpt),
+    "GPTNeoSelfAttention": (gpt_neo_eager, _gpt_neo),
 }
 
 
