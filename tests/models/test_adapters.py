@@ -178,3 +178,58 @@ def test_gpt_neos_streaming_statistics_equal_the_maps(neo_lm, backend):
     st = LongContextStats(js_rows=3)
     stream_stats(lm, seqs, st, chunk=4, batch_size=2, targets=targets, backend=backend)
     assert_close(st.means(), reference(lm, seqs, targets, js_rows=3), stats_bound(seqs))
+
+
+# -- Falcon (rotary): three ways of making its keys and values from one fused projection --------
+
+FALCONS = {"multi-query": {"multi_query": True},  # one key/value head (the tiny default)
+           "grouped": {"new_decoder_architecture": True, "num_kv_heads": 2},  # Falcon-40B's layout
+           "multi-head": {"multi_query": False, "num_kv_heads": 4}}  # (as many as the query heads)
+
+
+@pytest.fixture(scope="module", params=sorted(FALCONS))
+def falcon_lm(request):
+    from attnscope.models.tiny import build_tiny
+
+    tokenizer = load_model("debug:falcon").tokenizer
+    config = build_tiny("falcon", tokenizer).config
+    for key, value in FALCONS[request.param].items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    model = type(build_tiny("falcon", tokenizer))(config).eval()
+    with borrowed(model, tokenizer, name=f"debug:falcon ({request.param})") as lm:
+        yield lm
+
+
+def test_falcons_adapted_maps_and_outputs_are_its_own(falcon_lm):
+    lm = falcon_lm
+    assert supports_hooks(lm) and lm.facts.adapted and lm.facts.mechanisms == ()
+    batch = _batch(lm)
+    ours = forward(lm, batch, attentions=True)
+    with torch.inference_mode():
+        own = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True,
+                       use_cache=False)
+    assert len(ours.attentions) == len(own.attentions) == lm.num_layers
+    for a, b in zip(ours.attentions, own.attentions):
+        assert torch.equal(a, b)
+    assert torch.equal(ours.output.last_hidden_state, own.last_hidden_state)
+
+
+@pytest.mark.parametrize("backend", ["tiles", "maps"])
+def test_falcons_streaming_statistics_equal_the_maps(falcon_lm, backend):
+    lm = falcon_lm
+    seqs, targets = _docs(lm)
+    st = LongContextStats(js_rows=3)
+    stream_stats(lm, seqs, st, chunk=4, batch_size=2, targets=targets, backend=backend)
+    assert_close(st.means(), reference(lm, seqs, targets, js_rows=3), stats_bound(seqs))
+
+
+def test_falcon_with_alibi_keeps_its_own_attention_and_gets_the_maps_only():
+    from attnscope.models.tiny import build_tiny
+
+    tokenizer = load_model("debug:falcon").tokenizer
+    config = build_tiny("falcon", tokenizer).config
+    config.alibi = True
+    model = type(build_tiny("falcon", tokenizer))(config).eval()
+    with borrowed(model, tokenizer) as lm:
+        assert not supports_hooks(lm) and not adapters.adapted(model)

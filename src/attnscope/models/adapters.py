@@ -32,7 +32,14 @@ mpt       ``MptAttention``             ``Wqkv`` (clipped), ``q k^T * scale + pos
 gpt_neo   ``GPTNeoSelfAttention``      ``q_proj`` / ``k_proj`` / ``v_proj``, float32 scores unscaled,
                                        its causal or local band (``bias``) then the model's mask,
                                        ``out_proj`` and the residual dropout
+falcon    ``FalconAttention``          fused q/k/v split as the model splits it, rotary, ``q k^T /
+                                       sqrt(d)`` plus the mask, ``dense``
 ========  ===========================  ====================================================
+
+Falcon with ALiBi (``config.alibi``: Falcon-RW) is left unadapted (maps only): its model folds
+``alibi / sqrt(d)`` into the mask for sdpa, and its eager attention adds the bias to the scores
+again before scaling (transformers 5.24), so its eager and sdpa attention differ and no one bias
+is the model's.
 
 Bloom under tensor-parallel pretraining (``pretraining_tp > 1`` with ``slow_but_exact``) splits
 its output projection; it is left unadapted (maps only).
@@ -101,8 +108,8 @@ def gpt_neo_eager(module, query, key, value, attention_mask, scaling: float, dro
     T, K = query.shape[-2], key.shape[-2]
     low = torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype, device=scores.device)
     scores = torch.where(module.bias[:, :, K - T:K, :K], scores, low)
-    if model_mask is not None:
-        scores = scores + model_mask
+    # (in the adapter, the model's own mask; from a backend, the one it rebuilt from the hooks')
+    scores = _masked(scores, attention_mask if model_mask is None else model_mask, float(low))
     probs = module.attn_dropout(torch.softmax(scores, dim=-1).to(value.dtype))
     return torch.matmul(probs, value).transpose(1, 2), probs
 
@@ -121,14 +128,49 @@ def _gpt_neo(module, attend: Callable) -> Callable:
         local = module.attention_type == "local"
         # (the keys a query may read: its causal or local band and the model's mask, in one
         # additive mask the hooks and the backends read; the eager repeats the model's two steps)
-        low = torch.finfo(torch.float32).min
+        low = torch.tensor(torch.finfo(torch.float32).min, device=hidden_states.device)
         band = module.bias[:, :, K - T:K, :K]
         given = torch.zeros((), device=hidden_states.device) if attention_mask is None else \
-            attention_mask[:, :, :, :K].to(torch.float32)
-        mask = torch.where(band, given, torch.tensor(low, device=hidden_states.device)).expand(B, 1, T, K)
+            _masked(torch.zeros(attention_mask[:, :, :, :K].shape, device=hidden_states.device),
+                    attention_mask[:, :, :, :K], float(low))
+        mask = torch.where(band, given, low).expand(B, 1, T, K)
         out, probs = attend(module, query, key, value, mask, scaling=1.0, model_mask=attention_mask,
                             sliding_window=module.config.window_size if local else None)
         return module.resid_dropout(module.out_proj(out.reshape(B, T, -1))), probs
+
+    return forward
+
+
+def falcon_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **_):
+    """Falcon's rotary attention, its operations one for one (shapes as :func:`bloom_eager`'s; one
+    key/value head broadcast over the query heads under multi-query attention): ``q k^T``
+    divided by ``sqrt(d)``, the mask added, the softmax in the forward's dtype, no dropout."""
+    import math
+
+    import torch
+
+    scores = (query @ key.transpose(-1, -2)) / math.sqrt(module.head_dim)
+    probs = torch.softmax(_masked(scores, attention_mask, torch.finfo(scores.dtype).min), dim=-1,
+                          dtype=query.dtype)
+    return (probs @ value).transpose(1, 2), probs
+
+
+def _falcon(module, attend: Callable) -> Callable:
+    from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
+
+    def forward(hidden_states, alibi=None, attention_mask=None, position_ids=None, layer_past=None,
+                use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):
+        query, key, value = module._split_heads(module.query_key_value(hidden_states))
+        B, T = query.shape[:2]
+        kv = module.num_heads if module.new_decoder_architecture else module.num_kv_heads
+        query = query.transpose(1, 2).reshape(B, module.num_heads, T, module.head_dim)
+        key, value = (x.transpose(1, 2).reshape(B, kv, T, module.head_dim) for x in (key, value))
+        cos, sin = position_embeddings
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        if layer_past is not None:
+            key, value = layer_past.update(key, value, module.layer_idx)
+        out, probs = attend(module, query, key, value, attention_mask, scaling=module.inv_norm_factor)
+        return module.dense(out.reshape(B, T, module.num_heads * module.head_dim)), probs
 
     return forward
 
@@ -175,6 +217,7 @@ ADAPTERS: dict[str, tuple[Callable, Callable]] = {
     "BloomAttention": (bloom_eager, _bloom),
     "MptAttention": (mpt_eager, _mpt),
     "GPTNeoSelfAttention": (gpt_neo_eager, _gpt_neo),
+    "FalconAttention": (falcon_eager, _falcon),
 }
 
 
@@ -182,6 +225,8 @@ def _adaptable(module) -> bool:
     name = type(module).__name__
     if name not in ADAPTERS:
         return False
+    if name == "FalconAttention":  # (its ALiBi: see the module docstring)
+        return not module.config.alibi
     return not (name == "BloomAttention" and module.pretraining_tp > 1 and module.slow_but_exact)
 
 
