@@ -148,11 +148,15 @@ def models_doc(rows: list[dict], versions: dict[str, str]) -> str:
         "~~struck~~ ones do not compute a mechanism the model has and are refused for it (`auto` "
         "never picks them). `onepass` needs CUDA (or Triton's interpreter) and is not in these rows. "
         "Models outside transformers' AttentionInterface (their own attention code) get the maps "
-        "only: hook points and the streaming engine need attnscope's attention function. Bloom and "
-        "MPT, whose ALiBi is a bias on the scores, reach it through an adapter of their own code "
-        "(`attnscope.models.adapters`: the maps stay the model's own exactly) and are verified like "
-        "the others; the compiled CPU kernel and the one-pass Triton kernel do not add the bias and "
-        "are struck for them.",
+        "only: hook points and the streaming engine need attnscope's attention function. Four "
+        "reach it through an adapter of their own code (`attnscope.models.adapters`: the maps stay "
+        "the model's own exactly) and are verified like the others: Bloom and MPT, whose ALiBi is a "
+        "bias on the scores (the compiled CPU kernel and the one-pass Triton kernel do not add it and "
+        "are struck for them), GPT-Neo (unscaled scores, local layers) and Falcon with rotary "
+        "positions (Falcon with ALiBi keeps its own attention: transformers' eager and sdpa Falcon-RW "
+        "differ). A wrapper or a composite whose language model routes attention through "
+        "AttentionInterface (DPR's BERT, DeepSeek-VL's Llama, GOT-OCR2, Granite Speech) is hooked "
+        "through that model.",
         "",
         "**Local attention in a layout of its own.** Longformer and LED's encoder report sliding-window "
         "attention as a column per offset (`[B H n 2r+1]`), LongT5 its local attention in blocks "
