@@ -164,7 +164,11 @@ def run_layer(layer, b: int, seq) -> None:
 
     site, stats = layer.site, layer.stats
     n, cap, scale = seq.n, layer.cap, site.scaling
-    own = None if site.mask is None else site.mask[b, 0]  # [T T] (a broadcast row: stride 0)
+    own = None if site.mask is None else site.mask[b, 0]  # [T T]
+    if own is not None and own.shape[0] == 1:
+        # one row for every query (a BERT-style [B 1 1 T] mask: LayoutLM, MarkupLM): the kernel
+        # steps its rows by stride(0), which a size-1 axis need not make 0; expanded, it is
+        own = own.expand(site.query.shape[2], -1)
     # the model's own q, k, v (bfloat16 on a GPU: half the bytes; the sums are float32)
     q, k, v = site.query[b, :, :n], site.key[b, :, :n], site.value[b, :, :n]
     dt = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)

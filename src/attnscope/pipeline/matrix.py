@@ -96,7 +96,17 @@ def verify_isolated(model_type: str, timeout: float = 120.0, seed: int = 0) -> d
 
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    worker = ctx.Process(target=lambda: queue.put(verify(model_type, seed)), daemon=True)
+
+    def work():
+        import torch
+
+        # (one thread in the forked copy: a parent that had run torch on more threads left an
+        # OpenMP pool behind that the copy's first parallel region can wait on for ever; every
+        # row then hung past the limit, or, in a test worker, LayoutLM's now and then)
+        torch.set_num_threads(1)
+        queue.put(verify(model_type, seed))
+
+    worker = ctx.Process(target=work, daemon=True)
     worker.start()
     try:
         return queue.get(timeout=timeout)
