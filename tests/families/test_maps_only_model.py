@@ -1,4 +1,5 @@
-"""A model whose attention does not go through transformers' AttentionInterface (MPNet): the
+"""A model whose attention does not go through transformers' AttentionInterface (DeBERTa v1, whose
+disentangled attention no adapter repeats; MPNet was this model until its adapter): the
 patterns and attribution families run what its attention maps allow and say in one line what
 they skipped. Checked against the same computations on the model's own ``output_attentions``."""
 
@@ -22,14 +23,16 @@ EXAMPLES = [
     {"text": "the dog ran to the house.", "text_pair": "she saw the dog, then the cat."},
     {"text": "who said that the old man was here?"},
 ]
+#: the maps-only model of these tests
+MAPS_ONLY = "debug:deberta"
 SKIPPED = ("importance", "pruning", "norms", "value-zeroing")  # the default methods that need hooks
 
 
 @pytest.fixture(scope="module")
-def mpnet():
+def maps_only():
     from attnscope.models import load_model
 
-    lm = load_model("debug:mpnet", mlm_head=True)  # the family loads encoders with their head
+    lm = load_model(MAPS_ONLY, mlm_head=True)  # the family loads encoders with their head
     from attnscope.models.forward import supports_hooks
 
     assert not supports_hooks(lm)
@@ -62,7 +65,7 @@ def _own_maps(lm) -> list:
     return maps
 
 
-def test_patterns_run_on_the_maps_and_skip_key_concentration(mpnet, examples_file, tmp_path):
+def test_patterns_run_on_the_maps_and_skip_key_concentration(maps_only, examples_file, tmp_path):
     from attnscope.analyses.entropy import Entropy
     from attnscope.analyses.patterns import VigPatterns
     from attnscope.analyses.relative_position import RelativePosition
@@ -70,18 +73,18 @@ def test_patterns_run_on_the_maps_and_skip_key_concentration(mpnet, examples_fil
     from attnscope.analyses.token_classes import TokenClasser
     from attnscope.extract import AttentionBatch
 
-    sec = _run("patterns", mpnet, tmp_path, {"patterns": examples_file})
+    sec = _run("patterns", maps_only, tmp_path, {"patterns": examples_file})
     data = json.loads((tmp_path / "results" / "patterns.json").read_text())
     assert data["run"]["examples"] == len(EXAMPLES)
     assert data["keys"] is None
     skipped = [n for n in data["notes"] if "skipped" in n]
     assert len(skipped) == 1 and skipped[0] in sec.findings
     # what was skipped, the model, and why (its attention bypasses AttentionInterface)
-    says(one_line(skipped[0]), "key concentration", "debug:mpnet", "AttentionInterface")
+    says(one_line(skipped[0]), "key concentration", MAPS_ONLY, "AttentionInterface")
 
-    maps = _own_maps(mpnet)
+    maps = _own_maps(maps_only)
     bound = softmax_bound(max(m.attn.shape[-1] for m in maps))  # float32 rows, the run's and these
-    classer, _ = TokenClasser.for_model(mpnet)
+    classer, _ = TokenClasser.for_model(maps_only)
     for a in (VigPatterns(classer, causal=False), SpecialTokens(classer), RelativePosition(),
               Entropy(causal=False)):
         a.update(AttentionBatch(maps))
@@ -95,8 +98,8 @@ def test_patterns_run_on_the_maps_and_skip_key_concentration(mpnet, examples_fil
                                by_hand, atol=bound, rtol=0)
 
 
-def test_attribution_runs_rollout_and_flow_on_the_maps(mpnet, examples_file, tmp_path):
-    sec = _run("attribution", mpnet, tmp_path, {"attribution": examples_file}, attribution_example=0,
+def test_attribution_runs_rollout_and_flow_on_the_maps(maps_only, examples_file, tmp_path):
+    sec = _run("attribution", maps_only, tmp_path, {"attribution": examples_file}, attribution_example=0,
                flow_max_tokens=64)
     data = json.loads((tmp_path / "results" / "attribution.json").read_text())
     assert data["methods"] == ["rollout"]
@@ -105,9 +108,9 @@ def test_attribution_runs_rollout_and_flow_on_the_maps(mpnet, examples_file, tmp
     assert all(r["rows"] > 0 for r in agreement)  # rollout, flow, raw and saliency all ran
     skipped = [n for n in data["notes"] if "skipped" in n]
     assert len(skipped) == 1 and skipped[0] in sec.findings
-    says(one_line(skipped[0]), ", ".join(SKIPPED), "debug:mpnet", "AttentionInterface", "rollout")
+    says(one_line(skipped[0]), ", ".join(SKIPPED), MAPS_ONLY, "AttentionInterface", "rollout")
 
-    attn = _own_maps(mpnet)[0].attn.astype(np.float64)  # [L H n n]
+    attn = _own_maps(maps_only)[0].attn.astype(np.float64)  # [L H n n]
     ex = data["example"]
     assert ex["index"] == 0 and ex["norms"] is None and "value_zeroing" not in ex
     bound = softmax_bound(attn.shape[-1])  # weights of float32 rows (the run's pass and this one)
@@ -125,22 +128,22 @@ def test_attribution_runs_rollout_and_flow_on_the_maps(mpnet, examples_file, tmp
     np.testing.assert_allclose(np.array(ex["flow"]), attention_flow(attn, max_tokens=64), atol=len(attn) * bound, rtol=0)
 
 
-def test_attribution_with_only_hooked_methods_is_refused(mpnet, examples_file, tmp_path):
+def test_attribution_with_only_hooked_methods_is_refused(maps_only, examples_file, tmp_path):
     load_families()
     fam = FAMILIES["attribution"]()
     opts = fam.Options(attribution_methods="importance,norms")
     with pytest.raises(AttnscopeError) as e:
-        fam.prepare({"attribution": examples_file}, opts, Context(model=mpnet, out_dir=tmp_path / "o"))
+        fam.prepare({"attribution": examples_file}, opts, Context(model=maps_only, out_dir=tmp_path / "o"))
     # the model, why, the methods chosen, and what does run on it
-    says(one_line(e.value), "debug:mpnet", "AttentionInterface", "attribution_methods importance,norms", "rollout")
+    says(one_line(e.value), MAPS_ONLY, "AttentionInterface", "attribution_methods importance,norms", "rollout")
     assert e.value.params == ("attribution_methods",)
     assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.heavy
-def test_run_with_both_families_on_debug_mpnet(examples_file, tmp_path):
+def test_run_with_both_families_on_a_maps_only_model(examples_file, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "attnscope", "run", "--model", "debug:mpnet",
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "run", "--model", MAPS_ONLY,
                            "--patterns", str(examples_file), "--attribution", str(examples_file),
                            "--attribution-map-examples", "1", "--out", str(out), "-q"],
                           capture_output=True, text=True)
@@ -159,12 +162,12 @@ def test_run_with_both_families_on_debug_mpnet(examples_file, tmp_path):
 def test_cli_attribution_with_only_hooked_methods_is_one_line_exit_2(examples_file, tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "attnscope", "analyze", "attribution", str(examples_file),
-                           "--model", "debug:mpnet", "--attribution-methods", "norms", "--out", str(out)],
+                           "--model", MAPS_ONLY, "--attribution-methods", "norms", "--out", str(out)],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
-    says(lines[0], "error: ", "--attribution-methods norms", "debug:mpnet", "AttentionInterface", "rollout")
+    says(lines[0], "error: ", "--attribution-methods norms", MAPS_ONLY, "AttentionInterface", "rollout")
     assert not out.exists() or not any(out.rglob("*.json"))
 
 

@@ -233,3 +233,76 @@ def test_falcon_with_alibi_keeps_its_own_attention_and_gets_the_maps_only():
     model = type(build_tiny("falcon", tokenizer))(config).eval()
     with borrowed(model, tokenizer) as lm:
         assert not supports_hooks(lm) and not adapters.adapted(model)
+
+
+# -- a bias on the scores per query and key: MPNet's relative positions, DeBERTa-v2's c2p / p2c --
+
+def _deberta_v3_like():
+    """A tiny DeBERTa-v2 set as DeBERTa-v3 is (relative attention with both position terms, shared
+    position keys, bucketed positions), adapted inside ``borrowed``."""
+    from attnscope.models.tiny import build_tiny
+
+    tokenizer = load_model("debug:deberta-v2").tokenizer
+    config = build_tiny("deberta-v2", tokenizer).config
+    config.update({"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "share_att_key": True,
+                   "position_buckets": 8, "max_relative_positions": -1, "norm_rel_ebd": "layer_norm"})
+    torch.manual_seed(0)
+    return type(build_tiny("deberta-v2", tokenizer))(config).eval(), tokenizer
+
+
+@pytest.fixture(scope="module", params=["mpnet", "deberta-v2"])
+def biased_lm(request):
+    if request.param == "mpnet":
+        yield load_model("debug:mpnet")
+    else:
+        model, tokenizer = _deberta_v3_like()
+        with borrowed(model, tokenizer, name="debug:deberta-v2 (v3-like)") as lm:
+            yield lm
+
+
+def test_a_position_biased_models_maps_and_outputs_are_its_own(biased_lm):
+    lm = biased_lm
+    assert supports_hooks(lm) and lm.facts.adapted and "position-bias" in lm.facts.mechanisms
+    batch = _batch(lm)
+    seen = []
+    ours = forward(lm, batch, attentions=True, hooks={"q": lambda site, q: seen.append(tuple(site.bias.shape))})
+    B, T = batch.input_ids.shape
+    assert seen == [(B, lm.num_heads, T, T)] * lm.num_layers  # the bias the hooks and backends read
+    with torch.inference_mode():
+        own = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True)
+    for a, b in zip(ours.attentions, own.attentions):
+        assert torch.equal(a, b)
+    assert torch.equal(ours.output.last_hidden_state, own.last_hidden_state)
+
+
+def test_a_position_biased_models_maps_are_the_softmax_of_its_scaled_scores_and_bias(biased_lm):
+    # softmax(scale q.k + b_ij) in float64 from the hooks' q, k, scale and bias
+    lm = biased_lm
+    ids = lm.tokenizer(TEXTS[0])["input_ids"]
+    got = {}
+    out = forward(lm, pad_batch(lm, [ids]), attentions=True,
+                  hooks={"k": lambda site, k: got.setdefault(site.layer, (site.query, k, site.scaling, site.bias))})
+    n = len(ids)
+    for layer, (q, k, scale, bias) in got.items():
+        s = scale * (q[0].double().numpy() @ k[0].double().numpy().transpose(0, 2, 1)) + bias[0].double().numpy()
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        bound = softmax_bound(n, float(np.abs(s).max()))
+        np.testing.assert_allclose(out.attentions[layer][0].double().numpy(), p, atol=bound, rtol=0)
+
+
+def test_a_position_biased_models_streaming_statistics_equal_the_maps_and_the_rest_are_refused(biased_lm):
+    from attnscope.engines.streaming import maps_update
+
+    lm = biased_lm
+    ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
+    want = LongContextStats(js_rows=2, causal=False)
+    maps_update(lm, ids, want, batch_size=3)
+    for backend in ("tiles", "maps"):
+        got = LongContextStats(js_rows=2, causal=False)
+        stream_stats(lm, ids, got, batch_size=2, backend=backend)
+        assert_close(got.means(), want.means(), stats_bound(ids))
+    for backend in ("flex", "compiled"):
+        with pytest.raises(AttnscopeError) as err:
+            plan(lm, longest=64, engine="streaming", backend=backend)
+        says(one_line(err.value), f"backend {backend}", "position-bias", "maps, tiles")

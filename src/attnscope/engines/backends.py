@@ -100,7 +100,8 @@ def usable(name: str, device) -> bool:
 
 #: the mechanisms that change how a backend computes attention (the other, a hybrid's layers, is
 #: the engine's business)
-COMPUTED = frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale", "alibi"})
+COMPUTED = frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale", "alibi",
+                      "position-bias"})
 
 
 def needs(facts) -> frozenset[str]:

@@ -47,8 +47,8 @@ def run_layer(layer: LayerInput, b: int, seq: Sequence) -> None:
     mask = torch.zeros(1, 1, q.shape[2], T, dtype=q.dtype, device=q.device).masked_fill(
         ~site.allowed(0, q.shape[2], T)[b:b + 1], torch.finfo(q.dtype).min)
     extra = {} if layer.cap is None else {"softcap": layer.cap}  # (learned sinks: the module's own)
-    if site.bias is not None:  # ALiBi: the adapted family's eager adds it as the model does
-        extra["key_bias"] = site.bias[b:b + 1].float()
+    if site.bias is not None:  # ALiBi or a position bias: the adapted family's eager adds it as the model does
+        extra["score_bias"] = site.bias[b:b + 1].float()
     out, probs = forward.family_eager(site.module)(site.module, q, k, v, mask, scaling=site.scaling,
                                                    dropout=0.0, **extra)
     layer.out[b] = out[0]
@@ -58,4 +58,5 @@ def run_layer(layer: LayerInput, b: int, seq: Sequence) -> None:
 
 BACKEND = Backend("maps", devices=(), token_level=False, probes=True, run=run_layer,
                   usable=lambda kind: True, budget=True,
-                  handles=frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale", "alibi"}))
+                  handles=frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale", "alibi",
+                                     "position-bias"}))

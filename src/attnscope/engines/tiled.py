@@ -114,8 +114,9 @@ def scores(layer: LayerInput, b: int, block, r0: int, r1: int, k1: int, out=None
     s = torch.matmul(qr, k[b, kv, :k1].transpose(-1, -2), out=out).view(nk * G, c, k1)
     if cap:
         s.div_(cap).tanh_().mul_(cap)
-    if site.bias is not None:  # ALiBi: each head's bias on each key, the same for every row
-        s.add_(site.bias[b, hq, None, :k1].float())
+    if site.bias is not None:  # ALiBi: each head's bias on each key, the same for every row; a
+        # position bias: on each query and key
+        s.add_((site.bias[b, hq, None, :k1] if site.bias.dim() == 3 else site.bias[b, hq, r0:r1, :k1]).float())
     if site.mask is None and layer.causal:  # keys < r0 are all visible; mask the upper triangle of the last block
         s[:, :, r0:r1].masked_fill_(_upper(c, s.device), LOW)
     else:
@@ -262,4 +263,5 @@ COMPILED = Backend(
     handles=frozenset({"softcap", "window", "chunk", "scale"}))
 TILES = Backend("tiles", devices=(), token_level=False, probes=True, run=tile_layer,
                 usable=lambda kind: True, fallback=True,
-                handles=frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale", "alibi"}))
+                handles=frozenset({"sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale", "alibi",
+                                   "position-bias"}))

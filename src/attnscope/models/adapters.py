@@ -10,6 +10,10 @@ the maps equal the model's ``output_attentions`` exactly. Outside a pass of
 :func:`attnscope.models.forward.forward` (``model(**inputs)`` as the caller runs it) the
 module's own ``forward`` runs, untouched.
 
+MPNet and DeBERTa-v2 add a bias per query and key (``position-bias`` in
+:data:`attnscope.models.facts.MECHANISMS`): the adapters hand it over as ``score_bias`` ``[B H T
+K]``; the tiles and maps backends add it to the scores, the others are struck for it.
+
 GPT-Neo (and the TinyStories models, which are GPT-Neo) computes its own attention for its
 alternating global and local layers; the adapter hands attnscope's function its band (a local
 layer reads the ``window_size`` keys up to the query) as the mask, with ``sliding_window`` set on
@@ -18,7 +22,7 @@ the local layers, and a score scale of 1 (GPT-Neo scales nothing).
 ALiBi (Press et al. 2022) is a bias on the scores, per head and key: Bloom adds
 ``slope_h * j`` (``j`` the key's position), MPT ``slope_h * (j - (n - 1))``; each differs from
 ``slope_h * (j - i)`` by a constant per row, which the softmax does not see. The adapters hand
-it to the attention function as the model makes it, ``key_bias`` ``[B H K]``
+it to the attention function as the model makes it, ``score_bias`` ``[B H K]``
 (:attr:`attnscope.models.forward.Site.bias`), which the backends that compute ALiBi add to
 every score row (``alibi`` in :data:`attnscope.models.facts.MECHANISMS`).
 
@@ -34,6 +38,11 @@ gpt_neo   ``GPTNeoSelfAttention``      ``q_proj`` / ``k_proj`` / ``v_proj``, flo
                                        ``out_proj`` and the residual dropout
 falcon    ``FalconAttention``          fused q/k/v split as the model splits it, rotary, ``q k^T /
                                        sqrt(d)`` plus the mask, ``dense``
+mpnet     ``MPNetSelfAttention``       ``q`` / ``k`` / ``v``, ``q k^T / sqrt(d)`` plus its
+                                       relative-position bias and the mask, ``o``
+deberta   ``DisentangledSelfAttention`` ``query_proj`` / ``key_proj`` / ``value_proj``, the module's
+-v2       (DeBERTa v2 and v3)          own ``disentangled_attention_bias`` (c2p, p2c),
+                                       ``q (k / sqrt(d s))^T`` plus it, the mask filled
 ========  ===========================  ====================================================
 
 Falcon with ALiBi (``config.alibi``: Falcon-RW) is left unadapted (maps only): its model folds
@@ -68,14 +77,14 @@ def _masked(scores, mask, low: float):
 
 
 def bloom_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
-                key_bias=None, **_):
+                score_bias=None, **_):
     """Bloom's attention, its operations one for one: ``[B H T d]`` queries, ``[B H K d]`` keys and
-    values, ``key_bias`` ``[B H K]`` (its ALiBi) -> heads' outputs ``[B T H d]``, weights ``[B H T K]``."""
+    values, ``score_bias`` ``[B H K]`` (its ALiBi) -> heads' outputs ``[B T H d]``, weights ``[B H T K]``."""
     import torch
 
     B, H, T, d = query.shape
     K = key.shape[2]
-    scores = key_bias.reshape(B * H, 1, K).to(query.dtype).baddbmm(
+    scores = score_bias.reshape(B * H, 1, K).to(query.dtype).baddbmm(
         batch1=query.reshape(B * H, T, d), batch2=key.reshape(B * H, K, d).transpose(-1, -2),
         beta=module.beta, alpha=scaling)
     weights = _masked(scores.view(B, H, T, K), attention_mask, torch.finfo(scores.dtype).min)
@@ -85,12 +94,12 @@ def bloom_eager(module, query, key, value, attention_mask, scaling: float, dropo
 
 
 def mpt_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
-              key_bias=None, **_):
+              score_bias=None, **_):
     """MPT's attention, its operations one for one (shapes as :func:`bloom_eager`'s)."""
     import torch
 
     # (MPT adds its float32 bias to scores of the forward's dtype: torch promotes them to float32)
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + key_bias[:, :, None, :]
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + score_bias[:, :, None, :]
     probs = torch.softmax(_masked(scores, attention_mask, torch.finfo(query.dtype).min).float(), dim=-1)
     probs = probs.to(value.dtype)
     return torch.matmul(probs, value).transpose(1, 2), probs
@@ -175,6 +184,93 @@ def _falcon(module, attend: Callable) -> Callable:
     return forward
 
 
+def _allowed(mask):
+    """Which keys a mask lets each query read (bool, True = attend) from any of its forms."""
+    import torch
+
+    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+
+
+def mpnet_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                score_bias=None, **_):
+    """MPNet's attention, its operations one for one (shapes as :func:`bloom_eager`'s;
+    ``score_bias`` ``[B H T K]``, its relative-position bias): ``q k^T / sqrt(d)``, the bias, the
+    additive mask, the softmax and the attention dropout."""
+    import math
+
+    import torch
+
+    scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(module.attention_head_size)
+    if score_bias is not None:
+        scores = scores + score_bias
+    probs = module.dropout(torch.softmax(_masked(scores, attention_mask, torch.finfo(scores.dtype).min), dim=-1))
+    return torch.matmul(probs, value).transpose(1, 2), probs
+
+
+def _mpnet(module, attend: Callable) -> Callable:
+    def forward(hidden_states, attention_mask=None, position_bias=None, output_attentions=False, **kwargs):
+        B, T = hidden_states.shape[:2]
+        query, key, value = (proj(hidden_states).view(B, T, -1, module.attention_head_size).transpose(1, 2)
+                             for proj in (module.q, module.k, module.v))
+        bias = None if position_bias is None else position_bias.expand(B, -1, -1, -1)
+        out, probs = attend(module, query, key, value, attention_mask, scaling=module.attention_head_size ** -0.5,
+                            score_bias=bias)
+        o = module.o(out.reshape(B, T, module.all_head_size))
+        return (o, probs) if output_attentions else (o,)
+
+    return forward
+
+
+def deberta_v2_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                     score_bias=None, **_):
+    """DeBERTa-v2's disentangled attention, its operations one for one (shapes as
+    :func:`bloom_eager`'s; ``score_bias`` ``[B H T K]``, its content-to-position and
+    position-to-content terms): ``q (k / sqrt(d s))^T`` (``s`` 1 + one per position term), the
+    terms, the mask filled with the lowest value, the softmax and the attention dropout."""
+    import torch
+    from transformers.models.deberta_v2.modeling_deberta_v2 import scaled_size_sqrt
+
+    B, H, T, d = query.shape
+    K = key.shape[2]
+    q = query.reshape(B * H, T, d)
+    scale = scaled_size_sqrt(q, _deberta_scale_factor(module))
+    scores = torch.bmm(q, key.reshape(B * H, K, d).transpose(-1, -2) / scale.to(dtype=q.dtype))
+    if score_bias is not None:
+        scores = scores + score_bias.reshape(B * H, T, K)
+    scores = scores.view(B, H, T, K)
+    if attention_mask is not None:
+        scores = scores.masked_fill(~_allowed(attention_mask), torch.finfo(q.dtype).min)
+    probs = module.dropout(torch.softmax(scores, dim=-1))
+    out = torch.bmm(probs.view(B * H, T, K), value.reshape(B * H, K, value.shape[-1]))
+    return out.view(B, H, T, -1).transpose(1, 2), probs
+
+
+def _deberta_scale_factor(module) -> int:
+    return 1 + ("c2p" in module.pos_att_type) + ("p2c" in module.pos_att_type)
+
+
+def _deberta_v2(module, attend: Callable) -> Callable:
+    def forward(hidden_states, attention_mask, output_attentions=False, query_states=None, relative_pos=None,
+                rel_embeddings=None):
+        H = module.num_attention_heads
+        query = module.transpose_for_scores(module.query_proj(
+            hidden_states if query_states is None else query_states), H)  # [B*H T d]
+        key = module.transpose_for_scores(module.key_proj(hidden_states), H)
+        value = module.transpose_for_scores(module.value_proj(hidden_states), H)
+        B, T, K = hidden_states.shape[0], query.shape[1], key.shape[1]
+        bias = None
+        if module.relative_attention:
+            bias = module.disentangled_attention_bias(query, key, relative_pos, module.pos_dropout(rel_embeddings),
+                                                      _deberta_scale_factor(module))
+            bias = None if isinstance(bias, int) else bias.view(B, H, T, K)  # (0: no position terms)
+        scale = float(module.attention_head_size * _deberta_scale_factor(module)) ** -0.5
+        out, probs = attend(module, *(x.view(B, H, -1, x.shape[-1]) for x in (query, key, value)),
+                            attention_mask.bool(), scaling=scale, score_bias=bias)
+        return out.reshape(B, T, -1), (probs if output_attentions else None)
+
+    return forward
+
+
 def _bloom(module, attend: Callable) -> Callable:
     from transformers.models.bloom.modeling_bloom import dropout_add
 
@@ -186,7 +282,7 @@ def _bloom(module, attend: Callable) -> Callable:
             key, value = layer_past.update(key, value, module.layer_idx)
         bias = alibi.view(B, module.num_heads, -1)[:, :, :key.shape[2]]
         out, probs = attend(module, query, key, value, attention_mask, scaling=module.inv_norm_factor,
-                            key_bias=bias)
+                            score_bias=bias)
         output = module.dense(out.reshape(B, T, module.hidden_size))
         return dropout_add(output, residual, module.hidden_dropout, module.training), probs
 
@@ -206,7 +302,7 @@ def _mpt(module, attend: Callable) -> Callable:
         K = key.shape[2]
         bias = position_bias[:, 0, max(0, position_bias.size(2) - K):].expand(B, -1, -1)  # [B H K]
         mask = None if attention_mask is None else ~attention_mask  # (MPT's True: masked)
-        out, probs = attend(module, query, key, value, mask, scaling=module.softmax_scale, key_bias=bias)
+        out, probs = attend(module, query, key, value, mask, scaling=module.softmax_scale, score_bias=bias)
         return module.out_proj(out.reshape(B, T, -1)), probs
 
     return forward
@@ -218,6 +314,8 @@ ADAPTERS: dict[str, tuple[Callable, Callable]] = {
     "MptAttention": (mpt_eager, _mpt),
     "GPTNeoSelfAttention": (gpt_neo_eager, _gpt_neo),
     "FalconAttention": (falcon_eager, _falcon),
+    "MPNetSelfAttention": (mpnet_eager, _mpnet),
+    "DisentangledSelfAttention": (deberta_v2_eager, _deberta_v2),
 }
 
 
@@ -225,6 +323,8 @@ def _adaptable(module) -> bool:
     name = type(module).__name__
     if name not in ADAPTERS:
         return False
+    if name == "DisentangledSelfAttention":  # (DeBERTa v1's module of that name is another)
+        return type(module).__module__.endswith("deberta_v2.modeling_deberta_v2")
     if name == "FalconAttention":  # (its ALiBi: see the module docstring)
         return not module.config.alibi
     return not (name == "BloomAttention" and module.pretraining_tp > 1 and module.slow_but_exact)

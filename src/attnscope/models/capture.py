@@ -61,7 +61,7 @@ def _from_hook_points(lm, batch, layer: int):
 
 
 def _from_projections(lm, batch, layer: int):
-    """For families outside transformers' AttentionInterface (MPNet)."""
+    """For families outside transformers' AttentionInterface without hook points (DeBERTa v1)."""
     fam = lm.family
     if fam.query is None or fam.key is None:
         raise AttnscopeError(f"neuron view: model family {fam.name!r} has no query/key module "

@@ -13,7 +13,8 @@ Nothing here is looked up by name. The facts come from one short forward pass ov
   latent attention: DeepSeek-V3's value heads are smaller than its query heads), from the tensors
   each layer's attention is handed;
 - the mechanisms: learned sinks (GPT-OSS's ``s_aux``), logit soft-capping, sliding windows and
-  chunks, a score scale other than ``1/sqrt(d)``, and ALiBi.
+  chunks, a score scale other than ``1/sqrt(d)``, ALiBi, and a bias per query and key (a
+  relative-position bias).
 
 Longformer, LED and LongT5 report local attention in a layout of their own (a column per offset,
 or blocks: :mod:`attnscope.models.local_maps`); the probe names it (:attr:`ModelFacts.local`) and
@@ -35,7 +36,8 @@ from attnscope.models.local_maps import layout_of, token_maps
 
 KINDS = ("causal", "bidirectional", "encoder-decoder")
 #: the mechanisms a model can have that change how attention is computed, as :attr:`ModelFacts.mechanisms` names them
-MECHANISMS = ("sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale", "alibi", "hybrid")
+MECHANISMS = ("sinks", "sink-scale", "value-size", "softcap", "window", "chunk", "scale", "alibi", "position-bias",
+              "hybrid")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ class ModelFacts:
     window: int | None = None  # sliding window (keys), in some or all layers
     chunk: int | None = None  # chunked attention (Llama 4): keys in the query's chunk only
     alibi: bool = False  # a linear bias on the scores by distance
+    #: a bias on the scores per query and key (MPNet's relative-position buckets, DeBERTa's
+    #: disentangled position terms): a ``[B H T K]`` tensor the adapter hands over
+    position_bias: bool = False
     hooks: bool = True  # attention runs through attnscope's attention function (hook points)
     #: it gets there by an adapter of the family's own attention code (:mod:`attnscope.models.adapters`:
     #: Bloom, MPT), not by transformers' AttentionInterface
@@ -91,7 +96,7 @@ class ModelFacts:
                "value-size": self.v_size != self.qk_size, "softcap": bool(self.softcap),
                "window": bool(self.window), "chunk": bool(self.chunk),
                "scale": abs(self.scale - self.qk_size ** -0.5) > 1e-6 * self.scale, "alibi": self.alibi,
-               "hybrid": len(self.attention_layers) != self.layers}
+               "position-bias": self.position_bias, "hybrid": len(self.attention_layers) != self.layers}
         return tuple(m for m in MECHANISMS if has[m])
 
     def describe(self) -> dict[str, Any]:
@@ -167,7 +172,7 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
         raise ModelError(f"{name}: its attention layers have different numbers of heads "
                          f"({', '.join(str(s[1]) for s in shapes)}); attnscope holds one [layers heads n n] map")
     kind = "encoder-decoder" if encdec else _kind_of([m[0] for m in maps], name)
-    alibi = any(s["bias"] for s in sites) or callable(getattr(model, "build_alibi_tensor", None)) or \
+    alibi = any(s["bias"] == 3 for s in sites) or callable(getattr(model, "build_alibi_tensor", None)) or \
         bool(getattr(text, "alibi", False)) or bool(getattr(getattr(text, "attn_config", None), "alibi", False))
     chunk = getattr(text, "attention_chunk_size", None)
     layers = max(layers, len(maps))
@@ -190,4 +195,5 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
         sinks=bool(sinks), sink_mass=sink_mass or not sinks, softcap=float(caps[0]) if caps else None,
         window=int(windows[0]) if windows else None,
         chunk=int(chunk) if isinstance(chunk, int) and chunk > 0 else None, alibi=alibi,
+        position_bias=any(s["bias"] == 4 for s in sites),
         adapted=adapters.adapted(model))

@@ -94,8 +94,10 @@ class Site:
     sinks: Any = None
     softcap: float | None = None
     window: int | None = None
-    #: a bias on the scores per head and key, ``[B Hq K]``, added after the scaling: ALiBi, which
-    #: :mod:`attnscope.models.adapters` hands over for the families that compute it inline (Bloom, MPT)
+    #: a bias on the scores, added after the scaling, which :mod:`attnscope.models.adapters` hands
+    #: over (``score_bias``) for the families that compute it inline: per head and key, ``[B Hq K]``,
+    #: the same for every query (ALiBi: Bloom, MPT), or per head, query and key, ``[B Hq T K]`` (a
+    #: relative-position bias: MPNet's buckets, DeBERTa's disentangled c2p and p2c terms)
     bias: Any = None
 
     @property
@@ -243,7 +245,7 @@ def probe_attention(model, ids, encoder_decoder: bool = False) -> tuple[list[dic
     if hooked_model and not encoder_decoder:
         maps = state.attentions or maps
     sites = [{"query": s.query, "key": s.key, "value": s.value, "scaling": s.scaling,
-              "sinks": s.sinks is not None, "softcap": s.softcap, "window": s.window, "bias": s.bias is not None,
+              "sinks": s.sinks is not None, "softcap": s.softcap, "window": s.window, "bias": 0 if s.bias is None else s.bias.dim(),
               "layer_idx": s.model_layer} for s in state.probe]
     if encoder_decoder:  # the encoder's calls only: as many as its maps
         return sites[:len(maps)], maps, list(range(len(maps)))
@@ -301,7 +303,7 @@ def install(model) -> bool:
     registry by the config's name (the hybrids), attnscope's name in the config, kept only when a
     six-token probe shows each attention layer calls it once and the maps equal eager's exactly
     (:func:`_routes_exactly`; never for an encoder-decoder); otherwise False, and the model is left
-    on eager attention (e.g. MPNet).
+    on eager attention (e.g. DeBERTa v1).
     """
     if not getattr(type(model), "_supports_attention_backend", False):
         if adapters.install(model, _attention, lambda: _ACTIVE.get() is not None):
@@ -579,7 +581,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     layer = state.layer % state.wrap if state.wrap else state.layer
     site = Site(layer, module, query, key, value, attention_mask, float(scaling), sinks=kwargs.get("s_aux"),
                 softcap=kwargs.get("softcap") or None, window=kwargs.get("sliding_window") or None,
-                bias=kwargs.get("key_bias"))
+                bias=kwargs.get("score_bias"))
     if state.probe is not None:
         state.probe.append(site)
     for point, tensor in (("q", query), ("k", key), ("v", value)):
