@@ -32,18 +32,27 @@ def _batch(lm):
     return pad_batch(lm, [ids[0], ids[1][:7]])  # a padded batch: Bloom's positions come from its mask
 
 
+def _assert_the_models_own(lm, batch, ours) -> None:
+    """``ours`` (a pass of attnscope's, with attentions) gives the maps and last hidden states of
+    the model's own attention code run outside a pass on ``batch``, exactly: the same operations on
+    the same tensors."""
+    import inspect
+
+    cache = {"use_cache": False} if "use_cache" in inspect.signature(lm.model.forward).parameters else {}
+    with torch.inference_mode():  # outside a pass: the model's own attention code
+        own = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True,
+                       **cache)
+    assert len(ours.attentions) == len(own.attentions) == lm.num_layers
+    for a, b in zip(ours.attentions, own.attentions):
+        assert torch.equal(a, b)
+    assert torch.equal(ours.output.last_hidden_state, own.last_hidden_state)
+
+
 def test_the_adapted_maps_and_outputs_are_the_models_own_exactly(alibi_lm):
     lm = alibi_lm
     assert supports_hooks(lm) and lm.facts.adapted and lm.facts.mechanisms == ("alibi",) and lm.facts.causal
     batch = _batch(lm)
-    ours = forward(lm, batch, attentions=True)
-    with torch.inference_mode():  # outside a pass: the model's own attention code
-        own = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True,
-                       use_cache=False)
-    assert len(ours.attentions) == len(own.attentions) == lm.num_layers
-    for a, b in zip(ours.attentions, own.attentions):  # the same operations on the same tensors
-        assert torch.equal(a, b)
-    assert torch.equal(ours.output.last_hidden_state, own.last_hidden_state)
+    _assert_the_models_own(lm, batch, forward(lm, batch, attentions=True))
 
 
 def test_the_bias_is_alibi_by_its_definition(alibi_lm):
@@ -140,12 +149,7 @@ def test_gpt_neos_adapted_maps_and_outputs_are_its_own_and_its_local_layers_read
     assert set(lm.facts.mechanisms) == {"window", "scale"} and lm.facts.scale == 1.0
     batch = _batch(lm)
     ours = forward(lm, batch, attentions=True)
-    with torch.inference_mode():
-        own = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True,
-                       use_cache=False)
-    for a, b in zip(ours.attentions, own.attentions):
-        assert torch.equal(a, b)
-    assert torch.equal(ours.output.last_hidden_state, own.last_hidden_state)
+    _assert_the_models_own(lm, batch, ours)
     n = int(batch.lengths[0])
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     for layer, kind in enumerate(lm.model.config.attention_layers[:lm.num_layers]):
@@ -205,14 +209,7 @@ def test_falcons_adapted_maps_and_outputs_are_its_own(falcon_lm):
     lm = falcon_lm
     assert supports_hooks(lm) and lm.facts.adapted and lm.facts.mechanisms == ()
     batch = _batch(lm)
-    ours = forward(lm, batch, attentions=True)
-    with torch.inference_mode():
-        own = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True,
-                       use_cache=False)
-    assert len(ours.attentions) == len(own.attentions) == lm.num_layers
-    for a, b in zip(ours.attentions, own.attentions):
-        assert torch.equal(a, b)
-    assert torch.equal(ours.output.last_hidden_state, own.last_hidden_state)
+    _assert_the_models_own(lm, batch, forward(lm, batch, attentions=True))
 
 
 @pytest.mark.parametrize("backend", ["tiles", "maps"])
@@ -268,11 +265,7 @@ def test_a_position_biased_models_maps_and_outputs_are_its_own(biased_lm):
     ours = forward(lm, batch, attentions=True, hooks={"q": lambda site, q: seen.append(tuple(site.bias.shape))})
     B, T = batch.input_ids.shape
     assert seen == [(B, lm.num_heads, T, T)] * lm.num_layers  # the bias the hooks and backends read
-    with torch.inference_mode():
-        own = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True)
-    for a, b in zip(ours.attentions, own.attentions):
-        assert torch.equal(a, b)
-    assert torch.equal(ours.output.last_hidden_state, own.last_hidden_state)
+    _assert_the_models_own(lm, batch, ours)
 
 
 def test_a_position_biased_models_maps_are_the_softmax_of_its_scaled_scores_and_bias(biased_lm):

@@ -320,7 +320,7 @@ def install(model) -> bool:
         names = [c._attn_implementation for c in configs]
         for config in configs:
             config._attn_implementation = ATTN_IMPLEMENTATION
-        if _routes_exactly(model):
+        if _routes_exactly(model, configs):
             return True
         for config, name in zip(configs, names):
             config._attn_implementation = name
@@ -330,8 +330,8 @@ def install(model) -> bool:
     return True
 
 
-def _routes_exactly(model) -> bool:
-    """Whether ``model`` (its config naming attnscope's function) calls it once per layer that
+def _routes_exactly(model, configs: list) -> bool:
+    """Whether ``model`` (its ``configs`` naming attnscope's function) calls it once per layer that
     reports a map, and its maps then equal the model's eager ones exactly (a probe of six
     tokens each way)."""
     import torch
@@ -351,11 +351,13 @@ def _routes_exactly(model) -> bool:
                 model(**kwargs)
             finally:
                 _ACTIVE.reset(token)
-            model.config._attn_implementation = "eager"
+            for config in configs:  # (every config that names attnscope's function: eager)
+                config._attn_implementation = "eager"
             try:
                 theirs = [a for a in (model(**kwargs, output_attentions=True).attentions or ()) if a is not None]
             finally:
-                model.config._attn_implementation = ATTN_IMPLEMENTATION
+                for config in configs:
+                    config._attn_implementation = ATTN_IMPLEMENTATION
     except Exception:  # a model that needs other inputs (pixels, boxes): not routed
         return False
     ours = state.attentions

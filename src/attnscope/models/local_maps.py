@@ -24,7 +24,6 @@ from typing import Any
 
 from attnscope.errors import ModelError
 
-LAYOUTS = ("window", "blocks")
 _GLOBAL = ("{name}: its local attention also reads keys that summarise blocks of tokens (transient-global "
            "attention), which are no tokens; attnscope reads attention over the tokens")
 
