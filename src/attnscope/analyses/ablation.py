@@ -31,7 +31,7 @@ import numpy as np
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.lm_objective import LossInput, Objective, loss_inputs
 from attnscope.data.records import HeadId
-from attnscope.models.forward import forward, pad_batch
+from attnscope.models.forward import batches, forward, pad_batch
 
 #: Fractions of all heads removed along a pruning curve.
 DEFAULT_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -77,7 +77,7 @@ class HeadMeans(EncodedAnalysis):
         return {"model": self.lm.name, "over": "real token positions"}
 
     def update(self, encoded) -> None:
-        for chunk in _chunks(list(encoded), self.batch_size):
+        for chunk in batches(self.lm, encoded, self.batch_size):
             batch = pad_batch(self.lm, [e.input_ids for e in chunk], [e.token_type_ids for e in chunk])
             real = batch.attention_mask.bool().to(self.lm.device)  # [B T], indexes head outputs
             layers: list[np.ndarray] = []
@@ -175,7 +175,7 @@ class AblationEffect(EncodedAnalysis):
         lm = self.objective.lm
         L, H = lm.num_layers, lm.num_heads
         dtype = next(lm.model.parameters()).dtype
-        for chunk in _chunks(inputs, self.batch_size):
+        for chunk in batches(lm, inputs, self.batch_size):
             if self.batched:
                 self._update_batched(chunk)
                 continue
@@ -329,7 +329,7 @@ class PruningCurve(EncodedAnalysis):
         L = lm.num_layers
         dtype = next(lm.model.parameters()).dtype
         plan, firsts, needs_full = self._schedule()
-        for chunk in _chunks(inputs, self.batch_size):
+        for chunk in batches(lm, inputs, self.batch_size):
             # layers before a set's first pruned head are the full model's: start from their output
             full = self.objective.run(chunk, output_hidden_states=True) if needs_full else None
             for heads, points in plan.items():

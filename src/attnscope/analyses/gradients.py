@@ -30,7 +30,7 @@ from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import layer_number
 from attnscope.errors import ModelError
 from attnscope.extract.encode import Encoder
-from attnscope.models.forward import forward, pad_batch
+from attnscope.models.forward import batches, forward, pad_batch
 from attnscope.progress import Step
 from attnscope.store import Store
 
@@ -249,8 +249,7 @@ class GradientImportance(EncodedAnalysis):
 
     def update(self, batch: list) -> None:
         inputs = self._inputs(batch)
-        for i in range(0, len(inputs), self.batch_size):
-            chunk = inputs[i:i + self.batch_size]
+        for chunk in batches(self.scorer.lm, inputs, self.batch_size):
             for x, g in zip(chunk, attention_gradients(self.scorer, chunk)):
                 self.add_gradients(x, g)
 
@@ -345,8 +344,9 @@ def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]
     chosen = encoded[: opts.max_examples]
     feats, targets = [], []
     inputs = [prepare_masked(lm, t, s, g, i, opts.seed + 1, opts.mask_prob) for t, s, g, i in chosen]
-    for start in range(0, len(inputs), 16):
-        chunk = inputs[start:start + 16]
+    done = 0
+    for chunk in batches(lm, inputs, 16):
+        done += len(chunk)
         hidden = forward(lm, _pad(lm, chunk)).output.last_hidden_state  # [B T d]
         for b, x in enumerate(chunk):
             if x.masked.size:
@@ -354,7 +354,7 @@ def fit_mlm_head(lm, encoded: list[tuple[list[str], np.ndarray, np.ndarray, int]
                 feats.append(hidden[b, torch.as_tensor(x.masked, device=hidden.device)].cpu().clone())
                 targets.append(torch.as_tensor(x.targets))
         if progress is not None:
-            progress(Step("fit-mlm-head: encode", "examples"), min(start + 16, len(inputs)), len(inputs))
+            progress(Step("fit-mlm-head: encode", "examples"), done, len(inputs))
     if not feats:
         raise ModelError("no maskable tokens to fit a masked-LM head on")
     X = torch.cat(feats).float()  # [N d]

@@ -34,6 +34,7 @@ import numpy as np
 from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.lm_objective import LossInput, Objective, loss_inputs
 from attnscope.data.records import HeadId
+from attnscope.models.forward import batches
 
 #: ``norm`` of :class:`HeadImportance`: the paper's equation, or Michel et al.'s released code.
 NORMS = ("paper", "released")
@@ -137,8 +138,7 @@ class HeadImportance(EncodedAnalysis):
                 inputs.append(x)
             else:
                 self.skipped += 1
-        for i in range(0, len(inputs), self.batch_size):
-            chunk = inputs[i:i + self.batch_size]
+        for chunk in batches(self.objective.lm, inputs, self.batch_size):
             if self.norm == "paper":
                 self.add(gate_gradients(self.objective, chunk))
                 self.tokens += sum(len(x) for x in chunk)

@@ -31,7 +31,7 @@ from attnscope.analyses.base import EncodedAnalysis, Result, register
 from attnscope.analyses.token_classes import TokenClasser
 from attnscope.data.records import layer_number
 from attnscope.errors import AttnscopeError
-from attnscope.models.forward import forward, pad_batch
+from attnscope.models.forward import batches, forward, pad_batch
 
 SHARE_CLASSES = ("first", "separator", "punct", "other")
 
@@ -187,8 +187,7 @@ class NormShares(EncodedAnalysis):
         if self.decomposer is None:
             self.decomposer = NormDecomposer(self.lm)
         encoded = list(encoded)
-        for s in range(0, len(encoded), self.batch_size):
-            chunk = encoded[s:s + self.batch_size]
+        for chunk in batches(self.lm, encoded, self.batch_size):
             batch = pad_batch(self.lm, [e.input_ids for e in chunk], [e.token_type_ids for e in chunk])
             layers = self.decomposer.run(batch)
             for b, e in enumerate(chunk):

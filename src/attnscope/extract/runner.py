@@ -21,7 +21,7 @@ from attnscope.extract.encode import Encoded, Encoder, token_units
 from attnscope.extract.seq2seq import decoder_input, seq2seq_maps
 from attnscope.extract.wordlevel import to_word_level
 from attnscope.maps import AttentionBatch, AttentionMap
-from attnscope.models.forward import forward, pad_batch
+from attnscope.models.forward import batches, forward, pad_batch
 from attnscope.models.loading import LoadedModel, as_loaded
 from attnscope.models.pieces import piece_decoder
 
@@ -115,10 +115,7 @@ class Extractor:
             yield from self._batches(window)
 
     def _batches(self, window: list[Encoded]) -> Iterator[list[Encoded]]:
-        order = sorted(window, key=lambda e: (len(e), e.index))
-        bs = self.options.batch_size
-        for i in range(0, len(order), bs):
-            yield order[i:i + bs]
+        yield from batches(self.lm, sorted(window, key=lambda e: (len(e), e.index)), self.options.batch_size)
 
     # -- running --------------------------------------------------------------------------
     def run_batch(self, batch: list[Encoded], hooks: dict | None = None) -> AttentionBatch:

@@ -70,6 +70,11 @@ class ModelFacts:
     #: disentangled position terms): a ``[B H T K]`` tensor the adapter hands over
     position_bias: bool = False
     hooks: bool = True  # attention runs through attnscope's attention function (hook points)
+    #: a right-padded batch (:func:`~attnscope.models.forward.pad_batch`) gives each sequence the
+    #: maps it has alone; False where padding changes them (ConvBERT's convolution and CPM-Ant read
+    #: the padded positions, Nystromformer's landmarks average over them): its sequences are then
+    #: batched one length at a time (:func:`~attnscope.models.forward.batches`)
+    pads: bool = True
     #: it gets there by an adapter of the family's own attention code (:mod:`attnscope.models.adapters`:
     #: Bloom, MPT), not by transformers' AttentionInterface
     adapted: bool = False
@@ -104,7 +109,7 @@ class ModelFacts:
                 "heads": self.heads, "kv_heads": self.kv_heads, "qk_head_size": self.qk_size,
                 "v_head_size": self.v_size, "scale": self.scale, "softcap": self.softcap,
                 "window": self.window, "chunk": self.chunk, "mechanisms": list(self.mechanisms),
-                "hooks": self.hooks, "adapted": self.adapted, "local": self.local}
+                "hooks": self.hooks, "adapted": self.adapted, "local": self.local, "pads": self.pads}
 
 
 def config_layers(config) -> int:
@@ -133,6 +138,28 @@ def _kind_of(maps: list, name: str) -> str:
         return "bidirectional"
     raise ModelError(f"{name}: some of its attention layers see later tokens and some do not "
                      f"(causal by layer: {causal}); attnscope cannot classify it")
+
+
+def _pads(model, ids, maps: list, tokenizer) -> bool:
+    """Whether the probe's maps, right-padded in a batch beside a longer sequence, are the maps it
+    has alone, within the float32 rounding of a softmax row of ``n`` terms carried through every
+    layer (``eps n (1 + ln n) L``: a batch's other shapes change how its sums round; padding that
+    reaches the model changes them by far more, 0.76 on ConvBERT). Encoder-decoders (extracted one
+    example at a time) and local attention (Longformer pads to its window itself) are not asked."""
+    import math
+
+    import torch
+
+    from attnscope.models.forward import padded_maps
+
+    pad = getattr(tokenizer, "pad_token_id", None)
+    padded = padded_maps(model, ids, 0 if pad is None else int(pad))
+    if len(padded) != len(maps):
+        return False
+    n = int(ids.shape[-1])
+    eps = torch.finfo(maps[0].dtype).eps if maps[0].is_floating_point() else 0.0
+    bound = eps * n * (1 + math.log(n)) * len(maps)
+    return all(float((a.double() - b.double()).abs().max()) <= bound for a, b in zip(maps, padded))
 
 
 def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
@@ -172,6 +199,7 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
         raise ModelError(f"{name}: its attention layers have different numbers of heads "
                          f"({', '.join(str(s[1]) for s in shapes)}); attnscope holds one [layers heads n n] map")
     kind = "encoder-decoder" if encdec else _kind_of([m[0] for m in maps], name)
+    pads = encdec or bool(local) or _pads(model, ids, maps, tokenizer)
     alibi = any(s["bias"] == 3 for s in sites) or callable(getattr(model, "build_alibi_tensor", None)) or \
         bool(getattr(text, "alibi", False)) or bool(getattr(getattr(text, "attn_config", None), "alibi", False))
     chunk = getattr(text, "attention_chunk_size", None)
@@ -180,7 +208,7 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
         heads = int(maps[0].shape[1])
         size = int(getattr(text, "head_dim", None) or getattr(text, "hidden_size", heads) // heads)
         return ModelFacts(kind, layers, tuple(attention_layers), heads, heads, size, size, size ** -0.5,
-                          window=reach, alibi=alibi, hooks=False, local=local)
+                          window=reach, alibi=alibi, hooks=False, local=local, pads=pads)
     first = sites[0]
     heads, kv_heads = int(first["query"].shape[1]), int(first["key"].shape[1])
     qk, v = int(first["query"].shape[-1]), int(first["value"].shape[-1])
@@ -195,5 +223,5 @@ def read_facts(model, tokenizer, name: str = "the model") -> ModelFacts:
         sinks=bool(sinks), sink_mass=sink_mass or not sinks, softcap=float(caps[0]) if caps else None,
         window=int(windows[0]) if windows else None,
         chunk=int(chunk) if isinstance(chunk, int) and chunk > 0 else None, alibi=alibi,
-        position_bias=any(s["bias"] == 4 for s in sites),
+        position_bias=any(s["bias"] == 4 for s in sites), pads=pads,
         adapted=adapters.adapted(model))

@@ -60,7 +60,7 @@ import contextlib
 import contextvars
 import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import Any
@@ -177,6 +177,27 @@ class _Pass:
 _ACTIVE: contextvars.ContextVar[_Pass | None] = contextvars.ContextVar("attnscope_pass", default=None)
 
 
+def batches(lm, items: Sequence, size: int) -> Iterator[list]:
+    """``items`` (each with a length: encoded examples, a loss's inputs) in consecutive batches of
+    at most ``size``, in order; for a model whose outputs padding changes (:attr:`ModelFacts.pads
+    <attnscope.models.facts.ModelFacts.pads>` False) a batch ends where the length changes, so
+    none is padded (items sorted by length then stay in batches of ``size``).
+
+    >>> facts = type("F", (), {"pads": False})()
+    >>> [len(b) for b in batches(type("LM", (), {"facts": facts})(), ["ab", "cd", "efg", "h"], 3)]
+    [2, 1, 1]
+    """
+    items = list(items)
+    one_length = not getattr(getattr(lm, "facts", None), "pads", True)
+    start = 0
+    while start < len(items):
+        end = min(start + max(1, size), len(items))
+        if one_length:
+            end = next((i for i in range(start + 1, end) if len(items[i]) != len(items[start])), end)
+        yield items[start:end]
+        start = end
+
+
 def pad_batch(lm, sequences: Sequence[Sequence[int]],
               token_types: Sequence[Sequence[int] | None] | None = None) -> ModelInputs:
     """Right-pad token id sequences (and their segment ids) into one batch.
@@ -191,6 +212,11 @@ def pad_batch(lm, sequences: Sequence[Sequence[int]],
     pad = lm.tokenizer.pad_token_id
     pad = 0 if pad is None else int(pad)
     lengths = [len(s) for s in sequences]
+    if len(set(lengths)) > 1 and not getattr(getattr(lm, "facts", None), "pads", True):
+        # (the planners batch such a model's sequences by length: a padded batch here is a caller
+        # that forgot, and would change its numbers without a word)
+        raise ModelError(f"{lm.name}: padding changes its outputs (ModelFacts.pads), so its sequences "
+                         f"are batched one length at a time; this batch holds lengths {sorted(set(lengths))}")
     width = max(lengths, default=0)
     ids = torch.full((len(sequences), width), pad, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
@@ -259,6 +285,33 @@ def probe_attention(model, ids, encoder_decoder: bool = False) -> tuple[list[dic
     if len(index) != len(maps) or len(set(index)) != len(index) or not all(isinstance(i, int) for i in index):
         index = list(range(len(maps)))  # (no module says which layer it is: the maps in order)
     return sites, maps, index
+
+
+def padded_maps(model, ids, pad_id: int, extra: int = 3) -> list:
+    """Each attention layer's ``[1 H n n]`` maps of token ids ``ids`` ``[1 n]`` read from a batch
+    in which they are right-padded, as :func:`pad_batch` pads them, beside a sequence ``extra``
+    tokens longer (the same ids, repeated): what the facts probe compares with the maps of ``ids``
+    alone (:attr:`attnscope.models.facts.ModelFacts.pads`)."""
+    import torch
+
+    n = int(ids.shape[-1])
+    longer = torch.cat([ids, ids[:, :extra]], -1)
+    batch = torch.cat([longer, torch.full_like(longer[:, :1], pad_id).expand(1, n + extra).clone()])
+    batch[1, :n] = ids[0]
+    mask = torch.zeros_like(batch)
+    mask[0], mask[1, :n] = 1, 1
+    kwargs = {"input_ids": batch, "attention_mask": mask}
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs["use_cache"] = False
+    state = _Pass(hooks={}, attentions=[])
+    token = _ACTIVE.set(state)
+    try:
+        with torch.inference_mode():
+            out = model(**kwargs, output_attentions=True)
+    finally:
+        _ACTIVE.reset(token)
+    maps = (state.attentions if _hooked(model) else None) or getattr(out, "attentions", None) or ()
+    return [m[1:, ..., :n, :n] for m in maps if m is not None]
 
 
 def model_device(model) -> Any:

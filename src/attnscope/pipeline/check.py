@@ -97,6 +97,8 @@ class CheckReport:
                 ("mechanisms", ", ".join(f.mechanisms) or "none"),
                 ("hooks", "attnscope's adapter of its own attention code" if f.adapted else
                  "AttentionInterface" if f.hooks else "maps only (outside AttentionInterface)"),
+                ("padding", "leaves each sequence's maps as they are alone" if f.pads else
+                 "changes its outputs: batched one length at a time"),
                 ("tokens checked", str(self.tokens))]
 
 
