@@ -43,9 +43,11 @@ eager, which materialises a call's scores: the CPU runs this backend to prove it
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from functools import cache
 
+from attnscope.engines import tiled
 from attnscope.engines.rows import NUM_BUCKETS
 from attnscope.engines.seam import Backend
 from attnscope.engines.tiled import LOW
@@ -235,6 +237,42 @@ def attend(q, k, v, mask: Mask, scale: float, score_mod=None, max_scores: bool =
     return out[..., :e], aux.lse, aux.max_scores
 
 
+def resolves(lse, n: int) -> bool:
+    """Whether float32 log-sum-exps ``lse`` ``[H n]`` resolve the statistics of rows of ``n`` keys:
+    each ``L_i`` is rounded to eps32 of its own size (within ``ln n`` of the row's largest score
+    ``m_i``), and that error moves every weight derived from it (``exp(s - L)``, ``exp(L_band - L)``) by as
+    much of itself and the entropy ``L - sum p s`` by as much again; it stays within float32
+    rounding of the row itself (:func:`~attnscope.engines.rows.row_rounding`, ``eps32 n (1 + ln
+    n)``) while ``|L_i| <= n (1 + ln n)``. A random MobileBERT's scores reach 2.5e11, where ``L``
+    is rounded by 16,384 and the bucket masses overflow.
+
+    >>> import torch
+    >>> resolves(torch.tensor([[3.0, -20.0]]), 8), resolves(torch.tensor([[2.5e11]]), 8)
+    (True, False)
+    """
+    import math
+
+    import torch
+
+    # (one host sync: a row with no key, -inf, has no size)
+    size = torch.where(torch.isfinite(lse), lse.abs(), torch.zeros((), device=lse.device)).amax()
+    return float(size) <= n * (1.0 + math.log(max(n, 1)))
+
+
+def on_tiles(name: str, layer, b: int, seq, lse) -> None:
+    """Sequence ``b`` of ``layer`` on the tiles (each row shifted by its largest score before any
+    exponential: exact to float32 rounding whatever the scores' size) where backend ``name``'s
+    log-sum-exps ``lse`` do not resolve it (:func:`resolves`); said as a warning (one text per
+    backend: Python shows it once)."""
+    import torch
+
+    warnings.warn(f"{name}: some layers' scores are too large for float32 log-sum-exps over their keys "
+                  "(|L| above n (1 + ln n)); those layers ran on the tiles", RuntimeWarning, stacklevel=2)
+    if layer.key.dtype != torch.float32:  # (the one-pass kernel's keys and values, in the model's dtype)
+        layer = dataclasses.replace(layer, key=layer.key.float(), value=layer.value.float())
+    tiled.TILES.run(layer, b, seq)
+
+
 def score_mod(cap: float | None, bias=None):
     """The score modification of logit soft-capping, ``cap tanh(s / cap)``, then of a bias per
     head and key (ALiBi: ``bias`` ``[Hq n]`` float32, added after the cap as :mod:`.tiled` adds
@@ -346,6 +384,8 @@ def run_layer(layer, b: int, seq) -> None:
     o, lse, top_score = attend(q, k, torch.cat([v, k], -1), mask, scale, score_mod(cap, bias),
                                max_scores=q.device.type == "cuda", blocks=whole)
     L = lse[0]  # [Hq n]
+    if not resolves(L, n):
+        return on_tiles("flex", layer, b, seq, L)
     keep = 1.0  # the share of each row's mass on its keys: 1, but a / (z + e^sink) with learned sinks
     scaled = o[0, :, :, :d]  # the layer's output
     if site.sinks is not None:  # the sink joins each row's softmax: L = ln(z + e^sink)

@@ -177,6 +177,8 @@ def run_layer(layer, b: int, seq) -> None:
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     out, lse, rowv, dist = layer_stats(q, k, v, seq.key_classes(q.device), scale=scale, cap=cap,
                                        causal=layer.causal, mask=own)
+    if not flex.resolves(lse, n):
+        return flex.on_tiles("onepass", layer, b, seq, lse)
     layer.out[b, :n] = out.transpose(0, 1)
     mask = flex.Mask(n, layer.causal, site.mask, b)
     # the keys in float32 for the few rows computed in torch (a probe's targets, the sampled

@@ -7,6 +7,7 @@ sequence's sampled rows, and the per-row sums of a tile (mass on key classes, ma
 from __future__ import annotations
 
 import hashlib
+import math
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -17,6 +18,18 @@ from attnscope.extract.encode import WORD_MARKERS
 
 #: Number of log-spaced buckets (distance or position): 0, 1, 2, 3-4, ..., up to 2^20.
 NUM_BUCKETS = 22
+
+
+def row_rounding(n: int) -> float:
+    """How far float32 rounding moves a statistic of one softmax row of ``n`` keys (a weight, a
+    mass, the entropy with its logarithms): ``eps32 n (1 + ln n)``, what ``attnscope check`` holds
+    every backend to and what the flex backend's log-sum-exps must resolve
+    (:func:`attnscope.engines.flex.resolves`).
+
+    >>> round(row_rounding(1) / float(np.finfo(np.float32).eps), 6)
+    1.0
+    """
+    return float(np.finfo(np.float32).eps) * n * (1.0 + math.log(max(n, 1)))
 
 
 def bucket_of(d: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.engines.rows import row_rounding
 from attnscope.errors import AttnscopeError
 
 #: the built-in text (with an induction sequence of :data:`INDUCTION` random tokens, twice)
@@ -102,11 +103,6 @@ class CheckReport:
                 ("tokens checked", str(self.tokens))]
 
 
-def _bound(n: int) -> float:
-    # float32 rounding of a softmax row of n terms and of its log terms (entropy: ln n)
-    return float(np.finfo(np.float32).eps * n * (1 + math.log(n)))
-
-
 def _verdict(difference: float, bound: float) -> str:
     return "exact" if difference == 0 else "rounding" if difference <= bound else "DISAGREES"
 
@@ -145,7 +141,7 @@ def _backend_rows(lm, sequences, targets) -> list[Row]:
     from attnscope.engines.streaming import stream_stats
 
     longest = max(len(s) for s in sequences)
-    bound = _bound(longest)
+    bound = row_rounding(longest)
     rows = []
     for b in backends.BACKENDS:
         if not b.usable(lm.device.type):
