@@ -204,18 +204,17 @@ def results_view_html(folder, *, title: str | None = None) -> str:
     return render_results_page(payload, title)
 
 
-def family_views(found) -> list[tuple[str, str, dict, dict]]:
-    """``(key, source, results, panels)`` for every results file of ``found`` (a
-    :class:`~attnscope.store.results.ResultsFolder`) whose family is registered: ``panels`` is
-    what the family's :meth:`~attnscope.families.base.Family.view` declares; malformed parts
-    are added to ``found.problems``."""
+def family_views(found) -> list[tuple[FamilyResult, dict]]:
+    """``(result, panels)`` for every results file of ``found`` (a
+    :class:`~attnscope.store.results.ResultsFolder`, read by :meth:`FamilyResult.read_all
+    <attnscope.analyses.family_result.FamilyResult.read_all>`): ``panels`` is what the family's
+    :meth:`~attnscope.families.base.Family.view` declares (none where the family is not
+    registered); malformed parts are added to ``found.problems``."""
     load_families()
     out = []
-    for key, path, d in found.items():
-        family = FAMILIES.get(key)
-        source = f"{path.parent.name}/{path.name}"
-        panels = family().view(d, source, found.problems) if family is not None else {}
-        out.append((key, source, d, panels))
+    for r in FamilyResult.read_all(found):
+        family = FAMILIES.get(r.family)
+        out.append((r, family().view(r, r.source, found.problems) if family is not None else {}))
     return out
 
 
@@ -234,10 +233,10 @@ def results_payload(folder: str | Path) -> dict:
         return out
     found = ResultsFolder(folder)
     shown = []
-    for key, _, results, panels in family_views(found):
-        model = model or (results.get("meta") or {}).get("model") or results.get("model")
+    for r, panels in family_views(found):
+        model = model or r.model
         if any(panels.get(k) for k in ("profiles", "sinks", "attribution")):
-            shown.append(FAMILIES[key].title)
+            shown.append(FAMILIES[r.family].title)
         out["profiles"] += panels.get("profiles", [])
         out["sinks"] += panels.get("sinks", [])
         if out["attribution"] is None:

@@ -242,10 +242,10 @@ def test_the_viewer_and_compare_read_what_the_family_wrote(atlas_run, tmp_path):
     from attnscope.views import family_views
 
     found = ResultsFolder(atlas_run)
-    (key, source, d, panels), = [v for v in family_views(found) if v[0] == "atlas"]
-    assert not found.problems
+    (r, panels), = [v for v in family_views(found) if v[0].family == "atlas"]
+    assert not found.problems and r.source == "results/atlas.json"
     names = [g["name"] for g in panels["grids"]]
-    assert "atlas: scores (streaming)" in names and len(panels["grids"]) == len(d["meta"]["relations"])
+    assert "atlas: scores (streaming)" in names and len(panels["grids"]) == len(r.meta["relations"])
     assert len(panels["scatter"]["points"]) == 8
     from attnscope.cli.main import main
 
@@ -255,7 +255,7 @@ def test_the_viewer_and_compare_read_what_the_family_wrote(atlas_run, tmp_path):
     tables = json.loads((tmp_path / "cmp" / "results" / "compare.json").read_text())["run_tables"]
     assert {t.name for t in Atlas.compare_tables} <= set(tables)
     areas = tables["atlas_areas"]
-    assert len(areas) == len(d["tables"]["areas"]) and all(r["area_change"] == 0 for r in areas)
+    assert len(areas) == len(r.tables["areas"]) and all(r["area_change"] == 0 for r in areas)
     assert (tmp_path / "cmp" / "tables" / "atlas_areas_compare.csv").is_file()
     assert "atlas_heads_compare" in (tmp_path / "cmp" / "report.html").read_text()
 

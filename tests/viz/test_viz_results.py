@@ -92,6 +92,28 @@ def test_a_malformed_example_map_is_named_and_left_out(attr_out, tmp_path):
          f"{n} tokens")
 
 
+def test_a_malformed_array_is_named_and_left_out_by_the_viewers_and_refused_by_the_typed_reader(longctx, tmp_path):
+    """The viewers read what a family wrote as a FamilyResult that names a malformed part and
+    shows the rest; a report or compare reading it strictly refuses the file in one line."""
+    from attnscope.analyses.family_result import FamilyResult
+
+    _, out = longctx
+    bad = tmp_path / "out"
+    shutil.copytree(out, bad)
+    path = bad / "results" / "longctx.json"
+    d = json.loads(path.read_text(encoding="utf-8"))
+    good = results_payload(out)
+    assert good["problems"] == [] and any(p["name"] == "longctx-stats: dist_mass" for p in good["profiles"])
+    d["arrays"]["dist_mass"]["data"] = d["arrays"]["dist_mass"]["data"][:-1]  # a layer short of its shape
+    path.write_text(json.dumps(d), encoding="utf-8")
+    p = results_payload(bad)
+    assert p["problems"] == ["results/longctx.json: array 'dist_mass' is malformed"]
+    assert [x["name"] for x in p["profiles"]] == [x["name"] for x in good["profiles"] if x["name"] != "longctx-stats: dist_mass"]
+    assert p["sinks"] == good["sinks"]
+    with pytest.raises(AttnscopeError, match=r"longctx\.json: a malformed array"):
+        FamilyResult.read(bad, "longctx")
+
+
 def test_an_unreadable_results_file_is_named(attr_out, tmp_path, capsys):
     """A results file cut short (a killed copy) is named, not passed over as absent."""
     from attnscope.cli.main import main

@@ -57,14 +57,31 @@ class FamilyResult:
     section: Any = None
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], path: Path | None = None, section: Any = None) -> "FamilyResult":
+    def from_json(cls, d: dict[str, Any], path: Path | None = None, section: Any = None,
+                  problems: list[str] | None = None) -> "FamilyResult":
         """A results file's object as a :class:`FamilyResult`; a malformed array or record is one
-        line naming the file."""
+        line naming the file, or, given ``problems`` (a viewer, which shows what it can), named
+        there and left out."""
         where = str(path) if path is not None else "results"
+        bad = (KeyError, TypeError, ValueError, AttributeError)
         try:  # (null, NaN in strict JSON, reads back as NaN in float arrays)
-            arrays = arrays_from_json(d.get("arrays"))
-            analyses = {k: Result.from_json(v) for k, v in (d.get("analyses") or {}).items()}
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            if problems is None:
+                arrays = arrays_from_json(d.get("arrays"))
+                analyses = {k: Result.from_json(v) for k, v in (d.get("analyses") or {}).items()}
+            else:  # (named as the pages name a file: results/<file>)
+                where = f"{path.parent.name}/{path.name}" if path is not None else where
+                arrays, analyses = {}, {}
+                for name, spec in (d.get("arrays") or {}).items():
+                    try:
+                        arrays.update(arrays_from_json({name: spec}))
+                    except bad:
+                        problems.append(f"{where}: array {name!r} is malformed")
+                for name, spec in (d.get("analyses") or {}).items():
+                    try:
+                        analyses[name] = Result.from_json(spec)
+                    except bad:
+                        problems.append(f"{where}: the results of analysis {name!r} are malformed")
+        except bad as err:
             raise AttnscopeError(f"{where}: a malformed array ({type(err).__name__}: {err})") from None
         model = d.get("model") if isinstance(d.get("model"), dict) else (d.get("meta") or {}).get("model")
         return cls(family=str(d.get("family") or d.get("analysis")), params=dict(d.get("params") or {}),
@@ -80,6 +97,23 @@ class FamilyResult:
         found = ResultsFolder(folder)
         d = found.get(key)
         return None if d is None else cls.from_json(d, found.path(key), section)
+
+    @classmethod
+    def read_all(cls, found: ResultsFolder) -> list["FamilyResult"]:
+        """Every readable results file of ``found`` (a :class:`~attnscope.store.results.ResultsFolder`),
+        by file name, as a viewer reads them: each malformed part named in ``found.problems`` (as
+        ``results/<file>``) and left out."""
+        return [cls.from_json(d, path, problems=found.problems) for _, path, d in found.items()]
+
+    @property
+    def source(self) -> str:
+        """The file it was read from as the pages name it (``results/general.json``)."""
+        return f"{self.path.parent.name}/{self.path.name}" if self.path is not None else self.family
+
+    @property
+    def analysis(self) -> str:
+        """The ``analysis`` name the file gives (the family's key for a family's file)."""
+        return str(self.body.get("analysis") or self.family)
 
     @property
     def layers(self) -> tuple[int, ...] | None:

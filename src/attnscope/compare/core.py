@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.compare.pairing import (
     MANIFEST,
     Pairing,
@@ -196,9 +197,9 @@ def results_tables(a: Path, b: Path) -> dict[str, list[dict]]:
     """Every family's :class:`~attnscope.families.base.CompareTable` that both output folders'
     results hold, by name, with the change (B - A)."""
     out: dict[str, list[dict]] = {}
-    ra, rb = ResultsFolder(a), ResultsFolder(b)
+    ra, rb = ({r.family: r for r in FamilyResult.read_all(ResultsFolder(side))} for side in (a, b))
     for fam in load_families():
-        ta, tb = ((r.get(fam.key) or {}).get("tables") or {} for r in (ra, rb))
+        ta, tb = (r[fam.key].tables if fam.key in r else {} for r in (ra, rb))
         for t in fam.compare_tables:
             if isinstance(ta.get(t.table), list) and isinstance(tb.get(t.table), list):
                 out[t.name] = combine_rows(ta[t.table], tb[t.table], t.key, t.values, selection=t.selection)

@@ -145,10 +145,10 @@ class Atlas(Family):
                      "Per query head scores of the two atlases."),
     )
 
-    def view(self, results: dict, source: str, problems: list[str]) -> dict:
+    def view(self, result: FamilyResult, source: str, problems: list[str]) -> dict:
         """Every score per head (grids), and the heads placed by streaming share and SnapKV mass."""
-        return {"grids": relation_grids(results, "scores", source, problems),
-                "scatter": head_scatter(results, "heads", "streaming", "snapkv", "label", source)}
+        return {"grids": relation_grids(result, "scores", source, problems),
+                "scatter": head_scatter(result, "heads", "streaming", "snapkv", "label", source)}
 
     def prepare(self, inputs: dict[str, Any], options: Options, ctx: Context) -> Prepared:
         path = inputs.get("atlas")

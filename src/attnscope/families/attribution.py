@@ -227,9 +227,9 @@ class Attribution(Family):
     def wants_mlm_head(self, options: AttributionOptions) -> bool:
         return True
 
-    def view(self, results: dict, source: str, problems: list[str]) -> dict:
+    def view(self, result: FamilyResult, source: str, problems: list[str]) -> dict:
         """One example's maps by every method that ran, side by side."""
-        return {"attribution": attribution_payload(results, source, problems)}
+        return {"attribution": attribution_payload(result, source, problems)}
 
     def prepare(self, inputs, options: AttributionOptions, ctx: Context) -> Prepared:
         methods = options.method_list()  # refuse a bad --attribution-methods before anything runs

@@ -398,8 +398,9 @@ class Family(ABC):
         ``ctx.out_dir``; return what it made (:meth:`Context.result` of the report's
         :class:`~attnscope.report.section.Section`)."""
 
-    def view(self, results: dict, source: str, problems: list[str]) -> dict:
-        """The panels of the viewers that this family's ``results`` (its results file, named
+    def view(self, result: FamilyResult, source: str, problems: list[str]) -> dict:
+        """The panels of the viewers that this family's ``result`` (its results file, read as a viewer
+        reads it: :meth:`FamilyResult.read_all <attnscope.analyses.family_result.FamilyResult.read_all>`, named
         ``source``) fill: for the results page, any of ``profiles`` (a list of
         :func:`~attnscope.viz.results_views.profiles_from_result` items), ``sinks`` (a list of
         :func:`~attnscope.viz.results_views.sink_heatmap` items) and ``attribution`` (an

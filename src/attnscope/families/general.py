@@ -279,9 +279,9 @@ class General(Family):
     def wants_mlm_head(self, options: GeneralOptions) -> bool:
         return options.gradient_mode != "off"
 
-    def view(self, results: dict, source: str, problems: list[str]) -> dict:
+    def view(self, result: FamilyResult, source: str, problems: list[str]) -> dict:
         """The heads placed by the clustering's MDS (Figure 6), labelled by behaviour."""
-        return {"scatter": head_scatter(results, "general_heads", "mds_x", "mds_y", "behaviour", source)}
+        return {"scatter": head_scatter(result, "general_heads", "mds_x", "mds_y", "behaviour", source)}
 
     def prepare(self, inputs, options: GeneralOptions, ctx: Context) -> Prepared:
         source = read_source(inputs["text"], self.inputs[0].kinds, model=ctx.model,

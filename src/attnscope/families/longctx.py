@@ -114,12 +114,12 @@ class LongContext(Family):
     order = 70
     demo = False  # beyond the paper; the demo reproduces the paper's analyses
 
-    def view(self, results: dict, source: str, problems: list[str]) -> dict:
+    def view(self, result: FamilyResult, source: str, problems: list[str]) -> dict:
         """Distance and position profiles per head, and the sink-mass heatmap."""
-        sink = sink_heatmap(results, source)
-        return {"profiles": profiles_from_result(results, source, problems),
+        sink = sink_heatmap(result, source)
+        return {"profiles": profiles_from_result(result, source, problems),
                 "sinks": [sink] if sink is not None else [],
-                "scatter": head_scatter(results, "clusters", "x", "y", "behaviour", source)}
+                "scatter": head_scatter(result, "clusters", "x", "y", "behaviour", source)}
 
     def prepare(self, inputs: dict[str, Any], options: Options, ctx: Context) -> Prepared:
         path = inputs.get("documents")

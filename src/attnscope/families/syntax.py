@@ -274,9 +274,9 @@ class Syntax(Family):
     saves_maps = True
     order = 20
 
-    def view(self, results: dict, source: str, problems: list[str]) -> dict:
+    def view(self, result: FamilyResult, source: str, problems: list[str]) -> dict:
         """Every head's accuracy per relation and direction, the overall ('all') grids first."""
-        return {"grids": relation_grids(results, "accuracy", source, problems, first=ALL)}
+        return {"grids": relation_grids(result, "accuracy", source, problems, first=ALL)}
 
     def prepare(self, inputs, options: SyntaxOptions, ctx: Context) -> Prepared:
         dev = _checked_split(read_syntax_input(inputs["deps"]), "dev")

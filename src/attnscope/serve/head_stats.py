@@ -1,7 +1,8 @@
 """The per-head statistics the viewer shows from an analysis output folder, when one is given.
 
-Reads the families' results files through :class:`~attnscope.store.results.ResultsFolder`
-(the one reader of ``results/<key>.json``) and takes from them:
+Reads the families' results files as :class:`~attnscope.analyses.family_result.FamilyResult`
+(through :class:`~attnscope.store.results.ResultsFolder`, the one reader of
+``results/<key>.json``) and takes from them:
 
 - per-head statistics: every table with one row per ``(layer, head)`` gives one ``[L][H]``
   grid per numeric column, and every ``[L, H]`` array gives one grid;
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.store.results import ResultsFolder
 from attnscope.views import family_views
 
@@ -66,27 +68,23 @@ def load_results(folder: str | Path | None, num_layers: int, num_heads: int) -> 
         return out
     L, H = num_layers, num_heads
     found = ResultsFolder(folder)
-    for _, source, d, panels in family_views(found):
-        analysis = d["analysis"]
-        if d.get("summary"):
-            out["summaries"].append({"analysis": analysis, "summary": list(d["summary"])})
+    for r, panels in family_views(found):
+        analysis, source = r.analysis, r.source
+        if r.summary:
+            out["summaries"].append({"analysis": analysis, "summary": list(r.summary)})
         scatter = panels.get("scatter")
         if scatter is not None and out["scatter"] is None:
             out["scatter"] = scatter
         placed = {(scatter["table"], c) for c in scatter["columns"]} if scatter else set()
-        for tname, rows in (d.get("tables") or {}).items():
+        for tname, rows in r.tables.items():
             for col, values in (_per_head(rows, L, H) if isinstance(rows, list) else {}).items():
                 if (tname, col) not in placed:
                     out["stats"].append({"name": f"{analysis}: {tname}.{col}", "source": source,
                                          "values": values})
-        for aname, arr in (d.get("arrays") or {}).items():
-            try:
-                if list(arr["shape"]) == [L, H]:
-                    a = np.asarray(arr["data"], dtype=float).reshape(L, H)
-                    out["stats"].append({"name": f"{analysis}: {aname}", "source": source,
-                                         "values": [[_num(v) for v in row] for row in a.tolist()]})
-            except (KeyError, TypeError, ValueError):
-                found.problems.append(f"{source}: array {aname!r} is malformed")
+        for aname, a in r.arrays.items():
+            if a.shape == (L, H) and a.dtype.kind in "fiu":  # (malformed ones were named when read)
+                out["stats"].append({"name": f"{analysis}: {aname}", "source": source,
+                                     "values": [[_num(v) for v in row] for row in a.tolist()]})
         out["stats"] += [g for g in panels.get("grids", []) if _fits(g["values"], L, H)]
     out["problems"] = found.problems
     return out
@@ -99,14 +97,13 @@ def results_shape(folder: str | Path | None) -> tuple[int, int]:
     L = H = 0
     if folder is None or not Path(folder).is_dir():
         return L, H
-    for _, _, d in ResultsFolder(folder).items():
-        for rows in (d.get("tables") or {}).values():
+    for result in FamilyResult.read_all(ResultsFolder(folder)):
+        for rows in result.tables.values():
             for r in rows if isinstance(rows, list) else []:
                 layer, head = (r.get("layer"), r.get("head")) if isinstance(r, dict) else (None, None)
                 if all(isinstance(x, int) and not isinstance(x, bool) for x in (layer, head)):
                     L, H = max(L, layer + 1), max(H, head + 1)
-        for arr in (d.get("arrays") or {}).values():
-            shape = arr.get("shape") if isinstance(arr, dict) else None
-            if isinstance(shape, list) and len(shape) == 3 and all(isinstance(x, int) for x in shape):
-                L, H = max(L, shape[0]), max(H, shape[1])
+        for a in result.arrays.values():
+            if a.ndim == 3:
+                L, H = max(L, a.shape[0]), max(H, a.shape[1])
     return L, H

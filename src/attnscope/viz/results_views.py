@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.models.loaded import display_name
 from attnscope.models.pieces import readable, visible
 from attnscope.viz.encoding import encode_f32
@@ -54,31 +55,25 @@ def _finite_or_none(v) -> float | None:
     return float(v) if v is not None and math.isfinite(v) else None
 
 
-def _array(spec) -> np.ndarray | None:
-    """An array of a result JSON (``{"shape", "data"}``; ``null`` -> NaN), or None if malformed."""
+def _numbers(a: np.ndarray) -> np.ndarray | None:
+    """``a`` as floats, or None where it holds something else (a table of strings)."""
     try:
-        a = np.asarray(spec["data"], dtype=float)
-        return a.reshape([int(x) for x in spec["shape"]])
-    except (KeyError, TypeError, ValueError):
+        return np.asarray(a, dtype=float)
+    except (TypeError, ValueError):
         return None
 
 
-def profiles_from_result(d: dict, source: str, problems: list[str]) -> list[dict]:
+def profiles_from_result(r: FamilyResult, source: str, problems: list[str]) -> list[dict]:
     """``[{"name", "title", "axis", "source", "buckets" [B'], "values" [L][H][B']}]`` for each bucketed
-    ``[L H B]`` array of result ``d``; trailing buckets with no data anywhere are dropped (a
+    ``[L H B]`` array of ``r``; trailing buckets with no data anywhere are dropped (a
     64-token input has nothing at distance 65 or more)."""
-    labels = (d.get("meta") or {}).get("buckets")
-    arrays = d.get("arrays") or {}
-    if not isinstance(labels, list) or not isinstance(arrays, dict):
+    labels = r.meta.get("buckets")
+    if not isinstance(labels, list):
         return []
     out = []
-    for name, spec in arrays.items():
-        if not (isinstance(spec, dict) and isinstance(spec.get("shape"), list)
-                and len(spec["shape"]) == 3 and spec["shape"][2] == len(labels)):
-            continue
-        a = _array(spec)
+    for name, a in r.arrays.items():
+        a = _numbers(a) if a.ndim == 3 and a.shape[2] == len(labels) else None
         if a is None:
-            problems.append(f"{source}: array {name!r} is malformed")
             continue
         has = np.isfinite(a) & (a != 0)
         used = np.nonzero(has.any(axis=(0, 1)))[0]
@@ -88,31 +83,31 @@ def profiles_from_result(d: dict, source: str, problems: list[str]) -> list[dict
         values = [[[_finite_or_none(v) for v in row[:keep]] for row in layer] for layer in a.tolist()]
         axis = ("distance bucket" if name.startswith("dist_") else
                 "query-position bucket" if name.startswith("pos_") else "bucket")
-        out.append({"name": f"{d.get('analysis', '?')}: {name}", "title": PROFILE_TITLES.get(name, name),
+        out.append({"name": f"{r.analysis}: {name}", "title": PROFILE_TITLES.get(name, name),
                     "axis": f"{axis} (log-spaced)",
                     "source": source, "buckets": [str(x) for x in labels[:keep]], "values": values})
     return out
 
 
-def sink_heatmap(d: dict, source: str) -> dict | None:
-    """The ``[L H]`` array ``sink`` of a result (mean mass on the first token) as
+def sink_heatmap(r: FamilyResult, source: str) -> dict | None:
+    """The ``[L H]`` array ``sink`` of ``r`` (mean mass on the first token) as
     ``{"name", "source", "values" [L][H]}``, or None."""
-    spec = (d.get("arrays") or {}).get("sink")
-    a = _array(spec) if isinstance(spec, dict) else None
-    if a is None or a.ndim != 2:
+    a = r.arrays.get("sink")
+    a = _numbers(a) if a is not None and a.ndim == 2 else None
+    if a is None:
         return None
-    threshold = (d.get("params") or {}).get("sink_threshold")
-    return {"name": f"{d.get('analysis', '?')}: sink", "source": source, "threshold": threshold,
+    threshold = r.params.get("sink_threshold")
+    return {"name": f"{r.analysis}: sink", "source": source, "threshold": threshold,
             "values": [[_finite_or_none(v) for v in row] for row in a.tolist()]}
 
 
-def attribution_payload(d: dict, source: str, problems: list[str]) -> dict | None:
-    """The maps of ``d["example"]`` (an ``attribution.json``), or None when it has none.
+def attribution_payload(r: FamilyResult, source: str, problems: list[str]) -> dict | None:
+    """The maps of the ``example`` of ``r`` (an ``attribution.json``), or None when it has none.
 
     ``{"index", "tokens" [n], "num_layers", "source", "model", "notes",
     "methods": [{"key", "title", "per_layer", "shape", "map": f32 blob}]}``.
     """
-    ex = d.get("example")
+    ex = r.body.get("example")
     if not isinstance(ex, dict):
         return None
     tokens = ex.get("tokens")
@@ -144,51 +139,50 @@ def attribution_payload(d: dict, source: str, problems: list[str]) -> dict | Non
     if not methods:
         problems.append(f"{source}: the attribution example has no maps")
         return None
-    model = d.get("model")
+    model = r.model
     text = [visible(t) for t in readable(tokens, [False] * n, None, "token")]  # tokens as the views show them
     return {"index": ex.get("index"), "tokens": tokens, "token_text": text, "num_layers": layers or 1,
             "source": source,
             "model": display_name(model) if isinstance(model, dict) else model,
-            "notes": [str(x) for x in d.get("notes") or []], "methods": methods}
+            "notes": [str(x) for x in r.body.get("notes") or []], "methods": methods}
 
 
-def head_scatter(d: dict, table: str, x: str, y: str, label: str, source: str) -> dict | None:
-    """The heads of table ``table`` of result ``d`` placed at columns ``x``, ``y`` and labelled by
+def head_scatter(r: FamilyResult, table: str, x: str, y: str, label: str, source: str) -> dict | None:
+    """The heads of table ``table`` of ``r`` placed at columns ``x``, ``y`` and labelled by
     column ``label``: ``{"source", "table", "columns" [x, y], "points": [{"layer", "head", "x",
     "y", "label"}]}``, or None when the table has no such rows (rows without both coordinates
     are left out)."""
-    rows = (d.get("tables") or {}).get(table)
+    rows = r.tables.get(table)
     if not isinstance(rows, list):
         return None
     points = []
-    for r in rows:
-        if not isinstance(r, dict):
+    for row in rows:
+        if not isinstance(row, dict):
             continue
-        px, py = r.get(x), r.get(y)
+        px, py = row.get(x), row.get(y)
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                   for v in (px, py, r.get("layer"), r.get("head"))):
+                   for v in (px, py, row.get("layer"), row.get("head"))):
             continue
-        points.append({"layer": int(r["layer"]), "head": int(r["head"]), "x": float(px),
-                       "y": float(py), "label": str(r.get(label, ""))})
+        points.append({"layer": int(row["layer"]), "head": int(row["head"]), "x": float(px),
+                       "y": float(py), "label": str(row.get(label, ""))})
     if not points:
         return None
-    return {"source": f"{d.get('analysis', '?')}: {table}", "table": table, "columns": [x, y],
+    return {"source": f"{r.analysis}: {table}", "table": table, "columns": [x, y],
             "points": points}
 
 
-def relation_grids(d: dict, name: str, source: str, problems: list[str], *,
+def relation_grids(r: FamilyResult, name: str, source: str, problems: list[str], *,
                    first: str | None = None) -> list[dict]:
-    """One ``[L][H]`` grid per relation (and direction) of array ``name`` of result ``d``, shaped
+    """One ``[L][H]`` grid per relation (and direction) of array ``name`` of ``r``, shaped
     ``[R, L, H]`` or ``[R, L, H, D]`` and labelled by ``meta["relations"]`` (and
     ``meta["directions"]``): ``[{"name": "<analysis>: <name> (<relation>[, <direction>])",
     "source", "values" [L][H]}]``, relation ``first`` first (e.g. the overall one)."""
-    spec = (d.get("arrays") or {}).get(name)
-    if spec is None:
+    a = r.arrays.get(name)
+    if a is None:
         return []
-    meta = d.get("meta") or {}
-    a = _array(spec) if isinstance(spec, dict) else None
-    rels = meta.get("relations")
-    dirs = meta.get("directions") if a is not None and a.ndim == 4 else [None]
+    a = _numbers(a)
+    rels = r.meta.get("relations")
+    dirs = r.meta.get("directions") if a is not None and a.ndim == 4 else [None]
     if a is None or a.ndim not in (3, 4) or not isinstance(rels, list) or len(rels) != a.shape[0] \
             or not isinstance(dirs, list) or len(dirs) != (a.shape[3] if a.ndim == 4 else 1):
         problems.append(f"{source}: array {name!r} is not [relation, layer, head(, direction)] "
@@ -196,9 +190,9 @@ def relation_grids(d: dict, name: str, source: str, problems: list[str], *,
         return []
     a = a.reshape(*a.shape[:3], len(dirs))
     out = []
-    for r in sorted(range(len(rels)), key=lambda r: rels[r] != first):
+    for i in sorted(range(len(rels)), key=lambda i: rels[i] != first):
         for k, direction in enumerate(dirs):
-            label = str(rels[r]) if direction is None else f"{rels[r]}, {direction}"
-            out.append({"name": f"{d.get('analysis', '?')}: {name} ({label})", "source": source,
-                        "values": [[_finite_or_none(v) for v in row] for row in a[r, :, :, k].tolist()]})
+            label = str(rels[i]) if direction is None else f"{rels[i]}, {direction}"
+            out.append({"name": f"{r.analysis}: {name} ({label})", "source": source,
+                        "values": [[_finite_or_none(v) for v in row] for row in a[i, :, :, k].tolist()]})
     return out
