@@ -270,12 +270,12 @@ def _head_page(folder: str | Path, name: str, *, model: str | None = None, examp
     forward pass over the example's own tokens, the pass the run made."""
     folder = Path(folder)
     found = ResultsFolder(folder)
-    results = {key: d for key, _, d in found.items()}
+    results = {r.family: r for r in FamilyResult.read_all(found)}
     general = results.get("general")
     if general is None:
         raise AttnscopeError(f"{folder}: no results/general.json; a head page shows what the general "
                              "family measured (attnscope run or attnscope analyze general)")
-    rows = general.get("tables", {}).get("general_heads") or []
+    rows = general.tables.get("general_heads") or []
     L, H = 1 + max((r["layer"] for r in rows), default=-1), 1 + max((r["head"] for r in rows), default=-1)
     try:
         hid = HeadId.parse(name)
@@ -291,7 +291,7 @@ def _head_page(folder: str | Path, name: str, *, model: str | None = None, examp
                               and isinstance(examples.get("examples"), dict)):
         raise AttnscopeError(f"{path}: not a head-examples file (corrupt or cut short); run the "
                              "general family again to rewrite it")
-    notes = []
+    notes = list(found.problems)  # (a malformed part of a results file, left out)
     if examples is None:
         notes.append("No top examples: the general family kept none (the streaming engine "
                      "computes no maps to draw them from) or this folder predates them.")

@@ -12,6 +12,7 @@ import pytest
 from conftest import softmax_bound
 
 from attnscope.analyses import stat
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.analyses.special_tokens import SpecialTokens
 from attnscope.analyses.stat import Stat, declared_for_now
 from attnscope.analyses.token_classes import TokenClasser
@@ -77,7 +78,7 @@ def test_a_toy_statistic_declared_once_reaches_results_tables_and_head_pages(tmp
     heads_table = next(t for t in sec.tables if t.name == "general_heads")  # the report's table
     assert "to_the" in heads_table.columns and "to_the: attention to the word 'the'" in heads_table.caption
     # a head's page, read from the results file alone (the statistic is no longer declared)
-    page = head_page_payload({"general": results}, None, "2-3")
+    page = head_page_payload({"general": FamilyResult.from_json(results)}, None, "2-3")
     shown = next(s for s in page["stats"] if s["key"] == "to_the")
     assert shown["what"] == TOY.what and shown["value"] == pytest.approx(want[1, 2], abs=bound)
     v = want[1, 2]  # its rank counts the heads above it; heads within the bound of it may go either way

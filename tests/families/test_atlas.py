@@ -214,11 +214,12 @@ def test_a_head_page_shows_the_atlas_label_scores_and_what_the_greedy_ranking_di
     """The head page reads the atlas's own results file: each head's label and scores, and, with
     a greedy ranking (its trace from A.greedy_order, since no calibration task of a random tiny
     model is answered), the iteration that kept the head's KV head and the accuracy around it."""
+    from attnscope.analyses.family_result import FamilyResult
     from attnscope.viz.head_page import head_page_payload
 
     atlas = json.loads((atlas_run / "results" / "atlas.json").read_text())
     for row in atlas["tables"]["heads"]:
-        labels = head_page_payload({"atlas": atlas}, None, row["name"])["labels"]
+        labels = head_page_payload({"atlas": FamilyResult.from_json(atlas)}, None, row["name"])["labels"]
         assert [lab["label"] for lab in labels] == [f"atlas: {row['label']}"], row["name"]
         assert f"streaming {row['streaming']:.3g}" in labels[0]["evidence"]
     # 2 layers x 2 KV heads, flattened layer-major: KV head 3 is layer 2's second
@@ -230,7 +231,7 @@ def test_a_head_page_shows_the_atlas_label_scores_and_what_the_greedy_ranking_di
     for name, says_ in (("2-3", "iteration 1, 0 KV heads kept before it: calibration accuracy 0.00 -> 0.25 with it"),
                         ("1-1", "iteration 2, 1 KV heads kept before it: calibration accuracy 0.25 (the last "),
                         ("1-3", "not among the 2 KV heads its 2 iterations kept")):
-        got = head_page_payload({"atlas": with_greedy}, None, name)["labels"][-1]
+        got = head_page_payload({"atlas": FamilyResult.from_json(with_greedy)}, None, name)["labels"][-1]
         assert got["evidence"].startswith(says_), (name, got)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import softmax_bound
 
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.analyses.relative_position import RelativePosition
 from attnscope.analyses.stat import rank_of
 from attnscope.analyses.top_examples import TopExamples, priority
@@ -143,7 +144,7 @@ def test_page_payload_ranks_and_intervals(general_run):
     out, kept = general_run
     general = json.loads((out / "results" / "general.json").read_text())
     rows = general["tables"]["general_heads"]
-    p = head_page_payload({"general": general}, kept, "2-1")
+    p = head_page_payload({"general": FamilyResult.from_json(general)}, kept, "2-1")
     prev = next(s for s in p["stats"] if s["key"] == "previous")
     mine = next(r for r in rows if r["name"] == "2-1")
     assert prev["value"] == mine["previous"]
@@ -157,7 +158,7 @@ def test_page_payload_ranks_and_intervals(general_run):
                                for e in c["top"] + c["typical"]}
     # the head's labels are the families' labels with their evidence, whatever examples it shows
     # (an example's token texts once overwrote them: "undefined - undefined" on the page)
-    assert p["labels"] == head_page_payload({"general": general}, None, "2-1")["labels"]
+    assert p["labels"] == head_page_payload({"general": FamilyResult.from_json(general)}, None, "2-1")["labels"]
     assert p["labels"] and all(set(x) == {"family", "label", "evidence"} for x in p["labels"])
 
 
@@ -247,7 +248,7 @@ def test_syntax_evidence_leaves_out_thin_relations_and_labels_only_what_beats_th
     L, H = debug_bert.num_layers, debug_bert.num_heads
     for layer in range(L):
         for head in range(H):
-            labels, rows = syntax_evidence(syntax, layer, head, f"{layer + 1}-{head + 1}")
+            labels, rows = syntax_evidence(FamilyResult.from_json(syntax), layer, head, f"{layer + 1}-{head + 1}")
             assert not [x for x in labels if x["label"].split()[1] in ("det", "nsubj", "obj")], labels
             assert rows and not [r for r in rows if r["what"].startswith("obj ")], rows
 
@@ -283,6 +284,6 @@ def test_coref_evidence_counts_the_mentions_of_each_type(tmp_path, debug_bert):
     coref = json.loads((out / "results" / "coref.json").read_text())
     counts = {"all": coref["meta"]["mentions"], **coref["meta"]["mentions_by_type"]}
     assert counts["all"] == sum(coref["meta"]["mentions_by_type"].values())
-    _, rows = coref_evidence(coref, "1-1")
+    _, rows = coref_evidence(FamilyResult.from_json(coref), "1-1")
     shown = {r["what"].split(", ")[1].split()[0]: r["count"] for r in rows}
     assert shown == {k: v for k, v in counts.items() if v >= MIN_ITEMS} and shown

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from attnscope.analyses.family_result import FamilyResult
 from attnscope.analyses.stat import interval95, rank_of, read_records
 from attnscope.data.records import HeadId
 from attnscope.models.loaded import display_name
@@ -36,35 +37,35 @@ def _pct(x: float) -> str:
     return f"{x:.1f}%"
 
 
-def general_stats(general: dict, layer: int, head: int) -> list[dict]:
+def general_stats(general: FamilyResult, layer: int, head: int) -> list[dict]:
     """The head's general statistics, one per record the results file carries
     (:func:`attnscope.analyses.stat.read_records`): value, 95% interval (mean +- 1.96 standard
     errors of the per-example values, cut at 0 below: no statistic here is negative), rank
     among the heads (as the record ranks) and how many examples."""
-    rows = general["tables"]["general_heads"]
+    rows = general.tables["general_heads"]
     L, H = 1 + max(r["layer"] for r in rows), 1 + max(r["head"] for r in rows)
-    analyses = general.get("analyses", {})
     out = []
-    for stat in read_records(general):
+    for stat in read_records(general.body):
         key = stat["name"]
         grid = _grid(rows, key, L, H)
         v = grid[layer, head]
         if not np.isfinite(v):
             continue
-        part = analyses.get(stat["analysis"], {})
-        se = ((part.get("meta") or {}).get("standard_error") or {}).get(key)
+        part = general.analyses.get(stat["analysis"])
+        meta = part.meta if part is not None else {}
+        se = (meta.get("standard_error") or {}).get(key)
         se = se[layer][head] if se else None
         low, high = interval95(float(v), se, floor=0.0)  # no statistic here is negative
         out.append({"key": key, "what": stat["what"], "value": float(v), "digits": stat["digits"],
                     "low": low, "high": high,
                     "rank": rank_of(grid, layer, head, stat["higher_is_more"]), "of": int(np.isfinite(grid).sum()),
-                    "examples": (part.get("meta") or {}).get("examples")})
+                    "examples": meta.get("examples")})
     return out
 
 
-def general_labels(general: dict, name: str, stats: list[dict]) -> list[dict]:
+def general_labels(general: FamilyResult, name: str, stats: list[dict]) -> list[dict]:
     """Figure 6's behaviour label of the head, with the statistic behind it."""
-    row = next((r for r in general["tables"]["general_heads"] if r["name"] == name), None)
+    row = next((r for r in general.tables["general_heads"] if r["name"] == name), None)
     if row is None or not row.get("behaviour"):
         return []
     by = {s["key"]: s for s in stats}
@@ -84,24 +85,23 @@ def general_labels(general: dict, name: str, stats: list[dict]) -> list[dict]:
 MIN_ITEMS = 10
 
 
-def syntax_evidence(syntax: dict, layer: int, head: int, name: str, top: int = 5) -> tuple[list, list]:
+def syntax_evidence(syntax: FamilyResult, layer: int, head: int, name: str, top: int = 5) -> tuple[list, list]:
     """``(labels, rows)``: the relations this head is Table 1's best head for (accuracy, 95%
     interval, best offset) where it beats the offset baseline, and its ``top`` relations by
     accuracy with their rank among heads; relations with fewer than :data:`MIN_ITEMS` items are
     left out of both."""
     labels = []
-    for r in syntax.get("tables", {}).get("table1", []):
+    for r in syntax.tables.get("table1", []):
         if r.get("head") == name and r["count"] >= MIN_ITEMS and r["accuracy"] > r["offset_accuracy"]:
             labels.append({"family": "syntax", "label": f"tracks {r['relation']} {r['direction']}",
                            "evidence": f"{_pct(r['accuracy'])} [{r['ci_low']:.1f}, {r['ci_high']:.1f}] "
                                        f"of {r['count']}; best offset {r['offset']}: "
                                        f"{_pct(r['offset_accuracy'])}"})
-    arr = syntax.get("arrays", {}).get("accuracy")
-    meta = syntax.get("meta", {})
+    acc = syntax.arrays.get("accuracy")  # [R L H 2]
+    meta = syntax.meta
     rows = []
-    if arr is not None and meta.get("relations"):
-        acc = np.asarray(arr["data"], dtype=float).reshape(arr["shape"])  # [R L H 2]
-        total = np.asarray(syntax["arrays"]["total"]["data"]) if "total" in syntax["arrays"] else None
+    if acc is not None and meta.get("relations"):
+        total = syntax.arrays.get("total")
         for r, rel in enumerate(meta["relations"]):
             if total is not None and int(total[r]) < MIN_ITEMS:
                 continue
@@ -117,12 +117,12 @@ def syntax_evidence(syntax: dict, layer: int, head: int, name: str, top: int = 5
     return labels, rows
 
 
-def coref_evidence(coref: dict, name: str) -> tuple[list, list]:
+def coref_evidence(coref: FamilyResult, name: str) -> tuple[list, list]:
     """``(labels, rows)``: the head's antecedent accuracy by mention type with its rank among
     heads and the number of mentions scored (types with fewer than :data:`MIN_ITEMS` left out),
     and a label when it is Table 2's best head (with its interval)."""
-    heads = coref.get("tables", {}).get("heads", [])
-    meta = coref.get("meta", {})
+    heads = coref.tables.get("heads", [])
+    meta = coref.meta
     counts = {"all": meta.get("mentions"), **(meta.get("mentions_by_type") or {})}
     mine = next((i for i, r in enumerate(heads) if r["name"] == name), None)
     rows = []
@@ -134,7 +134,7 @@ def coref_evidence(coref: dict, name: str) -> tuple[list, list]:
                      "rank": rank_of(vals[None], 0, mine),
                      "of": int(np.isfinite(vals).sum()), "count": int(counts[key])})
     labels = []
-    for r in coref.get("tables", {}).get("table2", []):
+    for r in coref.tables.get("table2", []):
         if r.get("kind") != "baseline" and r.get("name") == name and r.get("all") is not None:
             lo, hi = r.get("all_lo"), r.get("all_hi")
             ci = "" if lo is None else f" [{100 * lo:.1f}, {100 * hi:.1f}]"
@@ -143,13 +143,13 @@ def coref_evidence(coref: dict, name: str) -> tuple[list, list]:
     return labels, rows
 
 
-def atlas_labels(atlas: dict, name: str) -> list[dict]:
+def atlas_labels(atlas: FamilyResult, name: str) -> list[dict]:
     """The atlas's label of this query head with its scores (``tables.heads``), and, where the
     run built the greedy ranking (``tables.greedy``), what keeping the head's KV head did to the
     calibration tasks' needles: the iteration that kept it and the exact-answer accuracy with
     the KV heads kept before it and after it (teacher-forced, every other KV head cut to sink +
     window)."""
-    tables = atlas.get("tables", {})
+    tables = atlas.tables
     heads = tables.get("heads", [])
     row = next((r for r in heads if r.get("name") == name), None)
     if row is None or not row.get("label"):
@@ -185,10 +185,10 @@ def unit_labels(units: dict) -> tuple[list[str], list[bool]]:
     return [visible(t) for t, _ in run], [space for _, space in run]
 
 
-def head_page_payload(results: dict[str, dict], head_examples: dict | None, name: str, *,
+def head_page_payload(results: dict[str, FamilyResult], head_examples: dict | None, name: str, *,
                       folder: str = "", notes: list[str] | None = None) -> dict:
     """Everything the page of head ``name`` (``"5-3"``, 1-indexed as the pages show heads)
-    draws, from ``results`` (family key -> that family's results file) and ``head_examples``
+    draws, from ``results`` (family key -> that family's results, :class:`FamilyResult`) and ``head_examples``
     (``heads/general.json``, or None). Its ``pages`` (example index -> the file of that
     example's full head view, relative to the page) start empty: whoever writes those files
     (:func:`attnscope.views.write_head_page`) names them there."""
@@ -209,7 +209,7 @@ def head_page_payload(results: dict[str, dict], head_examples: dict | None, name
             evidence.append({"family": "coref", "title": "Coreference (accuracy, %)", "rows": rows})
     if "atlas" in results:
         labels += atlas_labels(results["atlas"], name)
-    model = (general or {}).get("model") or {}
+    model = general.model if general is not None else None
     model_name = display_name(model) if model else None
     examples, units = {}, {}
     if head_examples:
