@@ -382,7 +382,7 @@ class LongDocumentView:
             raise AttnscopeError(f"queries {', '.join(map(str, bad))}: the document has {n} tokens "
                                  f"(0 to {n - 1})", params=("queries",))
         start = time.perf_counter()
-        self.doc = DocumentRows.read(lm, ids)
+        self.doc = DocumentRows(ids, *capture.document_queries_keys(lm, ids), causal=lm.facts.causal)
         seconds = {"forward": time.perf_counter() - start}
         rows = [self.row(layer, head, q) for q in queries]
         start = time.perf_counter()

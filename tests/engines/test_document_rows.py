@@ -13,6 +13,7 @@ from attnscope.engines.document import DocumentRows, row_summary
 from attnscope.engines.rows import bucket_labels, bucket_of, bucket_ranges
 from attnscope.engines.streaming import stream_stats
 from attnscope.models import capture
+from attnscope.models.capture import document_queries_keys
 
 
 class Recorder(LongContextStats):
@@ -29,7 +30,7 @@ class Recorder(LongContextStats):
 
 
 def _check(lm, ids, picks, tol_row=None):
-    doc = DocumentRows.read(lm, ids)
+    doc = DocumentRows(ids, *document_queries_keys(lm, ids), causal=lm.facts.causal)
     layers = {}
     seen = iter(range(lm.num_layers))
     capture.attention(lm, ids, each_layer=lambda probs: layers.__setitem__(next(seen), probs))
@@ -64,7 +65,7 @@ def test_rows_equal_eager_maps_and_the_engines_values(debug_llama):
 
 
 def test_a_row_of_a_decoder_sees_only_its_past_and_bad_picks_are_one_line(debug_llama):
-    doc = DocumentRows.read(debug_llama, debug_llama.tokenizer("a b c d e f")["input_ids"])
+    doc = DocumentRows(ids := debug_llama.tokenizer("a b c d e f")["input_ids"], *document_queries_keys(debug_llama, ids), causal=True)
     row = doc.row(0, 1, 3)
     assert row[4:].tolist() == [0.0] * (doc.n - 4) and row[:4].sum() == pytest.approx(1.0, abs=softmax_bound(4))
     from attnscope.errors import AttnscopeError

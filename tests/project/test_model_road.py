@@ -30,7 +30,7 @@ RAW = ("models/forward.py", "models/capture.py", "models/generation.py", "engine
 RUNNING = {
     "attnscope.models.forward": {"forward", "hooked", "hidden_states"},
     "attnscope.models.generation": {"causal_lm_for", "greedy_continue", "continuation", "seq2seq_greedy"},
-    "attnscope.models.capture": {"attention", "query_key", "seq2seq_attention"},
+    "attnscope.models.capture": {"attention", "query_key", "seq2seq_attention", "document_queries_keys"},
     "attnscope.analyses.gradients": {"fit_mlm_head"},
 }
 #: rooms whose modules may call what runs a model: the executor, the extractor and the engines,
@@ -38,7 +38,7 @@ RUNNING = {
 RUNS = ("models/", "engines/", "extract/", "executor.py", "on_ray/", "analyses/")
 #: rooms that draw: they ask ``models/`` for what they draw through these functions only
 VIEWS = ("viz/", "serve/", "notebook.py", "views.py", "show.py")
-VIEW_ASKS = {"attention", "query_key", "continuation"}
+VIEW_ASKS = {"attention", "query_key", "continuation", "document_queries_keys"}
 HOOKS = {"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
          "register_full_backward_pre_hook", "generate"}
 MODEL_NAMES = {"model", "decoder", "wrapper"}
@@ -93,6 +93,40 @@ def violations(root: Path) -> list[str]:
                 running = "decoder"
             if running and not _in(rel, RUNS) and not (_in(rel, VIEWS) and running in VIEW_ASKS):
                 out.append(f"{rel}:{node.lineno}: runs the model ({running})")
+    return out + _views_through_runners(root)
+
+
+#: rooms whose modules a view may not import where they run a model: they compute (the engines,
+#: the analyses) or schedule (the executor, Ray), while a view draws the maps the extractor
+#: gives it (``extract.runner.extract``) or what it asks ``models/`` for
+COMPUTE = ("engines/", "analyses/", "executor.py", "on_ray/")
+
+
+def _runners(root: Path) -> set[str]:
+    """The modules of :data:`COMPUTE` that run a model (call what :data:`RUNNING` names)."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if not _in(rel, COMPUTE):
+            continue
+        names, modules = _running_names(ast.parse(path.read_text(encoding="utf-8")))
+        if names or modules:
+            found.add("attnscope." + rel.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
+    return found
+
+
+def _views_through_runners(root: Path) -> list[str]:
+    """A view importing a module of the engines (or the executor, an analysis ...) that runs a
+    model: it would reach the model off the road, through that module (the long-document view
+    once had the document engine run the pass; it asks ``models.capture`` now)."""
+    runners, out = _runners(root), []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if not _in(rel, VIEWS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in runners:
+                out.append(f"{rel}:{node.lineno}: imports {node.module}, which runs the model")
     return out
 
 
@@ -109,6 +143,8 @@ PLANTS = {
     "serve/app.py": ("\n\ndef _planted(lm, ids):\n    from attnscope.models import generation as g\n\n"
                      "    return g.greedy_continue(lm, ids, 3)\n"),
     "families/atlas.py": "\n\ndef _planted(step, lm):\n    return step.decoder(lm)\n",
+    "views.py": "\n\ndef _planted(lm, ids):\n    from attnscope.engines.streaming import stream_stats\n\n"
+                "    return stream_stats(lm, [ids], None)\n",
 }
 
 

@@ -1,9 +1,10 @@
 """One head's whole attention row at any query of a long document, on demand, without maps.
 
-:meth:`DocumentRows.read` runs the document once through the model (torch's fused attention,
-no ``[n n]`` mask or map) and keeps, per layer, the rotated queries ``Q`` ``[Hq n d]`` and keys
-``K`` ``[Hkv n d]`` that the forward helper's ``"q"`` hook point sees, with the layer's score
-scale ``s``. A row is then what the streaming engine computes for it, in float32::
+:class:`DocumentRows` holds, per layer, the rotated queries ``Q`` ``[Hq n d]`` and keys ``K``
+``[Hkv n d]`` that the forward helper's ``"q"`` hook point sees, with the layer's score scale
+``s``, from one pass of the document through the model (torch's fused attention, no ``[n n]``
+mask or map: :func:`attnscope.models.capture.document_queries_keys`, which a view asks for; this
+module runs no model). A row is then what the streaming engine computes for it, in float32::
 
     S = s * Q[h, i] K[h // G, :k1]^T       [k1]   (k1 = i + 1 for a decoder, n for an encoder)
     P = exp(S - max S) / z                  z = sum exp(S - max S), log z + max S = the row's LSE
@@ -15,8 +16,10 @@ per distance bucket and over the document's stretches, its entropy, largest weig
 the first token (the sink), the values the streaming engine folds for the same row.
 
 >>> from attnscope.models import load_model
+>>> from attnscope.models.capture import document_queries_keys
 >>> lm = load_model("debug:llama")
->>> doc = DocumentRows.read(lm, lm.tokenizer("the cat sat on the mat")["input_ids"])
+>>> ids = lm.tokenizer("the cat sat on the mat")["input_ids"]
+>>> doc = DocumentRows(ids, *document_queries_keys(lm, ids), causal=True)
 >>> row = doc.row(1, 0, 4)
 >>> round(float(row.sum()), 6), int((row[5:] != 0).sum())
 (1.0, 0)
@@ -31,30 +34,13 @@ import numpy as np
 from attnscope.data.records import HeadId
 from attnscope.engines.rows import bucket_ranges
 from attnscope.errors import AttnscopeError
-from attnscope.models.forward import forward, pad_batch
 
 
 class DocumentRows:
     """The queries and keys of every layer of one document (see the module docstring)."""
 
-    def __init__(self, ids: list[int], q: list, k: list, scaling: list[float], causal: bool):
-        self.ids, self.q, self.k, self.scaling, self.causal = ids, q, k, scaling, causal
-
-    @classmethod
-    def read(cls, lm, ids: Sequence[int]) -> "DocumentRows":
-        """One forward pass over ``ids``, keeping each layer's ``Q`` and ``K`` (float32, on the
-        CPU)."""
-        q, k, scaling = [], [], []
-
-        def keep(site, query):
-            q.append(query[0].float().cpu().contiguous())  # [Hq n d]
-            k.append(site.key[0].float().cpu().contiguous())  # [Hkv n d]
-            scaling.append(float(site.scaling))
-
-        forward(lm, pad_batch(lm, [list(ids)]), hooks={"q": keep}, lean_mask=True)
-        if len(q) != lm.num_layers:
-            raise AttnscopeError(f"{lm.name}: its layers were not seen by the hook points")
-        return cls(list(ids), q, k, scaling, bool(lm.facts.causal))
+    def __init__(self, ids: Sequence[int], q: list, k: list, scaling: list[float], causal: bool):
+        self.ids, self.q, self.k, self.scaling, self.causal = list(ids), q, k, scaling, causal
 
     @property
     def n(self) -> int:

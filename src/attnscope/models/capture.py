@@ -1,6 +1,7 @@
 """What a view reads from one forward pass: the attention of one token sequence, whole or layer
-by layer (:mod:`attnscope.viz.generate`), and one layer's query and key vectors (the neuron
-view, :mod:`attnscope.viz.neuron`).
+by layer (:mod:`attnscope.viz.generate`), one layer's query and key vectors (the neuron
+view, :mod:`attnscope.viz.neuron`), and a long document's queries and keys in every layer (the
+long-document view's rows, :class:`~attnscope.engines.document.DocumentRows`).
 
 ``q`` and ``k`` come from the forward helper's ``"q"`` hook point (after position encoding,
 with the layer's score scale) where the family routes attention through transformers'
@@ -34,6 +35,24 @@ def attention(lm, ids: Sequence[int], *, each_layer: Callable[[np.ndarray], None
         return None
     out = forward(lm, inputs, attentions=True)
     return np.stack([a[0].float().cpu().numpy() for a in out.attentions])
+
+
+def document_queries_keys(lm, ids: Sequence[int]) -> tuple[list, list, list[float]]:
+    """Every layer's rotated queries ``[Hq n d]`` and keys ``[Hkv n d]`` (float32, on the CPU) and
+    score scale, from one pass over a long document's ``ids`` with torch's fused attention (no
+    ``[n n]`` mask or map): what :class:`~attnscope.engines.document.DocumentRows` computes any
+    row from."""
+    q, k, scaling = [], [], []
+
+    def keep(site, query):
+        q.append(query[0].float().cpu().contiguous())
+        k.append(site.key[0].float().cpu().contiguous())
+        scaling.append(float(site.scaling))
+
+    forward(lm, pad_batch(lm, [list(ids)]), hooks={"q": keep}, lean_mask=True)
+    if len(q) != lm.num_layers:
+        raise AttnscopeError(f"{lm.name}: its layers were not seen by the hook points")
+    return q, k, scaling
 
 
 def query_key(lm, input_ids: Sequence[int], token_type_ids: Sequence[int] | None,
