@@ -18,6 +18,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.extract import ExtractOptions, Extractor
 from attnscope.models import load_model
 from attnscope.models.forward import batches, pad_batch
+from attnscope.pipeline.check import check_loaded
 
 WORDS = [["the", "cat", "sat"], ["the", "cat", "sat", "on", "the", "mat", "and", "then", "it", "ran"],
          ["a", "dog"], ["the", "red", "house", "on", "the", "hill"], ["the", "dog", "sat"]]
@@ -59,6 +60,8 @@ def test_the_probe_says_what_padding_does_to_the_models_own_maps(model_type, pad
     # what float32 rounding of a softmax row can do, carried through every layer
     bound = softmax_bound(n) * lm.num_layers
     assert (moved <= bound) is pads, (moved, bound)
+    said = dict(check_loaded(lm).summary())["padding"]  # attnscope check's table
+    assert said == ("changes no map" if pads else "changes the maps: one length a batch")
 
 
 def test_a_model_that_padding_changes_is_extracted_one_length_at_a_time():

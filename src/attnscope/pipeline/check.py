@@ -98,8 +98,7 @@ class CheckReport:
                 ("mechanisms", ", ".join(f.mechanisms) or "none"),
                 ("hooks", "attnscope's adapter of its own attention code" if f.adapted else
                  "AttentionInterface" if f.hooks else "maps only (outside AttentionInterface)"),
-                ("padding", "leaves each sequence's maps as they are alone" if f.pads else
-                 "changes its outputs: batched one length at a time"),
+                ("padding", "changes no map" if f.pads else "changes the maps: one length a batch"),
                 ("tokens checked", str(self.tokens))]
 
 
