@@ -48,6 +48,15 @@ def _assert_the_models_own(lm, batch, ours) -> None:
     assert torch.equal(ours.output.last_hidden_state, own.last_hidden_state)
 
 
+def _assert_softmax_of(maps, scores, largest: float) -> None:
+    """``maps`` (one sequence's ``[H T K]``, float32) are the softmax of ``scores`` (float64,
+    ``-inf`` where a key is masked) within float32 rounding of rows of unshifted scores up to
+    ``largest`` in size."""
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(maps.double().numpy(), p, atol=softmax_bound(scores.shape[-1], largest), rtol=0)
+
+
 def test_the_adapted_maps_and_outputs_are_the_models_own_exactly(alibi_lm):
     lm = alibi_lm
     assert supports_hooks(lm) and lm.facts.adapted and lm.facts.mechanisms == ("alibi",) and lm.facts.causal
@@ -72,11 +81,8 @@ def test_the_bias_is_alibi_by_its_definition(alibi_lm):
         q, k = q[0].double().numpy(), k[0].double().numpy()
         qk = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])
         s = np.where(distance <= 0, qk + slopes[:, None, None] * distance, -np.inf)
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        # float32 rows of unshifted scores up to max|q.k| / sqrt(d) + m_0 (n - 1) (Bloom adds m_h j)
-        bound = softmax_bound(n, float(np.abs(qk).max()) + slopes[0] * (n - 1))
-        np.testing.assert_allclose(out.attentions[layer][0].double().numpy(), p, atol=bound, rtol=0)
+        # (unshifted scores up to max|q.k| / sqrt(d) + m_0 (n - 1): Bloom adds m_h j)
+        _assert_softmax_of(out.attentions[layer][0], s, float(np.abs(qk).max()) + slopes[0] * (n - 1))
 
 
 @pytest.mark.parametrize("backend", ["tiles", "maps", "flex"])
@@ -169,10 +175,7 @@ def test_gpt_neos_maps_are_the_unscaled_softmax_of_its_band(neo_lm):
         local = lm.model.config.attention_layers[layer] == "local"
         qk = q[0].double().numpy() @ k[0].double().numpy().transpose(0, 2, 1)  # no 1/sqrt(d)
         s = np.where((j <= i) & ((i - j < 3) | (not local)), qk, -np.inf)
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        bound = softmax_bound(n, float(np.abs(qk).max()))  # float32 rows of unshifted scores
-        np.testing.assert_allclose(out.attentions[layer][0].double().numpy(), p, atol=bound, rtol=0)
+        _assert_softmax_of(out.attentions[layer][0], s, float(np.abs(qk).max()))
 
 
 @pytest.mark.parametrize("backend", ["tiles", "maps", "flex", "compiled"])
@@ -275,13 +278,9 @@ def test_a_position_biased_models_maps_are_the_softmax_of_its_scaled_scores_and_
     got = {}
     out = forward(lm, pad_batch(lm, [ids]), attentions=True,
                   hooks={"k": lambda site, k: got.setdefault(site.layer, (site.query, k, site.scaling, site.bias))})
-    n = len(ids)
     for layer, (q, k, scale, bias) in got.items():
         s = scale * (q[0].double().numpy() @ k[0].double().numpy().transpose(0, 2, 1)) + bias[0].double().numpy()
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        bound = softmax_bound(n, float(np.abs(s).max()))
-        np.testing.assert_allclose(out.attentions[layer][0].double().numpy(), p, atol=bound, rtol=0)
+        _assert_softmax_of(out.attentions[layer][0], s, float(np.abs(s).max()))
 
 
 def test_a_position_biased_models_streaming_statistics_equal_the_maps_and_the_rest_are_refused(biased_lm):
@@ -299,3 +298,80 @@ def test_a_position_biased_models_streaming_statistics_equal_the_maps_and_the_re
         with pytest.raises(AttnscopeError) as err:
             plan(lm, longest=64, engine="streaming", backend=backend)
         says(one_line(err.value), f"backend {backend}", "position-bias", "maps, tiles")
+
+
+# -- the first BERT's attention kept inline (MegatronBERT, RemBERT, RoFormer, TAPAS, VisualBERT),
+# -- XLM's and FlauBERT's, and the first GPT's --------------------------------------------------
+
+#: model type -> the config changes of the variant (None: the tiny model as built)
+INLINE = {"megatron-bert": None, "rembert": None, "roformer": None, "roformer (rotary values)": {"rotary_value": True},
+          "tapas": None, "visual_bert": None, "xlm": None, "xlm (causal)": {"causal": True}, "flaubert": None,
+          "openai-gpt": None}
+
+
+@pytest.fixture(scope="module", params=sorted(INLINE))
+def inline_lm(request):
+    from attnscope.models.tiny import build_tiny
+
+    family = request.param.split(" ")[0]
+    if INLINE[request.param] is None:
+        yield load_model(f"debug:{family}")
+        return
+    tokenizer = load_model(f"debug:{family}").tokenizer
+    config = build_tiny(family, tokenizer).config
+    config.update(INLINE[request.param])
+    torch.manual_seed(0)
+    model = type(build_tiny(family, tokenizer))(config).eval()
+    with borrowed(model, tokenizer, name=f"debug:{request.param}") as lm:
+        yield lm
+
+
+def test_an_inline_attentions_adapted_maps_and_outputs_are_the_models_own(inline_lm):
+    # before the adapters these models got the maps only (their own attention code)
+    lm = inline_lm
+    assert supports_hooks(lm) and lm.facts.adapted and lm.facts.mechanisms == ()
+    assert lm.facts.causal == (lm.name in ("debug:openai-gpt", "debug:xlm (causal)"))
+    batch = _batch(lm)
+    _assert_the_models_own(lm, batch, forward(lm, batch, attentions=True))
+
+
+def test_an_inline_attentions_maps_are_the_softmax_of_its_scaled_scores(inline_lm):
+    # softmax(scale q.k) over the keys j (j <= i for a causal model), in float64 from the hooks'
+    # q, k and scale; RoFormer's rotary positions are in the hooks' q and k
+    lm = inline_lm
+    ids = lm.tokenizer(TEXTS[0])["input_ids"]
+    got = {}
+    out = forward(lm, pad_batch(lm, [ids]), attentions=True,
+                  hooks={"k": lambda site, k: got.setdefault(site.layer, (site.query, k, site.scaling))})
+    n = len(ids)
+    future = np.arange(n)[None, :] > np.arange(n)[:, None]
+    assert sorted(got) == list(range(lm.num_layers))
+    for layer, (q, k, scale) in got.items():
+        s = scale * (q[0].double().numpy() @ k[0].double().numpy().transpose(0, 2, 1))
+        largest = float(np.abs(s).max())
+        _assert_softmax_of(out.attentions[layer][0], np.where(future, -np.inf, s) if lm.facts.causal else s, largest)
+
+
+@pytest.mark.parametrize("backend", ["tiles", "maps", "flex", "compiled"])
+def test_an_inline_attentions_streaming_statistics_equal_the_maps(inline_lm, backend):
+    from attnscope.engines.streaming import maps_update
+
+    lm = inline_lm
+    ids = [lm.tokenizer(t)["input_ids"] for t in TEXTS]
+    want = LongContextStats(js_rows=2, causal=lm.facts.causal)
+    maps_update(lm, ids, want, batch_size=3)
+    got = LongContextStats(js_rows=2, causal=lm.facts.causal)
+    stream_stats(lm, ids, got, batch_size=2, backend=backend)
+    assert_close(got.means(), want.means(), stats_bound(ids))
+
+
+def test_a_bert_with_cross_attention_keeps_its_own_attention_and_gets_the_maps_only():
+    # its self- and cross-attention are one class: the adapter would hook both, so neither is adapted
+    from attnscope.models.tiny import build_tiny
+
+    tokenizer = load_model("debug:megatron-bert").tokenizer
+    config = build_tiny("megatron-bert", tokenizer).config
+    config.update({"is_decoder": True, "add_cross_attention": True})
+    model = type(build_tiny("megatron-bert", tokenizer))(config).eval()
+    with borrowed(model, tokenizer) as lm:
+        assert not supports_hooks(lm) and not adapters.adapted(model)

@@ -40,10 +40,24 @@ falcon    ``FalconAttention``          fused q/k/v split as the model splits it,
                                        sqrt(d)`` plus the mask, ``dense``
 mpnet     ``MPNetSelfAttention``       ``q`` / ``k`` / ``v``, ``q k^T / sqrt(d)`` plus its
                                        relative-position bias and the mask, ``o``
+megatron  ``<Family>SelfAttention``    the first BERT's: ``query`` / ``key`` / ``value`` (RoFormer's
+-bert,                                 rotary on them), the cache, ``q k^T / sqrt(d)`` plus the mask,
+rembert,                               the weights returned as the module returns them
+roformer,
+tapas,
+visual_bert
+xlm,      ``MultiHeadAttention``       ``q_lin`` / ``k_lin`` / ``v_lin``, ``(q / sqrt(d)) k^T``, the
+flaubert                               masked keys filled, a float32 softmax, ``out_lin``
+openai    ``Attention``                fused ``c_attn`` split, ``q k^T / sqrt(d)``, its causal band
+-gpt                                   at ``-1e4`` then the model's mask, ``c_proj`` and the residual
+                                       dropout
 deberta   ``DisentangledSelfAttention`` ``query_proj`` / ``key_proj`` / ``value_proj``, the module's
 -v2       (DeBERTa v2 and v3)          own ``disentangled_attention_bias`` (c2p, p2c),
                                        ``q (k / sqrt(d s))^T`` plus it, the mask filled
 ========  ===========================  ====================================================
+
+A model with cross-attention (``config.add_cross_attention``) is left unadapted (maps only):
+the BERT line's cross-attention is the same class as its self-attention.
 
 Falcon with ALiBi (``config.alibi``: Falcon-RW) is left unadapted (maps only): its model folds
 ``alibi / sqrt(d)`` into the mask for sdpa, and its eager attention adds the bias to the scores
@@ -57,6 +71,7 @@ its output projection; it is left unadapted (maps only).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 #: the attribute an adapted attention module carries: its family's eager attention (:func:`eager_for`)
@@ -191,11 +206,12 @@ def _allowed(mask):
     return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
 
 
-def mpnet_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
-                score_bias=None, **_):
-    """MPNet's attention, its operations one for one (shapes as :func:`bloom_eager`'s;
-    ``score_bias`` ``[B H T K]``, its relative-position bias): ``q k^T / sqrt(d)``, the bias, the
-    additive mask, the softmax and the attention dropout."""
+def classic_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                  score_bias=None, **_):
+    """The first BERT's attention, its operations one for one (shapes as :func:`bloom_eager`'s),
+    as MPNet and the BERT descendants that keep it inline compute it: ``q k^T / sqrt(d)``, MPNet's
+    relative-position bias (``score_bias`` ``[B H T K]``), the additive mask, the softmax and the
+    attention dropout."""
     import math
 
     import torch
@@ -205,6 +221,41 @@ def mpnet_eager(module, query, key, value, attention_mask, scaling: float, dropo
         scores = scores + score_bias
     probs = module.dropout(torch.softmax(_masked(scores, attention_mask, torch.finfo(scores.dtype).min), dim=-1))
     return torch.matmul(probs, value).transpose(1, 2), probs
+
+
+def _bert(module, attend: Callable, always: bool = False, cache_out: bool = False) -> Callable:
+    """The inline self-attention of the first BERT as its descendants keep it (MegatronBERT,
+    RemBERT, TAPAS, VisualBERT, and RoFormer with its rotary positions on the queries and keys,
+    and on the values where ``rotary_value``): ``query`` / ``key`` / ``value``, the model's cache
+    where it passes one, and the output the module returns (``always``: the weights whether or not
+    they were asked for, as MegatronBERT, RemBERT and RoFormer return them; ``cache_out``: the
+    cache after them in a decoder, as TAPAS returns it). Cross-attention is not adapted
+    (:func:`install`)."""
+    import inspect
+
+    signature = inspect.signature(type(module).forward)
+
+    def forward(*args, **kwargs):
+        given = signature.bind(module, *args, **kwargs).arguments
+        hidden, cache = given["hidden_states"], given.get("cache")
+        B, T = hidden.shape[:2]
+        query, key, value = (proj(hidden).view(B, T, -1, module.attention_head_size).transpose(1, 2)
+                             for proj in (module.query, module.key, module.value))
+        rotary = given.get("sinusoidal_pos")
+        if rotary is not None:
+            if module.rotary_value:
+                query, key, value = module.apply_rotary_position_embeddings(rotary, query, key, value)
+            else:
+                query, key = module.apply_rotary_position_embeddings(rotary, query, key)
+        if cache is not None:
+            key, value = getattr(cache, "self_attention_cache", cache).update(key, value, module.layer_idx)
+        out, probs = attend(module, query, key, value, given.get("attention_mask"),
+                            scaling=module.attention_head_size ** -0.5)
+        context = out.reshape(B, T, module.all_head_size)
+        outputs = (context, probs) if always or given.get("output_attentions") else (context,)
+        return outputs + (cache,) if cache_out and module.is_decoder else outputs
+
+    return forward
 
 
 def _mpnet(module, attend: Callable) -> Callable:
@@ -271,6 +322,79 @@ def _deberta_v2(module, attend: Callable) -> Callable:
     return forward
 
 
+def xlm_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **_):
+    """XLM's (and FlauBERT's) attention, its operations one for one (shapes as
+    :func:`bloom_eager`'s): the queries divided by ``sqrt(d)`` before ``q k^T``, the masked keys
+    filled with the lowest value, the softmax in float32 and the attention dropout."""
+    import math
+
+    import torch
+
+    scores = torch.matmul(query / math.sqrt(module.head_dim), key.transpose(2, 3))
+    scores = _masked(scores, attention_mask, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores.float(), dim=-1).type_as(scores)
+    probs = torch.nn.functional.dropout(probs, p=module.dropout, training=module.training)
+    return torch.matmul(probs, value).transpose(1, 2), probs
+
+
+def _xlm(module, attend: Callable) -> Callable:
+    def forward(input, mask, kv=None, cache=None, output_attentions=False, **kwargs):
+        B, T, _ = input.shape
+        query, key, value = (proj(input).view(B, -1, module.n_heads, module.head_dim).transpose(1, 2)
+                             for proj in (module.q_lin, module.k_lin, module.v_lin))
+        if cache is not None:
+            key, value = getattr(cache, "self_attention_cache", cache).update(key, value, module.layer_id)
+        allowed = (mask != 0).view((B, 1, T, -1) if mask.dim() == 3 else (B, 1, 1, -1))  # [B T K] causal, [B K]
+        out, probs = attend(module, query, key, value, allowed, scaling=module.head_dim ** -0.5)
+        outputs = (module.out_lin(out.reshape(B, T, -1)),)
+        return outputs + (probs,) if output_attentions else outputs
+
+    return forward
+
+
+def openai_gpt_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                     model_mask=None, **_):
+    """The first GPT's attention, its operations one for one (shapes as :func:`bloom_eager`'s):
+    ``q k^T``, divided by ``sqrt(d)`` where the model ``scale``\ s, the keys after the query set to
+    ``-1e4`` (``w b - 1e4 (1 - b)``, ``b`` its causal buffer), then the model's own additive mask
+    ``model_mask`` (``attention_mask``, the two in one, for the hooks and the backends), the
+    softmax and the attention dropout."""
+    import math
+
+    import torch
+
+    scores = torch.matmul(query, key.transpose(-1, -2))
+    if module.scale:
+        scores = scores / math.sqrt(value.size(-1))
+    band = module.bias[:, :, :scores.size(-2), :scores.size(-1)]
+    scores = scores * band + -1e4 * (1 - band)
+    mask = attention_mask if model_mask is None else model_mask
+    if mask is not None:  # (from a backend, the band and the mask in one: the band's keys stay at ~0)
+        scores = _masked(scores, mask, torch.finfo(scores.dtype).min)
+    probs = module.attn_dropout(torch.softmax(scores, dim=-1))
+    return torch.matmul(probs, value).transpose(1, 2), probs
+
+
+def _openai_gpt(module, attend: Callable) -> Callable:
+    import torch
+
+    def forward(x, attention_mask=None, output_attentions=False):
+        B, T, _ = x.shape
+        query, key, value = (module.split_heads(part) for part in module.c_attn(x).split(module.split_size, dim=2))
+        # (the keys a query may read: its causal band and the model's mask, in one additive mask
+        # the hooks and the backends read; the eager repeats the model's two steps)
+        low = torch.finfo(torch.float32).min
+        band = module.bias[:, :, :T, :T].bool()
+        given = torch.zeros((), device=x.device) if attention_mask is None else attention_mask.float()
+        mask = torch.where(band, given, torch.tensor(low, device=x.device)).expand(B, 1, T, T)
+        out, probs = attend(module, query, key, value, mask, scaling=value.size(-1) ** -0.5 if module.scale else 1.0,
+                            model_mask=attention_mask)
+        a = module.resid_dropout(module.c_proj(out.reshape(B, T, -1)))
+        return [a, probs] if output_attentions else [a]
+
+    return forward
+
+
 def _bloom(module, attend: Callable) -> Callable:
     from transformers.models.bloom.modeling_bloom import dropout_add
 
@@ -314,17 +438,31 @@ ADAPTERS: dict[str, tuple[Callable, Callable]] = {
     "MptAttention": (mpt_eager, _mpt),
     "GPTNeoSelfAttention": (gpt_neo_eager, _gpt_neo),
     "FalconAttention": (falcon_eager, _falcon),
-    "MPNetSelfAttention": (mpnet_eager, _mpnet),
+    "MPNetSelfAttention": (classic_eager, _mpnet),
     "DisentangledSelfAttention": (deberta_v2_eager, _deberta_v2),
+    "MegatronBertSelfAttention": (classic_eager, partial(_bert, always=True)),
+    "RemBertSelfAttention": (classic_eager, partial(_bert, always=True)),
+    "RoFormerSelfAttention": (classic_eager, partial(_bert, always=True)),
+    "TapasSelfAttention": (classic_eager, partial(_bert, cache_out=True)),
+    "VisualBertSelfAttention": (classic_eager, _bert),
+    "MultiHeadAttention": (xlm_eager, _xlm),  # (XLM's and FlauBERT's; see _adaptable)
+    "Attention": (openai_gpt_eager, _openai_gpt),  # (the first GPT's; see _adaptable)
 }
+
+#: adapted class names other families also use: the transformers modules whose class it is
+_THEIRS = {"DisentangledSelfAttention": ("deberta_v2",),  # (DeBERTa v1's module of that name is another)
+           "MultiHeadAttention": ("xlm", "flaubert"), "Attention": ("openai",)}
+
+
+def _ours(module) -> bool:
+    """Whether ``module`` is an attention module :data:`ADAPTERS` has an adapter for."""
+    name = type(module).__name__
+    return name in ADAPTERS and (name not in _THEIRS or any(
+        type(module).__module__.endswith(f"{family}.modeling_{family}") for family in _THEIRS[name]))
 
 
 def _adaptable(module) -> bool:
     name = type(module).__name__
-    if name not in ADAPTERS:
-        return False
-    if name == "DisentangledSelfAttention":  # (DeBERTa v1's module of that name is another)
-        return type(module).__module__.endswith("deberta_v2.modeling_deberta_v2")
     if name == "FalconAttention":  # (its ALiBi: see the module docstring)
         return not module.config.alibi
     return not (name == "BloomAttention" and module.pretraining_tp > 1 and module.slow_but_exact)
@@ -335,8 +473,9 @@ def install(model, attend: Callable, active: Callable[[], bool]) -> bool:
     ``forward`` runs the adapter within a pass (``active()``) and its own code outside one.
     ``attend``: attnscope's attention function. True where the model's attention is now all
     adapted (idempotent); False, touching nothing, where any attention module has none."""
-    modules = [m for m in model.modules() if type(m).__name__ in ADAPTERS]
-    if not modules or not all(_adaptable(m) for m in modules):
+    modules = [m for m in model.modules() if _ours(m)]
+    crossed = getattr(getattr(model, "config", None), "add_cross_attention", False)  # (self and cross alike)
+    if not modules or crossed or not all(_adaptable(m) for m in modules):
         return False
     for m in modules:
         if getattr(m, EAGER, None) is not None:

@@ -352,7 +352,7 @@ def install(model) -> bool:
 
     Called once by the model loader (the model in eval mode). A family whose class does not take
     custom attention functions gets, in this order: an adapter where :mod:`attnscope.models.adapters`
-    has one (Bloom, MPT); else, where its attention modules look their function up in transformers'
+    has one (Bloom, MPT, the BERT line, XLM, the first GPT ...); else, where its attention modules look their function up in transformers'
     registry by the config's name (the hybrids), attnscope's name in the config, kept only when a
     six-token probe shows each attention layer calls it once and the maps equal eager's exactly
     (:func:`_routes_exactly`; never for an encoder-decoder); otherwise False, and the model is left
