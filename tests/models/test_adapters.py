@@ -301,12 +301,12 @@ def test_a_position_biased_models_streaming_statistics_equal_the_maps_and_the_re
 
 
 # -- the first BERT's attention kept inline (MegatronBERT, RemBERT, RoFormer, TAPAS, VisualBERT),
-# -- XLM's and FlauBERT's, and the first GPT's --------------------------------------------------
+# -- XLM's and FlauBERT's, the first GPT's and XGLM's -------------------------------------------
 
 #: model type -> the config changes of the variant (None: the tiny model as built)
 INLINE = {"megatron-bert": None, "rembert": None, "roformer": None, "roformer (rotary values)": {"rotary_value": True},
           "tapas": None, "visual_bert": None, "xlm": None, "xlm (causal)": {"causal": True}, "flaubert": None,
-          "openai-gpt": None}
+          "openai-gpt": None, "xglm": None}
 
 
 @pytest.fixture(scope="module", params=sorted(INLINE))
@@ -330,7 +330,7 @@ def test_an_inline_attentions_adapted_maps_and_outputs_are_the_models_own(inline
     # before the adapters these models got the maps only (their own attention code)
     lm = inline_lm
     assert supports_hooks(lm) and lm.facts.adapted and lm.facts.mechanisms == ()
-    assert lm.facts.causal == (lm.name in ("debug:openai-gpt", "debug:xlm (causal)"))
+    assert lm.facts.causal == (lm.name in ("debug:openai-gpt", "debug:xglm", "debug:xlm (causal)"))
     batch = _batch(lm)
     _assert_the_models_own(lm, batch, forward(lm, batch, attentions=True))
 

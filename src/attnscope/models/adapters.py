@@ -51,6 +51,8 @@ flaubert                               masked keys filled, a float32 softmax, ``
 openai    ``Attention``                fused ``c_attn`` split, ``q k^T / sqrt(d)``, its causal band
 -gpt                                   at ``-1e4`` then the model's mask, ``c_proj`` and the residual
                                        dropout
+xglm      ``XGLMAttention``            ``q_proj`` (times ``scaling``) / ``k_proj`` / ``v_proj``,
+                                       ``bmm``, the mask added and floored, ``out_proj``
 deberta   ``DisentangledSelfAttention`` ``query_proj`` / ``key_proj`` / ``value_proj``, the module's
 -v2       (DeBERTa v2 and v3)          own ``disentangled_attention_bias`` (c2p, p2c),
                                        ``q (k / sqrt(d s))^T`` plus it, the mask filled
@@ -395,6 +397,43 @@ def _openai_gpt(module, attend: Callable) -> Callable:
     return forward
 
 
+def xglm_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **_):
+    """XGLM's attention, its operations one for one (shapes as :func:`bloom_eager`'s): the
+    queries multiplied by ``scaling`` before ``q k^T``, the additive mask and a floor at the
+    lowest value, the softmax (in float32 for float16 scores) and the attention dropout."""
+    import torch
+
+    B, H, T, d = query.shape
+    q = (query * scaling).reshape(B * H, T, d)
+    scores = torch.bmm(q, key.reshape(B * H, -1, d).transpose(1, 2))
+    K = scores.shape[-1]
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:  # (from a backend: which keys each query reads)
+            scores = _masked(scores.view(B, H, T, K), attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = torch.max(scores.view(B, H, T, K) + attention_mask,
+                               torch.full((), torch.finfo(scores.dtype).min, device=scores.device))
+        scores = scores.view(B * H, T, K)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if scores.dtype == torch.float16 else None)
+    probs = probs.to(scores.dtype).view(B, H, T, K)
+    weights = torch.nn.functional.dropout(probs.view(B * H, T, K), p=module.dropout, training=module.training)
+    out = torch.bmm(weights, value.reshape(B * H, K, value.shape[-1]))
+    return out.view(B, H, T, -1).transpose(1, 2), probs
+
+
+def _xglm(module, attend: Callable) -> Callable:
+    def forward(hidden_states, key_value_states=None, cache=None, attention_mask=None, **kwargs):
+        B, T, _ = hidden_states.shape
+        query, key, value = (proj(hidden_states).view(B, T, -1, module.head_dim).transpose(1, 2)
+                             for proj in (module.q_proj, module.k_proj, module.v_proj))
+        if cache is not None:
+            key, value = getattr(cache, "self_attention_cache", cache).update(key, value, module.layer_idx)
+        out, probs = attend(module, query, key, value, attention_mask, scaling=module.scaling)
+        return module.out_proj(out.reshape(B, T, module.embed_dim)), probs
+
+    return forward
+
+
 def _bloom(module, attend: Callable) -> Callable:
     from transformers.models.bloom.modeling_bloom import dropout_add
 
@@ -447,6 +486,7 @@ ADAPTERS: dict[str, tuple[Callable, Callable]] = {
     "VisualBertSelfAttention": (classic_eager, _bert),
     "MultiHeadAttention": (xlm_eager, _xlm),  # (XLM's and FlauBERT's; see _adaptable)
     "Attention": (openai_gpt_eager, _openai_gpt),  # (the first GPT's; see _adaptable)
+    "XGLMAttention": (xglm_eager, _xglm),
 }
 
 #: adapted class names other families also use: the transformers modules whose class it is
