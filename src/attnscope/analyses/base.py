@@ -42,10 +42,24 @@ def check_requirements(analyses: Iterable["Analysis"], available: set[str], who:
             raise AttnscopeError(f"{who + ': ' if who else ''}analysis '{a.name}' needs {need}")
 
 
-def arrays_from_json(arrays: dict[str, Any] | None) -> dict[str, np.ndarray]:
+#: what a malformed array of a results file raises on reading
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError)
+
+
+def arrays_from_json(arrays: dict[str, Any] | None, malformed: list[str] | None = None) -> dict[str, np.ndarray]:
     """A results file's ``arrays`` (name -> ``{shape, dtype, data}``, what :meth:`Result.to_json`
-    writes) as numpy arrays; null (NaN in strict JSON) reads back as NaN in float arrays."""
-    return {k: np.asarray(v["data"], dtype=v["dtype"]).reshape(v["shape"]) for k, v in (arrays or {}).items()}
+    writes) as numpy arrays; null (NaN in strict JSON) reads back as NaN in float arrays. A
+    malformed array raises one of :data:`MALFORMED`, or, given ``malformed``, is named there and
+    left out."""
+    out = {}
+    for name, spec in (arrays or {}).items():
+        try:
+            out[name] = np.asarray(spec["data"], dtype=spec["dtype"]).reshape(spec["shape"])
+        except MALFORMED:
+            if malformed is None:
+                raise
+            malformed.append(name)
+    return out
 
 
 @dataclass

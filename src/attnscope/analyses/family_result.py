@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.base import Result, arrays_from_json
+from attnscope.analyses.base import MALFORMED, Result, arrays_from_json
 from attnscope.data.records import recorded_layers
 from attnscope.errors import AttnscopeError
 from attnscope.store.results import SCHEMA_KEY, ResultsFolder
@@ -63,25 +63,21 @@ class FamilyResult:
         line naming the file, or, given ``problems`` (a viewer, which shows what it can), named
         there and left out."""
         where = str(path) if path is not None else "results"
-        bad = (KeyError, TypeError, ValueError, AttributeError)
         try:  # (null, NaN in strict JSON, reads back as NaN in float arrays)
             if problems is None:
                 arrays = arrays_from_json(d.get("arrays"))
                 analyses = {k: Result.from_json(v) for k, v in (d.get("analyses") or {}).items()}
             else:  # (named as the pages name a file: results/<file>)
                 where = f"{path.parent.name}/{path.name}" if path is not None else where
-                arrays, analyses = {}, {}
-                for name, spec in (d.get("arrays") or {}).items():
-                    try:
-                        arrays.update(arrays_from_json({name: spec}))
-                    except bad:
-                        problems.append(f"{where}: array {name!r} is malformed")
+                malformed: list[str] = []
+                arrays, analyses = arrays_from_json(d.get("arrays"), malformed), {}
+                problems.extend(f"{where}: array {name!r} is malformed" for name in malformed)
                 for name, spec in (d.get("analyses") or {}).items():
                     try:
                         analyses[name] = Result.from_json(spec)
-                    except bad:
+                    except MALFORMED:
                         problems.append(f"{where}: the results of analysis {name!r} are malformed")
-        except bad as err:
+        except MALFORMED as err:
             raise AttnscopeError(f"{where}: a malformed array ({type(err).__name__}: {err})") from None
         model = d.get("model") if isinstance(d.get("model"), dict) else (d.get("meta") or {}).get("model")
         return cls(family=str(d.get("family") or d.get("analysis")), params=dict(d.get("params") or {}),
