@@ -357,7 +357,7 @@ def _xlm(module, attend: Callable) -> Callable:
 def openai_gpt_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
                      model_mask=None, **_):
     """The first GPT's attention, its operations one for one (shapes as :func:`bloom_eager`'s):
-    ``q k^T``, divided by ``sqrt(d)`` where the model ``scale``\ s, the keys after the query set to
+    ``q k^T``, divided by ``sqrt(d)`` where the model scales (``scale``), the keys after the query set to
     ``-1e4`` (``w b - 1e4 (1 - b)``, ``b`` its causal buffer), then the model's own additive mask
     ``model_mask`` (``attention_mask``, the two in one, for the hooks and the backends), the
     softmax and the attention dropout."""

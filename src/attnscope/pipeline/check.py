@@ -22,6 +22,7 @@ command exits 2 when anything disagrees.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,9 +132,10 @@ def _maps_row(lm, ids: list[int]) -> Row:
     return Row(MAPS, diff, 0.0, "exact" if diff == 0 else "DISAGREES")
 
 
-def _backend_rows(lm, sequences, targets) -> list[Row]:
+def _backend_rows(lm, sequences, targets, skip: Collection[str] = ()) -> list[Row]:
     """Each backend asked for by name (its plan refuses what it cannot take, with the reason),
-    folding the statistics beside the eager maps' of the same pass."""
+    folding the statistics beside the eager maps' of the same pass; those in ``skip`` are left
+    out (``unavailable``, saying so)."""
     from attnscope.analyses.longctx import LongContextStats
     from attnscope.engines import backends
     from attnscope.engines.plan import plan
@@ -143,6 +145,9 @@ def _backend_rows(lm, sequences, targets) -> list[Row]:
     bound = row_rounding(longest)
     rows = []
     for b in backends.BACKENDS:
+        if b.name in skip:
+            rows.append(Row(b.name, None, None, "unavailable", "left out by the caller"))
+            continue
         if not b.usable(lm.device.type):
             rows.append(Row(b.name, None, None, "unavailable", f"cannot run on {lm.device.type} here ({b.why})"))
             continue
@@ -158,8 +163,9 @@ def _backend_rows(lm, sequences, targets) -> list[Row]:
     return rows
 
 
-def check_loaded(lm, *, seed: int = 0) -> CheckReport:
-    """:func:`check` of a loaded model (:class:`~attnscope.models.loaded.LoadedModel`)."""
+def check_loaded(lm, *, seed: int = 0, skip: Collection[str] = ()) -> CheckReport:
+    """:func:`check` of a loaded model (:class:`~attnscope.models.loaded.LoadedModel`), without
+    the backends named in ``skip``."""
     from attnscope.engines.plan import plan
     from attnscope.engines.streaming import induction_sequences
 
@@ -167,7 +173,7 @@ def check_loaded(lm, *, seed: int = 0) -> CheckReport:
     rows = [_maps_row(lm, ids)]
     if rows[0].ok:  # the statistics are compared with the maps': only once the maps are right
         repeated, targets = induction_sequences(lm, 1, INDUCTION, seed=seed)
-        rows += _backend_rows(lm, [ids, *repeated], [None, *targets])
+        rows += _backend_rows(lm, [ids, *repeated], [None, *targets], skip)
     try:
         long = plan(lm, longest=min(LONG, lm.max_positions), probes=lm.facts.causal)
         refused = ""
