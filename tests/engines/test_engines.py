@@ -849,5 +849,5 @@ def test_the_plan_gives_the_reason_for_every_backend_it_turned_down():
             plan(lm, longest=64, **kwargs)
         says(one_line(e.value), *words)
     with pytest.raises(AttnscopeError) as e:  # outside AttentionInterface: maps only
-        plan(load_model("debug:deberta"), longest=64)
+        plan(load_model("debug:luke"), longest=64)
     says(one_line(e.value), "AttentionInterface", "attnscope extract")

@@ -24,7 +24,7 @@ EXAMPLES = [
     {"text": "who said that the old man was here?"},
 ]
 #: the maps-only model of these tests
-MAPS_ONLY = "debug:deberta"
+MAPS_ONLY = "debug:luke"
 SKIPPED = ("importance", "pruning", "norms", "value-zeroing")  # the default methods that need hooks
 
 

@@ -250,10 +250,10 @@ def _deberta_v3_like():
     return type(build_tiny("deberta-v2", tokenizer))(config).eval(), tokenizer
 
 
-@pytest.fixture(scope="module", params=["mpnet", "deberta-v2"])
+@pytest.fixture(scope="module", params=["mpnet", "deberta", "deberta-v2"])
 def biased_lm(request):
-    if request.param == "mpnet":
-        yield load_model("debug:mpnet")
+    if request.param in ("mpnet", "deberta"):  # (DeBERTa v1 with c2p and p2c terms)
+        yield load_model(f"debug:{request.param}")
     else:
         model, tokenizer = _deberta_v3_like()
         with borrowed(model, tokenizer, name="debug:deberta-v2 (v3-like)") as lm:
@@ -375,3 +375,17 @@ def test_a_bert_with_cross_attention_keeps_its_own_attention_and_gets_the_maps_o
     model = type(build_tiny("megatron-bert", tokenizer))(config).eval()
     with borrowed(model, tokenizer) as lm:
         assert not supports_hooks(lm) and not adapters.adapted(model)
+
+
+def test_a_deberta_with_talking_heads_keeps_its_own_attention_and_gets_the_maps_only():
+    # its heads' scores are mixed across heads before the softmax: no per-head attention to hand over
+    import copy
+
+    import transformers
+
+    lm = load_model("debug:deberta")
+    config = copy.deepcopy(lm.model.config)  # (not the loaded model's own)
+    config.update({"talking_head": True})
+    model = transformers.DebertaModel(config).eval()
+    with borrowed(model, lm.tokenizer) as inside:
+        assert not supports_hooks(inside) and not adapters.adapted(model)

@@ -67,10 +67,10 @@ def test_check_of_the_callers_own_sdpa_model_object_and_of_a_model_outside_atten
     report = attnscope.check(own, lm.tokenizer)
     assert report.ok and own.config._attn_implementation == "sdpa"  # given back as it came
     assert [r.verdict for r in report.rows][:2] == ["exact", "exact"]
-    deberta = attnscope.check("debug:deberta")  # maps only: every backend refused with the reason
-    assert deberta.ok and deberta.rows[0].verdict == "exact"
-    assert {r.verdict for r in deberta.rows[1:]} == {"refused"}
-    assert all("AttentionInterface" in r.reason for r in deberta.rows[1:])
+    luke = attnscope.check("debug:luke")  # maps only: every backend refused with the reason
+    assert luke.ok and luke.rows[0].verdict == "exact"
+    assert {r.verdict for r in luke.rows[1:]} == {"refused"}
+    assert all("AttentionInterface" in r.reason for r in luke.rows[1:])
     t5 = attnscope.check("debug:t5")  # encoder, decoder and cross attention against transformers'
     assert t5.ok and t5.rows[0].verdict == "exact" and t5.facts.kind == "encoder-decoder"
 

@@ -43,7 +43,7 @@ def test_check_prints_and_records_the_long_context_plan(capsys):
     plan = report["plan"]
     assert plan["engine"] == "maps" and plan["mechanisms"] == sorted(plan["mechanisms"])
     assert {"sinks"} <= set(plan["mechanisms"]) and len(plan["backends"]) == 5
-    assert main(["check", "debug:deberta"]) == 0  # maps only: the plan is refused with its reason
+    assert main(["check", "debug:luke"]) == 0  # maps only: the plan is refused with its reason
     says(capsys.readouterr().out, "analyze longctx: refused", "AttentionInterface")
 
 

@@ -16,7 +16,7 @@ JSON Lines. Over the first ``--attribution-examples`` examples it runs the selec
 Methods that need a loss (importance, ablation, pruning, the saliency half of rollout) need a
 masked-LM head for encoders (``--attribution-fit-head`` trains one on the frozen encoder) or a causal
 model; without one they are skipped with a note. On a model whose attention does not go through
-transformers' ``AttentionInterface`` (DeBERTa v1) the methods that gate heads or read their values
+transformers' ``AttentionInterface`` (LUKE) the methods that gate heads or read their values
 (importance, ablation, pruning, norms, value zeroing) are skipped with a one-line note and rollout
 and flow run on its attention maps. Results go to ``results/attribution.json``.
 """
@@ -92,7 +92,7 @@ class AttributionOptions:
 def hook_free(lm, methods: list[str]) -> tuple[list[str], str | None]:
     """The methods that can run on ``lm`` and a one-line note on those skipped (None if none).
 
-    A model whose attention does not go through transformers' ``AttentionInterface`` (DeBERTa v1)
+    A model whose attention does not go through transformers' ``AttentionInterface`` (LUKE)
     gives its attention maps but no hook points, so gate- and value-based methods cannot run.
     """
     if supports_hooks(lm):

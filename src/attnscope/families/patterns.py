@@ -8,7 +8,7 @@ refers to (relative position for patterns 1 and 2, special tokens for pattern 6,
 the section 6 labels shown beside). When the model is run, the same pass over each batch
 collects the keys through the forward helper's ``"k"`` hook for
 :class:`~attnscope.analyses.patterns.KeyConcentration` (a store holds no keys, and a model
-whose attention does not go through transformers' ``AttentionInterface``, such as DeBERTa v1, gives
+whose attention does not go through transformers' ``AttentionInterface``, such as LUKE, gives
 its maps but no hook points: key concentration is then skipped with a note).
 """
 

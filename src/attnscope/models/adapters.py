@@ -53,10 +53,16 @@ openai    ``Attention``                fused ``c_attn`` split, ``q k^T / sqrt(d)
                                        dropout
 xglm      ``XGLMAttention``            ``q_proj`` (times ``scaling``) / ``k_proj`` / ``v_proj``,
                                        ``bmm``, the mask added and floored, ``out_proj``
+deberta   ``DisentangledSelfAttention`` (v1) fused ``in_proj`` (or its split weight for other query
+                                       states), ``q_bias`` / ``v_bias``, the position terms of the
+                                       scaled queries, ``q / sqrt(d s) k^T`` plus them, the mask filled
 deberta   ``DisentangledSelfAttention`` ``query_proj`` / ``key_proj`` / ``value_proj``, the module's
 -v2       (DeBERTa v2 and v3)          own ``disentangled_attention_bias`` (c2p, p2c),
                                        ``q (k / sqrt(d s))^T`` plus it, the mask filled
 ========  ===========================  ====================================================
+
+DeBERTa v1 with talking heads (``talking_head``: scores and weights mixed across heads) is left
+unadapted (maps only): no head has a softmax of its own.
 
 A model with cross-attention (``config.add_cross_attention``) is left unadapted (maps only):
 the BERT line's cross-attention is the same class as its self-attention.
@@ -298,6 +304,57 @@ def deberta_v2_eager(module, query, key, value, attention_mask, scaling: float, 
     return out.view(B, H, T, -1).transpose(1, 2), probs
 
 
+def deberta_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                  score_bias=None, **_):
+    """DeBERTa v1's disentangled attention, its operations one for one (shapes as
+    :func:`bloom_eager`'s; ``score_bias`` ``[B H T K]``, its c2p and p2c terms made from the
+    scaled queries): the queries divided by ``sqrt(d s)`` (``s`` 1 + one per position term),
+    ``q k^T`` plus the terms, the mask filled with the lowest value, the softmax and the
+    attention dropout."""
+    import torch
+    from transformers.models.deberta.modeling_deberta import scaled_size_sqrt
+
+    q = query / scaled_size_sqrt(query, 1 + len(module.pos_att_type)).to(dtype=query.dtype)
+    scores = torch.matmul(q, key.transpose(-1, -2))
+    if score_bias is not None:
+        scores = scores + score_bias
+    if attention_mask is not None:
+        scores = scores.masked_fill(~_allowed(attention_mask), torch.finfo(q.dtype).min)
+    probs = module.dropout(torch.softmax(scores, dim=-1))
+    return torch.matmul(probs, value).transpose(1, 2), probs
+
+
+def _deberta(module, attend: Callable) -> Callable:
+    import torch
+    from transformers.models.deberta.modeling_deberta import scaled_size_sqrt
+
+    def forward(hidden_states, attention_mask, output_attentions=False, query_states=None, relative_pos=None,
+                rel_embeddings=None):
+        if query_states is None:
+            query, key, value = module.transpose_for_scores(module.in_proj(hidden_states)).chunk(3, dim=-1)
+        else:  # (the model's own split of its fused weight, for queries of other states)
+            H = module.num_attention_heads
+            ws = module.in_proj.weight.chunk(H * 3, dim=0)
+            w = [torch.cat([ws[i * 3 + k] for i in range(H)], dim=0) for k in range(3)]
+            query, key, value = (module.transpose_for_scores(torch.matmul(wk, x.t().to(dtype=wk.dtype)))
+                                 for wk, x in zip(w, (query_states, hidden_states, hidden_states)))
+        query = query + module.transpose_for_scores(module.q_bias[None, None, :])
+        value = value + module.transpose_for_scores(module.v_bias[None, None, :])
+        factor = 1 + len(module.pos_att_type)
+        scale = scaled_size_sqrt(query, factor)
+        bias = None
+        if module.relative_attention and rel_embeddings is not None and relative_pos is not None:
+            bias = module.disentangled_att_bias(query / scale.to(dtype=query.dtype), key, relative_pos,
+                                                module.pos_dropout(rel_embeddings), factor)
+            bias = None if isinstance(bias, int) else bias  # (0: no position terms)
+        out, probs = attend(module, query, key, value, attention_mask.bool(), scaling=float(scale) ** -1,
+                            score_bias=bias)
+        context = out.reshape(*out.shape[:2], -1)
+        return context, (probs if output_attentions else None)
+
+    return forward
+
+
 def _deberta_scale_factor(module) -> int:
     return 1 + ("c2p" in module.pos_att_type) + ("p2c" in module.pos_att_type)
 
@@ -478,7 +535,7 @@ ADAPTERS: dict[str, tuple[Callable, Callable]] = {
     "GPTNeoSelfAttention": (gpt_neo_eager, _gpt_neo),
     "FalconAttention": (falcon_eager, _falcon),
     "MPNetSelfAttention": (classic_eager, _mpnet),
-    "DisentangledSelfAttention": (deberta_v2_eager, _deberta_v2),
+    "DisentangledSelfAttention": (deberta_v2_eager, _deberta_v2),  # (DeBERTa v2 and v3; v1: DEBERTA_V1)
     "MegatronBertSelfAttention": (classic_eager, partial(_bert, always=True)),
     "RemBertSelfAttention": (classic_eager, partial(_bert, always=True)),
     "RoFormerSelfAttention": (classic_eager, partial(_bert, always=True)),
@@ -494,15 +551,25 @@ _THEIRS = {"DisentangledSelfAttention": ("deberta_v2",),  # (DeBERTa v1's module
            "MultiHeadAttention": ("xlm", "flaubert"), "Attention": ("openai",)}
 
 
-def _ours(module) -> bool:
-    """Whether ``module`` is an attention module :data:`ADAPTERS` has an adapter for."""
-    name = type(module).__name__
-    return name in ADAPTERS and (name not in _THEIRS or any(
-        type(module).__module__.endswith(f"{family}.modeling_{family}") for family in _THEIRS[name]))
+#: DeBERTa v1's attention module, whose class name is v2's
+DEBERTA_V1 = (deberta_eager, _deberta)
+
+
+def _adapter(module) -> tuple[Callable, Callable] | None:
+    """The (eager, adapter) of ``module``'s attention (None where :data:`ADAPTERS` has none)."""
+    name, where = type(module).__name__, type(module).__module__
+    if name == "DisentangledSelfAttention" and where.endswith("deberta.modeling_deberta"):
+        return DEBERTA_V1
+    if name not in ADAPTERS or (name in _THEIRS and not any(
+            where.endswith(f"{family}.modeling_{family}") for family in _THEIRS[name])):
+        return None
+    return ADAPTERS[name]
 
 
 def _adaptable(module) -> bool:
     name = type(module).__name__
+    if name == "DisentangledSelfAttention" and _adapter(module) is DEBERTA_V1:  # (heads mixed: no per-head softmax)
+        return not module.talking_head
     if name == "FalconAttention":  # (its ALiBi: see the module docstring)
         return not module.config.alibi
     return not (name == "BloomAttention" and module.pretraining_tp > 1 and module.slow_but_exact)
@@ -513,14 +580,14 @@ def install(model, attend: Callable, active: Callable[[], bool]) -> bool:
     ``forward`` runs the adapter within a pass (``active()``) and its own code outside one.
     ``attend``: attnscope's attention function. True where the model's attention is now all
     adapted (idempotent); False, touching nothing, where any attention module has none."""
-    modules = [m for m in model.modules() if _ours(m)]
+    modules = [m for m in model.modules() if _adapter(m) is not None]
     crossed = getattr(getattr(model, "config", None), "add_cross_attention", False)  # (self and cross alike)
     if not modules or crossed or not all(_adaptable(m) for m in modules):
         return False
     for m in modules:
         if getattr(m, EAGER, None) is not None:
             continue
-        eager, adapter = ADAPTERS[type(m).__name__]
+        eager, adapter = _adapter(m)
         own = m.forward  # the module's (an instance's own, e.g. accelerate's device hook, or the class's)
         inside = adapter(m, attend)
 

@@ -80,7 +80,7 @@ def _from_hook_points(lm, batch, layer: int):
 
 
 def _from_projections(lm, batch, layer: int):
-    """For families outside transformers' AttentionInterface without hook points (DeBERTa v1)."""
+    """For families outside transformers' AttentionInterface without hook points (LUKE, XLNet ...)."""
     fam = lm.family
     if fam.query is None or fam.key is None:
         raise AttnscopeError(f"neuron view: model family {fam.name!r} has no query/key module "

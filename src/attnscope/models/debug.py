@@ -33,7 +33,7 @@ DECODERS = {"llama": ("LlamaConfig", "LlamaModel", 2), "qwen2": ("Qwen2Config", 
 #: and 2 decoder layers x 2 heads.
 SEQ2SEQ = ("t5", "bart")
 #: the hand-made debug families (any other ``debug:<model type>`` is :func:`attnscope.models.tiny.build_tiny`)
-TINY_FAMILIES = ("bert", "roberta", "mpnet", "deberta", "gpt2", *DECODERS, *SEQ2SEQ)
+TINY_FAMILIES = ("bert", "roberta", "mpnet", "deberta", "luke", "gpt2", *DECODERS, *SEQ2SEQ)
 
 
 def _wordpiece_vocab(specials: list[str]) -> dict[str, int]:
@@ -132,12 +132,13 @@ def _bpe_tokenizer(kind: str):
 def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int = 0) -> LoadedModel:
     """A tiny random model of ``family``: "bert", "roberta", "gpt2" or "mpnet" (2 layers x 2
     heads), a decoder LLM "llama", "qwen2" or "gemma" (2 layers x 4 query heads, see
-    :data:`DECODERS`), an encoder-decoder "t5" or "bart" (:data:`SEQ2SEQ`), or "deberta" (DeBERTa
-    v1 with BERT's tokenizer). DeBERTa v1's transformers code computes its disentangled attention
-    itself, outside ``AttentionInterface``, and has no adapter, so ``debug:deberta`` is the model
-    whose heads cannot be hooked: only its attention maps come out
-    (:func:`attnscope.models.forward.supports_hooks` is False). MPNet's is hooked through its
-    adapter (:mod:`attnscope.models.adapters`)."""
+    :data:`DECODERS`), an encoder-decoder "t5" or "bart" (:data:`SEQ2SEQ`), "deberta" (DeBERTa
+    v1, relative positions c2p and p2c) or "luke" (LUKE, read on words without entities), both
+    with BERT's tokenizer. LUKE's transformers code computes its attention itself (words and
+    entities in one), outside ``AttentionInterface``, and has no adapter, so ``debug:luke`` is the model whose heads cannot
+    be hooked: only its attention maps come out (:func:`attnscope.models.forward.supports_hooks`
+    is False). MPNet's and DeBERTa's are hooked through their adapters
+    (:mod:`attnscope.models.adapters`)."""
     import torch
     import transformers
 
@@ -165,7 +166,15 @@ def build_debug_model(family: str = "bert", *, mlm_head: bool = False, seed: int
             max_position_embeddings=TINY["positions"] + 2, pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
         cls = transformers.MPNetForMaskedLM if mlm_head else transformers.MPNetModel
-    elif family == "deberta":  # (DeBERTa v1, with BERT's tokenizer: the maps-only model)
+    elif family == "luke":  # (with BERT's tokenizer: the maps-only model)
+        tokenizer = _wordpiece_tokenizer()
+        config = transformers.LukeConfig(
+            vocab_size=len(tokenizer), hidden_size=TINY["hidden"], num_hidden_layers=TINY["layers"],
+            num_attention_heads=TINY["heads"], intermediate_size=TINY["intermediate"],
+            max_position_embeddings=TINY["positions"] + tokenizer.pad_token_id + 1, type_vocab_size=2,
+            pad_token_id=tokenizer.pad_token_id, entity_vocab_size=8, entity_emb_size=TINY["hidden"])
+        cls = transformers.LukeForMaskedLM if mlm_head else transformers.LukeModel
+    elif family == "deberta":  # (DeBERTa v1, with BERT's tokenizer)
         tokenizer = _wordpiece_tokenizer()
         config = transformers.DebertaConfig(
             vocab_size=len(tokenizer), hidden_size=TINY["hidden"], num_hidden_layers=TINY["layers"],

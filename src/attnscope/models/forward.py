@@ -356,7 +356,7 @@ def install(model) -> bool:
     registry by the config's name (the hybrids), attnscope's name in the config, kept only when a
     six-token probe shows each attention layer calls it once and the maps equal eager's exactly
     (:func:`_routes_exactly`; never for an encoder-decoder); otherwise False, and the model is left
-    on eager attention (e.g. DeBERTa v1).
+    on eager attention (e.g. LUKE).
     """
     if not getattr(type(model), "_supports_attention_backend", False):
         if adapters.install(model, _attention, lambda: _ACTIVE.get() is not None):

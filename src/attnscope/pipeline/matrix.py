@@ -161,7 +161,7 @@ def models_doc(rows: list[dict], versions: dict[str, str]) -> str:
         "~~struck~~ ones do not compute a mechanism the model has and are refused for it (`auto` "
         "never picks them). `onepass` needs CUDA (or Triton's interpreter) and is not in these rows. "
         "Models outside transformers' AttentionInterface (their own attention code) get the maps "
-        "only: hook points and the streaming engine need attnscope's attention function. Fifteen "
+        "only: hook points and the streaming engine need attnscope's attention function. Sixteen "
         "reach it through an adapter of their own code (`attnscope.models.adapters`: the maps stay "
         "the model's own exactly) and are verified like the others: Bloom and MPT, whose ALiBi is a "
         "bias on the scores (the compiled CPU kernel and the one-pass Triton kernel do not add it and "
@@ -170,7 +170,7 @@ def models_doc(rows: list[dict], versions: dict[str, str]) -> str:
         "differ), the first BERT's attention as MegatronBERT, RemBERT, RoFormer (rotary), TAPAS and "
         "VisualBERT keep it (not where a model adds cross-attention, which is the same class), XLM "
         "and FlauBERT, the first GPT (`openai-gpt`), XGLM, "
-        "MPNet and DeBERTa-v2, whose bias per query and key (`position-bias`) the tiles and "
+        "MPNet and DeBERTa (v1, v2 and v3; not v1 with talking heads), whose bias per query and key (`position-bias`) the tiles and "
 "maps backends add and the others are struck for. A wrapper or a composite whose language model routes attention through "
         "AttentionInterface (DPR's BERT, DeepSeek-VL's Llama, GOT-OCR2, Granite Speech) is hooked "
         "through that model.",
