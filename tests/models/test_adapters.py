@@ -389,3 +389,49 @@ def test_a_deberta_with_talking_heads_keeps_its_own_attention_and_gets_the_maps_
     model = transformers.DebertaModel(config).eval()
     with borrowed(model, lm.tokenizer) as inside:
         assert not supports_hooks(inside) and not adapters.adapted(model)
+
+
+@pytest.mark.parametrize("family", ["openai-gpt", "gpt_neo"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_banded_models_half_precision_maps_are_its_own_and_its_padding_is_masked_for_the_hooks(family, dtype):
+    # fp16's lowest mask value (-65504) is a masked key too, and a pass without a mask adds none
+    import dataclasses
+
+    lm = load_model(f"debug:{family}")
+    lm.model.to(dtype)
+    try:
+        batch = _batch(lm)
+        allowed = []
+        ours = forward(lm, batch, attentions=True,
+                       hooks={"q": lambda site, q: allowed.append(site.allowed(0, site.query.shape[2]))})
+        _assert_the_models_own(lm, batch, ours)
+        n = int(batch.attention_mask[1].sum())  # the shorter sequence's tokens
+        T = batch.input_ids.shape[1]
+        want = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        want[:, n:] = False  # (its padded keys)
+        if family == "gpt_neo" and lm.model.config.attention_layers[0] == "local":
+            want &= torch.triu(torch.ones(T, T, dtype=torch.bool), -(lm.model.config.window_size - 1))
+        assert torch.equal(allowed[0][1, 0], want)
+        unmasked = dataclasses.replace(batch, attention_mask=None)
+        with torch.inference_mode():
+            own = lm.model(input_ids=batch.input_ids, output_attentions=True)
+        ours = forward(lm, unmasked, attentions=True)
+        assert all(torch.equal(a, b) for a, b in zip(ours.attentions, own.attentions))
+    finally:
+        lm.model.to(torch.float32)
+
+
+def test_an_encoder_decoder_with_a_bert_line_decoder_is_not_adapted():
+    # the decoder's config, not the composite's, has the cross-attention
+    import transformers
+
+    from attnscope.models.tiny import build_tiny
+
+    tokenizer = load_model("debug:roformer").tokenizer
+    config = build_tiny("roformer", tokenizer).config
+    decoder = transformers.RoFormerConfig(**{**config.to_dict(), "is_decoder": True, "add_cross_attention": True})
+    model = transformers.EncoderDecoderModel(encoder=transformers.RoFormerModel(config),
+                                             decoder=transformers.RoFormerForCausalLM(decoder))
+    assert not getattr(model.config, "add_cross_attention", False)
+    assert not adapters.install(model, lambda *a, **k: None, lambda: False)
+    assert not any("forward" in vars(m) for m in model.modules() if type(m).__name__ == "RoFormerSelfAttention")

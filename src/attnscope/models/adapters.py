@@ -99,6 +99,29 @@ def _masked(scores, mask, low: float):
     return scores + mask
 
 
+def _band_mask(band, attention_mask, B: int):
+    """The keys each query may read as one additive float32 mask ``[B 1 T K]`` (0: attend), for
+    the hooks and the backends: a causal or local ``band`` (``[1 1 T K]``, bool) and the model's
+    own mask in any of its forms (an fp16 mask's lowest value included)."""
+    import torch
+
+    allowed = band if attention_mask is None else band & _allowed(attention_mask)
+    zeros = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device)
+    return zeros.masked_fill(~allowed, torch.finfo(torch.float32).min).expand(B, 1, *band.shape[-2:])
+
+
+def _own_or_given(scores, attention_mask, model_mask, own_mask: bool, low: float):
+    """``scores`` with the mask of a banded family's attention: in the adapter (``own_mask``) the
+    model's own mask ``model_mask`` as the model applies it (none where it had none); from a
+    backend, ``attention_mask``, the band and the mask in one (:func:`_band_mask`), filling the
+    keys it masks with ``low`` in the scores' dtype."""
+    if own_mask:
+        return _masked(scores, model_mask, low)
+    if attention_mask is None:
+        return scores
+    return scores.masked_fill(~_allowed(attention_mask), low)
+
+
 def bloom_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
                 score_bias=None, **_):
     """Bloom's attention, its operations one for one: ``[B H T d]`` queries, ``[B H K d]`` keys and
@@ -129,7 +152,7 @@ def mpt_eager(module, query, key, value, attention_mask, scaling: float, dropout
 
 
 def gpt_neo_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
-                  model_mask=None, **_):
+                  model_mask=None, own_mask: bool = False, **_):
     """GPT-Neo's attention, its operations one for one (shapes as :func:`bloom_eager`'s): float32
     scores, unscaled (GPT-Neo multiplies ``q.k`` by nothing: ``scaling`` is 1), its causal or local
     (sliding-window) mask from the module's ``bias`` buffer, then the model's own additive mask
@@ -140,14 +163,12 @@ def gpt_neo_eager(module, query, key, value, attention_mask, scaling: float, dro
     T, K = query.shape[-2], key.shape[-2]
     low = torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype, device=scores.device)
     scores = torch.where(module.bias[:, :, K - T:K, :K], scores, low)
-    # (in the adapter, the model's own mask; from a backend, the one it rebuilt from the hooks')
-    scores = _masked(scores, attention_mask if model_mask is None else model_mask, float(low))
+    scores = _own_or_given(scores, attention_mask, model_mask, own_mask, float(low))
     probs = module.attn_dropout(torch.softmax(scores, dim=-1).to(value.dtype))
     return torch.matmul(probs, value).transpose(1, 2), probs
 
 
 def _gpt_neo(module, attend: Callable) -> Callable:
-    import torch
 
     def forward(hidden_states, attention_mask=None, layer_past=None, use_cache=False, output_attentions=False,
                 **kwargs):
@@ -160,13 +181,9 @@ def _gpt_neo(module, attend: Callable) -> Callable:
         local = module.attention_type == "local"
         # (the keys a query may read: its causal or local band and the model's mask, in one
         # additive mask the hooks and the backends read; the eager repeats the model's two steps)
-        low = torch.tensor(torch.finfo(torch.float32).min, device=hidden_states.device)
-        band = module.bias[:, :, K - T:K, :K]
-        given = torch.zeros((), device=hidden_states.device) if attention_mask is None else \
-            _masked(torch.zeros(attention_mask[:, :, :, :K].shape, device=hidden_states.device),
-                    attention_mask[:, :, :, :K], float(low))
-        mask = torch.where(band, given, low).expand(B, 1, T, K)
-        out, probs = attend(module, query, key, value, mask, scaling=1.0, model_mask=attention_mask,
+        given = None if attention_mask is None else attention_mask[:, :, :, :K]
+        mask = _band_mask(module.bias[:, :, K - T:K, :K], given, B)
+        out, probs = attend(module, query, key, value, mask, scaling=1.0, model_mask=attention_mask, own_mask=True,
                             sliding_window=module.config.window_size if local else None)
         return module.resid_dropout(module.out_proj(out.reshape(B, T, -1))), probs
 
@@ -214,6 +231,21 @@ def _allowed(mask):
     return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
 
 
+def _self_only(cross) -> None:
+    """Refuse cross-attention inputs (``install`` adapts no model with cross-attention)."""
+    if cross is not None:
+        from attnscope.errors import ModelError
+
+        raise ModelError("an adapted self-attention module was handed cross-attention inputs; "
+                         "attnscope adapts no model with cross-attention (its maps: attnscope extract)")
+
+
+def _cache(cache, kwargs: dict | None):
+    """The module's cache, given as ``cache`` or by its old name ``past_key_values`` (which the
+    class's own ``forward`` renames, and an adapter, replacing that ``forward``, must too)."""
+    return cache if cache is not None else (kwargs or {}).get("past_key_values")
+
+
 def classic_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
                   score_bias=None, **_):
     """The first BERT's attention, its operations one for one (shapes as :func:`bloom_eager`'s),
@@ -245,7 +277,8 @@ def _bert(module, attend: Callable, always: bool = False, cache_out: bool = Fals
 
     def forward(*args, **kwargs):
         given = signature.bind(module, *args, **kwargs).arguments
-        hidden, cache = given["hidden_states"], given.get("cache")
+        _self_only(given.get("encoder_hidden_states"))
+        hidden, cache = given["hidden_states"], _cache(given.get("cache"), given.get("kwargs"))
         B, T = hidden.shape[:2]
         query, key, value = (proj(hidden).view(B, T, -1, module.attention_head_size).transpose(1, 2)
                              for proj in (module.query, module.key, module.value))
@@ -398,6 +431,8 @@ def xlm_eager(module, query, key, value, attention_mask, scaling: float, dropout
 
 def _xlm(module, attend: Callable) -> Callable:
     def forward(input, mask, kv=None, cache=None, output_attentions=False, **kwargs):
+        _self_only(kv)
+        cache = _cache(cache, kwargs)
         B, T, _ = input.shape
         query, key, value = (proj(input).view(B, -1, module.n_heads, module.head_dim).transpose(1, 2)
                              for proj in (module.q_lin, module.k_lin, module.v_lin))
@@ -412,7 +447,7 @@ def _xlm(module, attend: Callable) -> Callable:
 
 
 def openai_gpt_eager(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
-                     model_mask=None, **_):
+                     model_mask=None, own_mask: bool = False, **_):
     """The first GPT's attention, its operations one for one (shapes as :func:`bloom_eager`'s):
     ``q k^T``, divided by ``sqrt(d)`` where the model scales (``scale``), the keys after the query set to
     ``-1e4`` (``w b - 1e4 (1 - b)``, ``b`` its causal buffer), then the model's own additive mask
@@ -427,27 +462,21 @@ def openai_gpt_eager(module, query, key, value, attention_mask, scaling: float, 
         scores = scores / math.sqrt(value.size(-1))
     band = module.bias[:, :, :scores.size(-2), :scores.size(-1)]
     scores = scores * band + -1e4 * (1 - band)
-    mask = attention_mask if model_mask is None else model_mask
-    if mask is not None:  # (from a backend, the band and the mask in one: the band's keys stay at ~0)
-        scores = _masked(scores, mask, torch.finfo(scores.dtype).min)
+    scores = _own_or_given(scores, attention_mask, model_mask, own_mask, torch.finfo(scores.dtype).min)
     probs = module.attn_dropout(torch.softmax(scores, dim=-1))
     return torch.matmul(probs, value).transpose(1, 2), probs
 
 
 def _openai_gpt(module, attend: Callable) -> Callable:
-    import torch
 
     def forward(x, attention_mask=None, output_attentions=False):
         B, T, _ = x.shape
         query, key, value = (module.split_heads(part) for part in module.c_attn(x).split(module.split_size, dim=2))
         # (the keys a query may read: its causal band and the model's mask, in one additive mask
         # the hooks and the backends read; the eager repeats the model's two steps)
-        low = torch.finfo(torch.float32).min
-        band = module.bias[:, :, :T, :T].bool()
-        given = torch.zeros((), device=x.device) if attention_mask is None else attention_mask.float()
-        mask = torch.where(band, given, torch.tensor(low, device=x.device)).expand(B, 1, T, T)
+        mask = _band_mask(module.bias[:, :, :T, :T].bool(), attention_mask, B)
         out, probs = attend(module, query, key, value, mask, scaling=value.size(-1) ** -0.5 if module.scale else 1.0,
-                            model_mask=attention_mask)
+                            model_mask=attention_mask, own_mask=True)
         a = module.resid_dropout(module.c_proj(out.reshape(B, T, -1)))
         return [a, probs] if output_attentions else [a]
 
@@ -480,6 +509,8 @@ def xglm_eager(module, query, key, value, attention_mask, scaling: float, dropou
 
 def _xglm(module, attend: Callable) -> Callable:
     def forward(hidden_states, key_value_states=None, cache=None, attention_mask=None, **kwargs):
+        _self_only(key_value_states)
+        cache = _cache(cache, kwargs)
         B, T, _ = hidden_states.shape
         query, key, value = (proj(hidden_states).view(B, T, -1, module.head_dim).transpose(1, 2)
                              for proj in (module.q_proj, module.k_proj, module.v_proj))
@@ -581,7 +612,9 @@ def install(model, attend: Callable, active: Callable[[], bool]) -> bool:
     ``attend``: attnscope's attention function. True where the model's attention is now all
     adapted (idempotent); False, touching nothing, where any attention module has none."""
     modules = [m for m in model.modules() if _adapter(m) is not None]
-    crossed = getattr(getattr(model, "config", None), "add_cross_attention", False)  # (self and cross alike)
+    # (the BERT line's and XGLM's self- and cross-attention are one class: neither is adapted where
+    # any part of the model, an encoder-decoder's decoder too, has cross-attention)
+    crossed = any(getattr(getattr(m, "config", None), "add_cross_attention", False) for m in model.modules())
     if not modules or crossed or not all(_adaptable(m) for m in modules):
         return False
     for m in modules:
