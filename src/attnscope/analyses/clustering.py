@@ -132,7 +132,7 @@ def cluster_heads(distances: np.ndarray, stats: dict[str, np.ndarray],
                        "label_order": list(LABELS)}}
 
 
-def head_stats(results: dict) -> dict[str, np.ndarray]:
+def label_inputs(results: dict) -> dict[str, np.ndarray]:
     """All ``[L H]`` statistics of the general pass (its finalized results by name: relative
     position, special tokens, entropy), by statistic: the inputs of the behaviour labels."""
     out: dict[str, np.ndarray] = {}
@@ -144,8 +144,8 @@ def head_stats(results: dict) -> dict[str, np.ndarray]:
 
 def general_clusters(results: dict) -> dict[str, Any]:
     """Figure 6: :func:`cluster_heads` of the general pass's head distances, labelled by its
-    statistics (:func:`head_stats`) with the entropy of a uniform row as the broad scale."""
+    statistics (:func:`label_inputs`) with the entropy of a uniform row as the broad scale."""
     with warnings.catch_warnings():  # all-NaN layers (no separators, GPT-2) are expected
         warnings.simplefilter("ignore", category=RuntimeWarning)
-        return cluster_heads(results["head-distances"].arrays["distances"], head_stats(results),
+        return cluster_heads(results["head-distances"].arrays["distances"], label_inputs(results),
                              float(results["entropy"].meta["uniform_entropy"]), Thresholds())

@@ -81,7 +81,7 @@ def figure1_heads(stats: dict[str, np.ndarray]) -> list[tuple[int, int, str]]:
 
 def general_findings(stats: dict[str, np.ndarray], labels: np.ndarray) -> GeneralFindings:
     """:class:`GeneralFindings` of the ``[L H]`` statistics ``stats`` (by name, as
-    :func:`attnscope.analyses.clustering.head_stats` gives them) and Figure 6's ``labels``."""
+    :func:`attnscope.analyses.clustering.label_inputs` gives them) and Figure 6's ``labels``."""
     sep = np.nanmean(stats["separator"], axis=1)
     has_sep = bool(np.nanmax(sep) > 0)
     ss = stats.get("sep_to_sep")

@@ -148,14 +148,14 @@ def _compare(a, b, out: Path | None, *, which, level, n_boot, seed, smoothing, c
 def compute(a: Side, b: Side, pairing: Pairing, *, n_boot: int = 1000, seed: int = 0,
             smoothing: float = 0.001, progress: Progress | None = None) -> Comparison:
     """One pass over the paired examples feeding both accumulators."""
-    head_stats = PairedHeadStats(n_boot=n_boot, seed=seed)
+    paired = PairedHeadStats(n_boot=n_boot, seed=seed)
     cross = CrossDistances(smoothing=smoothing)
     total = len(pairing.indices)
     shape_a = shape_b = None
     for done, (ma, mb) in enumerate(paired_maps(a, b, pairing), start=1):
         shape_a, shape_b = tuple(ma.attn.shape[:2]), tuple(mb.attn.shape[:2])
         if shape_a == shape_b:
-            head_stats.add(ma.index, ma, mb)
+            paired.add(ma.index, ma, mb)
         ua, ub, _ = common_units(ma, mb, pairing.layout)
         cross.add(ua, ub)
         if progress is not None:
@@ -166,10 +166,10 @@ def compute(a: Side, b: Side, pairing: Pairing, *, n_boot: int = 1000, seed: int
                      f"{shape_b[0]}x{shape_b[1]}): only the cross-model distances and matching apply")
         stats = {}
     else:
-        stats = head_stats.finalize()
+        stats = paired.finalize()
     distances = cross.distances()
     params = {"level": pairing.level, "units": pairing.layout, "examples": len(pairing.indices),
-              "bootstrap": head_stats.params(), "distances": cross.params(),
+              "bootstrap": paired.params(), "distances": cross.params(),
               "rounding": {"weights_and_statistics": ROUNDING, "js_nats_per_unit": JS_ROUNDING},
               "matching": "scipy.optimize.linear_sum_assignment on the A x B distances, maximize=False",
               "maps": {"A": str(a.store.path), "B": str(b.store.path)}}

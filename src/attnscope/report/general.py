@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.clustering import LABELS, head_stats
+from attnscope.analyses.clustering import LABELS, label_inputs
 from attnscope.analyses.findings import NEARLY_ALL, GeneralFindings, general_findings
 from attnscope.analyses.stat import of_results, records
 from attnscope.data.records import HeadId, layer_number
@@ -275,7 +275,7 @@ def _write_general(results: dict, out_dir: Path, *, model_desc: dict, example_ma
     tables_dir, figures_dir, results_dir = out_dir / "tables", out_dir / "figures", out_dir / "results"
     for d in (tables_dir, figures_dir, results_dir):
         d.mkdir(parents=True, exist_ok=True)
-    stats = head_stats(results)
+    stats = label_inputs(results)
     uniform = float(results["entropy"].meta["uniform_entropy"])
     labels = clusters["labels"]
     L, H = labels.shape
