@@ -559,47 +559,40 @@ def _mpt(module, attend: Callable) -> Callable:
     return forward
 
 
-#: attention module class name -> (its eager attention, the adapter of its forward)
-ADAPTERS: dict[str, tuple[Callable, Callable]] = {
-    "BloomAttention": (bloom_eager, _bloom),
-    "MptAttention": (mpt_eager, _mpt),
-    "GPTNeoSelfAttention": (gpt_neo_eager, _gpt_neo),
-    "FalconAttention": (falcon_eager, _falcon),
-    "MPNetSelfAttention": (classic_eager, _mpnet),
-    "DisentangledSelfAttention": (deberta_v2_eager, _deberta_v2),  # (DeBERTa v2 and v3; v1: DEBERTA_V1)
-    "MegatronBertSelfAttention": (classic_eager, partial(_bert, always=True)),
-    "RemBertSelfAttention": (classic_eager, partial(_bert, always=True)),
-    "RoFormerSelfAttention": (classic_eager, partial(_bert, always=True)),
-    "TapasSelfAttention": (classic_eager, partial(_bert, cache_out=True)),
-    "VisualBertSelfAttention": (classic_eager, _bert),
-    "MultiHeadAttention": (xlm_eager, _xlm),  # (XLM's and FlauBERT's; see _adaptable)
-    "Attention": (openai_gpt_eager, _openai_gpt),  # (the first GPT's; see _adaptable)
-    "XGLMAttention": (xglm_eager, _xglm),
+#: (the transformers family whose module defines it, attention class name) -> (its eager
+#: attention, the adapter of its forward); keyed by both, as some class names are several
+#: families' (DeBERTa v1's and v2's ``DisentangledSelfAttention``, XLM's and CTRL's
+#: ``MultiHeadAttention``, the first GPT's and FSMT's ``Attention``)
+ADAPTERS: dict[tuple[str, str], tuple[Callable, Callable]] = {
+    ("bloom", "BloomAttention"): (bloom_eager, _bloom),
+    ("mpt", "MptAttention"): (mpt_eager, _mpt),
+    ("gpt_neo", "GPTNeoSelfAttention"): (gpt_neo_eager, _gpt_neo),
+    ("falcon", "FalconAttention"): (falcon_eager, _falcon),
+    ("mpnet", "MPNetSelfAttention"): (classic_eager, _mpnet),
+    ("deberta", "DisentangledSelfAttention"): (deberta_eager, _deberta),
+    ("deberta_v2", "DisentangledSelfAttention"): (deberta_v2_eager, _deberta_v2),  # (v2 and v3)
+    ("megatron_bert", "MegatronBertSelfAttention"): (classic_eager, partial(_bert, always=True)),
+    ("rembert", "RemBertSelfAttention"): (classic_eager, partial(_bert, always=True)),
+    ("roformer", "RoFormerSelfAttention"): (classic_eager, partial(_bert, always=True)),
+    ("tapas", "TapasSelfAttention"): (classic_eager, partial(_bert, cache_out=True)),
+    ("visual_bert", "VisualBertSelfAttention"): (classic_eager, _bert),
+    ("xlm", "MultiHeadAttention"): (xlm_eager, _xlm),
+    ("flaubert", "MultiHeadAttention"): (xlm_eager, _xlm),
+    ("openai", "Attention"): (openai_gpt_eager, _openai_gpt),
+    ("xglm", "XGLMAttention"): (xglm_eager, _xglm),
 }
 
-#: adapted class names other families also use: the transformers modules whose class it is
-_THEIRS = {"DisentangledSelfAttention": ("deberta_v2",),  # (DeBERTa v1's module of that name is another)
-           "MultiHeadAttention": ("xlm", "flaubert"), "Attention": ("openai",)}
 
-
-#: DeBERTa v1's attention module, whose class name is v2's
-DEBERTA_V1 = (deberta_eager, _deberta)
-
-
-def _adapter(module) -> tuple[Callable, Callable] | None:
-    """The (eager, adapter) of ``module``'s attention (None where :data:`ADAPTERS` has none)."""
-    name, where = type(module).__name__, type(module).__module__
-    if name == "DisentangledSelfAttention" and where.endswith("deberta.modeling_deberta"):
-        return DEBERTA_V1
-    if name not in ADAPTERS or (name in _THEIRS and not any(
-            where.endswith(f"{family}.modeling_{family}") for family in _THEIRS[name])):
-        return None
-    return ADAPTERS[name]
+def _key(module) -> tuple[str, str]:
+    """``module``'s key in :data:`ADAPTERS`: its family (``transformers.models.<family>.modeling_<family>``)
+    and class name."""
+    cls = type(module)
+    return cls.__module__.rpartition(".modeling_")[2], cls.__name__
 
 
 def _adaptable(module) -> bool:
-    name = type(module).__name__
-    if name == "DisentangledSelfAttention" and _adapter(module) is DEBERTA_V1:  # (heads mixed: no per-head softmax)
+    family, name = _key(module)
+    if family == "deberta":  # (talking heads mix the heads: no per-head softmax)
         return not module.talking_head
     if name == "FalconAttention":  # (its ALiBi: see the module docstring)
         return not module.config.alibi
@@ -611,7 +604,7 @@ def install(model, attend: Callable, active: Callable[[], bool]) -> bool:
     ``forward`` runs the adapter within a pass (``active()``) and its own code outside one.
     ``attend``: attnscope's attention function. True where the model's attention is now all
     adapted (idempotent); False, touching nothing, where any attention module has none."""
-    modules = [m for m in model.modules() if _adapter(m) is not None]
+    modules = [m for m in model.modules() if _key(m) in ADAPTERS]
     # (the BERT line's and XGLM's self- and cross-attention are one class: neither is adapted where
     # any part of the model, an encoder-decoder's decoder too, has cross-attention)
     crossed = any(getattr(getattr(m, "config", None), "add_cross_attention", False) for m in model.modules())
@@ -620,7 +613,7 @@ def install(model, attend: Callable, active: Callable[[], bool]) -> bool:
     for m in modules:
         if getattr(m, EAGER, None) is not None:
             continue
-        eager, adapter = _adapter(m)
+        eager, adapter = ADAPTERS[_key(m)]
         own = m.forward  # the module's (an instance's own, e.g. accelerate's device hook, or the class's)
         inside = adapter(m, attend)
 
